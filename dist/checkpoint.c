@@ -1,0 +1,2 @@
+/* placeholder: work in progress */
+typedef int sn_placeholder_checkpoint_t;

@@ -1,0 +1,271 @@
+/*
+ * syncnorm.h — status codes, dtypes and the CPU normalization kernels.
+ *
+ * Conventions shared by every function in this header (each docstring only states exceptions):
+ *  - Argument order: outputs first, then inputs, then int64_t sizes, then scalars (eps, ...),
+ *    then layout and dtype last.
+ *  - All pointers are host memory. Activations (x, y, dy, dx, residual, sum_out) have the dtype
+ *    `dtype` (f32, bf16 or f16) and are dense row-major; gamma/beta, their gradients, mean, rstd
+ *    and running statistics are f32; BatchNorm building-block sums and means are f64.
+ *  - Sizes are int64_t element counts. rows == 0 or n·s == 0 is a valid empty batch: SN_OK and
+ *    nothing is written (activation pointers may then be NULL). A zero-sized batch still has its
+ *    other arguments validated.
+ *  - Every output is overwritten (`=`); nothing accumulates. dgamma/dbeta in particular are
+ *    written, not added to: sum them yourself when gradients come from several calls.
+ *  - On any error nothing is written: every check happens before the first store, and the
+ *    status names the problem (see sn_status_t) with a detail message in sn_last_error().
+ *  - Statistics are computed in fp64 from fp32 (or widened bf16/f16) values, two-pass or with a
+ *    pivot, never E[x²]−E[x]² in fp32; the output is rounded to `dtype` once, round-to-nearest-
+ *    even. eps is added to the variance (PyTorch convention).
+ *  - OpenMP threads (omp_set_num_threads) split rows or channels; reductions across rows run in
+ *    a fixed order, so results are bitwise identical for any thread count.
+ *  - In-place: y may equal x, and dx may equal dy (the same pointer). No other overlap is allowed.
+ */
+#ifndef SYNCNORM_H
+#define SYNCNORM_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define SN_API __attribute__((visibility("default")))
+#else
+#define SN_API
+#endif
+
+/* Status returned by every public function. SN_OK is 0; errors are positive. */
+typedef enum {
+  SN_OK = 0,
+  SN_ERR_NULL_POINTER = 1,        /* a required pointer is NULL */
+  SN_ERR_INVALID_SIZE = 2,        /* d, C, G or per_out <= 0, or rows, N, S < 0 */
+  SN_ERR_OVERFLOW = 3,            /* a product of sizes (elements or bytes) overflows int64 */
+  SN_ERR_INVALID_EPS = 4,         /* eps <= 0, NaN or infinite */
+  SN_ERR_INVALID_GROUPS = 5,      /* C % G != 0 */
+  SN_ERR_INVALID_DTYPE = 6,       /* unknown or unsupported dtype */
+  SN_ERR_INVALID_LAYOUT = 7,      /* unknown layout */
+  SN_ERR_INSUFFICIENT_COUNT = 8,  /* BatchNorm training needs more than 1 value per channel */
+  SN_ERR_INVALID_ARGUMENT = 9,    /* any other bad argument (momentum, config field, ...) */
+  SN_ERR_ALLOC = 10,              /* out of memory */
+  SN_ERR_MISMATCH = 11,           /* ranks disagree on a collective call (layer, C, order, ...) */
+  SN_ERR_COMM = 12,               /* the communication backend (MPI, NCCL) reported an error */
+  SN_ERR_TIMEOUT = 13,            /* a collective did not complete within the timeout */
+  SN_ERR_NONFINITE = 14,          /* NaN or Inf found in an input checked for it */
+  SN_ERR_IO = 15,                 /* a file could not be opened, read, written or renamed */
+  SN_ERR_FORMAT = 16,             /* a file is corrupt, truncated or not what was expected */
+  SN_ERR_NOT_FOUND = 17,          /* a tensor name is missing from a checkpoint */
+  SN_ERR_UNSUPPORTED = 18,        /* the library was built without the needed backend */
+  SN_ERR_INVALID_HANDLE = 19,     /* a handle is not (or no longer) a live object of its type */
+  SN_ERR_CUDA = 20,               /* a CUDA runtime call failed */
+  SN_ERR_INTERNAL = 21            /* a bug in syncnorm: please report */
+} sn_status_t;
+
+/* Element type of activations. Parameters and statistics are always f32 (or f64 where noted). */
+typedef enum {
+  SN_DTYPE_F32 = 0,   /* IEEE binary32 */
+  SN_DTYPE_BF16 = 1,  /* bfloat16: the upper 16 bits of a binary32 */
+  SN_DTYPE_F16 = 2,   /* IEEE binary16 */
+  SN_DTYPE_F64 = 3    /* binary64: only for sn_comm_allreduce_sum, not for activations */
+} sn_dtype_t;
+
+/* Memory layout of a 4-D activation [N, C, H, W], with S = H·W the spatial size. */
+typedef enum {
+  SN_LAYOUT_NCHW = 0, /* [N, C, S]: channel planes contiguous (PyTorch default) */
+  SN_LAYOUT_NHWC = 1  /* [N, S, C]: channels contiguous (channels_last) */
+} sn_layout_t;
+
+/* Name of a status code ("SN_ERR_INVALID_EPS"); never NULL, "SN_ERR_UNKNOWN" for values outside
+ * the enum. The string is static: do not free it. Thread-safe. */
+SN_API const char *sn_status_string(sn_status_t status);
+
+/* Detail message of the most recent failed call made by this thread, e.g.
+ * "sn_layernorm_fwd: d must be > 0, got 0"; "" if no call failed yet in this thread. Successful
+ * calls leave it unchanged. The buffer is thread-local and valid until this thread's next failing
+ * call. */
+SN_API const char *sn_last_error(void);
+
+/* Version of the library as "MAJOR.MINOR.PATCH"; static string. */
+SN_API const char *sn_version(void);
+
+/* Bytes of one element of `dtype`: 4, 2, 2 or 8; 0 for an unknown dtype. */
+SN_API int64_t sn_dtype_size(sn_dtype_t dtype);
+
+/* ------------------------------------------------------------------------------------------ */
+/* LayerNorm (Ba, Kiros, Hinton 2016; torch.nn.LayerNorm over the last dimension)               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* LayerNorm forward over each row of x [rows, d]:
+ *   mean = Σx/d, var = Σ(x−mean)²/d (biased), rstd = 1/√(var+eps), y = (x−mean)·rstd·gamma + beta.
+ * y, x: [rows, d] dtype. gamma, beta: [d] f32, NULL means 1 (no affine) / 0 (no bias).
+ * mean, rstd: [rows] f32, written (=) for sn_layernorm_bwd; either may be NULL (not saved).
+ * y may equal x. Errors: SN_ERR_NULL_POINTER (x or y NULL with rows·d > 0), SN_ERR_INVALID_SIZE
+ * (rows < 0, d <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS, SN_ERR_INVALID_DTYPE, SN_ERR_ALLOC. */
+SN_API sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
+                                    const float *gamma, const float *beta, int64_t rows,
+                                    int64_t d, float eps, sn_dtype_t dtype);
+
+/* LayerNorm backward, with g = dy·gamma and x̂ = (x−mean)·rstd (x̂ re-centred to mean 0 per row,
+ * so an f32-rounded mean loses nothing when |mean| ≫ σ):
+ *   dx = rstd·(g − mean(g) − x̂·mean(g·x̂)),  dgamma = Σ_rows dy·x̂,  dbeta = Σ_rows dy.
+ * dx, dy, x: [rows, d] dtype; mean, rstd: [rows] f32 from sn_layernorm_fwd on this x;
+ * gamma: [d] f32 or NULL (= 1). dgamma, dbeta: [d] f32, overwritten (=), either may be NULL (not
+ * computed); summed over rows in a fixed order in fp64. dx may equal dy. Errors as
+ * sn_layernorm_fwd (without eps), SN_ERR_NULL_POINTER also for mean/rstd. */
+SN_API sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
+                                    const void *x, const float *mean, const float *rstd,
+                                    const float *gamma, int64_t rows, int64_t d,
+                                    sn_dtype_t dtype);
+
+/* Fused residual add + LayerNorm forward, one pass over memory per row:
+ *   sum_out = round_dtype(x + residual),  y = LayerNorm(sum_out) as in sn_layernorm_fwd.
+ * The norm reads the rounded sum_out values, so the result equals sn_layernorm_fwd on sum_out.
+ * y, sum_out, x, residual: [rows, d] dtype; sum_out may equal x or residual, y may not overlap
+ * anything. gamma, beta, mean, rstd as sn_layernorm_fwd. Errors as sn_layernorm_fwd. */
+SN_API sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rstd,
+                                        const void *x, const void *residual, const float *gamma,
+                                        const float *beta, int64_t rows, int64_t d, float eps,
+                                        sn_dtype_t dtype);
+
+/* ------------------------------------------------------------------------------------------ */
+/* RMSNorm (Zhang and Sennrich 2019; torch.nn.RMSNorm)                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+/* RMSNorm forward over each row of x [rows, d]:  rstd = 1/√(Σx²/d + eps),  y = x·rstd·gamma.
+ * y, x: [rows, d] dtype; gamma: [d] f32 or NULL (= 1); rstd: [rows] f32 (=) or NULL.
+ * y may equal x. Errors as sn_layernorm_fwd. */
+SN_API sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gamma,
+                                  int64_t rows, int64_t d, float eps, sn_dtype_t dtype);
+
+/* RMSNorm backward, with g = dy·gamma:
+ *   dx = rstd·g − rstd³·x·mean(g·x),  dgamma = Σ_rows dy·x·rstd.
+ * dx, dy, x: [rows, d] dtype; rstd: [rows] f32 from sn_rmsnorm_fwd; gamma: [d] f32 or NULL.
+ * dgamma: [d] f32 (=) or NULL. dx may equal dy. Errors as sn_layernorm_bwd. */
+SN_API sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *x,
+                                  const float *rstd, const float *gamma, int64_t rows, int64_t d,
+                                  sn_dtype_t dtype);
+
+/* Fused residual add + RMSNorm forward: sum_out = round_dtype(x + residual),
+ * y = RMSNorm(sum_out). Shapes, aliasing and errors as sn_add_layernorm_fwd. */
+SN_API sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *x,
+                                      const void *residual, const float *gamma, int64_t rows,
+                                      int64_t d, float eps, sn_dtype_t dtype);
+
+/* ------------------------------------------------------------------------------------------ */
+/* BatchNorm building blocks (Ioffe and Szegedy 2015; torch.nn.BatchNorm2d)                     */
+/*                                                                                              */
+/* x is [N, C, S] (NCHW) or [N, S, C] (NHWC). A training step is                                */
+/*   sn_batchnorm_stats → (all-reduce the sums across ranks) → sn_batchnorm_finalize →          */
+/*   sn_batchnorm_apply; backward: sn_batchnorm_bwd_reduce → (all-reduce) → sn_batchnorm_bwd_apply.*/
+/* Per-channel sums and the mean are f64 so that |mean| ≫ σ stays exact; rstd is f32.           */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Local per-channel sums, shifted by a pivot p (identical on every rank in SyncBatchNorm):
+ *   sum[c] = Σ_{n,s} (x − p_c),  sumsq[c] = Σ_{n,s} (x − p_c)²   (fp64, =).
+ * The count is n·s per channel. Choose p_c near the channel mean (e.g. the previous batch mean):
+ * the variance is exact to fp64 rounding times (1 + (mean−p)²/var). pivot: [C] f32, NULL = 0.
+ * n == 0 or s == 0 is valid (sums written as 0). Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE
+ * (C <= 0, N or S < 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE. */
+SN_API sn_status_t sn_batchnorm_stats(double *sum, double *sumsq, const void *x,
+                                      const float *pivot, int64_t n, int64_t c, int64_t s,
+                                      sn_layout_t layout, sn_dtype_t dtype);
+
+/* Batch statistics from (global) shifted sums over `count` values per channel:
+ *   mean = p + sum/count (f64),  var = sumsq/count − (sum/count)² (biased, clamped at 0),
+ *   rstd = 1/√(var + eps).
+ * mean: [C] f64 (=); var: [C] f32 (=) or NULL; rstd: [C] f32 (=). sum, sumsq: [C] f64; pivot as
+ * in sn_batchnorm_stats. count <= 1 → SN_ERR_INSUFFICIENT_COUNT, as PyTorch's "Expected more than
+ * 1 value per channel when training". Other errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE,
+ * SN_ERR_INVALID_EPS. */
+SN_API sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, const double *sum,
+                                         const double *sumsq, const float *pivot, int64_t count,
+                                         int64_t c, float eps);
+
+/* Normalize with given per-channel statistics:  y = (x − mean_c)·rstd_c·gamma_c + beta_c.
+ * y, x: [N, C, S] or [N, S, C] dtype; mean: [C] f64; rstd: [C] f32; gamma, beta: [C] f32 or NULL
+ * (1 / 0). y may equal x. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
+ * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE. */
+SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean,
+                                      const float *rstd, const float *gamma, const float *beta,
+                                      int64_t n, int64_t c, int64_t s, sn_layout_t layout,
+                                      sn_dtype_t dtype);
+
+/* Inference (eval mode) with running statistics:
+ *   y = (x − running_mean_c)/√(running_var_c + eps)·gamma_c + beta_c.
+ * running_mean, running_var: [C] f32 (running_var unbiased, as PyTorch keeps it); gamma, beta:
+ * [C] f32 or NULL. y may equal x. Errors as sn_batchnorm_apply plus SN_ERR_INVALID_EPS. */
+SN_API sn_status_t sn_batchnorm_infer(void *y, const void *x, const float *running_mean,
+                                      const float *running_var, const float *gamma,
+                                      const float *beta, int64_t n, int64_t c, int64_t s,
+                                      float eps, sn_layout_t layout, sn_dtype_t dtype);
+
+/* Local backward sums, with x̂ = (x − mean_c)·rstd_c:
+ *   sum_dy[c] = Σ_{n,s} dy,  sum_dy_xhat[c] = Σ_{n,s} dy·x̂   (fp64, =).
+ * They are dbeta and dgamma of this rank's batch (round to f32 for the parameter gradients).
+ * dy, x: [N, C, S] or [N, S, C] dtype; mean: [C] f64; rstd: [C] f32. n·s == 0 writes zeros.
+ * Errors as sn_batchnorm_stats. */
+SN_API sn_status_t sn_batchnorm_bwd_reduce(double *sum_dy, double *sum_dy_xhat, const void *dy,
+                                           const void *x, const double *mean, const float *rstd,
+                                           int64_t n, int64_t c, int64_t s, sn_layout_t layout,
+                                           sn_dtype_t dtype);
+
+/* Input gradient from (global) backward sums over `count` values per channel (training mode):
+ *   dx = gamma_c·rstd_c·(dy − sum_dy_c/count − x̂·sum_dy_xhat_c/count).
+ * With sum_dy == sum_dy_xhat == NULL the statistics are treated as constants (eval mode, frozen
+ * BatchNorm): dx = gamma_c·rstd_c·dy, count ignored. Pass the same mean/rstd as the forward
+ * (for eval mode: running_mean and 1/√(running_var+eps)). dx, dy, x: dtype; mean [C] f64; rstd,
+ * gamma [C] f32 (gamma NULL = 1). dx may equal dy. count <= 0 with sums given →
+ * SN_ERR_INSUFFICIENT_COUNT; one of the two sums NULL → SN_ERR_NULL_POINTER; others as
+ * sn_batchnorm_apply. */
+SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *x,
+                                          const double *mean, const float *rstd,
+                                          const float *gamma, const double *sum_dy,
+                                          const double *sum_dy_xhat, int64_t count, int64_t n,
+                                          int64_t c, int64_t s, sn_layout_t layout,
+                                          sn_dtype_t dtype);
+
+/* ------------------------------------------------------------------------------------------ */
+/* GroupNorm (Wu and He 2018; torch.nn.GroupNorm)                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* GroupNorm forward: for each sample n and group g of C/G channels, over its (C/G)·S values:
+ *   mean, var (biased), rstd = 1/√(var+eps); y = (x − mean)·rstd·gamma_c + beta_c.
+ * y, x: [N, C, S] or [N, S, C] dtype; gamma, beta: [C] f32 or NULL; mean, rstd: [N, G] f32 (=)
+ * or NULL. y may equal x. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C, G <= 0, N, S < 0),
+ * SN_ERR_INVALID_GROUPS (C % G != 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
+ * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_ALLOC. */
+SN_API sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x,
+                                    const float *gamma, const float *beta, int64_t n, int64_t c,
+                                    int64_t s, int64_t groups, float eps, sn_layout_t layout,
+                                    sn_dtype_t dtype);
+
+/* GroupNorm backward, per (n, g) with g_i = dy_i·gamma_c and x̂ = (x − mean)·rstd (re-centred):
+ *   dx = rstd·(g − mean(g) − x̂·mean(g·x̂)),  dgamma_c = Σ_{n,s} dy·x̂,  dbeta_c = Σ_{n,s} dy.
+ * dx, dy, x: dtype; mean, rstd: [N, G] f32 from sn_groupnorm_fwd; gamma [C] f32 or NULL;
+ * dgamma, dbeta: [C] f32 (=) or NULL. dx may equal dy. Errors as sn_groupnorm_fwd (no eps). */
+SN_API sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
+                                    const void *x, const float *mean, const float *rstd,
+                                    const float *gamma, int64_t n, int64_t c, int64_t s,
+                                    int64_t groups, sn_layout_t layout, sn_dtype_t dtype);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Folding inference BatchNorm into the preceding conv/linear layer                             */
+/* ------------------------------------------------------------------------------------------ */
+
+/* In place, per output channel c with k = gamma_c/√(running_var_c + eps) (computed in fp64):
+ *   w[c, :] = w[c, :]·k,  b[c] = (b[c] − running_mean_c)·k + beta_c.
+ * Afterwards conv(x; w, b) equals BatchNorm_eval(conv(x; w_old, b_old)).
+ * w: [c_out, per_out] f32 (per_out = C_in·kh·kw for a conv, in_features for a linear layer);
+ * b: [c_out] f32 (pass zeros if the layer had no bias); gamma, beta: [c_out] f32 or NULL (1 / 0);
+ * running_mean, running_var: [c_out] f32. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE
+ * (c_out or per_out <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS. */
+SN_API sn_status_t sn_fold_batchnorm(float *w, float *b, const float *gamma, const float *beta,
+                                     const float *running_mean, const float *running_var,
+                                     int64_t c_out, int64_t per_out, float eps);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SYNCNORM_H */

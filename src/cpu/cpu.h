@@ -1,0 +1,76 @@
+/*
+ * cpu.h — helpers shared by the CPU kernels: dtype conversion of contiguous runs, per-thread
+ * scratch rows, fixed reduction chunks and the target_clones attribute for hot loops.
+ * Not installed.
+ */
+#ifndef SN_CPU_H
+#define SN_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../internal.h"
+
+/* Hot row functions are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time
+ * (GCC ifunc). -ffp-contract=off and fixed accumulator lanes keep every variant bit-identical. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(SN_NO_CLONES)
+#define SN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define SN_CLONES
+#endif
+
+/* Accumulator lanes of every fp64 row reduction: fixed so the sum order never depends on the
+ * vector width the compiler picks. */
+#define SN_LANES 8
+
+/* dst[i] = (float)src[off + i] for i < n; src has dtype `dtype` (f32, bf16 or f16). */
+SN_HIDDEN void sn__to_f32(float *dst, const void *src, int64_t off, int64_t n, sn_dtype_t dtype);
+/* dst[off + i] = round_to_dtype(src[i]) for i < n (round-to-nearest-even, NaN kept NaN). */
+SN_HIDDEN void sn__from_f32(void *dst, int64_t off, const float *src, int64_t n, sn_dtype_t dtype);
+
+/* A read-only f32 view of elements [off, off+n) of an activation: the memory itself for f32,
+ * else converted into tmp (n floats). */
+static inline const float *sn__in_row(const void *base, int64_t off, int64_t n, sn_dtype_t dtype,
+                                      float *tmp) {
+  if (dtype == SN_DTYPE_F32) return (const float *)base + off;
+  sn__to_f32(tmp, base, off, n, dtype);
+  return tmp;
+}
+
+/* Where to compute an output run [off, off+n): the memory itself for f32, else tmp; finish
+ * with sn__out_done. */
+static inline float *sn__out_row(void *base, int64_t off, sn_dtype_t dtype, float *tmp) {
+  return dtype == SN_DTYPE_F32 ? (float *)base + off : tmp;
+}
+static inline void sn__out_done(void *base, int64_t off, int64_t n, sn_dtype_t dtype,
+                                const float *tmp) {
+  if (dtype != SN_DTYPE_F32) sn__from_f32(base, off, tmp, n, dtype);
+}
+
+/* Σ src[i] and Σ (src[i] − shift)² in fp64 with SN_LANES fixed lanes (bitwise reproducible). */
+SN_HIDDEN double sn__sum_f64(const float *src, int64_t n);
+SN_HIDDEN double sn__sumsq_shifted_f64(const float *src, int64_t n, double shift);
+
+/* Number of OpenMP threads a parallel region started now would get (1 without OpenMP). */
+SN_HIDDEN int sn__max_threads(void);
+/* This thread's number inside a parallel region (0 outside or without OpenMP). */
+SN_HIDDEN int sn__thread_num(void);
+
+/* Allocates `count` blocks of `per_block` elements of `elem_size` bytes each, 64-byte aligned,
+ * or returns NULL and records SN_ERR_ALLOC / SN_ERR_OVERFLOW for `fn` in *status. Free with
+ * sn__free. */
+SN_HIDDEN void *sn__alloc(const char *fn, int64_t count, int64_t per_block, int64_t elem_size,
+                          sn_status_t *status);
+SN_HIDDEN void sn__free(void *p);
+
+/* Cross-row reductions (dgamma, per-channel sums) are split into at most SN_RED_CHUNKS chunks of
+ * consecutive rows: chunk k of K covers [k·rows/K, (k+1)·rows/K). Partials are summed in chunk
+ * order, so the result depends on rows only, never on the thread count. */
+#define SN_RED_CHUNKS 64
+static inline int64_t sn__chunks(int64_t rows) { return rows < SN_RED_CHUNKS ? rows : SN_RED_CHUNKS; }
+static inline int64_t sn__chunk_begin(int64_t k, int64_t rows, int64_t chunks) {
+  /* k·rows can overflow int64 only for rows > 2^57; split the product to stay exact. */
+  return (rows / chunks) * k + ((rows % chunks) * k) / chunks;
+}
+
+#endif /* SN_CPU_H */

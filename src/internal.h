@@ -1,0 +1,47 @@
+/*
+ * internal.h — error reporting and argument validation shared by src/ and dist/.
+ * Not installed. Every public entry point validates with these helpers before its first store,
+ * so that a failing call leaves its outputs untouched.
+ */
+#ifndef SN_INTERNAL_H
+#define SN_INTERNAL_H
+
+#include <stdint.h>
+
+#include "syncnorm.h"
+
+#if defined(__GNUC__)
+#define SN_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define SN_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define SN_PRINTF(a, b)
+#define SN_HIDDEN
+#endif
+
+/* Records "fmt..." as this thread's sn_last_error() message and returns `status`. */
+SN_HIDDEN sn_status_t sn__fail(sn_status_t status, const char *fmt, ...) SN_PRINTF(2, 3);
+
+/* Each check returns SN_OK, or records "<fn>: <what is wrong>" and returns the specific code. */
+
+/* p != NULL, else SN_ERR_NULL_POINTER naming the argument. */
+SN_HIDDEN sn_status_t sn__check_ptr(const char *fn, const char *name, const void *p);
+/* v >= min (min is 0 for counts that may be empty, 1 for d/C/G), else SN_ERR_INVALID_SIZE. */
+SN_HIDDEN sn_status_t sn__check_size(const char *fn, const char *name, int64_t v, int64_t min);
+/* *out = a·b (both >= 0) without int64 overflow, and a·b·8 bytes addressable; else
+ * SN_ERR_OVERFLOW. */
+SN_HIDDEN sn_status_t sn__mul(const char *fn, int64_t *out, int64_t a, int64_t b);
+/* eps finite and > 0, else SN_ERR_INVALID_EPS. */
+SN_HIDDEN sn_status_t sn__check_eps(const char *fn, float eps);
+/* dtype is an activation dtype (f32, bf16, f16), else SN_ERR_INVALID_DTYPE. */
+SN_HIDDEN sn_status_t sn__check_act_dtype(const char *fn, sn_dtype_t dtype);
+/* layout is NCHW or NHWC, else SN_ERR_INVALID_LAYOUT. */
+SN_HIDDEN sn_status_t sn__check_layout(const char *fn, sn_layout_t layout);
+
+/* Evaluate a check and return its status from the calling function if it failed. */
+#define SN_TRY(expr)                    \
+  do {                                  \
+    sn_status_t sn__st_ = (expr);       \
+    if (sn__st_ != SN_OK) return sn__st_; \
+  } while (0)
+
+#endif /* SN_INTERNAL_H */

@@ -1,0 +1,219 @@
+/* testutil.c — see testutil.h. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+void tu_rng_seed(tu_rng_t *r, uint64_t seed) {
+  for (int i = 0; i < 4; i++) { /* splitmix64 */
+    seed += 0x9e3779b97f4a7c15ull;
+    uint64_t z = seed;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    r->s[i] = z ^ (z >> 31);
+  }
+}
+
+uint64_t tu_rng_u64(tu_rng_t *r) {
+  uint64_t *s = r->s, result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+  s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+  return result;
+}
+
+double tu_rng_uniform(tu_rng_t *r) { return (double)(tu_rng_u64(r) >> 11) * 0x1.0p-53; }
+
+double tu_rng_normal(tu_rng_t *r) {
+  double u1 = tu_rng_uniform(r), u2 = tu_rng_uniform(r);
+  if (u1 < 1e-300) u1 = 1e-300;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+int64_t tu_rng_int(tu_rng_t *r, int64_t lo, int64_t hi) {
+  return lo + (int64_t)(tu_rng_u64(r) % (uint64_t)(hi - lo + 1));
+}
+
+/* Round-to-nearest-even of v to a binary format with `mant` explicit mantissa bits, minimum
+ * normal exponent emin and maximum finite value maxv (computed in double, exact for our
+ * formats since they are narrower than binary64). */
+static double round_to_format(double v, int mant, int emin, double maxv) {
+  if (isnan(v) || isinf(v) || v == 0.0) return v;
+  double a = fabs(v);
+  int e;
+  frexp(a, &e); /* a = f·2^e, f in [0.5, 1) */
+  int exp = e - 1;
+  if (exp < emin) exp = emin; /* subnormal: fixed quantum */
+  double q = ldexp(1.0, exp - mant);
+  double r = nearbyint(a / q) * q; /* default rounding mode: nearest-even */
+  /* overflow: values at or beyond max + half an ulp round to infinity */
+  double half_ulp_max = ldexp(1.0, (int)floor(log2(maxv)) - mant - 1);
+  if (a >= maxv + half_ulp_max) r = INFINITY;
+  else if (r > maxv) r = maxv;
+  return copysign(r, v);
+}
+
+double tu_round(double v, sn_dtype_t dtype) {
+  switch (dtype) {
+    case SN_DTYPE_F32: return (double)(float)v;
+    case SN_DTYPE_BF16: return round_to_format(v, 7, -126, 0x1.fep127);
+    case SN_DTYPE_F16: return round_to_format(v, 10, -14, 65504.0);
+    default: return v;
+  }
+}
+
+double tu_get(const void *buf, int64_t i, sn_dtype_t dtype) {
+  switch (dtype) {
+    case SN_DTYPE_F32: return ((const float *)buf)[i];
+    case SN_DTYPE_F64: return ((const double *)buf)[i];
+    case SN_DTYPE_BF16: {
+      uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
+      float f;
+      memcpy(&f, &u, 4);
+      return f;
+    }
+    case SN_DTYPE_F16: {
+      uint16_t h = ((const uint16_t *)buf)[i];
+      int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
+      double v;
+      if (exp == 31) v = man ? NAN : INFINITY;
+      else if (exp == 0) v = ldexp((double)man, -24);
+      else v = ldexp(1024.0 + man, exp - 25);
+      return sign ? -v : v;
+    }
+  }
+  return NAN;
+}
+
+void tu_set(void *buf, int64_t i, double v, sn_dtype_t dtype) {
+  switch (dtype) {
+    case SN_DTYPE_F32: ((float *)buf)[i] = (float)v; return;
+    case SN_DTYPE_F64: ((double *)buf)[i] = v; return;
+    case SN_DTYPE_BF16: {
+      uint16_t h;
+      if (isnan(v)) h = 0x7fc0;
+      else {
+        float f = (float)tu_round(v, SN_DTYPE_BF16);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        h = (uint16_t)(u >> 16);
+      }
+      ((uint16_t *)buf)[i] = h;
+      return;
+    }
+    case SN_DTYPE_F16: {
+      uint16_t h;
+      if (isnan(v)) h = 0x7e00;
+      else {
+        double r = tu_round(v, SN_DTYPE_F16), a = fabs(r);
+        uint16_t sign = signbit(r) ? 0x8000 : 0;
+        if (isinf(a)) h = sign | 0x7c00;
+        else if (a < ldexp(1.0, -14)) h = sign | (uint16_t)(a / ldexp(1.0, -24));
+        else {
+          int e;
+          double f = frexp(a, &e); /* a = f·2^e */
+          int exp = e - 1 + 15;
+          uint16_t man = (uint16_t)((f * 2.0 - 1.0) * 1024.0);
+          h = sign | (uint16_t)(exp << 10) | man;
+        }
+      }
+      ((uint16_t *)buf)[i] = h;
+      return;
+    }
+  }
+}
+
+void *tu_alloc(int64_t n, sn_dtype_t dtype) {
+  size_t bytes = (size_t)(n > 0 ? n : 1) * (size_t)sn_dtype_size(dtype);
+  void *p = malloc(bytes);
+  ck_assert_msg(p != NULL, "out of memory allocating %zu bytes", bytes);
+  return p;
+}
+
+void tu_poison(void *buf, int64_t n, sn_dtype_t dtype) {
+  for (int64_t i = 0; i < n; i++) tu_set(buf, i, NAN, dtype);
+}
+
+void tu_poison_f32(float *buf, int64_t n) {
+  for (int64_t i = 0; i < n; i++) buf[i] = NAN;
+}
+
+void tu_fill_normal(void *buf, int64_t n, sn_dtype_t dtype, double mean, double std, tu_rng_t *r) {
+  for (int64_t i = 0; i < n; i++) tu_set(buf, i, mean + std * tu_rng_normal(r), dtype);
+}
+
+double tu_ulp_diff(double a, double b, sn_dtype_t dtype) {
+  if (a == b) return 0.0;
+  if (isnan(a) || isnan(b)) return INFINITY;
+  int mant = dtype == SN_DTYPE_BF16 ? 7 : dtype == SN_DTYPE_F16 ? 10 : 23;
+  int emin = dtype == SN_DTYPE_BF16 ? -126 : dtype == SN_DTYPE_F16 ? -14 : -126;
+  double m = fmax(fabs(a), fabs(b));
+  int e;
+  frexp(m, &e);
+  int exp = e - 1 < emin ? emin : e - 1;
+  return fabs(a - b) / ldexp(1.0, exp - mant);
+}
+
+double tu_normwise_rel(const void *got, sn_dtype_t dtype, const double *ref, int64_t n) {
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = tu_get(got, i, dtype) - ref[i];
+    num += d * d;
+    den += ref[i] * ref[i];
+  }
+  if (isnan(num)) return INFINITY;
+  return sqrt(num) / fmax(sqrt(den), 1e-300);
+}
+
+double tu_normwise_rel_f32(const float *got, const double *ref, int64_t n) {
+  return tu_normwise_rel(got, SN_DTYPE_F32, ref, n);
+}
+
+void tu_assert_all_finite(const void *got, sn_dtype_t dtype, int64_t n, const char *what) {
+  for (int64_t i = 0; i < n; i++) {
+    double v = tu_get(got, i, dtype);
+    ck_assert_msg(isfinite(v), "%s: element %lld is %g (not written, or overflow)", what,
+                  (long long)i, v);
+  }
+}
+
+void tu_assert_fwd(const void *got, sn_dtype_t dtype, const double *ref, int64_t n,
+                   const char *what) {
+  tu_assert_all_finite(got, dtype, n, what);
+  if (dtype == SN_DTYPE_F32) {
+    double e = tu_normwise_rel(got, dtype, ref, n);
+    ck_assert_msg(e <= TU_RTOL_F32_FWD, "%s (f32): normwise relative error %.3e > %.1e", what, e,
+                  TU_RTOL_F32_FWD);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    double g = tu_get(got, i, dtype), r = tu_round(ref[i], dtype);
+    double u = tu_ulp_diff(g, r, dtype);
+    ck_assert_msg(u <= TU_ULPS_HALF, "%s (%s): element %lld = %.8g, reference %.8g (rounded %.8g), %g ulp",
+                  what, tu_dtype_name[dtype], (long long)i, g, ref[i], r, u);
+  }
+}
+
+void tu_assert_rel(const void *got, sn_dtype_t dtype, const double *ref, int64_t n, double rtol,
+                   const char *what) {
+  tu_assert_all_finite(got, dtype, n, what);
+  double e = tu_normwise_rel(got, dtype, ref, n);
+  ck_assert_msg(e <= rtol, "%s (%s): normwise relative error %.3e > %.1e", what,
+                tu_dtype_name[dtype], e, rtol);
+}
+
+void tu_assert_bitwise(const void *a, const void *b, size_t bytes, const char *what) {
+  const unsigned char *x = a, *y = b;
+  for (size_t i = 0; i < bytes; i++)
+    ck_assert_msg(x[i] == y[i], "%s: byte %zu differs (0x%02x vs 0x%02x)", what, i, x[i], y[i]);
+}
+
+int tu_run_suite(Suite *s) {
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,74 @@
+/*
+ * testutil.h — shared helpers for the Check-based tests: a seeded RNG, dtype rounding written
+ * independently of the library, NaN poisoning, fp64-reference comparisons and named tolerances.
+ */
+#ifndef SN_TESTUTIL_H
+#define SN_TESTUTIL_H
+
+#include <check.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "syncnorm.h"
+
+/* ---- tolerances (each with its reason) ------------------------------------------------------ */
+/* f32 forward vs fp64 reference, normwise ||got−ref||/||ref||: the issue's bound. Statistics are
+ * fp64, so the error is the few f32 roundings of the final affine map (~3 ulp, 2e-7). */
+#define TU_RTOL_F32_FWD 1e-6
+/* f32 backward vs the analytic fp64 gradient, normwise: dx combines dy·gamma with two row means,
+ * a handful of f32 roundings on values of the size of the result (~5 ulp). */
+#define TU_RTOL_F32_BWD 2e-6
+/* bf16/f16 outputs: within 1 ulp of the fp64 reference rounded to the dtype (the issue's bound);
+ * 1 ulp allows the f32 intermediate to round across a half-way point. */
+#define TU_ULPS_HALF 1
+/* Central finite differences of the fp64 reference with step h = 1e-6·scale: truncation O(h²)
+ * plus cancellation O(1e-16/h) — about 1e-9 relative; 1e-6 leaves margin for ill-conditioned
+ * rows (tiny variance). */
+#define TU_RTOL_FD 1e-6
+
+/* ---- RNG: xoshiro256**, seeded; identical streams on every machine ------------------------- */
+typedef struct { uint64_t s[4]; } tu_rng_t;
+void tu_rng_seed(tu_rng_t *r, uint64_t seed);
+uint64_t tu_rng_u64(tu_rng_t *r);
+double tu_rng_uniform(tu_rng_t *r);          /* [0, 1) */
+double tu_rng_normal(tu_rng_t *r);           /* N(0, 1), Box–Muller */
+int64_t tu_rng_int(tu_rng_t *r, int64_t lo, int64_t hi); /* [lo, hi] */
+
+/* ---- dtype helpers (independent of the library's conversion code) -------------------------- */
+/* Round a double to the dtype's nearest value, returned as a double (f32: (float) cast). */
+double tu_round(double v, sn_dtype_t dtype);
+/* Element i of buf (dtype) as double / store v rounded to the dtype. */
+double tu_get(const void *buf, int64_t i, sn_dtype_t dtype);
+void tu_set(void *buf, int64_t i, double v, sn_dtype_t dtype);
+/* Allocate n elements of dtype (aborts the test on failure); free with free(). */
+void *tu_alloc(int64_t n, sn_dtype_t dtype);
+/* Fill with NaN (for outputs: every element must be overwritten). */
+void tu_poison(void *buf, int64_t n, sn_dtype_t dtype);
+void tu_poison_f32(float *buf, int64_t n);
+/* Fill with mean + std·N(0,1), rounded to the dtype. */
+void tu_fill_normal(void *buf, int64_t n, sn_dtype_t dtype, double mean, double std, tu_rng_t *r);
+/* Distance in units in the last place of the dtype between a and b (both representable). */
+double tu_ulp_diff(double a, double b, sn_dtype_t dtype);
+
+/* ---- comparisons --------------------------------------------------------------------------- */
+/* ||got − ref||₂ / max(||ref||₂, tiny) over n elements; got in dtype. */
+double tu_normwise_rel(const void *got, sn_dtype_t dtype, const double *ref, int64_t n);
+double tu_normwise_rel_f32(const float *got, const double *ref, int64_t n);
+/* Asserts every element of got is finite (no NaN left from poisoning). */
+void tu_assert_all_finite(const void *got, sn_dtype_t dtype, int64_t n, const char *what);
+/* Asserts a forward output: normwise ≤ TU_RTOL_F32_FWD for f32, else each element within
+ * TU_ULPS_HALF ulp of ref rounded to the dtype; also all finite. */
+void tu_assert_fwd(const void *got, sn_dtype_t dtype, const double *ref, int64_t n, const char *what);
+/* Asserts normwise relative error ≤ rtol (and all finite). */
+void tu_assert_rel(const void *got, sn_dtype_t dtype, const double *ref, int64_t n, double rtol,
+                   const char *what);
+/* Asserts two buffers are bitwise equal. */
+void tu_assert_bitwise(const void *a, const void *b, size_t bytes, const char *what);
+
+/* ---- running a suite ----------------------------------------------------------------------- */
+/* Runs the suite with CK_NORMAL output; returns the process exit code (0 if all passed). */
+int tu_run_suite(Suite *s);
+
+static const char *const tu_dtype_name[] = {"f32", "bf16", "f16", "f64"};
+
+#endif /* SN_TESTUTIL_H */
