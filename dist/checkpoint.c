@@ -1,2 +1,387 @@
-/* placeholder: work in progress */
-typedef int sn_placeholder_checkpoint_t;
+/*
+ * checkpoint.c — safetensors files: an 8-byte little-endian header length N, N bytes of JSON
+ * {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}},
+ * then the raw little-endian data, offsets relative to its start, no holes, no overlap.
+ * Spec: https://github.com/huggingface/safetensors (README, "Format"). JSON via jansson.
+ *
+ * Saving is atomic: write "<path>.tmp.<pid>", fsync, rename over path, fsync the directory.
+ * Loading reads the whole file and validates every field before anything is handed out.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm_internal.h"
+
+#define SN_ST_MAX_HEADER (100 * 1024 * 1024) /* the reference implementation's limit */
+#define SN_ST_MAX_NAME 255
+#define SN_ST_MAX_NDIM 8
+
+typedef struct {
+  char *name;
+  sn_tensor_t t;
+  int64_t begin, end; /* data offsets */
+} st_entry_t;
+
+struct sn_safetensors {
+  unsigned char *bytes; /* the whole file */
+  st_entry_t *entries;  /* sorted by data offset */
+  int64_t count;
+};
+
+/* ---- dtypes ---------------------------------------------------------------------------------- */
+
+static const char *dtype_tag(const sn_tensor_t *t) {
+  if (t->is_i64) return "I64";
+  switch (t->dtype) {
+    case SN_DTYPE_F32: return "F32";
+    case SN_DTYPE_BF16: return "BF16";
+    case SN_DTYPE_F16: return "F16";
+    case SN_DTYPE_F64: return "F64";
+  }
+  return NULL;
+}
+
+static int64_t elem_size(const sn_tensor_t *t) { return t->is_i64 ? 8 : sn_dtype_size(t->dtype); }
+
+static int parse_tag(const char *tag, sn_tensor_t *t) {
+  static const struct { const char *tag; sn_dtype_t dtype; int is_i64; } tags[] = {
+      {"F32", SN_DTYPE_F32, 0}, {"BF16", SN_DTYPE_BF16, 0}, {"F16", SN_DTYPE_F16, 0},
+      {"F64", SN_DTYPE_F64, 0}, {"I64", SN_DTYPE_F64, 1}};
+  for (size_t i = 0; i < sizeof tags / sizeof tags[0]; i++)
+    if (strcmp(tag, tags[i].tag) == 0) {
+      t->dtype = tags[i].dtype;
+      t->is_i64 = tags[i].is_i64;
+      return 1;
+    }
+  return 0;
+}
+
+/* Elements of a shape, or −1 on overflow. */
+static int64_t numel(const int64_t *shape, int ndim) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) return -1;
+    if (shape[i] != 0 && n > (INT64_MAX / 8) / shape[i]) return -1;
+    n *= shape[i];
+  }
+  return n;
+}
+
+/* ---- saving ---------------------------------------------------------------------------------- */
+
+static sn_status_t check_tensor(const char *fn, const sn_tensor_t *t, int64_t i, int64_t *bytes) {
+  if (t->name == NULL) return sn__fail(SN_ERR_NULL_POINTER, "%s: tensors[%lld].name is NULL", fn, (long long)i);
+  size_t len = strnlen(t->name, SN_ST_MAX_NAME + 1);
+  if (len == 0 || len > SN_ST_MAX_NAME || strcmp(t->name, "__metadata__") == 0)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: tensors[%lld] has an empty, reserved or longer than %d bytes name",
+                    fn, (long long)i, SN_ST_MAX_NAME);
+  for (size_t k = 0; k < len; k++)
+    if ((unsigned char)t->name[k] < 0x20)
+      return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: tensor name '%s' has a control character", fn, t->name);
+  if (dtype_tag(t) == NULL)
+    return sn__fail(SN_ERR_INVALID_DTYPE, "%s: tensor '%s' has unsupported dtype %d", fn, t->name, (int)t->dtype);
+  if (t->ndim < 0 || t->ndim > SN_ST_MAX_NDIM)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has ndim %d (0..%d)", fn, t->name, t->ndim, SN_ST_MAX_NDIM);
+  int64_t n = numel(t->shape, t->ndim);
+  if (n < 0)
+    return sn__fail(SN_ERR_OVERFLOW, "%s: tensor '%s' has a negative or overflowing shape", fn, t->name);
+  if (n > 0 && t->data == NULL)
+    return sn__fail(SN_ERR_NULL_POINTER, "%s: tensor '%s' has NULL data", fn, t->name);
+  *bytes = n * elem_size(t);
+  return SN_OK;
+}
+
+static int by_alignment(const void *a, const void *b) {
+  const sn_tensor_t *x = *(const sn_tensor_t *const *)a, *y = *(const sn_tensor_t *const *)b;
+  int64_t ex = elem_size(x), ey = elem_size(y);
+  if (ex != ey) return ex > ey ? -1 : 1; /* widest first: every tensor starts aligned */
+  return x < y ? -1 : x > y; /* then in the caller's order (stable) */
+}
+
+/* Builds the padded JSON header; *order receives the tensors in data order. */
+static sn_status_t build_header(const char *fn, const sn_tensor_t *tensors, int64_t count,
+                                const sn_tensor_t **order, char **header, size_t *header_len) {
+  for (int64_t i = 0; i < count; i++) order[i] = &tensors[i];
+  qsort(order, (size_t)count, sizeof *order, by_alignment);
+  json_t *root = json_object(), *meta = json_object();
+  if (root == NULL || meta == NULL || json_object_set_new(meta, "format", json_string("pt")) ||
+      json_object_set_new(root, "__metadata__", meta)) {
+    json_decref(root);
+    return sn__fail(SN_ERR_ALLOC, "%s: out of memory building the header", fn);
+  }
+  int64_t offset = 0;
+  for (int64_t i = 0; i < count; i++) {
+    const sn_tensor_t *t = order[i];
+    int64_t bytes = numel(t->shape, t->ndim) * elem_size(t);
+    json_t *shape = json_array(), *e = json_object();
+    int bad = shape == NULL || e == NULL;
+    for (int k = 0; !bad && k < t->ndim; k++) bad = json_array_append_new(shape, json_integer(t->shape[k]));
+    bad = bad || json_object_set_new(e, "dtype", json_string(dtype_tag(t))) ||
+          json_object_set_new(e, "shape", shape) ||
+          json_object_set_new(e, "data_offsets", json_pack("[II]", (json_int_t)offset, (json_int_t)(offset + bytes)));
+    if (bad || json_object_set_new(root, t->name, e)) {
+      json_decref(root);
+      return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: cannot encode tensor '%s' (invalid UTF-8 name?)", fn, t->name);
+    }
+    offset += bytes;
+  }
+  char *text = json_dumps(root, JSON_COMPACT);
+  json_decref(root);
+  if (text == NULL) return sn__fail(SN_ERR_ALLOC, "%s: out of memory encoding the header", fn);
+  size_t len = strlen(text), padded = (len + 7) / 8 * 8; /* data starts 8-byte aligned */
+  char *h = malloc(padded);
+  if (h == NULL) {
+    free(text);
+    return sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
+  }
+  memcpy(h, text, len);
+  memset(h + len, ' ', padded - len); /* the spec allows trailing spaces */
+  free(text);
+  *header = h;
+  *header_len = padded;
+  return SN_OK;
+}
+
+static int write_all(FILE *f, const void *p, size_t n) { return n == 0 || fwrite(p, 1, n, f) == n; }
+
+/* fsync the directory holding path, so the rename itself is durable. */
+static void sync_dir(const char *path) {
+  char *copy = strdup(path);
+  if (copy == NULL) return;
+  int fd = open(dirname(copy), O_RDONLY);
+  if (fd >= 0) {
+    fsync(fd);
+    close(fd);
+  }
+  free(copy);
+}
+
+sn_status_t sn_safetensors_save(const char *path, const sn_tensor_t *tensors, int64_t count) {
+  const char *fn = "sn_safetensors_save";
+  SN_TRY(sn__check_ptr(fn, "path", path));
+  SN_TRY(sn__check_size(fn, "count", count, 0));
+  if (count > 0) SN_TRY(sn__check_ptr(fn, "tensors", tensors));
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; i++) {
+    int64_t bytes = 0;
+    SN_TRY(check_tensor(fn, &tensors[i], i, &bytes));
+    if (bytes > INT64_MAX / 2 - total) return sn__fail(SN_ERR_OVERFLOW, "%s: total size overflows", fn);
+    total += bytes;
+    for (int64_t j = 0; j < i; j++)
+      if (strcmp(tensors[i].name, tensors[j].name) == 0)
+        return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: duplicate tensor name '%s'", fn, tensors[i].name);
+  }
+  const sn_tensor_t **order = malloc((size_t)(count > 0 ? count : 1) * sizeof *order);
+  if (order == NULL) return sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
+  char *header = NULL;
+  size_t header_len = 0;
+  sn_status_t st = build_header(fn, tensors, count, order, &header, &header_len);
+  if (st != SN_OK) {
+    free(order);
+    return st;
+  }
+  size_t plen = strlen(path);
+  char *tmp = malloc(plen + 32);
+  FILE *f = NULL;
+  if (tmp == NULL) {
+    st = sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
+    goto done;
+  }
+  snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+  f = fopen(tmp, "wb");
+  if (f == NULL) {
+    st = sn__fail(SN_ERR_IO, "%s: cannot create '%s': %s", fn, tmp, strerror(errno));
+    goto done;
+  }
+  unsigned char len8[8];
+  for (int k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)header_len >> (8 * k));
+  int ok = write_all(f, len8, 8) && write_all(f, header, header_len);
+  for (int64_t i = 0; ok && i < count; i++)
+    ok = write_all(f, order[i]->data, (size_t)(numel(order[i]->shape, order[i]->ndim) * elem_size(order[i])));
+  ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+  int err = errno;
+  if (fclose(f) != 0 && ok) {
+    ok = 0;
+    err = errno;
+  }
+  if (!ok || rename(tmp, path) != 0) {
+    if (ok) err = errno;
+    unlink(tmp);
+    st = sn__fail(SN_ERR_IO, "%s: writing '%s' failed: %s (any previous file is unchanged)", fn, path,
+                  strerror(err));
+    goto done;
+  }
+  sync_dir(path);
+done:
+  free(tmp);
+  free(header);
+  free(order);
+  return st;
+}
+
+/* ---- loading --------------------------------------------------------------------------------- */
+
+static int by_offset(const void *a, const void *b) {
+  const st_entry_t *x = a, *y = b;
+  return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Parses one tensor entry of the header into e (name owned by the caller's table). */
+static sn_status_t parse_entry(const char *fn, const char *path, const char *name, json_t *v,
+                               int64_t data_len, const unsigned char *data, st_entry_t *e) {
+  json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"),
+         *offs = json_object_get(v, "data_offsets");
+  if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(offs) ||
+      json_array_size(offs) != 2)
+    return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' lacks dtype, shape or data_offsets", fn, path, name);
+  if (!parse_tag(json_string_value(dt), &e->t))
+    return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' has unsupported dtype '%s' (F32, BF16, F16, F64, I64)",
+                    fn, path, name, json_string_value(dt));
+  size_t ndim = json_array_size(shape);
+  if (ndim > SN_ST_MAX_NDIM)
+    return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' has %zu dimensions (at most %d)", fn, path, name, ndim, SN_ST_MAX_NDIM);
+  e->t.ndim = (int)ndim;
+  for (size_t k = 0; k < ndim; k++) {
+    json_t *d = json_array_get(shape, k);
+    if (!json_is_integer(d) || json_integer_value(d) < 0)
+      return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' has a bad shape entry", fn, path, name);
+    e->t.shape[k] = json_integer_value(d);
+  }
+  json_t *b = json_array_get(offs, 0), *en = json_array_get(offs, 1);
+  if (!json_is_integer(b) || !json_is_integer(en))
+    return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' has non-integer data_offsets", fn, path, name);
+  e->begin = json_integer_value(b);
+  e->end = json_integer_value(en);
+  int64_t n = numel(e->t.shape, e->t.ndim);
+  if (n < 0)
+    return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' has an overflowing shape", fn, path, name);
+  if (e->begin < 0 || e->end < e->begin || e->end > data_len)
+    return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' data_offsets [%lld, %lld] outside the %lld data bytes (truncated file?)",
+                    fn, path, name, (long long)e->begin, (long long)e->end, (long long)data_len);
+  if (e->end - e->begin != n * elem_size(&e->t))
+    return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' has %lld data bytes for %lld elements of %s", fn,
+                    path, name, (long long)(e->end - e->begin), (long long)n, json_string_value(dt));
+  e->t.data = data + e->begin;
+  return SN_OK;
+}
+
+/* Validates the header of a file already in memory and builds the entry table. */
+static sn_status_t parse_file(const char *fn, const char *path, sn_safetensors_t *f, int64_t size) {
+  if (size < 8)
+    return sn__fail(SN_ERR_FORMAT, "%s: '%s' is %lld bytes, shorter than the 8-byte header length (truncated?)",
+                    fn, path, (long long)size);
+  uint64_t hlen = 0;
+  for (int k = 0; k < 8; k++) hlen |= (uint64_t)f->bytes[k] << (8 * k);
+  if (hlen > SN_ST_MAX_HEADER || (int64_t)hlen > size - 8)
+    return sn__fail(SN_ERR_FORMAT, "%s: '%s': header length %llu exceeds the file (%lld bytes) or the 100 MiB limit: truncated or not safetensors",
+                    fn, path, (unsigned long long)hlen, (long long)size);
+  if (hlen < 2 || f->bytes[8] != '{')
+    return sn__fail(SN_ERR_FORMAT, "%s: '%s': the header is not a JSON object", fn, path);
+  json_error_t jerr;
+  json_t *root = json_loadb((const char *)f->bytes + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+  if (root == NULL || !json_is_object(root)) {
+    json_decref(root);
+    return sn__fail(SN_ERR_FORMAT, "%s: '%s': bad JSON header: %s (at byte %d)", fn, path,
+                    root ? "not an object" : jerr.text, root ? 0 : jerr.position);
+  }
+  const int64_t data_len = size - 8 - (int64_t)hlen;
+  const unsigned char *data = f->bytes + 8 + hlen;
+  size_t n = json_object_size(root);
+  f->entries = calloc(n > 0 ? n : 1, sizeof *f->entries);
+  if (f->entries == NULL) {
+    json_decref(root);
+    return sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
+  }
+  sn_status_t st = SN_OK;
+  const char *key;
+  json_t *v;
+  json_object_foreach(root, key, v) {
+    if (strcmp(key, "__metadata__") == 0) {
+      if (!json_is_object(v)) st = sn__fail(SN_ERR_FORMAT, "%s: '%s': __metadata__ is not an object", fn, path);
+      if (st != SN_OK) break;
+      continue;
+    }
+    st_entry_t *e = &f->entries[f->count];
+    if ((e->name = strdup(key)) == NULL) st = sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
+    if (st == SN_OK) {
+      f->count++;
+      e->t.name = e->name;
+      st = parse_entry(fn, path, key, v, data_len, data, e);
+    }
+    if (st != SN_OK) break;
+  }
+  json_decref(root);
+  if (st != SN_OK) return st;
+  /* the data region must be covered exactly: sorted, contiguous, no overlap, no slack */
+  qsort(f->entries, (size_t)f->count, sizeof *f->entries, by_offset);
+  int64_t at = 0;
+  for (int64_t i = 0; i < f->count; i++) {
+    if (f->entries[i].begin != at)
+      return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' starts at %lld, expected %lld (overlap or hole)", fn,
+                      path, f->entries[i].name, (long long)f->entries[i].begin, (long long)at);
+    at = f->entries[i].end;
+  }
+  if (at != data_len)
+    return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensors cover %lld of %lld data bytes (trailing garbage?)", fn,
+                    path, (long long)at, (long long)data_len);
+  return SN_OK;
+}
+
+sn_status_t sn_safetensors_load(sn_safetensors_t **out, const char *path) {
+  const char *fn = "sn_safetensors_load";
+  SN_TRY(sn__check_ptr(fn, "file", out));
+  SN_TRY(sn__check_ptr(fn, "path", path));
+  FILE *fp = fopen(path, "rb");
+  if (fp == NULL) return sn__fail(SN_ERR_IO, "%s: cannot open '%s': %s", fn, path, strerror(errno));
+  sn_safetensors_t *f = calloc(1, sizeof *f);
+  sn_status_t st = SN_OK;
+  long size = -1;
+  if (f == NULL) st = sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
+  if (st == SN_OK && (fseek(fp, 0, SEEK_END) != 0 || (size = ftell(fp)) < 0 || fseek(fp, 0, SEEK_SET) != 0))
+    st = sn__fail(SN_ERR_IO, "%s: cannot seek in '%s': %s", fn, path, strerror(errno));
+  if (st == SN_OK && (f->bytes = malloc((size_t)size + 1)) == NULL)
+    st = sn__fail(SN_ERR_ALLOC, "%s: out of memory for %ld bytes", fn, size);
+  if (st == SN_OK && size > 0 && fread(f->bytes, 1, (size_t)size, fp) != (size_t)size)
+    st = sn__fail(SN_ERR_IO, "%s: cannot read '%s': %s", fn, path, ferror(fp) ? strerror(errno) : "short read");
+  fclose(fp);
+  if (st == SN_OK) st = parse_file(fn, path, f, size);
+  if (st != SN_OK) {
+    sn_safetensors_free(f);
+    return st;
+  }
+  *out = f;
+  return SN_OK;
+}
+
+sn_status_t sn_safetensors_get(const sn_safetensors_t *f, const char *name, sn_tensor_t *tensor) {
+  const char *fn = "sn_safetensors_get";
+  SN_TRY(sn__check_ptr(fn, "file", f));
+  SN_TRY(sn__check_ptr(fn, "name", name));
+  SN_TRY(sn__check_ptr(fn, "tensor", tensor));
+  for (int64_t i = 0; i < f->count; i++)
+    if (strcmp(f->entries[i].name, name) == 0) {
+      *tensor = f->entries[i].t;
+      return SN_OK;
+    }
+  return sn__fail(SN_ERR_NOT_FOUND, "%s: no tensor named '%s'", fn, name);
+}
+
+int64_t sn_safetensors_count(const sn_safetensors_t *f) { return f ? f->count : 0; }
+
+const char *sn_safetensors_name(const sn_safetensors_t *f, int64_t i) {
+  return f != NULL && i >= 0 && i < f->count ? f->entries[i].name : NULL;
+}
+
+void sn_safetensors_free(sn_safetensors_t *f) {
+  if (f == NULL) return;
+  for (int64_t i = 0; i < f->count; i++) free(f->entries[i].name);
+  free(f->entries);
+  free(f->bytes);
+  free(f);
+}

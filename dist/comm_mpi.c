@@ -1,2 +1,155 @@
-/* placeholder: work in progress */
-typedef int sn_placeholder_comm_mpi_t;
+/*
+ * comm_mpi.c — the "mpi" backend: host buffers, Open MPI (any MPI-3 library).
+ *
+ * The handle owns a duplicate of the caller's communicator with MPI_ERRORS_RETURN set, so MPI
+ * failures come back as SN_ERR_COMM. Every all-reduce is non-blocking (MPI_Iallreduce on a
+ * staging buffer owned by the handle) and polled against the communicator's timeout: a rank that
+ * never arrives makes the others fail with SN_ERR_TIMEOUT instead of hanging. After a timeout the
+ * request may still complete later, so its staging buffer is abandoned (never freed or reused)
+ * and the communicator is marked broken.
+ */
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm_internal.h"
+
+typedef struct {
+  MPI_Comm comm;  /* our duplicate */
+  void *stage;    /* staging buffer for in-flight all-reduces */
+  size_t stage_bytes;
+} mpi_impl_t;
+
+static sn_status_t mpi_fail(sn_comm_t *c, const char *what, int rc) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "code %d", rc);
+  if (c != NULL) c->broken = 1;
+  return sn__fail(SN_ERR_COMM, "%s failed on rank %d: %s", what, c ? c->rank : -1, msg);
+}
+
+/* Polls a request until it completes, fails, or the timeout passes. Spins briefly, then yields
+ * the core (ranks are often oversubscribed), then sleeps in short steps. */
+static sn_status_t mpi_wait(sn_comm_t *c, MPI_Request *req, const char *what) {
+  double deadline = c->timeout_s > 0.0 ? sn__now() + c->timeout_s : INFINITY;
+  for (long polls = 1;; polls++) {
+    int done = 0;
+    int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_fail(c, what, rc);
+    if (done) return SN_OK;
+    if (polls > 20000) sn__sleep_us(100);
+    else if (polls > 200) sched_yield();
+    if ((polls & 31) == 0 && sn__now() > deadline) {
+      c->broken = 1;
+      return sn__fail(SN_ERR_TIMEOUT,
+                      "%s: rank %d of %d waited %.1f s for the other ranks (timeout; set it with "
+                      "sn_comm_set_timeout or SN_COMM_TIMEOUT_S). A rank may have died, skipped "
+                      "a call, or be stuck; the communicator is now unusable",
+                      what, c->rank, c->size, c->timeout_s);
+    }
+  }
+}
+
+static sn_status_t mpi_allreduce(sn_comm_t *c, void *buf, int64_t count, sn_red_type_t type,
+                                 sn_red_op_t op) {
+  mpi_impl_t *m = c->impl;
+  MPI_Datatype dt = type == SN_RED_F32 ? MPI_FLOAT : type == SN_RED_F64 ? MPI_DOUBLE : MPI_INT64_T;
+  size_t esize = type == SN_RED_F32 ? 4 : 8;
+  size_t bytes = (size_t)count * esize;
+  if (m->stage_bytes < bytes) {
+    void *p = realloc(m->stage, bytes);
+    if (p == NULL) return sn__fail(SN_ERR_ALLOC, "sn_comm(mpi): out of memory (%zu bytes)", bytes);
+    m->stage = p;
+    m->stage_bytes = bytes;
+  }
+  memcpy(m->stage, buf, bytes);
+  MPI_Request req;
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, m->stage, (int)count, dt,
+                          op == SN_RED_SUM ? MPI_SUM : MPI_MAX, m->comm, &req);
+  if (rc != MPI_SUCCESS) return mpi_fail(c, "MPI_Iallreduce", rc);
+  sn_status_t st = mpi_wait(c, &req, "MPI_Iallreduce");
+  if (st == SN_ERR_TIMEOUT) { /* MPI may still write into stage: abandon it */
+    m->stage = NULL;
+    m->stage_bytes = 0;
+    return st;
+  }
+  if (st != SN_OK) return st;
+  memcpy(buf, m->stage, bytes);
+  return SN_OK;
+}
+
+static sn_status_t mpi_wrap(sn_comm_t **out, MPI_Comm dup);
+
+static sn_status_t mpi_split(sn_comm_t *c, int color, int key, sn_comm_t **sub) {
+  mpi_impl_t *m = c->impl;
+  /* MPI_Comm_split has no non-blocking form: first make sure every rank has arrived, under the
+   * timeout, so that a missing rank fails here instead of hanging in the split. */
+  MPI_Request req;
+  int rc = MPI_Ibarrier(m->comm, &req);
+  if (rc != MPI_SUCCESS) return mpi_fail(c, "MPI_Ibarrier", rc);
+  SN_TRY(mpi_wait(c, &req, "sn_comm_split (MPI_Ibarrier)"));
+  MPI_Comm nc;
+  rc = MPI_Comm_split(m->comm, color < 0 ? MPI_UNDEFINED : color, key, &nc);
+  if (rc != MPI_SUCCESS) return mpi_fail(c, "MPI_Comm_split", rc);
+  if (nc == MPI_COMM_NULL) {
+    *sub = NULL;
+    return SN_OK;
+  }
+  rc = MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
+  if (rc != MPI_SUCCESS) {
+    MPI_Comm_free(&nc);
+    return mpi_fail(c, "MPI_Comm_set_errhandler", rc);
+  }
+  sn_status_t st = mpi_wrap(sub, nc);
+  if (st != SN_OK) MPI_Comm_free(&nc);
+  return st;
+}
+
+static void mpi_destroy(sn_comm_t *c) {
+  mpi_impl_t *m = c->impl;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && !c->broken) MPI_Comm_free(&m->comm);
+  if (!c->broken) free(m->stage); /* a broken comm may have a request writing into it */
+  free(m);
+}
+
+static const sn_comm_ops_t mpi_ops = {"mpi", 0, mpi_allreduce, mpi_split, mpi_destroy};
+
+static sn_status_t mpi_wrap(sn_comm_t **out, MPI_Comm dup) {
+  int rank, size;
+  int rc = MPI_Comm_rank(dup, &rank);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(dup, &size);
+  if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Comm_rank/size", rc);
+  mpi_impl_t *m = calloc(1, sizeof *m);
+  if (m == NULL) return sn__fail(SN_ERR_ALLOC, "sn_comm_create_mpi: out of memory");
+  m->comm = dup;
+  sn_status_t st = sn__comm_new(out, &mpi_ops, rank, size, m);
+  if (st != SN_OK) free(m);
+  return st;
+}
+
+sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
+  const char *fn = "sn_comm_create_mpi";
+  SN_TRY(sn__check_ptr(fn, "comm", comm));
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: MPI is not initialized (call MPI_Init first)", fn);
+  if (mpi_comm == MPI_COMM_NULL)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: mpi_comm is MPI_COMM_NULL", fn);
+  MPI_Comm dup;
+  int rc = MPI_Comm_dup(mpi_comm, &dup);
+  if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Comm_dup", rc);
+  rc = MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  if (rc != MPI_SUCCESS) {
+    MPI_Comm_free(&dup);
+    return mpi_fail(NULL, "MPI_Comm_set_errhandler", rc);
+  }
+  sn_status_t st = mpi_wrap(comm, dup);
+  if (st != SN_OK) MPI_Comm_free(&dup);
+  return st;
+}

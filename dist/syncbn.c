@@ -1,2 +1,359 @@
-/* placeholder: work in progress */
-typedef int sn_placeholder_syncbn_t;
+/*
+ * syncbn.c — SyncBatchNorm: BatchNorm whose batch statistics are summed over the ranks of a
+ * communicator, with torch.nn.SyncBatchNorm's running-statistics semantics.
+ *
+ * Forward (training), per channel c, over all ranks:
+ *   local Σ(x−p_c), Σ(x−p_c)², n·s  →  ONE all-reduce of 2C+1 fp64  →  mean, biased var, rstd
+ *   →  y = (x−mean)·rstd·γ + β  →  running stats (unbiased var with the global count).
+ * The pivot p is the previous synchronized batch mean, identical on every rank, so the fp64
+ * shifted sums stay exact when |mean| ≫ σ; if p was so far off that fp64 would lose more than
+ * 24 bits (first step on data with a huge mean), every rank sees it in the same reduced sums and
+ * all redo the sums around the new mean: a second all-reduce, taken by all or none.
+ * Backward: local Σdy, Σdy·x̂  →  ONE all-reduce of 2C fp64  →  dx with the global count.
+ * References: Ioffe & Szegedy 2015 (BatchNorm); torch.nn.SyncBatchNorm and
+ * torch.nn.functional.batch_norm docs (momentum, unbiased running_var, num_batches_tracked).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "syncbn_internal.h"
+
+enum { OP_FORWARD = 1, OP_BACKWARD = 2 };
+/* Refine the pivot when (mean−p)² > 2^24·var: fp64 then keeps ≥ 29 of its 53 bits. */
+#define SN_PIVOT_REFINE_RATIO 16777216.0
+
+sn_syncbn_config_t sn_syncbn_default_config(int64_t num_features) {
+  sn_syncbn_config_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.num_features = num_features;
+  cfg.eps = 1e-5f;
+  cfg.momentum = 0.1f;
+  cfg.affine = 1;
+  cfg.track_running_stats = 1;
+  cfg.layout = SN_LAYOUT_NCHW;
+  cfg.dtype = SN_DTYPE_F32;
+#ifdef NDEBUG
+  cfg.check_consistency = 0;
+#else
+  cfg.check_consistency = 1;
+#endif
+  cfg.check_finite = 0;
+  cfg.device_memory = 0;
+  cfg.layer_id = -1;
+  return cfg;
+}
+
+sn_status_t sn__syncbn_check(const char *fn, const sn_syncbn_t *bn) {
+  SN_TRY(sn__check_ptr(fn, "bn", bn));
+  if (bn->magic != SN_SYNCBN_MAGIC)
+    return sn__fail(SN_ERR_INVALID_HANDLE, "%s: bn is not a live sn_syncbn_t (destroyed or corrupt)",
+                    fn);
+  return SN_OK;
+}
+
+static sn_status_t check_config(const char *fn, const sn_syncbn_config_t *cfg) {
+  SN_TRY(sn__check_size(fn, "num_features", cfg->num_features, 1));
+  if (cfg->num_features > (INT64_MAX / 64))
+    return sn__fail(SN_ERR_OVERFLOW, "%s: num_features %lld is too large", fn,
+                    (long long)cfg->num_features);
+  SN_TRY(sn__check_eps(fn, cfg->eps));
+  if (!(cfg->momentum == SN_MOMENTUM_CUMULATIVE || (cfg->momentum >= 0.0f && cfg->momentum <= 1.0f)))
+    return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                    "%s: momentum must be in [0, 1] or SN_MOMENTUM_CUMULATIVE, got %g", fn,
+                    (double)cfg->momentum);
+  const int flags[4] = {cfg->affine, cfg->track_running_stats, cfg->check_consistency,
+                        cfg->check_finite};
+  const char *names[4] = {"affine", "track_running_stats", "check_consistency", "check_finite"};
+  for (int i = 0; i < 4; i++)
+    if (flags[i] != 0 && flags[i] != 1)
+      return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: %s must be 0 or 1, got %d", fn, names[i],
+                      flags[i]);
+  SN_TRY(sn__check_layout(fn, cfg->layout));
+  SN_TRY(sn__check_act_dtype(fn, cfg->dtype));
+  if (cfg->layer_id < -1)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: layer_id must be >= 0, or -1 for automatic, got %lld",
+                    fn, (long long)cfg->layer_id);
+  if (memchr(cfg->name, '\0', sizeof cfg->name) == NULL)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: name is not NUL-terminated within %zu bytes", fn,
+                    sizeof cfg->name);
+  return SN_OK;
+}
+
+sn_status_t sn_syncbn_create(sn_syncbn_t **out, const sn_syncbn_config_t *cfg, sn_comm_t *comm) {
+  const char *fn = "sn_syncbn_create";
+  SN_TRY(sn__check_ptr(fn, "bn", out));
+  SN_TRY(sn__check_ptr(fn, "cfg", cfg));
+  SN_TRY(check_config(fn, cfg));
+  if (comm != NULL) SN_TRY(sn__comm_check(fn, comm));
+  if (cfg->device_memory != 0)
+    return sn__fail(SN_ERR_UNSUPPORTED,
+                    "%s: device_memory needs the CUDA/NCCL build, which this library is not", fn);
+  if (comm != NULL && comm->ops->device_memory)
+    return sn__fail(SN_ERR_UNSUPPORTED, "%s: a '%s' communicator needs cfg.device_memory = 1", fn,
+                    comm->ops->name);
+
+  const int64_t C = cfg->num_features;
+  sn_syncbn_t *bn = calloc(1, sizeof *bn);
+  float *f = calloc((size_t)(10 * C), sizeof(float)); /* 10 [C] f32 arrays */
+  double *d = calloc((size_t)(6 * C + 1), sizeof(double)); /* red 2C+1, local 2C, mean C */
+  if (bn == NULL || f == NULL || d == NULL) {
+    free(bn), free(f), free(d);
+    return sn__fail(SN_ERR_ALLOC, "%s: out of memory for %lld channels", fn, (long long)C);
+  }
+  bn->cfg = *cfg;
+  bn->comm = comm;
+  bn->C = C;
+  if (cfg->layer_id >= 0) bn->id = cfg->layer_id;
+  else bn->id = comm != NULL ? comm->next_layer_id++ : 0;
+  if (cfg->name[0] != '\0') snprintf(bn->label, sizeof bn->label, "layer '%s' (id %lld)", cfg->name, (long long)bn->id);
+  else snprintf(bn->label, sizeof bn->label, "layer %lld", (long long)bn->id);
+
+  /* carve the f32 arrays: weight bias gw gb rm rv pivot var rstd tmp */
+  float *arr[10];
+  for (int i = 0; i < 10; i++) arr[i] = f + (size_t)i * (size_t)C;
+  if (cfg->affine) {
+    bn->weight = arr[0], bn->bias = arr[1], bn->grad_weight = arr[2], bn->grad_bias = arr[3];
+    for (int64_t c = 0; c < C; c++) bn->weight[c] = 1.0f; /* PyTorch init: γ = 1, β = 0 */
+  }
+  if (cfg->track_running_stats) {
+    bn->running_mean = arr[4], bn->running_var = arr[5];
+    for (int64_t c = 0; c < C; c++) bn->running_var[c] = 1.0f; /* PyTorch init: rm 0, rv 1 */
+  }
+  bn->fblock = f;
+  bn->pivot = arr[6], bn->var = arr[7], bn->rstd = arr[8], bn->tmp = arr[9];
+  bn->red = d, bn->local = d + 2 * C + 1, bn->mean = d + 4 * C + 1;
+  bn->magic = SN_SYNCBN_MAGIC;
+  *out = bn;
+  return SN_OK;
+}
+
+void sn_syncbn_destroy(sn_syncbn_t *bn) {
+  if (bn == NULL || bn->magic != SN_SYNCBN_MAGIC) return;
+  bn->magic = 0;
+  free(bn->fblock);
+  free(bn->red);
+  free(bn);
+}
+
+sn_status_t sn_syncbn_params(sn_syncbn_t *bn, sn_syncbn_params_t *p) {
+  SN_TRY(sn__check_ptr("sn_syncbn_params", "params", p));
+  SN_TRY(sn__syncbn_check("sn_syncbn_params", bn));
+  p->weight = bn->weight, p->bias = bn->bias;
+  p->grad_weight = bn->grad_weight, p->grad_bias = bn->grad_bias;
+  p->running_mean = bn->running_mean, p->running_var = bn->running_var;
+  p->num_batches_tracked = bn->cfg.track_running_stats ? &bn->num_batches_tracked : NULL;
+  p->num_features = bn->C;
+  return SN_OK;
+}
+
+sn_status_t sn_syncbn_collective_count(const sn_syncbn_t *bn, int64_t *count) {
+  SN_TRY(sn__check_ptr("sn_syncbn_collective_count", "count", count));
+  SN_TRY(sn__syncbn_check("sn_syncbn_collective_count", bn));
+  *count = bn->collectives;
+  return SN_OK;
+}
+
+/* Shape and pointer checks shared by forward and backward. */
+static sn_status_t check_call(const char *fn, const sn_syncbn_t *bn, int64_t n, int64_t s,
+                              const void *a, const char *an, const void *b, const char *bname,
+                              const void *c, const char *cn) {
+  SN_TRY(sn__syncbn_check(fn, bn));
+  SN_TRY(sn__check_size(fn, "n", n, 0));
+  SN_TRY(sn__check_size(fn, "s", s, 0));
+  int64_t ns, total;
+  SN_TRY(sn__mul(fn, &ns, n, s));
+  SN_TRY(sn__mul(fn, &total, ns, bn->C));
+  if (total > 0) {
+    SN_TRY(sn__check_ptr(fn, an, a));
+    SN_TRY(sn__check_ptr(fn, bname, b));
+    if (c != NULL || cn != NULL) SN_TRY(sn__check_ptr(fn, cn, c));
+  }
+  if (bn->comm != NULL) SN_TRY(sn__comm_check(fn, bn->comm));
+  return SN_OK;
+}
+
+static uint64_t fnv1a(const void *p, size_t bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < bytes; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/* With cfg.check_consistency: one max-all-reduce of (v, −v) for each field of this call's
+ * signature. Every rank gets the same maxima, so every rank reaches the same verdict. */
+static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
+  enum { K = 6 };
+  static const char *const field[K] = {"layer id", "C (num_features)", "operation",
+                                       "dtype", "layout", "pivot (BatchNorm state)"};
+  uint64_t ph = fnv1a(bn->pivot, (size_t)bn->C * sizeof(float));
+  int64_t sig[K] = {bn->id, bn->C, op, (int64_t)bn->cfg.dtype, (int64_t)bn->cfg.layout,
+                    (int64_t)(ph >> 2)};
+  int64_t v[2 * K];
+  for (int k = 0; k < K; k++) v[k] = sig[k], v[K + k] = -sig[k];
+  bn->collectives++;
+  SN_TRY(sn__comm_allreduce(fn, bn->comm, v, 2 * K, SN_RED_I64, SN_RED_MAX));
+  char msg[384];
+  int len = 0;
+  for (int k = 0; k < K; k++) {
+    if (v[k] == -v[K + k]) continue;
+    len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%s differs across ranks (%lld..%lld)",
+                    len ? "; " : "", field[k], (long long)-v[K + k], (long long)v[k]);
+    if (len >= (int)sizeof msg) break;
+  }
+  if (len == 0) return SN_OK;
+  return sn__fail(SN_ERR_MISMATCH,
+                  "%s: ranks disagree on this collective; this rank called %s with C %lld (%s): "
+                  "%s. Every rank must call the same layers in the same order",
+                  fn, bn->label, (long long)bn->C, op == OP_FORWARD ? "forward" : "backward", msg);
+}
+
+/* Sum all-reduce of bn->red (count values) when synchronized; counts the collective. */
+static sn_status_t reduce(sn_syncbn_t *bn, const char *fn, int64_t count, int synced) {
+  if (!synced) return SN_OK;
+  bn->collectives++;
+  return sn__comm_allreduce(fn, bn->comm, bn->red, count, SN_RED_F64, SN_RED_SUM);
+}
+
+static int all_finite(const double *v, int64_t count) {
+  for (int64_t i = 0; i < count; i++)
+    if (!isfinite(v[i])) return 0;
+  return 1;
+}
+
+/* Whether any channel's shifted sums lost more than 24 bits to cancellation. */
+static int needs_refine(const double *red, int64_t C, double count) {
+  for (int64_t c = 0; c < C; c++) {
+    double m = red[c] / count, v = red[C + c] / count - m * m;
+    if (m != 0.0 && m * m > v * SN_PIVOT_REFINE_RATIO) return 1;
+  }
+  return 0;
+}
+
+/* Local sums with `pivot` into red (+ count), then the all-reduce. */
+static sn_status_t batch_sums(sn_syncbn_t *bn, const char *fn, const void *x, const float *pivot,
+                              int64_t n, int64_t s, int synced) {
+  const int64_t C = bn->C;
+  SN_TRY(sn_batchnorm_stats(bn->red, bn->red + C, x, pivot, n, C, s, bn->cfg.layout, bn->cfg.dtype));
+  bn->red[2 * C] = (double)(n * s);
+  return reduce(bn, fn, 2 * C + 1, synced);
+}
+
+/* Training-mode forward (or track_running_stats = 0): batch statistics, synced over comm when
+ * `synced`, running stats updated when `update`. */
+static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const void *x,
+                                 int64_t n, int64_t s, int synced, int update) {
+  const int64_t C = bn->C;
+  const sn_syncbn_config_t *cfg = &bn->cfg;
+  bn->saved.valid = 0;
+  if (synced && cfg->check_consistency) SN_TRY(check_consistency(bn, fn, OP_FORWARD));
+  SN_TRY(batch_sums(bn, fn, x, bn->pivot, n, s, synced));
+  const int64_t count = (int64_t)bn->red[2 * C];
+  if (count == 0) { /* the whole (global) batch is empty: nothing to normalize or track */
+    bn->saved = (sn_syncbn_saved_t){1, 1, synced, n, s, 0};
+    return SN_OK;
+  }
+  if (count == 1)
+    return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
+                    "%s: %s: expected more than 1 value per channel when training, got a %s count "
+                    "of 1 (input [%lld, %lld, %lld] on this rank)",
+                    fn, bn->label, synced ? "global" : "batch", (long long)n, (long long)C,
+                    (long long)s);
+  if (cfg->check_finite && !all_finite(bn->red, 2 * C))
+    return sn__fail(SN_ERR_NONFINITE,
+                    "%s: %s: x holds NaN or Inf on %s; nothing was written or updated", fn,
+                    bn->label, synced ? "at least one rank" : "this rank");
+  const float *pivot = bn->pivot;
+  if (needs_refine(bn->red, C, (double)count)) { /* every rank decides alike: same sums */
+    for (int64_t c = 0; c < C; c++) bn->tmp[c] = (float)(bn->pivot[c] + bn->red[c] / (double)count);
+    pivot = bn->tmp;
+    SN_TRY(batch_sums(bn, fn, x, pivot, n, s, synced));
+  }
+  SN_TRY(sn_batchnorm_finalize(bn->mean, bn->var, bn->rstd, bn->red, bn->red + C, pivot, count, C,
+                               cfg->eps));
+  SN_TRY(sn_batchnorm_apply(y, x, bn->mean, bn->rstd, bn->weight, bn->bias, n, C, s, cfg->layout,
+                            cfg->dtype));
+  if (update) {
+    bn->num_batches_tracked += 1;
+    const double f = cfg->momentum == SN_MOMENTUM_CUMULATIVE
+                         ? 1.0 / (double)bn->num_batches_tracked
+                         : (double)cfg->momentum;
+    const double unbias = (double)count / (double)(count - 1);
+    for (int64_t c = 0; c < C; c++) {
+      bn->running_mean[c] = (float)((1.0 - f) * bn->running_mean[c] + f * bn->mean[c]);
+      bn->running_var[c] = (float)((1.0 - f) * bn->running_var[c] + f * (double)bn->var[c] * unbias);
+    }
+  }
+  /* the next pivot: this batch's mean — identical on every rank only when synchronized */
+  if (synced || bn->comm == NULL)
+    for (int64_t c = 0; c < C; c++) bn->pivot[c] = (float)bn->mean[c];
+  bn->saved = (sn_syncbn_saved_t){1, 1, synced, n, s, count};
+  return SN_OK;
+}
+
+/* Eval-mode forward with running statistics; saves them for a frozen backward. */
+static sn_status_t forward_eval(sn_syncbn_t *bn, void *y, const void *x, int64_t n, int64_t s) {
+  const sn_syncbn_config_t *cfg = &bn->cfg;
+  SN_TRY(sn_batchnorm_infer(y, x, bn->running_mean, bn->running_var, bn->weight, bn->bias, n,
+                            bn->C, s, cfg->eps, cfg->layout, cfg->dtype));
+  for (int64_t c = 0; c < bn->C; c++) {
+    bn->mean[c] = bn->running_mean[c];
+    bn->rstd[c] = (float)(1.0 / sqrt((double)bn->running_var[c] + (double)cfg->eps));
+  }
+  bn->saved = (sn_syncbn_saved_t){1, 0, 0, n, s, 0};
+  return SN_OK;
+}
+
+sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, int64_t n, int64_t s,
+                              int training) {
+  const char *fn = "sn_syncbn_forward";
+  SN_TRY(check_call(fn, bn, n, s, x, "x", y, "y", NULL, NULL));
+  if (!training && bn->cfg.track_running_stats) return forward_eval(bn, y, x, n, s);
+  /* PyTorch synchronizes only in training mode; eval without running stats is local */
+  const int synced = training && bn->comm != NULL;
+  return forward_batch(bn, fn, y, x, n, s, synced, training && bn->cfg.track_running_stats);
+}
+
+sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy, const void *x,
+                               int64_t n, int64_t s) {
+  const char *fn = "sn_syncbn_backward";
+  SN_TRY(check_call(fn, bn, n, s, dy, "dy", x, "x", dx, "dx"));
+  if (!bn->saved.valid)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: %s: backward without a successful forward", fn,
+                    bn->label);
+  if (n != bn->saved.n || s != bn->saved.s)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                    "%s: %s: shape n=%lld s=%lld differs from the forward's n=%lld s=%lld", fn,
+                    bn->label, (long long)n, (long long)s, (long long)bn->saved.n,
+                    (long long)bn->saved.s);
+  const int64_t C = bn->C;
+  const sn_syncbn_config_t *cfg = &bn->cfg;
+  const int synced = bn->saved.synced;
+  if (bn->saved.batch_stats && bn->saved.count == 0) { /* empty global batch: zero gradients */
+    if (cfg->affine)
+      for (int64_t c = 0; c < C; c++) bn->grad_weight[c] = bn->grad_bias[c] = 0.0f;
+    return SN_OK;
+  }
+  if (synced && cfg->check_consistency) SN_TRY(check_consistency(bn, fn, OP_BACKWARD));
+  /* local Σdy, Σdy·x̂: this rank's dβ, dγ — and, summed over ranks, what dx needs */
+  SN_TRY(sn_batchnorm_bwd_reduce(bn->red, bn->red + C, dy, x, bn->mean, bn->rstd, n, C, s,
+                                 cfg->layout, cfg->dtype));
+  memcpy(bn->local, bn->red, (size_t)(2 * C) * sizeof(double));
+  if (bn->saved.batch_stats) SN_TRY(reduce(bn, fn, 2 * C, synced));
+  if (cfg->check_finite && !all_finite(bn->red, 2 * C))
+    return sn__fail(SN_ERR_NONFINITE, "%s: %s: dy holds NaN or Inf on %s; nothing was written", fn,
+                    bn->label,
+                    synced && all_finite(bn->local, 2 * C) ? "another rank" : "this rank");
+  if (bn->saved.batch_stats)
+    SN_TRY(sn_batchnorm_bwd_apply(dx, dy, x, bn->mean, bn->rstd, bn->weight, bn->red, bn->red + C,
+                                  bn->saved.count, n, C, s, cfg->layout, cfg->dtype));
+  else /* frozen BatchNorm: statistics are constants, dx = γ·rstd·dy */
+    SN_TRY(sn_batchnorm_bwd_apply(dx, dy, x, bn->mean, bn->rstd, bn->weight, NULL, NULL, 0, n, C,
+                                  s, cfg->layout, cfg->dtype));
+  if (cfg->affine)
+    for (int64_t c = 0; c < C; c++) {
+      bn->grad_bias[c] = (float)bn->local[c];
+      bn->grad_weight[c] = (float)bn->local[C + c];
+    }
+  return SN_OK;
+}

@@ -1,0 +1,56 @@
+/*
+ * comm_internal.h — the communicator object and its table of backend operations.
+ * Backends (comm_self.c, comm_mpi.c, comm_nccl.c) fill an sn_comm_ops_t; everything above them
+ * (comm.c, syncbn.c) calls through the table only. Not installed.
+ */
+#ifndef SN_COMM_INTERNAL_H
+#define SN_COMM_INTERNAL_H
+
+#include <stdint.h>
+
+#include "../src/internal.h"
+#include "syncnorm_dist.h"
+
+#define SN_COMM_MAGIC 0x736e636f6d6d3031ull /* "sncomm01" */
+
+/* Element type of an internal all-reduce: the public f32/f64 plus int64 for consistency checks. */
+typedef enum { SN_RED_F32, SN_RED_F64, SN_RED_I64 } sn_red_type_t;
+typedef enum { SN_RED_SUM, SN_RED_MAX } sn_red_op_t;
+
+typedef struct sn_comm_ops {
+  const char *name;  /* "self", "mpi", "nccl" */
+  int device_memory; /* 1: buffers are CUDA device memory, collectives enqueued on a stream */
+  /* In-place all-reduce of count elements at buf. Must give bitwise identical results on every
+   * rank and respect comm->timeout_s (SN_ERR_TIMEOUT, after which the backend sets broken). */
+  sn_status_t (*allreduce)(sn_comm_t *comm, void *buf, int64_t count, sn_red_type_t type,
+                           sn_red_op_t op);
+  /* Collective split (see sn_comm_split); *sub = NULL for color < 0. */
+  sn_status_t (*split)(sn_comm_t *comm, int color, int key, sn_comm_t **sub);
+  /* Frees backend resources (not the sn_comm_t itself). */
+  void (*destroy)(sn_comm_t *comm);
+} sn_comm_ops_t;
+
+struct sn_comm {
+  uint64_t magic;
+  const sn_comm_ops_t *ops;
+  int rank, size;
+  double timeout_s;       /* 0 = wait forever */
+  int broken;             /* set after a timeout or fatal error: later collectives fail */
+  int64_t next_layer_id;  /* default SyncBatchNorm layer ids, in creation order */
+  void *impl;             /* backend state */
+};
+
+/* Allocates a communicator for a backend; timeout from SN_COMM_TIMEOUT_S or 1800 s. */
+SN_HIDDEN sn_status_t sn__comm_new(sn_comm_t **out, const sn_comm_ops_t *ops, int rank, int size,
+                                   void *impl);
+/* SN_OK for a live, unbroken communicator; else SN_ERR_INVALID_HANDLE / SN_ERR_COMM. */
+SN_HIDDEN sn_status_t sn__comm_check(const char *fn, const sn_comm_t *comm);
+/* Validated all-reduce through the backend table, for internal callers. */
+SN_HIDDEN sn_status_t sn__comm_allreduce(const char *fn, sn_comm_t *comm, void *buf,
+                                         int64_t count, sn_red_type_t type, sn_red_op_t op);
+/* Seconds since an arbitrary fixed point (CLOCK_MONOTONIC). */
+SN_HIDDEN double sn__now(void);
+/* Sleeps about `us` microseconds (used between polls of a pending collective). */
+SN_HIDDEN void sn__sleep_us(long us);
+
+#endif /* SN_COMM_INTERNAL_H */

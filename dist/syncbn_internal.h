@@ -1,0 +1,52 @@
+/*
+ * syncbn_internal.h — the SyncBatchNorm layer object, shared by syncbn.c (forward/backward) and
+ * syncbn_state.c (checkpoint state). Not installed.
+ */
+#ifndef SN_SYNCBN_INTERNAL_H
+#define SN_SYNCBN_INTERNAL_H
+
+#include "comm_internal.h"
+
+#define SN_SYNCBN_MAGIC 0x736e73796e636231ull /* "snsyncb1" */
+
+/* What the last forward saved for backward. */
+typedef struct {
+  int valid;       /* a forward succeeded since creation or the last load */
+  int batch_stats; /* 1: normalized with batch statistics; 0: running stats (eval) */
+  int synced;      /* 1: the batch statistics were all-reduced over comm */
+  int64_t n, s;    /* the forward's shape on this rank */
+  int64_t count;   /* global values per channel */
+} sn_syncbn_saved_t;
+
+struct sn_syncbn {
+  uint64_t magic;
+  sn_syncbn_config_t cfg;
+  sn_comm_t *comm;     /* NULL: local BatchNorm */
+  int64_t C, id;
+  char label[96];      /* "layer 'bn1' (id 0)" for messages */
+
+  /* parameters and state: [C] each (NULL when the config has no such tensor) */
+  float *weight, *bias, *grad_weight, *grad_bias, *running_mean, *running_var;
+  int64_t num_batches_tracked;
+
+  /* pivot of the shifted sums: identical on every rank (the last synchronized batch mean) */
+  float *pivot;
+  double *red;   /* [2C+1] all-reduce buffer: Σ(x−p) | Σ(x−p)² | count, or Σdy | Σdy·x̂ */
+  double *local; /* [2C] this rank's backward sums (the parameter gradients) */
+
+  /* what the last forward saved for backward */
+  double *mean;  /* [C] */
+  float *var;    /* [C] biased */
+  float *rstd;   /* [C] */
+  float *tmp;    /* [C] scratch (refined pivot) */
+  sn_syncbn_saved_t saved;
+  float *fblock;   /* the one allocation behind every f32 array above */
+
+  int64_t collectives;          /* all-reduces issued by this layer */
+  char tensor_names[5][256];    /* names handed out by sn_syncbn_state_tensors */
+};
+
+/* SN_OK for a live layer, else SN_ERR_NULL_POINTER / SN_ERR_INVALID_HANDLE. */
+SN_HIDDEN sn_status_t sn__syncbn_check(const char *fn, const sn_syncbn_t *bn);
+
+#endif /* SN_SYNCBN_INTERNAL_H */

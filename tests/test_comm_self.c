@@ -1,0 +1,134 @@
+/*
+ * test_comm_self.c — the "self" communicator and the layer API in one process: argument
+ * validation, handles, timeouts, and local BatchNorm semantics (comm == NULL and "self" agree).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "syncnorm_dist.h"
+#include "testutil.h"
+
+START_TEST(test_self_comm_basics) {
+  sn_comm_t *c = NULL;
+  ck_assert_int_eq(sn_comm_create_self(&c), SN_OK);
+  int rank = -1, size = -1;
+  ck_assert_int_eq(sn_comm_rank(c, &rank), SN_OK);
+  ck_assert_int_eq(sn_comm_size(c, &size), SN_OK);
+  ck_assert(rank == 0 && size == 1);
+  ck_assert_str_eq(sn_comm_backend(c), "self");
+  double v[3] = {1.5, -2.0, 3.25};
+  ck_assert_int_eq(sn_comm_allreduce_sum(c, v, 3, SN_DTYPE_F64), SN_OK);
+  ck_assert(v[0] == 1.5 && v[1] == -2.0 && v[2] == 3.25);
+  ck_assert_int_eq(sn_comm_allreduce_sum(c, v, 3, SN_DTYPE_BF16), SN_ERR_INVALID_DTYPE);
+  ck_assert_int_eq(sn_comm_allreduce_sum(c, NULL, 3, SN_DTYPE_F32), SN_ERR_NULL_POINTER);
+  ck_assert_int_eq(sn_comm_allreduce_sum(c, v, -1, SN_DTYPE_F32), SN_ERR_INVALID_SIZE);
+  ck_assert_int_eq(sn_comm_allreduce_sum(c, NULL, 0, SN_DTYPE_F32), SN_OK);
+  int same = 0;
+  ck_assert_int_eq(sn_comm_all_identical(c, v, sizeof v, &same), SN_OK);
+  ck_assert(same == 1);
+  ck_assert_int_eq(sn_comm_set_timeout(c, -1.0), SN_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(sn_comm_set_timeout(c, NAN), SN_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(sn_comm_set_timeout(c, 0.0), SN_OK);
+  sn_comm_t *sub = NULL, *none = (sn_comm_t *)0x1;
+  ck_assert_int_eq(sn_comm_split(c, 3, 0, &sub), SN_OK);
+  ck_assert_int_eq(sn_comm_size(sub, &size), SN_OK);
+  ck_assert_int_eq(size, 1);
+  ck_assert_int_eq(sn_comm_split(c, -1, 0, &none), SN_OK);
+  ck_assert_ptr_null(none);
+  sn_comm_destroy(sub);
+  sn_comm_destroy(c);
+  sn_comm_destroy(NULL);
+  ck_assert_int_eq(sn_comm_rank(NULL, &rank), SN_ERR_NULL_POINTER);
+  ck_assert_str_eq(sn_comm_backend(NULL), "invalid");
+}
+END_TEST
+
+START_TEST(test_layer_config_validation) {
+  sn_syncbn_t *bn = (sn_syncbn_t *)0x1;
+  sn_syncbn_config_t cfg = sn_syncbn_default_config(4);
+  ck_assert(cfg.eps == 1e-5f && cfg.momentum == 0.1f && cfg.affine == 1 &&
+            cfg.track_running_stats == 1 && cfg.layout == SN_LAYOUT_NCHW &&
+            cfg.dtype == SN_DTYPE_F32 && cfg.layer_id == -1 && cfg.check_finite == 0);
+  sn_syncbn_config_t bad;
+  bad = cfg, bad.num_features = 0;
+  ck_assert_int_eq(sn_syncbn_create(&bn, &bad, NULL), SN_ERR_INVALID_SIZE);
+  bad = cfg, bad.eps = 0.0f;
+  ck_assert_int_eq(sn_syncbn_create(&bn, &bad, NULL), SN_ERR_INVALID_EPS);
+  bad = cfg, bad.momentum = 1.5f;
+  ck_assert_int_eq(sn_syncbn_create(&bn, &bad, NULL), SN_ERR_INVALID_ARGUMENT);
+  bad = cfg, bad.momentum = NAN;
+  ck_assert_int_eq(sn_syncbn_create(&bn, &bad, NULL), SN_ERR_INVALID_ARGUMENT);
+  bad = cfg, bad.layout = (sn_layout_t)5;
+  ck_assert_int_eq(sn_syncbn_create(&bn, &bad, NULL), SN_ERR_INVALID_LAYOUT);
+  bad = cfg, bad.dtype = SN_DTYPE_F64;
+  ck_assert_int_eq(sn_syncbn_create(&bn, &bad, NULL), SN_ERR_INVALID_DTYPE);
+  bad = cfg, bad.affine = 2;
+  ck_assert_int_eq(sn_syncbn_create(&bn, &bad, NULL), SN_ERR_INVALID_ARGUMENT);
+  bad = cfg, bad.device_memory = 1;
+  ck_assert_int_eq(sn_syncbn_create(&bn, &bad, NULL), SN_ERR_UNSUPPORTED);
+  bad = cfg, memset(bad.name, 'a', sizeof bad.name);
+  ck_assert_int_eq(sn_syncbn_create(&bn, &bad, NULL), SN_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_eq(bn, (sn_syncbn_t *)0x1); /* never written on error */
+  ck_assert_int_eq(sn_syncbn_create(&bn, NULL, NULL), SN_ERR_NULL_POINTER);
+  ck_assert_int_eq(sn_syncbn_create(&bn, &cfg, NULL), SN_OK);
+  sn_syncbn_params_t p;
+  ck_assert_int_eq(sn_syncbn_params(bn, &p), SN_OK);
+  for (int c = 0; c < 4; c++) /* PyTorch's initial values */
+    ck_assert(p.weight[c] == 1.0f && p.bias[c] == 0.0f && p.running_mean[c] == 0.0f &&
+              p.running_var[c] == 1.0f);
+  ck_assert_int_eq(*p.num_batches_tracked, 0);
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8];
+  /* backward before forward, negative sizes, NULL data */
+  ck_assert_int_eq(sn_syncbn_backward(bn, y, x, x, 1, 2), SN_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(sn_syncbn_forward(bn, y, x, -1, 2, 1), SN_ERR_INVALID_SIZE);
+  ck_assert_int_eq(sn_syncbn_forward(bn, NULL, x, 1, 2, 1), SN_ERR_NULL_POINTER);
+  ck_assert_int_eq(sn_syncbn_forward(bn, y, x, INT64_MAX / 2, 3, 1), SN_ERR_OVERFLOW);
+  ck_assert_int_eq(sn_syncbn_forward(bn, y, x, 1, 2, 1), SN_OK);
+  ck_assert_int_eq(sn_syncbn_backward(bn, y, x, x, 2, 1), SN_ERR_INVALID_ARGUMENT); /* other shape */
+  sn_syncbn_destroy(bn);
+  ck_assert_int_eq(sn_syncbn_params(NULL, &p), SN_ERR_NULL_POINTER);
+  sn_syncbn_destroy(NULL);
+}
+END_TEST
+
+/* comm == NULL and a "self" communicator give bitwise the same results. */
+START_TEST(test_null_comm_equals_self) {
+  sn_comm_t *self = NULL;
+  ck_assert_int_eq(sn_comm_create_self(&self), SN_OK);
+  sn_syncbn_config_t cfg = sn_syncbn_default_config(3);
+  cfg.check_consistency = 1;
+  sn_syncbn_t *a = NULL, *b = NULL;
+  ck_assert_int_eq(sn_syncbn_create(&a, &cfg, NULL), SN_OK);
+  ck_assert_int_eq(sn_syncbn_create(&b, &cfg, self), SN_OK);
+  tu_rng_t r;
+  tu_rng_seed(&r, 9);
+  float x[4 * 3 * 5], dy[4 * 3 * 5], ya[60], yb[60], dxa[60], dxb[60];
+  for (int step = 0; step < 5; step++) {
+    tu_fill_normal(x, 60, SN_DTYPE_F32, 2.0, 3.0, &r);
+    tu_fill_normal(dy, 60, SN_DTYPE_F32, 0.0, 1.0, &r);
+    ck_assert_int_eq(sn_syncbn_forward(a, ya, x, 4, 5, step < 4), SN_OK);
+    ck_assert_int_eq(sn_syncbn_forward(b, yb, x, 4, 5, step < 4), SN_OK);
+    tu_assert_bitwise(ya, yb, sizeof ya, "y");
+    ck_assert_int_eq(sn_syncbn_backward(a, dxa, dy, x, 4, 5), SN_OK);
+    ck_assert_int_eq(sn_syncbn_backward(b, dxb, dy, x, 4, 5), SN_OK);
+    tu_assert_bitwise(dxa, dxb, sizeof dxa, "dx");
+  }
+  sn_syncbn_params_t pa, pb;
+  ck_assert_int_eq(sn_syncbn_params(a, &pa), SN_OK);
+  ck_assert_int_eq(sn_syncbn_params(b, &pb), SN_OK);
+  tu_assert_bitwise(pa.running_var, pb.running_var, 12, "running_var");
+  tu_assert_bitwise(pa.grad_weight, pb.grad_weight, 12, "grad_weight");
+  sn_syncbn_destroy(a), sn_syncbn_destroy(b);
+  sn_comm_destroy(self);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("comm_self");
+  TCase *tc = tcase_create("core");
+  tcase_add_test(tc, test_self_comm_basics);
+  tcase_add_test(tc, test_layer_config_validation);
+  tcase_add_test(tc, test_null_comm_equals_self);
+  suite_add_tcase(s, tc);
+  return tu_run_suite(s);
+}
