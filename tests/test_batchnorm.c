@@ -1,11 +1,997 @@
-/* placeholder: work in progress */
+/*
+ * test_batchnorm.c — the BatchNorm building blocks (stats → finalize → apply, infer, bwd_reduce →
+ * bwd_apply) against fp64 references, finite differences, split batches (what SyncBatchNorm
+ * relies on), layouts, thread counts, adversarial data and bad input.
+ *
+ * Layouts: NCHW = [N, C, S], NHWC = [N, S, C]. References read the activations as doubles from
+ * the dtype buffers, so bf16/f16 tests compare against the exact function of the rounded inputs.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "fastcheck.h"
 #include "testutil.h"
-START_TEST(test_placeholder) { ck_abort_msg("not written yet"); }
+
+/* ---- tolerances ---------------------------------------------------------------------------- */
+/* f64 batch mean vs the two-pass fp64 reference: both are fp64 sums of <= 1000 values, error
+ * about count·2^-53 relative to mean|x|; 1e-12 of (|mean| + σ) leaves a factor 10 of margin. */
+#define TOL_MEAN_F64 1e-12
+/* var and rstd are f32 outputs of fp64 computations: one rounding (2^-24) plus the fp64 error
+ * above; 2 f32 ulp (2.4e-7 relative). */
+#define TOL_STAT_F32 2.4e-7
+/* fp64 backward sums (Σdy, Σdy·x̂) vs the reference: fp64 sums of <= 1000 terms with the f32
+ * rstd in x̂ (the reference uses the same f32 rstd): 1e-12 relative to Σ|terms|. */
+#define TOL_SUM_F64 1e-12
+/* bf16/f16 backward (dx): each element is one rounding to the dtype of an f32 value good to
+ * ~1e-6, so the normwise error is at most the unit roundoff u (2^-8 bf16, 2^-11 f16) plus 1e-6. */
+static double tol_half_normwise(sn_dtype_t dt) {
+  return (dt == SN_DTYPE_BF16 ? 0x1p-8 : 0x1p-11) + 1e-6;
+}
+
+static const float EPS = 1e-5f;
+static const sn_dtype_t DTYPES[3] = {SN_DTYPE_F32, SN_DTYPE_BF16, SN_DTYPE_F16};
+static const sn_layout_t LAYOUTS[2] = {SN_LAYOUT_NCHW, SN_LAYOUT_NHWC};
+static const char *const LNAME[2] = {"NCHW", "NHWC"};
+/* (N, S) pairs: N·S ∈ {2, 3, 1000}, with N = 1 and S = 1 among them. */
+static const int64_t NS[][2] = {{1, 2}, {2, 1}, {3, 1}, {1, 3}, {1, 1000}, {8, 125}, {1000, 1}};
+static const int64_t CS[] = {1, 3, 64, 65};
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+static int64_t at(sn_layout_t lay, int64_t n, int64_t c, int64_t s, int64_t C, int64_t S) {
+  return lay == SN_LAYOUT_NCHW ? (n * C + c) * S + s : (n * S + s) * C + c;
+}
+
+static double *dalloc(int64_t n) {
+  double *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+static float *falloc(int64_t n) { return tu_alloc(n, SN_DTYPE_F32); }
+static void poison_f64(double *p, int64_t n) {
+  for (int64_t i = 0; i < n; i++) p[i] = NAN;
+}
+/* buffer (dtype) → doubles */
+static double *as_f64(const void *buf, int64_t n, sn_dtype_t dt) {
+  double *d = dalloc(n);
+  for (int64_t i = 0; i < n; i++) d[i] = tu_get(buf, i, dt);
+  return d;
+}
+
+/* x[n, c, s] = mu_c + sd_c·N(0, 1), rounded to dt; channels get different means and scales. */
+static void fill_bn(void *x, int64_t N, int64_t C, int64_t S, sn_layout_t lay, sn_dtype_t dt,
+                    double mean, double std, tu_rng_t *r) {
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t s = 0; s < S; s++) {
+        double mu = mean + 0.37 * (double)(c % 7), sd = std * (1.0 + 0.25 * (double)(c % 5));
+        tu_set(x, at(lay, n, c, s, C, S), mu + sd * tu_rng_normal(r), dt);
+      }
+}
+
+static void fill_params(float *gamma, float *beta, int64_t C, tu_rng_t *r) {
+  for (int64_t c = 0; c < C; c++) {
+    gamma[c] = (float)(0.5 + tu_rng_uniform(r));
+    beta[c] = (float)(tu_rng_uniform(r) - 0.5);
+  }
+}
+
+/* Copies an activation from one layout into the other (element by element). */
+static void transpose(void *dst, sn_layout_t to, const void *src, sn_layout_t from, int64_t N,
+                      int64_t C, int64_t S, sn_dtype_t dt) {
+  size_t es = (size_t)sn_dtype_size(dt);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t s = 0; s < S; s++)
+        memcpy((char *)dst + (size_t)at(to, n, c, s, C, S) * es,
+               (const char *)src + (size_t)at(from, n, c, s, C, S) * es, es);
+}
+
+/* ---- fp64 references ------------------------------------------------------------------------ */
+
+/* Per-channel two-pass mean and biased variance of x (doubles, layout lay). */
+static void ref_stats(double *mean, double *var, const double *x, int64_t N, int64_t C, int64_t S,
+                      sn_layout_t lay) {
+  const double M = (double)(N * S);
+  for (int64_t c = 0; c < C; c++) {
+    double s1 = 0.0, s2 = 0.0;
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t s = 0; s < S; s++) s1 += x[at(lay, n, c, s, C, S)];
+    mean[c] = s1 / M;
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t s = 0; s < S; s++) {
+        double d = x[at(lay, n, c, s, C, S)] - mean[c];
+        s2 += d * d;
+      }
+    var[c] = s2 / M;
+  }
+}
+
+/* Training forward in fp64: y = (x − mean)/√(var + eps)·gamma + beta (batch statistics). */
+static void ref_train_fwd(double *y, const double *x, const double *gamma, const double *beta,
+                          int64_t N, int64_t C, int64_t S, sn_layout_t lay, double eps) {
+  double *mean = dalloc(C), *var = dalloc(C);
+  ref_stats(mean, var, x, N, C, S, lay);
+  for (int64_t c = 0; c < C; c++) {
+    double rs = 1.0 / sqrt(var[c] + eps), g = gamma ? gamma[c] : 1.0, b = beta ? beta[c] : 0.0;
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t s = 0; s < S; s++) {
+        int64_t i = at(lay, n, c, s, C, S);
+        y[i] = (x[i] - mean[c]) * rs * g + b;
+      }
+  }
+  free(mean);
+  free(var);
+}
+
+/* Analytic training backward in fp64 (batch statistics recomputed from x):
+ *   dx = gamma·rstd·(dy − mean(dy) − x̂·mean(dy·x̂)),  dgamma = Σ dy·x̂,  dbeta = Σ dy. */
+static void ref_train_bwd(double *dx, double *dgamma, double *dbeta, const double *dy,
+                          const double *x, const double *gamma, int64_t N, int64_t C, int64_t S,
+                          sn_layout_t lay, double eps) {
+  double *mean = dalloc(C), *var = dalloc(C);
+  const double M = (double)(N * S);
+  ref_stats(mean, var, x, N, C, S, lay);
+  for (int64_t c = 0; c < C; c++) {
+    double rs = 1.0 / sqrt(var[c] + eps), g = gamma ? gamma[c] : 1.0, sg = 0.0, sgx = 0.0;
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t s = 0; s < S; s++) {
+        int64_t i = at(lay, n, c, s, C, S);
+        sg += dy[i];
+        sgx += dy[i] * (x[i] - mean[c]) * rs;
+      }
+    if (dgamma) dgamma[c] = sgx;
+    if (dbeta) dbeta[c] = sg;
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t s = 0; s < S; s++) {
+        int64_t i = at(lay, n, c, s, C, S);
+        dx[i] = g * rs * (dy[i] - sg / M - (x[i] - mean[c]) * rs * sgx / M);
+      }
+  }
+  free(mean);
+  free(var);
+}
+
+static double dot(const double *a, const double *b, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+/* ---- library pipeline ---------------------------------------------------------------------- */
+
+/* stats → finalize → apply on one whole batch; every output poisoned first. */
+static void lib_train_fwd(void *y, double *mean, float *var, float *rstd, const void *x,
+                          const float *pivot, const float *gamma, const float *beta, int64_t N,
+                          int64_t C, int64_t S, sn_layout_t lay, sn_dtype_t dt) {
+  double *sum = dalloc(C), *sq = dalloc(C);
+  poison_f64(sum, C);
+  poison_f64(sq, C);
+  poison_f64(mean, C);
+  if (var) tu_poison_f32(var, C);
+  tu_poison_f32(rstd, C);
+  tu_poison(y, N * C * S, dt);
+  ck_assert_int_eq(sn_batchnorm_stats(sum, sq, x, pivot, N, C, S, lay, dt), SN_OK);
+  ck_assert_int_eq(sn_batchnorm_finalize(mean, var, rstd, sum, sq, pivot, N * S, C, EPS), SN_OK);
+  ck_assert_int_eq(sn_batchnorm_apply(y, x, mean, rstd, gamma, beta, N, C, S, lay, dt), SN_OK);
+  free(sum);
+  free(sq);
+}
+
+/* bwd_reduce → bwd_apply with the given forward statistics; outputs poisoned first. */
+static void lib_train_bwd(void *dx, double *sdy, double *sdx, const void *dy, const void *x,
+                          const double *mean, const float *rstd, const float *gamma, int64_t N,
+                          int64_t C, int64_t S, sn_layout_t lay, sn_dtype_t dt) {
+  poison_f64(sdy, C);
+  poison_f64(sdx, C);
+  tu_poison(dx, N * C * S, dt);
+  ck_assert_int_eq(sn_batchnorm_bwd_reduce(sdy, sdx, dy, x, mean, rstd, N, C, S, lay, dt), SN_OK);
+  ck_assert_int_eq(sn_batchnorm_bwd_apply(dx, dy, x, mean, rstd, gamma, sdy, sdx, N * S, N, C, S,
+                                          lay, dt),
+                   SN_OK);
+}
+
+/* Checks mean (f64), var and rstd (f32) of every channel against the fp64 reference of x. */
+static void check_stats(const double *mean, const float *var, const float *rstd, const double *xd,
+                        int64_t N, int64_t C, int64_t S, sn_layout_t lay, const char *what) {
+  double *rm = dalloc(C), *rv = dalloc(C);
+  ref_stats(rm, rv, xd, N, C, S, lay);
+  for (int64_t c = 0; c < C; c++) {
+    double rr = 1.0 / sqrt(rv[c] + (double)EPS);
+    ck_assert_msg(fabs(mean[c] - rm[c]) <= TOL_MEAN_F64 * (fabs(rm[c]) + sqrt(rv[c])),
+                  "%s: mean[%lld] %.17g vs %.17g", what, (long long)c, mean[c], rm[c]);
+    if (var)
+      ck_assert_msg(fabs(var[c] - rv[c]) <= TOL_STAT_F32 * rv[c] + 1e-30,
+                    "%s: var[%lld] %.9g vs %.17g", what, (long long)c, (double)var[c], rv[c]);
+    ck_assert_msg(fabs(rstd[c] - rr) <= TOL_STAT_F32 * rr, "%s: rstd[%lld] %.9g vs %.17g", what,
+                  (long long)c, (double)rstd[c], rr);
+  }
+  free(rm);
+  free(rv);
+}
+
+/* Training dx vs a reference. dx = γ·rstd·(dy − mean(dy) − x̂·mean(dy·x̂)) subtracts terms of
+ * the size of γ·rstd·dy, which an f32 evaluation gets right to a few ulp of those terms, not of
+ * their difference: with N·S = 2 the projections remove almost all of dy and dx ≈ 0. So the
+ * error is taken relative to max(||ref||, ||γ·rstd·dy||); tol as for any other backward. */
+static void assert_dx_tol(const void *dx, sn_dtype_t dt, const double *ref, const double *dyd,
+                          const float *gamma, const float *rstd, int64_t N, int64_t C, int64_t S,
+                          sn_layout_t lay, double tol, const char *what) {
+  double num = 0.0, den_ref = 0.0, den_terms = 0.0;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t s = 0; s < S; s++) {
+        int64_t i = at(lay, n, c, s, C, S);
+        double g = tu_get(dx, i, dt), t = (gamma ? gamma[c] : 1.0) * rstd[c] * dyd[i];
+        FC_CHECK(isfinite(g), "%s: dx[%lld] = %g", what, (long long)i, g);
+        num += (g - ref[i]) * (g - ref[i]), den_ref += ref[i] * ref[i], den_terms += t * t;
+      }
+  double e = sqrt(num) / fmax(sqrt(fmax(den_ref, den_terms)), 1e-300);
+  ck_assert_msg(e <= tol, "%s (%s): dx error %.3e > %.1e (relative to max(|ref|, |g·rstd·dy|))",
+                what, tu_dtype_name[dt], e, tol);
+}
+static void assert_dx(const void *dx, sn_dtype_t dt, const double *ref, const double *dyd,
+                      const float *gamma, const float *rstd, int64_t N, int64_t C, int64_t S,
+                      sn_layout_t lay, const char *what) {
+  assert_dx_tol(dx, dt, ref, dyd, gamma, rstd, N, C, S, lay,
+                dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : tol_half_normwise(dt), what);
+}
+
+/* ---- tests --------------------------------------------------------------------------------- */
+
+/* stats + finalize + apply vs the fp64 reference over the shape grid, both layouts, all dtypes,
+ * with and without gamma/beta: every y element, mean, var and rstd. */
+START_TEST(test_train_fwd_vs_ref) {
+  tu_rng_t r;
+  tu_rng_seed(&r, 1);
+  for (size_t ins = 0; ins < sizeof NS / sizeof NS[0]; ins++)
+    for (size_t ic = 0; ic < sizeof CS / sizeof CS[0]; ic++)
+      for (int il = 0; il < 2; il++)
+        for (int id = 0; id < 3; id++)
+          for (int affine = 0; affine < 2; affine++) {
+            const int64_t N = NS[ins][0], S = NS[ins][1], C = CS[ic], T = N * C * S;
+            const sn_layout_t lay = LAYOUTS[il];
+            const sn_dtype_t dt = DTYPES[id];
+            void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
+            float *gamma = falloc(C), *beta = falloc(C), *var = falloc(C), *rstd = falloc(C);
+            double *mean = dalloc(C), *g64 = dalloc(C), *b64 = dalloc(C), *yr = dalloc(T);
+            fill_bn(x, N, C, S, lay, dt, 1.5, 2.0, &r);
+            fill_params(gamma, beta, C, &r);
+            for (int64_t c = 0; c < C; c++) g64[c] = gamma[c], b64[c] = beta[c];
+            double *xd = as_f64(x, T, dt);
+            lib_train_fwd(y, mean, var, rstd, x, NULL, affine ? gamma : NULL,
+                          affine ? beta : NULL, N, C, S, lay, dt);
+            ref_train_fwd(yr, xd, affine ? g64 : NULL, affine ? b64 : NULL, N, C, S, lay, EPS);
+            char what[128];
+            snprintf(what, sizeof what, "train fwd N=%lld C=%lld S=%lld %s %s affine=%d",
+                     (long long)N, (long long)C, (long long)S, LNAME[il], tu_dtype_name[dt], affine);
+            check_stats(mean, var, rstd, xd, N, C, S, lay, what);
+            fc_fwd(y, dt, yr, T, what);
+            free(x), free(y), free(gamma), free(beta), free(var), free(rstd);
+            free(mean), free(g64), free(b64), free(yr), free(xd);
+          }
+}
 END_TEST
+
+/* The same batch in NCHW and NHWC: stats and backward sums bitwise equal (the reduction order
+ * depends on N·S only), y and dx bitwise equal after transposing (the maps are elementwise). */
+START_TEST(test_layouts_bitwise) {
+  static const int64_t shapes[][3] = {{1, 3, 2}, {3, 65, 1}, {8, 64, 125}, {3, 5, 777},
+                                      {2, 300, 70}, {130, 3, 1}, {4, 200, 50}};
+  tu_rng_t r;
+  tu_rng_seed(&r, 2);
+  for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
+    for (int id = 0; id < 3; id++) {
+      const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2], T = N * C * S;
+      const sn_dtype_t dt = DTYPES[id];
+      const size_t bytes = (size_t)(T * sn_dtype_size(dt));
+      void *x[2], *dy[2], *y[2], *dx[2], *yt = tu_alloc(T, dt), *dxt = tu_alloc(T, dt);
+      double *mean[2], *sdy[2], *sdx[2];
+      float *var[2], *rstd[2], *gamma = falloc(C), *beta = falloc(C);
+      fill_params(gamma, beta, C, &r);
+      for (int l = 0; l < 2; l++) {
+        x[l] = tu_alloc(T, dt), dy[l] = tu_alloc(T, dt), y[l] = tu_alloc(T, dt);
+        dx[l] = tu_alloc(T, dt);
+        mean[l] = dalloc(C), sdy[l] = dalloc(C), sdx[l] = dalloc(C);
+        var[l] = falloc(C), rstd[l] = falloc(C);
+      }
+      fill_bn(x[0], N, C, S, SN_LAYOUT_NCHW, dt, -0.75, 1.5, &r);
+      tu_fill_normal(dy[0], T, dt, 0.1, 1.0, &r);
+      transpose(x[1], SN_LAYOUT_NHWC, x[0], SN_LAYOUT_NCHW, N, C, S, dt);
+      transpose(dy[1], SN_LAYOUT_NHWC, dy[0], SN_LAYOUT_NCHW, N, C, S, dt);
+      for (int l = 0; l < 2; l++) {
+        lib_train_fwd(y[l], mean[l], var[l], rstd[l], x[l], NULL, gamma, beta, N, C, S,
+                      LAYOUTS[l], dt);
+      }
+      for (int l = 0; l < 2; l++) /* the raw shifted sums themselves (pivot: gamma, any values) */
+        ck_assert_int_eq(sn_batchnorm_stats(sdy[l], sdx[l], x[l], gamma, N, C, S, LAYOUTS[l], dt), SN_OK);
+      fc_bitwise(sdy[0], sdy[1], (size_t)C * 8, "NCHW vs NHWC stats sum");
+      fc_bitwise(sdx[0], sdx[1], (size_t)C * 8, "NCHW vs NHWC stats sumsq");
+      for (int l = 0; l < 2; l++)
+        lib_train_bwd(dx[l], sdy[l], sdx[l], dy[l], x[l], mean[l], rstd[l], gamma, N, C, S,
+                      LAYOUTS[l], dt);
+      fc_bitwise(mean[0], mean[1], (size_t)C * 8, "NCHW vs NHWC mean");
+      fc_bitwise(var[0], var[1], (size_t)C * 4, "NCHW vs NHWC var");
+      fc_bitwise(rstd[0], rstd[1], (size_t)C * 4, "NCHW vs NHWC rstd");
+      fc_bitwise(sdy[0], sdy[1], (size_t)C * 8, "NCHW vs NHWC sum_dy");
+      fc_bitwise(sdx[0], sdx[1], (size_t)C * 8, "NCHW vs NHWC sum_dy_xhat");
+      transpose(yt, SN_LAYOUT_NCHW, y[1], SN_LAYOUT_NHWC, N, C, S, dt);
+      transpose(dxt, SN_LAYOUT_NCHW, dx[1], SN_LAYOUT_NHWC, N, C, S, dt);
+      fc_bitwise(y[0], yt, bytes, "NCHW vs NHWC y");
+      fc_bitwise(dx[0], dxt, bytes, "NCHW vs NHWC dx");
+      fc_finite(y[0], dt, T, "y");
+      fc_finite(dx[0], dt, T, "dx");
+      for (int l = 0; l < 2; l++) {
+        free(x[l]), free(dy[l]), free(y[l]), free(dx[l]), free(mean[l]), free(sdy[l]);
+        free(sdx[l]), free(var[l]), free(rstd[l]);
+      }
+      free(yt), free(dxt), free(gamma), free(beta);
+    }
+}
+END_TEST
+
+/* Inference with running statistics vs the fp64 formula, all shapes, layouts, dtypes. */
+START_TEST(test_infer_vs_ref) {
+  tu_rng_t r;
+  tu_rng_seed(&r, 3);
+  for (size_t ins = 0; ins < sizeof NS / sizeof NS[0]; ins++)
+    for (size_t ic = 0; ic < sizeof CS / sizeof CS[0]; ic++)
+      for (int il = 0; il < 2; il++)
+        for (int id = 0; id < 3; id++)
+          for (int affine = 0; affine < 2; affine++) {
+            const int64_t N = NS[ins][0], S = NS[ins][1], C = CS[ic], T = N * C * S;
+            const sn_layout_t lay = LAYOUTS[il];
+            const sn_dtype_t dt = DTYPES[id];
+            void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
+            float *gamma = falloc(C), *beta = falloc(C), *rm = falloc(C), *rv = falloc(C);
+            double *yr = dalloc(T);
+            fill_bn(x, N, C, S, lay, dt, 1.0, 3.0, &r);
+            fill_params(gamma, beta, C, &r);
+            for (int64_t c = 0; c < C; c++) {
+              rm[c] = (float)(1.0 + tu_rng_normal(&r));
+              rv[c] = (float)(0.25 + 4.0 * tu_rng_uniform(&r));
+            }
+            for (int64_t n = 0; n < N; n++)
+              for (int64_t c = 0; c < C; c++)
+                for (int64_t s = 0; s < S; s++) {
+                  int64_t i = at(lay, n, c, s, C, S);
+                  double g = affine ? gamma[c] : 1.0, b = affine ? beta[c] : 0.0;
+                  yr[i] = (tu_get(x, i, dt) - rm[c]) / sqrt((double)rv[c] + (double)EPS) * g + b;
+                }
+            tu_poison(y, T, dt);
+            ck_assert_int_eq(sn_batchnorm_infer(y, x, rm, rv, affine ? gamma : NULL,
+                                                affine ? beta : NULL, N, C, S, EPS, lay, dt),
+                             SN_OK);
+            fc_fwd(y, dt, yr, T, "infer");
+            free(x), free(y), free(gamma), free(beta), free(rm), free(rv), free(yr);
+          }
+}
+END_TEST
+
+/* bwd_reduce + bwd_apply vs the analytic fp64 gradient over the shape grid: the sums (= dbeta,
+ * dgamma) in fp64 and every dx element. */
+START_TEST(test_train_bwd_vs_analytic) {
+  tu_rng_t r;
+  tu_rng_seed(&r, 4);
+  for (size_t ins = 0; ins < sizeof NS / sizeof NS[0]; ins++)
+    for (size_t ic = 0; ic < sizeof CS / sizeof CS[0]; ic++)
+      for (int il = 0; il < 2; il++)
+        for (int id = 0; id < 3; id++)
+          for (int affine = 0; affine < 2; affine++) {
+            const int64_t N = NS[ins][0], S = NS[ins][1], C = CS[ic], T = N * C * S;
+            const sn_layout_t lay = LAYOUTS[il];
+            const sn_dtype_t dt = DTYPES[id];
+            void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dy = tu_alloc(T, dt);
+            void *dx = tu_alloc(T, dt);
+            float *gamma = falloc(C), *beta = falloc(C), *rstd = falloc(C);
+            double *mean = dalloc(C), *sdy = dalloc(C), *sdx = dalloc(C), *g64 = dalloc(C);
+            double *dxr = dalloc(T), *dgr = dalloc(C), *dbr = dalloc(C);
+            fill_bn(x, N, C, S, lay, dt, -2.0, 0.5, &r);
+            tu_fill_normal(dy, T, dt, 0.3, 1.0, &r);
+            fill_params(gamma, beta, C, &r);
+            for (int64_t c = 0; c < C; c++) g64[c] = affine ? gamma[c] : 1.0;
+            lib_train_fwd(y, mean, NULL, rstd, x, NULL, gamma, beta, N, C, S, lay, dt);
+            lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, affine ? gamma : NULL, N, C, S, lay, dt);
+            double *xd = as_f64(x, T, dt), *dyd = as_f64(dy, T, dt);
+            ref_train_bwd(dxr, dgr, dbr, dyd, xd, g64, N, C, S, lay, EPS);
+            for (int64_t c = 0; c < C; c++) { /* sums with the library's own f32 rstd */
+              double e1 = 0.0, e2 = 0.0, a1 = 0.0, a2 = 0.0;
+              for (int64_t n = 0; n < N; n++)
+                for (int64_t s = 0; s < S; s++) {
+                  int64_t i = at(lay, n, c, s, C, S);
+                  double xh = (xd[i] - mean[c]) * rstd[c];
+                  e1 += dyd[i], a1 += fabs(dyd[i]);
+                  e2 += dyd[i] * xh, a2 += fabs(dyd[i] * xh);
+                }
+              ck_assert_msg(fabs(sdy[c] - e1) <= TOL_SUM_F64 * a1, "sum_dy[%lld] %.17g vs %.17g",
+                            (long long)c, sdy[c], e1);
+              ck_assert_msg(fabs(sdx[c] - e2) <= TOL_SUM_F64 * a2 + 1e-300,
+                            "sum_dy_xhat[%lld] %.17g vs %.17g", (long long)c, sdx[c], e2);
+              /* and against the exact dgamma (fp64 rstd): only the f32 rounding of rstd differs */
+              ck_assert_msg(fabs(sdx[c] - dgr[c]) <= TOL_STAT_F32 * a2 + 1e-300,
+                            "dgamma[%lld] %.17g vs %.17g", (long long)c, sdx[c], dgr[c]);
+            }
+            assert_dx(dx, dt, dxr, dyd, affine ? gamma : NULL, rstd, N, C, S, lay, "train bwd");
+            free(x), free(y), free(dy), free(dx), free(gamma), free(beta), free(rstd);
+            free(mean), free(sdy), free(sdx), free(g64), free(dxr), free(dgr), free(dbr);
+            free(xd), free(dyd);
+          }
+}
+END_TEST
+
+/* The analytic fp64 gradient (dx, dgamma, dbeta) vs central finite differences of the fp64
+ * training forward with loss = Σ y·w; and the library's f32 dx vs the same differences. */
+START_TEST(test_train_bwd_vs_fd) {
+  static const int64_t shapes[][3] = {{1, 2, 2}, {2, 3, 1}, {1, 1, 3}, {3, 2, 4}, {4, 3, 5}};
+  tu_rng_t r;
+  tu_rng_seed(&r, 5);
+  for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
+    for (int il = 0; il < 2; il++) {
+      const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2], T = N * C * S;
+      const sn_layout_t lay = LAYOUTS[il];
+      float *x = falloc(T), *w = falloc(T), *dx = falloc(T), *y = falloc(T), *rstd = falloc(C);
+      float *gamma = falloc(C), *beta = falloc(C);
+      double *xd = dalloc(T), *wd = dalloc(T), *yp = dalloc(T), *ym = dalloc(T), *dxr = dalloc(T);
+      double *fd = dalloc(T), *g64 = dalloc(C), *b64 = dalloc(C), *dgr = dalloc(C);
+      double *dbr = dalloc(C), *mean = dalloc(C), *sdy = dalloc(C), *sdx = dalloc(C);
+      fill_bn(x, N, C, S, lay, SN_DTYPE_F32, 0.5, 1.0, &r);
+      tu_fill_normal(w, T, SN_DTYPE_F32, 0.0, 1.0, &r);
+      fill_params(gamma, beta, C, &r);
+      for (int64_t i = 0; i < T; i++) xd[i] = x[i], wd[i] = w[i];
+      for (int64_t c = 0; c < C; c++) g64[c] = gamma[c], b64[c] = beta[c];
+      ref_train_bwd(dxr, dgr, dbr, wd, xd, g64, N, C, S, lay, EPS);
+      const double h = 1e-6; /* x, gamma, beta are O(1) */
+      for (int64_t i = 0; i < T; i++) {
+        double keep = xd[i];
+        xd[i] = keep + h;
+        ref_train_fwd(yp, xd, g64, b64, N, C, S, lay, EPS);
+        xd[i] = keep - h;
+        ref_train_fwd(ym, xd, g64, b64, N, C, S, lay, EPS);
+        xd[i] = keep;
+        fd[i] = (dot(yp, wd, T) - dot(ym, wd, T)) / (2 * h);
+      }
+      lib_train_fwd(y, mean, NULL, rstd, x, NULL, gamma, beta, N, C, S, lay, SN_DTYPE_F32);
+      assert_dx_tol(dxr, SN_DTYPE_F64, fd, wd, gamma, rstd, N, C, S, lay, TU_RTOL_FD,
+                    "analytic dx vs finite differences");
+      for (int pass = 0; pass < 2; pass++) { /* dgamma, then dbeta */
+        double *p = pass == 0 ? g64 : b64, *an = pass == 0 ? dgr : dbr, *fdp = dalloc(C);
+        for (int64_t c = 0; c < C; c++) {
+          double keep = p[c];
+          p[c] = keep + h;
+          ref_train_fwd(yp, xd, g64, b64, N, C, S, lay, EPS);
+          p[c] = keep - h;
+          ref_train_fwd(ym, xd, g64, b64, N, C, S, lay, EPS);
+          p[c] = keep;
+          fdp[c] = (dot(yp, wd, T) - dot(ym, wd, T)) / (2 * h);
+        }
+        fc_rel(an, SN_DTYPE_F64, fdp, C, TU_RTOL_FD,
+                      pass == 0 ? "analytic dgamma vs FD" : "analytic dbeta vs FD");
+        free(fdp);
+      }
+      lib_train_bwd(dx, sdy, sdx, w, x, mean, rstd, gamma, N, C, S, lay, SN_DTYPE_F32);
+      assert_dx(dx, SN_DTYPE_F32, fd, wd, gamma, rstd, N, C, S, lay, "library dx vs FD");
+      fc_rel(sdx, SN_DTYPE_F64, dgr, C, TU_RTOL_F32_BWD, "library sum_dy_xhat vs dgamma");
+      fc_rel(sdy, SN_DTYPE_F64, dbr, C, 1e-15, "library sum_dy vs dbeta");
+      free(x), free(w), free(dx), free(y), free(rstd), free(gamma), free(beta), free(xd);
+      free(wd), free(yp), free(ym), free(dxr), free(fd), free(g64), free(b64), free(dgr);
+      free(dbr), free(mean), free(sdy), free(sdx);
+    }
+}
+END_TEST
+
+/* Eval mode (sum_dy = sum_dy_xhat = NULL): dx vs finite differences of the fp64 inference
+ * forward, all dtypes and layouts. */
+START_TEST(test_eval_bwd_vs_fd) {
+  tu_rng_t r;
+  tu_rng_seed(&r, 6);
+  const int64_t N = 3, C = 5, S = 7, T = N * C * S;
+  for (int il = 0; il < 2; il++)
+    for (int id = 0; id < 3; id++) {
+      const sn_layout_t lay = LAYOUTS[il];
+      const sn_dtype_t dt = DTYPES[id];
+      void *x = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *dx = tu_alloc(T, dt);
+      float *gamma = falloc(C), *beta = falloc(C), *rm = falloc(C), *rv = falloc(C);
+      float *rstd = falloc(C);
+      double *mean = dalloc(C), *xd = dalloc(T), *fd = dalloc(T);
+      fill_bn(x, N, C, S, lay, dt, 0.0, 1.0, &r);
+      tu_fill_normal(dy, T, dt, 0.0, 1.0, &r);
+      fill_params(gamma, beta, C, &r);
+      for (int64_t c = 0; c < C; c++) {
+        rm[c] = (float)tu_rng_normal(&r);
+        rv[c] = (float)(0.5 + tu_rng_uniform(&r));
+        mean[c] = rm[c];
+        rstd[c] = (float)(1.0 / sqrt((double)rv[c] + (double)EPS));
+      }
+      for (int64_t i = 0; i < T; i++) xd[i] = tu_get(x, i, dt);
+      /* L(x) = Σ y·dy with y the fp64 inference forward; it is linear, so h = 1e-3 is exact
+       * up to rounding. */
+      const double h = 1e-3;
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++)
+          for (int64_t s = 0; s < S; s++) {
+            int64_t i = at(lay, n, c, s, C, S);
+            double k = gamma[c] / sqrt((double)rv[c] + (double)EPS);
+            double yp = (xd[i] + h - rm[c]) * k + beta[c], ym = (xd[i] - h - rm[c]) * k + beta[c];
+            fd[i] = (yp - ym) * tu_get(dy, i, dt) / (2 * h);
+          }
+      tu_poison(dx, T, dt);
+      ck_assert_int_eq(sn_batchnorm_bwd_apply(dx, dy, x, mean, rstd, gamma, NULL, NULL, 0, N, C, S,
+                                              lay, dt),
+                       SN_OK);
+      if (dt == SN_DTYPE_F32)
+        fc_rel(dx, dt, fd, T, TU_RTOL_F32_BWD, "eval bwd dx vs FD");
+      else
+        fc_rel(dx, dt, fd, T, tol_half_normwise(dt), "eval bwd dx vs FD");
+      free(x), free(dy), free(dx), free(gamma), free(beta), free(rm), free(rv), free(rstd);
+      free(mean), free(xd), free(fd);
+    }
+}
+END_TEST
+
+/* Pivots 0, the channel mean and a far value give the same statistics within the documented
+ * bound: |Δvar| ≤ count·2^-53·(var + (mean − p)²) (fp64 sums) + one f32 rounding. */
+START_TEST(test_pivots) {
+  tu_rng_t r;
+  tu_rng_seed(&r, 7);
+  const int64_t N = 4, C = 6, S = 250, T = N * C * S, M = N * S;
+  for (int il = 0; il < 2; il++) {
+    const sn_layout_t lay = LAYOUTS[il];
+    float *x = falloc(T), *var = falloc(C), *rstd = falloc(C), *piv = falloc(C);
+    double *mean = dalloc(C), *rm = dalloc(C), *rv = dalloc(C), *sum = dalloc(C);
+    double *sq = dalloc(C);
+    fill_bn(x, N, C, S, lay, SN_DTYPE_F32, 3.0, 2.0, &r);
+    double *xd = as_f64(x, T, SN_DTYPE_F32);
+    ref_stats(rm, rv, xd, N, C, S, lay);
+    for (int kind = 0; kind < 3; kind++) {
+      for (int64_t c = 0; c < C; c++)
+        piv[c] = kind == 0 ? 0.0f : kind == 1 ? (float)rm[c] : (float)(rm[c] + 1000.0);
+      poison_f64(sum, C), poison_f64(sq, C), poison_f64(mean, C);
+      tu_poison_f32(var, C), tu_poison_f32(rstd, C);
+      ck_assert_int_eq(sn_batchnorm_stats(sum, sq, x, piv, N, C, S, lay, SN_DTYPE_F32), SN_OK);
+      ck_assert_int_eq(sn_batchnorm_finalize(mean, var, rstd, sum, sq, piv, M, C, EPS), SN_OK);
+      for (int64_t c = 0; c < C; c++) {
+        double off = rm[c] - piv[c], u = 0x1p-53 * (double)M;
+        double bv = u * (rv[c] + off * off) + 0x1p-24 * rv[c];
+        double bm = u * (fabs(rm[c]) + fabs(off) + sqrt(rv[c]));
+        ck_assert_msg(fabs(var[c] - rv[c]) <= bv, "pivot kind %d: var[%lld] %.9g vs %.17g (bound %.3g)",
+                      kind, (long long)c, (double)var[c], rv[c], bv);
+        ck_assert_msg(fabs(mean[c] - rm[c]) <= bm, "pivot kind %d: mean[%lld] %.17g vs %.17g",
+                      kind, (long long)c, mean[c], rm[c]);
+        ck_assert(isfinite(rstd[c]));
+      }
+    }
+    free(x), free(var), free(rstd), free(piv), free(mean), free(rm), free(rv), free(sum);
+    free(sq), free(xd);
+  }
+}
+END_TEST
+
+/* A batch split into parts [3 samples] + [0] + [1] + [rest]: summing the parts' stats and
+ * backward sums equals the whole batch bit for bit with small-integer inputs (every partial sum
+ * exact), and so do finalize and dx. This is what SyncBatchNorm relies on. The backward uses a
+ * dyadic mean so that Σ dy·(x − mean) is exact too (rstd·Q is exact: 24 × few bits). */
+START_TEST(test_split_batch_bitwise) {
+  static const int64_t shapes[][3] = {{9, 3, 5}, {12, 65, 1}, {6, 4, 37}};
+  tu_rng_t r;
+  tu_rng_seed(&r, 8);
+  for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
+    for (int il = 0; il < 2; il++)
+      for (int id = 0; id < 3; id++) {
+        const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2], T = N * C * S;
+        const int64_t parts[4] = {3, 0, 1, N - 4};
+        const sn_layout_t lay = LAYOUTS[il];
+        const sn_dtype_t dt = DTYPES[id];
+        const int64_t es = sn_dtype_size(dt);
+        void *x = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *dx1 = tu_alloc(T, dt);
+        void *dx2 = tu_alloc(T, dt);
+        float *piv = falloc(C), *rstd1 = falloc(C), *rstd2 = falloc(C), *var1 = falloc(C);
+        float *var2 = falloc(C), *gamma = falloc(C), *beta = falloc(C);
+        double *sum = dalloc(C), *sq = dalloc(C), *ps = dalloc(C), *pq = dalloc(C);
+        double *tot_s = dalloc(C), *tot_q = dalloc(C), *mean1 = dalloc(C), *mean2 = dalloc(C);
+        double *dmean = dalloc(C);
+        for (int64_t i = 0; i < T; i++) {
+          tu_set(x, i, (double)tu_rng_int(&r, -8, 8), dt);
+          tu_set(dy, i, (double)tu_rng_int(&r, -4, 4), dt);
+        }
+        fill_params(gamma, beta, C, &r);
+        for (int64_t c = 0; c < C; c++) piv[c] = (float)(c % 3), dmean[c] = 0.25 * (double)(c % 5) - 0.5;
+        /* forward: whole vs Σ parts */
+        ck_assert_int_eq(sn_batchnorm_stats(sum, sq, x, piv, N, C, S, lay, dt), SN_OK);
+        for (int64_t c = 0; c < C; c++) tot_s[c] = 0.0, tot_q[c] = 0.0;
+        int64_t n0 = 0;
+        for (int p = 0; p < 4; p++) {
+          const void *xp = parts[p] ? (const char *)x + n0 * C * S * es : NULL;
+          poison_f64(ps, C), poison_f64(pq, C);
+          ck_assert_int_eq(sn_batchnorm_stats(ps, pq, xp, piv, parts[p], C, S, lay, dt), SN_OK);
+          for (int64_t c = 0; c < C; c++) tot_s[c] += ps[c], tot_q[c] += pq[c];
+          n0 += parts[p];
+        }
+        fc_bitwise(sum, tot_s, (size_t)C * 8, "split: sum");
+        fc_bitwise(sq, tot_q, (size_t)C * 8, "split: sumsq");
+        ck_assert_int_eq(sn_batchnorm_finalize(mean1, var1, rstd1, sum, sq, piv, N * S, C, EPS), SN_OK);
+        ck_assert_int_eq(sn_batchnorm_finalize(mean2, var2, rstd2, tot_s, tot_q, piv, N * S, C, EPS), SN_OK);
+        fc_bitwise(mean1, mean2, (size_t)C * 8, "split: mean");
+        fc_bitwise(var1, var2, (size_t)C * 4, "split: var");
+        fc_bitwise(rstd1, rstd2, (size_t)C * 4, "split: rstd");
+        /* backward: whole vs Σ parts, then dx per part with the summed sums vs whole dx */
+        ck_assert_int_eq(sn_batchnorm_bwd_reduce(sum, sq, dy, x, dmean, rstd1, N, C, S, lay, dt), SN_OK);
+        for (int64_t c = 0; c < C; c++) tot_s[c] = 0.0, tot_q[c] = 0.0;
+        n0 = 0;
+        for (int p = 0; p < 4; p++) {
+          const int64_t off = n0 * C * S * es;
+          const void *xp = parts[p] ? (const char *)x + off : NULL;
+          const void *dyp = parts[p] ? (const char *)dy + off : NULL;
+          poison_f64(ps, C), poison_f64(pq, C);
+          ck_assert_int_eq(sn_batchnorm_bwd_reduce(ps, pq, dyp, xp, dmean, rstd1, parts[p], C, S, lay, dt), SN_OK);
+          for (int64_t c = 0; c < C; c++) tot_s[c] += ps[c], tot_q[c] += pq[c];
+          n0 += parts[p];
+        }
+        fc_bitwise(sum, tot_s, (size_t)C * 8, "split: sum_dy");
+        fc_bitwise(sq, tot_q, (size_t)C * 8, "split: sum_dy_xhat");
+        tu_poison(dx1, T, dt), tu_poison(dx2, T, dt);
+        ck_assert_int_eq(sn_batchnorm_bwd_apply(dx1, dy, x, dmean, rstd1, gamma, sum, sq, N * S, N, C, S, lay, dt), SN_OK);
+        n0 = 0;
+        for (int p = 0; p < 4; p++) {
+          const int64_t off = n0 * C * S * es;
+          ck_assert_int_eq(sn_batchnorm_bwd_apply(parts[p] ? (char *)dx2 + off : NULL,
+                                                  parts[p] ? (const char *)dy + off : NULL,
+                                                  parts[p] ? (const char *)x + off : NULL, dmean,
+                                                  rstd1, gamma, tot_s, tot_q, N * S, parts[p], C,
+                                                  S, lay, dt),
+                           SN_OK);
+          n0 += parts[p];
+        }
+        fc_bitwise(dx1, dx2, (size_t)(T * es), "split: dx");
+        fc_finite(dx2, dt, T, "split: dx");
+        free(x), free(dy), free(dx1), free(dx2), free(piv), free(rstd1), free(rstd2);
+        free(var1), free(var2), free(gamma), free(beta), free(sum), free(sq), free(ps);
+        free(pq), free(tot_s), free(tot_q), free(mean1), free(mean2), free(dmean);
+      }
+}
+END_TEST
+
+/* An empty local batch (n = 0 or s = 0, x NULL) is valid: stats and bwd_reduce write zeros,
+ * apply/infer/bwd_apply write nothing. */
+START_TEST(test_empty_batch) {
+  const int64_t C = 5;
+  double sum[5], sq[5], mean[5] = {0, 1, 2, 3, 4};
+  float rstd[5] = {1, 1, 1, 1, 1}, rv[5] = {1, 1, 1, 1, 1}, rm[5] = {0};
+  float y[4];
+  for (int e = 0; e < 2; e++) {
+    const int64_t n = e ? 3 : 0, s = e ? 0 : 4;
+    poison_f64(sum, C), poison_f64(sq, C);
+    ck_assert_int_eq(sn_batchnorm_stats(sum, sq, NULL, NULL, n, C, s, SN_LAYOUT_NCHW, SN_DTYPE_F32), SN_OK);
+    for (int c = 0; c < C; c++) ck_assert_msg(sum[c] == 0.0 && sq[c] == 0.0, "empty batch: sums not zero");
+    poison_f64(sum, C), poison_f64(sq, C);
+    ck_assert_int_eq(sn_batchnorm_bwd_reduce(sum, sq, NULL, NULL, mean, rstd, n, C, s, SN_LAYOUT_NHWC, SN_DTYPE_BF16), SN_OK);
+    for (int c = 0; c < C; c++) ck_assert_msg(sum[c] == 0.0 && sq[c] == 0.0, "empty batch: sums not zero");
+    tu_poison_f32(y, 4);
+    ck_assert_int_eq(sn_batchnorm_apply(NULL, NULL, mean, rstd, NULL, NULL, n, C, s, SN_LAYOUT_NCHW, SN_DTYPE_F16), SN_OK);
+    ck_assert_int_eq(sn_batchnorm_infer(NULL, NULL, rm, rv, NULL, NULL, n, C, s, EPS, SN_LAYOUT_NHWC, SN_DTYPE_F32), SN_OK);
+    ck_assert_int_eq(sn_batchnorm_bwd_apply(NULL, NULL, NULL, mean, rstd, NULL, sum, sq, 10, n, C, s, SN_LAYOUT_NCHW, SN_DTYPE_F32), SN_OK);
+    ck_assert_int_eq(sn_batchnorm_bwd_apply(NULL, NULL, NULL, mean, rstd, NULL, NULL, NULL, 0, n, C, s, SN_LAYOUT_NCHW, SN_DTYPE_F32), SN_OK);
+    for (int i = 0; i < 4; i++) ck_assert(isnan(y[i]));
+  }
+}
+END_TEST
+
+/* finalize with count 0 or 1 (or negative) is SN_ERR_INSUFFICIENT_COUNT and writes nothing. */
+START_TEST(test_finalize_count) {
+  const int64_t C = 3;
+  const double sum[3] = {1, 2, 3}, sq[3] = {4, 5, 6};
+  const int64_t counts[3] = {0, 1, -5};
+  for (int i = 0; i < 3; i++) {
+    double mean[3];
+    float var[3], rstd[3];
+    poison_f64(mean, C), tu_poison_f32(var, C), tu_poison_f32(rstd, C);
+    double m0[3];
+    float v0[3], r0[3];
+    memcpy(m0, mean, sizeof m0), memcpy(v0, var, sizeof v0), memcpy(r0, rstd, sizeof r0);
+    ck_assert_int_eq(sn_batchnorm_finalize(mean, var, rstd, sum, sq, NULL, counts[i], C, EPS),
+                     SN_ERR_INSUFFICIENT_COUNT);
+    ck_assert_msg(strncmp(sn_last_error(), "sn_batchnorm_finalize", 21) == 0, "%s", sn_last_error());
+    ck_assert_msg(strstr(sn_last_error(), "more than 1 value per channel") != NULL, "%s", sn_last_error());
+    fc_bitwise(mean, m0, sizeof m0, "finalize mean untouched");
+    fc_bitwise(var, v0, sizeof v0, "finalize var untouched");
+    fc_bitwise(rstd, r0, sizeof r0, "finalize rstd untouched");
+  }
+  double mean[3];
+  float rstd[3];
+  ck_assert_int_eq(sn_batchnorm_finalize(mean, NULL, rstd, sum, sq, NULL, 2, C, EPS), SN_OK);
+}
+END_TEST
+
+/* ---- bad input: each case returns its code, names the function and writes nothing ----------- */
+
+enum { BT = 24, BC = 3 }; /* N = 2, C = 3, S = 4 */
+typedef struct {
+  float y[BT], dx[BT], var[BC], rstd[BC];
+  double sum[BC], sq[BC], mean[BC];
+} outs_t;
+
+static void check_bad(sn_status_t got, sn_status_t want, const char *fn, const outs_t *o,
+                      const outs_t *o0, const char *what) {
+  ck_assert_msg(got == want, "%s: got %s, want %s (%s)", what, sn_status_string(got),
+                sn_status_string(want), sn_last_error());
+  ck_assert_msg(strncmp(sn_last_error(), fn, strlen(fn)) == 0, "%s: message '%s' does not start with %s",
+                what, sn_last_error(), fn);
+  fc_bitwise(o, o0, sizeof *o, what);
+}
+
+START_TEST(test_bad_inputs) {
+  float x[BT], dy[BT], g[BC] = {1, 1, 1}, rs[BC] = {1, 1, 1}, rv[BC] = {1, 1, 1}, rm[BC] = {0};
+  double m[BC] = {0}, sd[BC] = {0}, sx[BC] = {0};
+  for (int i = 0; i < BT; i++) x[i] = (float)i, dy[i] = 1.0f;
+  outs_t o, o0;
+  memset(&o, 0xA5, sizeof o); /* a NaN-like pattern in every output */
+  memcpy(&o0, &o, sizeof o);
+  const sn_layout_t L = SN_LAYOUT_NCHW, BADL = (sn_layout_t)7;
+  const sn_dtype_t D = SN_DTYPE_F32, F64 = SN_DTYPE_F64, BADD = (sn_dtype_t)9;
+  const int64_t big = (int64_t)1 << 22; /* big³ = 2^66 elements */
+  const char *fs = "sn_batchnorm_stats", *ff = "sn_batchnorm_finalize", *fa = "sn_batchnorm_apply";
+  const char *fi = "sn_batchnorm_infer", *fr = "sn_batchnorm_bwd_reduce", *fb = "sn_batchnorm_bwd_apply";
+  /* stats */
+  check_bad(sn_batchnorm_stats(NULL, o.sq, x, NULL, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fs, &o, &o0, "stats sum NULL");
+  check_bad(sn_batchnorm_stats(o.sum, NULL, x, NULL, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fs, &o, &o0, "stats sumsq NULL");
+  check_bad(sn_batchnorm_stats(o.sum, o.sq, NULL, NULL, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fs, &o, &o0, "stats x NULL");
+  check_bad(sn_batchnorm_stats(o.sum, o.sq, x, NULL, 2, 0, 4, L, D), SN_ERR_INVALID_SIZE, fs, &o, &o0, "stats c 0");
+  check_bad(sn_batchnorm_stats(o.sum, o.sq, x, NULL, -1, 3, 4, L, D), SN_ERR_INVALID_SIZE, fs, &o, &o0, "stats n -1");
+  check_bad(sn_batchnorm_stats(o.sum, o.sq, x, NULL, 2, 3, -4, L, D), SN_ERR_INVALID_SIZE, fs, &o, &o0, "stats s -4");
+  check_bad(sn_batchnorm_stats(o.sum, o.sq, x, NULL, big, big, big, L, D), SN_ERR_OVERFLOW, fs, &o, &o0, "stats overflow");
+  check_bad(sn_batchnorm_stats(o.sum, o.sq, x, NULL, 2, 3, 4, BADL, D), SN_ERR_INVALID_LAYOUT, fs, &o, &o0, "stats layout");
+  check_bad(sn_batchnorm_stats(o.sum, o.sq, x, NULL, 2, 3, 4, L, F64), SN_ERR_INVALID_DTYPE, fs, &o, &o0, "stats f64");
+  check_bad(sn_batchnorm_stats(o.sum, o.sq, x, NULL, 2, 3, 4, L, BADD), SN_ERR_INVALID_DTYPE, fs, &o, &o0, "stats dtype");
+  check_bad(sn_batchnorm_stats(o.sum, o.sq, NULL, NULL, 0, 0, 4, L, D), SN_ERR_INVALID_SIZE, fs, &o, &o0, "stats empty, c 0");
+  /* finalize */
+  check_bad(sn_batchnorm_finalize(NULL, o.var, o.rstd, sd, sx, NULL, 8, 3, EPS), SN_ERR_NULL_POINTER, ff, &o, &o0, "finalize mean NULL");
+  check_bad(sn_batchnorm_finalize(o.mean, o.var, NULL, sd, sx, NULL, 8, 3, EPS), SN_ERR_NULL_POINTER, ff, &o, &o0, "finalize rstd NULL");
+  check_bad(sn_batchnorm_finalize(o.mean, o.var, o.rstd, NULL, sx, NULL, 8, 3, EPS), SN_ERR_NULL_POINTER, ff, &o, &o0, "finalize sum NULL");
+  check_bad(sn_batchnorm_finalize(o.mean, o.var, o.rstd, sd, NULL, NULL, 8, 3, EPS), SN_ERR_NULL_POINTER, ff, &o, &o0, "finalize sumsq NULL");
+  check_bad(sn_batchnorm_finalize(o.mean, o.var, o.rstd, sd, sx, NULL, 8, 0, EPS), SN_ERR_INVALID_SIZE, ff, &o, &o0, "finalize c 0");
+  const float bad_eps[4] = {0.0f, -1e-5f, NAN, INFINITY};
+  for (int i = 0; i < 4; i++) {
+    check_bad(sn_batchnorm_finalize(o.mean, o.var, o.rstd, sd, sx, NULL, 8, 3, bad_eps[i]), SN_ERR_INVALID_EPS, ff, &o, &o0, "finalize eps");
+    check_bad(sn_batchnorm_infer(o.y, x, rm, rv, g, g, 2, 3, 4, bad_eps[i], L, D), SN_ERR_INVALID_EPS, fi, &o, &o0, "infer eps");
+  }
+  /* apply */
+  check_bad(sn_batchnorm_apply(NULL, x, m, rs, g, g, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fa, &o, &o0, "apply y NULL");
+  check_bad(sn_batchnorm_apply(o.y, NULL, m, rs, g, g, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fa, &o, &o0, "apply x NULL");
+  check_bad(sn_batchnorm_apply(o.y, x, NULL, rs, g, g, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fa, &o, &o0, "apply mean NULL");
+  check_bad(sn_batchnorm_apply(o.y, x, m, NULL, g, g, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fa, &o, &o0, "apply rstd NULL");
+  check_bad(sn_batchnorm_apply(o.y, x, m, rs, g, g, 2, -3, 4, L, D), SN_ERR_INVALID_SIZE, fa, &o, &o0, "apply c -3");
+  check_bad(sn_batchnorm_apply(o.y, x, m, rs, g, g, big, big, big, L, D), SN_ERR_OVERFLOW, fa, &o, &o0, "apply overflow");
+  check_bad(sn_batchnorm_apply(o.y, x, m, rs, g, g, 2, 3, 4, BADL, D), SN_ERR_INVALID_LAYOUT, fa, &o, &o0, "apply layout");
+  check_bad(sn_batchnorm_apply(o.y, x, m, rs, g, g, 2, 3, 4, L, F64), SN_ERR_INVALID_DTYPE, fa, &o, &o0, "apply f64");
+  /* infer */
+  check_bad(sn_batchnorm_infer(o.y, x, NULL, rv, g, g, 2, 3, 4, EPS, L, D), SN_ERR_NULL_POINTER, fi, &o, &o0, "infer running_mean NULL");
+  check_bad(sn_batchnorm_infer(o.y, x, rm, NULL, g, g, 2, 3, 4, EPS, L, D), SN_ERR_NULL_POINTER, fi, &o, &o0, "infer running_var NULL");
+  check_bad(sn_batchnorm_infer(NULL, x, rm, rv, g, g, 2, 3, 4, EPS, L, D), SN_ERR_NULL_POINTER, fi, &o, &o0, "infer y NULL");
+  check_bad(sn_batchnorm_infer(o.y, x, rm, rv, g, g, 2, 3, 4, EPS, BADL, D), SN_ERR_INVALID_LAYOUT, fi, &o, &o0, "infer layout");
+  check_bad(sn_batchnorm_infer(o.y, x, rm, rv, g, g, 2, 3, 4, EPS, L, BADD), SN_ERR_INVALID_DTYPE, fi, &o, &o0, "infer dtype");
+  check_bad(sn_batchnorm_infer(o.y, x, rm, rv, g, g, 2, 3, -1, EPS, L, D), SN_ERR_INVALID_SIZE, fi, &o, &o0, "infer s -1");
+  /* bwd_reduce */
+  check_bad(sn_batchnorm_bwd_reduce(NULL, o.sq, dy, x, m, rs, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fr, &o, &o0, "bwd_reduce sum_dy NULL");
+  check_bad(sn_batchnorm_bwd_reduce(o.sum, NULL, dy, x, m, rs, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fr, &o, &o0, "bwd_reduce sum_dy_xhat NULL");
+  check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, NULL, x, m, rs, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fr, &o, &o0, "bwd_reduce dy NULL");
+  check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, dy, NULL, m, rs, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fr, &o, &o0, "bwd_reduce x NULL");
+  check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, dy, x, NULL, rs, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fr, &o, &o0, "bwd_reduce mean NULL");
+  check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, dy, x, m, NULL, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fr, &o, &o0, "bwd_reduce rstd NULL");
+  check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, dy, x, m, rs, 2, 0, 4, L, D), SN_ERR_INVALID_SIZE, fr, &o, &o0, "bwd_reduce c 0");
+  check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, dy, x, m, rs, big, big, big, L, D), SN_ERR_OVERFLOW, fr, &o, &o0, "bwd_reduce overflow");
+  check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, dy, x, m, rs, 2, 3, 4, BADL, D), SN_ERR_INVALID_LAYOUT, fr, &o, &o0, "bwd_reduce layout");
+  check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, dy, x, m, rs, 2, 3, 4, L, F64), SN_ERR_INVALID_DTYPE, fr, &o, &o0, "bwd_reduce f64");
+  /* bwd_apply */
+  check_bad(sn_batchnorm_bwd_apply(NULL, dy, x, m, rs, g, sd, sx, 8, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fb, &o, &o0, "bwd_apply dx NULL");
+  check_bad(sn_batchnorm_bwd_apply(o.dx, NULL, x, m, rs, g, sd, sx, 8, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fb, &o, &o0, "bwd_apply dy NULL");
+  check_bad(sn_batchnorm_bwd_apply(o.dx, dy, NULL, m, rs, g, sd, sx, 8, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fb, &o, &o0, "bwd_apply x NULL");
+  check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, NULL, rs, g, sd, sx, 8, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fb, &o, &o0, "bwd_apply mean NULL");
+  check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, NULL, g, sd, sx, 8, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fb, &o, &o0, "bwd_apply rstd NULL");
+  check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, NULL, sx, 8, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fb, &o, &o0, "bwd_apply only sum_dy NULL");
+  check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, NULL, 8, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fb, &o, &o0, "bwd_apply only sum_dy_xhat NULL");
+  check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, 0, 2, 3, 4, L, D), SN_ERR_INSUFFICIENT_COUNT, fb, &o, &o0, "bwd_apply count 0");
+  check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, -8, 2, 3, 4, L, D), SN_ERR_INSUFFICIENT_COUNT, fb, &o, &o0, "bwd_apply count -8");
+  check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, 8, 2, 0, 4, L, D), SN_ERR_INVALID_SIZE, fb, &o, &o0, "bwd_apply c 0");
+  check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, 8, big, big, big, L, D), SN_ERR_OVERFLOW, fb, &o, &o0, "bwd_apply overflow");
+  check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, 8, 2, 3, 4, BADL, D), SN_ERR_INVALID_LAYOUT, fb, &o, &o0, "bwd_apply layout");
+  check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, NULL, NULL, 0, 2, 3, 4, L, F64), SN_ERR_INVALID_DTYPE, fb, &o, &o0, "bwd_apply eval f64");
+}
+END_TEST
+
+/* Adversarial data: |mean| ≫ σ (1e4 and 1e-2) with a pivot from the previous batch and with two
+ * passes of stats (pivot 0, then the mean); constant channels (y == beta exactly, dx finite);
+ * bf16/f16 inputs near 6e4 (no overflow anywhere). */
+START_TEST(test_adversarial) {
+  tu_rng_t r;
+  tu_rng_seed(&r, 9);
+  const int64_t N = 4, C = 3, S = 250, T = N * C * S;
+  for (int il = 0; il < 2; il++) {
+    const sn_layout_t lay = LAYOUTS[il];
+    /* mean 1e4, σ 1e-2 (f32: about 10 ulp of spread, the reference uses the same values) */
+    float *x = falloc(T), *y = falloc(T), *dy = falloc(T), *dx = falloc(T), *rstd = falloc(C);
+    float *piv = falloc(C), *gamma = falloc(C), *beta = falloc(C);
+    double *mean = dalloc(C), *sum = dalloc(C), *sq = dalloc(C), *yr = dalloc(T), *dxr = dalloc(T);
+    double *g64 = dalloc(C), *b64 = dalloc(C);
+    fill_params(gamma, beta, C, &r);
+    for (int64_t c = 0; c < C; c++) g64[c] = gamma[c], b64[c] = beta[c];
+    for (int64_t i = 0; i < T; i++) x[i] = (float)(1e4 + 1e-2 * tu_rng_normal(&r));
+    tu_fill_normal(dy, T, SN_DTYPE_F32, 0.0, 1.0, &r);
+    double *xd = as_f64(x, T, SN_DTYPE_F32), *dyd = as_f64(dy, T, SN_DTYPE_F32);
+    ref_train_fwd(yr, xd, g64, b64, N, C, S, lay, EPS);
+    ref_train_bwd(dxr, NULL, NULL, dyd, xd, g64, N, C, S, lay, EPS);
+    for (int way = 0; way < 2; way++) {
+      if (way == 0) { /* pivot = last batch's mean (here: the mean plus 3σ) */
+        for (int64_t c = 0; c < C; c++) piv[c] = (float)(1e4 + 3e-2);
+      } else { /* two passes: stats with pivot 0 gives a rough mean, used as the pivot */
+        ck_assert_int_eq(sn_batchnorm_stats(sum, sq, x, NULL, N, C, S, lay, SN_DTYPE_F32), SN_OK);
+        for (int64_t c = 0; c < C; c++) piv[c] = (float)(sum[c] / (double)(N * S));
+      }
+      lib_train_fwd(y, mean, NULL, rstd, x, piv, gamma, beta, N, C, S, lay, SN_DTYPE_F32);
+      check_stats(mean, NULL, rstd, xd, N, C, S, lay, "mean 1e4 sigma 1e-2");
+      fc_fwd(y, SN_DTYPE_F32, yr, T, "mean 1e4 sigma 1e-2: y");
+      double *sdy = dalloc(C), *sdx = dalloc(C);
+      lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, lay, SN_DTYPE_F32);
+      assert_dx(dx, SN_DTYPE_F32, dxr, dyd, gamma, rstd, N, C, S, lay, "mean 1e4 sigma 1e-2");
+      free(sdy), free(sdx);
+    }
+    /* constant channels: var 0, y == beta exactly, dx finite */
+    for (int64_t i = 0; i < T; i++) x[i] = 7.25f;
+    lib_train_fwd(y, mean, NULL, rstd, x, NULL, gamma, beta, N, C, S, lay, SN_DTYPE_F32);
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t c = 0; c < C; c++)
+        for (int64_t s = 0; s < S; s++)
+          FC_CHECK(y[at(lay, n, c, s, C, S)] == beta[c], "constant channel: y != beta");
+    double *sdy = dalloc(C), *sdx = dalloc(C);
+    lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, lay, SN_DTYPE_F32);
+    fc_finite(dx, SN_DTYPE_F32, T, "constant channel dx");
+    free(sdy), free(sdx);
+    /* bf16/f16 near 6e4 (f16 max 65504) */
+    for (int id = 1; id < 3; id++) {
+      const sn_dtype_t dt = DTYPES[id];
+      void *xh = tu_alloc(T, dt), *yh = tu_alloc(T, dt), *dyh = tu_alloc(T, dt), *dxh = tu_alloc(T, dt);
+      fill_bn(xh, N, C, S, lay, dt, 6e4, 1500.0, &r);
+      for (int64_t i = 0; i < T; i++)
+        if (fabs(tu_get(xh, i, dt)) > 65504.0) tu_set(xh, i, 65504.0, dt);
+      tu_fill_normal(dyh, T, dt, 6e4, 1000.0, &r);
+      for (int64_t i = 0; i < T; i++)
+        if (fabs(tu_get(dyh, i, dt)) > 65504.0) tu_set(dyh, i, 65504.0, dt);
+      double *xhd = as_f64(xh, T, dt);
+      lib_train_fwd(yh, mean, NULL, rstd, xh, NULL, gamma, beta, N, C, S, lay, dt);
+      check_stats(mean, NULL, rstd, xhd, N, C, S, lay, "near 6e4");
+      ref_train_fwd(yr, xhd, g64, b64, N, C, S, lay, EPS);
+      fc_fwd(yh, dt, yr, T, "near 6e4: y");
+      double *sdy2 = dalloc(C), *sdx2 = dalloc(C), *dyhd = as_f64(dyh, T, dt);
+      lib_train_bwd(dxh, sdy2, sdx2, dyh, xh, mean, rstd, gamma, N, C, S, lay, dt);
+      ref_train_bwd(dxr, NULL, NULL, dyhd, xhd, g64, N, C, S, lay, EPS);
+      assert_dx(dxh, dt, dxr, dyhd, gamma, rstd, N, C, S, lay, "near 6e4");
+      float *rm = falloc(C), *rv = falloc(C); /* inference with running stats of that size */
+      for (int64_t c = 0; c < C; c++) rm[c] = 6e4f, rv[c] = 2.25e6f;
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++)
+          for (int64_t s = 0; s < S; s++) {
+            int64_t i = at(lay, n, c, s, C, S);
+            yr[i] = (xhd[i] - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c] + beta[c];
+          }
+      tu_poison(yh, T, dt);
+      ck_assert_int_eq(sn_batchnorm_infer(yh, xh, rm, rv, gamma, beta, N, C, S, EPS, lay, dt), SN_OK);
+      fc_fwd(yh, dt, yr, T, "near 6e4: infer");
+      free(rm), free(rv);
+      free(xh), free(yh), free(dyh), free(dxh), free(xhd), free(sdy2), free(sdx2), free(dyhd);
+    }
+    free(x), free(y), free(dy), free(dx), free(rstd), free(piv), free(gamma), free(beta);
+    free(mean), free(sum), free(sq), free(yr), free(dxr), free(g64), free(b64), free(xd), free(dyd);
+  }
+}
+END_TEST
+
+/* In place (y == x, dx == dy) gives the same bits as out of place. */
+START_TEST(test_in_place) {
+  tu_rng_t r;
+  tu_rng_seed(&r, 10);
+  const int64_t N = 3, C = 65, S = 37, T = N * C * S;
+  for (int il = 0; il < 2; il++)
+    for (int id = 0; id < 3; id++) {
+      const sn_layout_t lay = LAYOUTS[il];
+      const sn_dtype_t dt = DTYPES[id];
+      const size_t bytes = (size_t)(T * sn_dtype_size(dt));
+      void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *dx = tu_alloc(T, dt);
+      void *buf = tu_alloc(T, dt);
+      float *rstd = falloc(C), *gamma = falloc(C), *beta = falloc(C), *rv = falloc(C);
+      double *mean = dalloc(C), *sdy = dalloc(C), *sdx = dalloc(C);
+      fill_bn(x, N, C, S, lay, dt, 1.0, 2.0, &r);
+      tu_fill_normal(dy, T, dt, 0.0, 1.0, &r);
+      fill_params(gamma, beta, C, &r);
+      for (int64_t c = 0; c < C; c++) rv[c] = 1.5f;
+      lib_train_fwd(y, mean, NULL, rstd, x, NULL, gamma, beta, N, C, S, lay, dt);
+      memcpy(buf, x, bytes);
+      ck_assert_int_eq(sn_batchnorm_apply(buf, buf, mean, rstd, gamma, beta, N, C, S, lay, dt), SN_OK);
+      fc_bitwise(buf, y, bytes, "apply in place");
+      ck_assert_int_eq(sn_batchnorm_infer(y, x, rstd, rv, gamma, beta, N, C, S, EPS, lay, dt), SN_OK);
+      memcpy(buf, x, bytes);
+      ck_assert_int_eq(sn_batchnorm_infer(buf, buf, rstd, rv, gamma, beta, N, C, S, EPS, lay, dt), SN_OK);
+      fc_bitwise(buf, y, bytes, "infer in place");
+      lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, lay, dt);
+      memcpy(buf, dy, bytes);
+      ck_assert_int_eq(sn_batchnorm_bwd_apply(buf, buf, x, mean, rstd, gamma, sdy, sdx, N * S, N, C, S, lay, dt), SN_OK);
+      fc_bitwise(buf, dx, bytes, "bwd_apply in place");
+      free(x), free(y), free(dy), free(dx), free(buf), free(rstd), free(gamma), free(beta), free(rv);
+      free(mean), free(sdy), free(sdx);
+    }
+}
+END_TEST
+
+/* 1, 2 and 3 threads give bitwise identical sums, statistics, y and dx (shapes big enough for
+ * the parallel path, chunks crossing planes, C above one channel tile). */
+START_TEST(test_threads_bitwise) {
+#ifdef _OPENMP
+  static const int64_t shapes[][3] = {{5, 65, 301}, {7, 300, 19}, {2, 3, 20000}, {4000, 17, 1},
+                                      {5, 160, 97}};
+  tu_rng_t r;
+  tu_rng_seed(&r, 11);
+  const int saved = omp_get_max_threads();
+  for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
+    for (int il = 0; il < 2; il++)
+      for (int id = 0; id < 3; id += 2) {
+        const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2], T = N * C * S;
+        const sn_layout_t lay = LAYOUTS[il];
+        const sn_dtype_t dt = DTYPES[id];
+        const size_t bytes = (size_t)(T * sn_dtype_size(dt));
+        void *x = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *y[3], *dx[3];
+        float *gamma = falloc(C), *beta = falloc(C), *rstd[3];
+        double *mean[3], *sdy[3], *sdx[3];
+        fill_bn(x, N, C, S, lay, dt, 2.0, 1.0, &r);
+        tu_fill_normal(dy, T, dt, 0.0, 1.0, &r);
+        fill_params(gamma, beta, C, &r);
+        for (int t = 0; t < 3; t++) {
+          y[t] = tu_alloc(T, dt), dx[t] = tu_alloc(T, dt), rstd[t] = falloc(C);
+          mean[t] = dalloc(C), sdy[t] = dalloc(C), sdx[t] = dalloc(C);
+          omp_set_num_threads(t + 1);
+          lib_train_fwd(y[t], mean[t], NULL, rstd[t], x, NULL, gamma, beta, N, C, S, lay, dt);
+          lib_train_bwd(dx[t], sdy[t], sdx[t], dy, x, mean[t], rstd[t], gamma, N, C, S, lay, dt);
+        }
+        omp_set_num_threads(saved);
+        for (int t = 1; t < 3; t++) {
+          fc_bitwise(mean[t], mean[0], (size_t)C * 8, "threads: mean");
+          fc_bitwise(rstd[t], rstd[0], (size_t)C * 4, "threads: rstd");
+          fc_bitwise(sdy[t], sdy[0], (size_t)C * 8, "threads: sum_dy");
+          fc_bitwise(sdx[t], sdx[0], (size_t)C * 8, "threads: sum_dy_xhat");
+          fc_bitwise(y[t], y[0], bytes, "threads: y");
+          fc_bitwise(dx[t], dx[0], bytes, "threads: dx");
+        }
+        fc_finite(y[0], dt, T, "threads: y");
+        fc_finite(dx[0], dt, T, "threads: dx");
+        for (int t = 0; t < 3; t++)
+          free(y[t]), free(dx[t]), free(rstd[t]), free(mean[t]), free(sdy[t]), free(sdx[t]);
+        free(x), free(dy), free(gamma), free(beta);
+      }
+#else
+  ck_assert_msg(1, "built without OpenMP: one thread only");
+#endif
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("batchnorm");
-  TCase *tc = tcase_create("placeholder");
-  tcase_add_test(tc, test_placeholder);
+  TCase *tc = tcase_create("core");
+  tcase_add_test(tc, test_train_fwd_vs_ref);
+  tcase_add_test(tc, test_layouts_bitwise);
+  tcase_add_test(tc, test_infer_vs_ref);
+  tcase_add_test(tc, test_train_bwd_vs_analytic);
+  tcase_add_test(tc, test_train_bwd_vs_fd);
+  tcase_add_test(tc, test_eval_bwd_vs_fd);
+  tcase_add_test(tc, test_pivots);
+  tcase_add_test(tc, test_split_batch_bitwise);
+  tcase_add_test(tc, test_empty_batch);
+  tcase_add_test(tc, test_finalize_count);
+  tcase_add_test(tc, test_bad_inputs);
+  tcase_add_test(tc, test_adversarial);
+  tcase_add_test(tc, test_in_place);
+  tcase_add_test(tc, test_threads_bitwise);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

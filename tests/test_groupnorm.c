@@ -1,11 +1,519 @@
-/* placeholder: work in progress */
+/*
+ * test_groupnorm.c — sn_groupnorm_fwd / sn_groupnorm_bwd against fp64 references and finite
+ * differences, G ∈ {1, C/2, C} (and divisors of 65), NCHW and NHWC, f32/bf16/f16, adversarial
+ * data, bad input, in-place use and thread counts.
+ *
+ * Layouts: NCHW = [N, C, S], NHWC = [N, S, C]; group g holds channels [g·C/G, (g+1)·C/G).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "fastcheck.h"
 #include "testutil.h"
-START_TEST(test_placeholder) { ck_abort_msg("not written yet"); }
+
+/* ---- tolerances ---------------------------------------------------------------------------- */
+/* mean, rstd: f32 outputs of fp64 two-pass statistics: one rounding (2^-24) + 1 ulp margin. */
+#define TOL_STAT_F32 2.4e-7
+/* dgamma, dbeta: fp64 sums rounded to f32 once, computed with the f32 saved mean/rstd (the
+ * re-centring removes the mean's rounding; rstd's 2^-24 remains): 1e-6 of Σ|terms|. */
+#define TOL_DPARAM 1e-6
+/* bf16/f16 dx: one rounding to the dtype per element (unit roundoff u) plus ~1e-6 of f32 work. */
+static double tol_half_normwise(sn_dtype_t dt) {
+  return (dt == SN_DTYPE_BF16 ? 0x1p-8 : 0x1p-11) + 1e-6;
+}
+
+static const float EPS = 1e-5f;
+static const sn_dtype_t DTYPES[3] = {SN_DTYPE_F32, SN_DTYPE_BF16, SN_DTYPE_F16};
+static const sn_layout_t LAYOUTS[2] = {SN_LAYOUT_NCHW, SN_LAYOUT_NHWC};
+static const char *const LNAME[2] = {"NCHW", "NHWC"};
+/* (C, G): G ∈ {1, C/2, C} for even C, and 65 = 5·13 with 1, 5, 65 groups. */
+static const int64_t CG[][2] = {{2, 1}, {2, 2}, {6, 1}, {6, 3}, {6, 6}, {64, 1}, {64, 32},
+                                {64, 64}, {65, 1}, {65, 5}, {65, 65}};
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static int64_t at(sn_layout_t lay, int64_t n, int64_t c, int64_t s, int64_t C, int64_t S) {
+  return lay == SN_LAYOUT_NCHW ? (n * C + c) * S + s : (n * S + s) * C + c;
+}
+static double *dalloc(int64_t n) {
+  double *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+static float *falloc(int64_t n) { return tu_alloc(n, SN_DTYPE_F32); }
+static double *as_f64(const void *buf, int64_t n, sn_dtype_t dt) {
+  double *d = dalloc(n);
+  for (int64_t i = 0; i < n; i++) d[i] = tu_get(buf, i, dt);
+  return d;
+}
+/* x[n, c, s] = mu_{n,c} + sd_c·N(0, 1): samples and channels get different means. */
+static void fill_gn(void *x, int64_t N, int64_t C, int64_t S, sn_layout_t lay, sn_dtype_t dt,
+                    double mean, double std, tu_rng_t *r) {
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t s = 0; s < S; s++) {
+        double mu = mean + 0.3 * (double)(c % 4) - 0.2 * (double)n, sd = std * (1.0 + 0.2 * (double)(c % 3));
+        tu_set(x, at(lay, n, c, s, C, S), mu + sd * tu_rng_normal(r), dt);
+      }
+}
+static void fill_params(float *gamma, float *beta, int64_t C, tu_rng_t *r) {
+  for (int64_t c = 0; c < C; c++) {
+    gamma[c] = (float)(0.5 + tu_rng_uniform(r));
+    beta[c] = (float)(tu_rng_uniform(r) - 0.5);
+  }
+}
+static void transpose(void *dst, sn_layout_t to, const void *src, sn_layout_t from, int64_t N,
+                      int64_t C, int64_t S, sn_dtype_t dt) {
+  size_t es = (size_t)sn_dtype_size(dt);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t s = 0; s < S; s++)
+        memcpy((char *)dst + (size_t)at(to, n, c, s, C, S) * es,
+               (const char *)src + (size_t)at(from, n, c, s, C, S) * es, es);
+}
+
+/* ---- fp64 references ------------------------------------------------------------------------ */
+
+/* Forward: per (n, g) two-pass mean and biased variance; mean, rstd: [N, G] (may be NULL). */
+static void ref_fwd(double *y, double *mean, double *rstd, const double *x, const float *gamma,
+                    const float *beta, int64_t N, int64_t C, int64_t S, int64_t G,
+                    sn_layout_t lay, double eps) {
+  const int64_t Cg = C / G;
+  const double L = (double)(Cg * S);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t g = 0; g < G; g++) {
+      double m = 0.0, v = 0.0;
+      for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
+        for (int64_t s = 0; s < S; s++) m += x[at(lay, n, c, s, C, S)];
+      m /= L;
+      for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
+        for (int64_t s = 0; s < S; s++) {
+          double d = x[at(lay, n, c, s, C, S)] - m;
+          v += d * d;
+        }
+      const double rs = 1.0 / sqrt(v / L + eps);
+      if (mean) mean[n * G + g] = m;
+      if (rstd) rstd[n * G + g] = rs;
+      for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
+        for (int64_t s = 0; s < S; s++) {
+          int64_t i = at(lay, n, c, s, C, S);
+          y[i] = (x[i] - m) * rs * (gamma ? gamma[c] : 1.0) + (beta ? beta[c] : 0.0);
+        }
+    }
+}
+
+/* Analytic backward with g = dy·gamma:  dx = rstd·(g − mean(g) − x̂·mean(g·x̂)),
+ * dgamma_c = Σ_{n,s} dy·x̂, dbeta_c = Σ_{n,s} dy (exact fp64 statistics). */
+static void ref_bwd(double *dx, double *dgamma, double *dbeta, const double *dy, const double *x,
+                    const float *gamma, int64_t N, int64_t C, int64_t S, int64_t G,
+                    sn_layout_t lay, double eps) {
+  const int64_t Cg = C / G;
+  const double L = (double)(Cg * S);
+  double *mean = dalloc(N * G), *rstd = dalloc(N * G), *y = dalloc(N * C * S);
+  ref_fwd(y, mean, rstd, x, NULL, NULL, N, C, S, G, lay, eps);
+  for (int64_t c = 0; c < C; c++) dgamma[c] = 0.0, dbeta[c] = 0.0;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t g = 0; g < G; g++) {
+      const double m = mean[n * G + g], rs = rstd[n * G + g];
+      double mg = 0.0, mgx = 0.0;
+      for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
+        for (int64_t s = 0; s < S; s++) {
+          int64_t i = at(lay, n, c, s, C, S);
+          double gi = dy[i] * (gamma ? gamma[c] : 1.0), xh = (x[i] - m) * rs;
+          mg += gi, mgx += gi * xh;
+          dgamma[c] += dy[i] * xh, dbeta[c] += dy[i];
+        }
+      mg /= L, mgx /= L;
+      for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
+        for (int64_t s = 0; s < S; s++) {
+          int64_t i = at(lay, n, c, s, C, S);
+          double gi = dy[i] * (gamma ? gamma[c] : 1.0), xh = (x[i] - m) * rs;
+          dx[i] = rs * (gi - mg - xh * mgx);
+        }
+    }
+  free(mean), free(rstd), free(y);
+}
+
+/* dx vs a reference, error relative to max(||ref||, ||rstd·g||): dx subtracts terms of the size
+ * of rstd·g, which f32 gets right to a few ulp of the terms, not of the (possibly tiny)
+ * difference (a group of 2 values has almost nothing left after the two projections). */
+static void assert_dx(const void *dx, sn_dtype_t dt, const double *ref, const double *dyd,
+                      const float *gamma, const double *rstd, int64_t N, int64_t C, int64_t S,
+                      int64_t G, sn_layout_t lay, double tol, const char *what) {
+  double num = 0.0, dr = 0.0, dt2 = 0.0;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t s = 0; s < S; s++) {
+        int64_t i = at(lay, n, c, s, C, S);
+        double v = tu_get(dx, i, dt), t = rstd[n * G + c / (C / G)] * (gamma ? gamma[c] : 1.0) * dyd[i];
+        FC_CHECK(isfinite(v), "%s: dx[%lld] = %g", what, (long long)i, v);
+        num += (v - ref[i]) * (v - ref[i]), dr += ref[i] * ref[i], dt2 += t * t;
+      }
+  double e = sqrt(num) / fmax(sqrt(fmax(dr, dt2)), 1e-300);
+  ck_assert_msg(e <= tol, "%s (%s): dx error %.3e > %.1e", what, tu_dtype_name[dt], e, tol);
+}
+
+/* The library's mean/rstd [N, G] vs the reference. */
+static void check_stats(const float *mean, const float *rstd, const double *rm, const double *rr,
+                        int64_t NG, const char *what) {
+  for (int64_t i = 0; i < NG; i++) {
+    FC_CHECK(fabs(mean[i] - rm[i]) <= TOL_STAT_F32 * (fabs(rm[i]) + 1.0 / rr[i]),
+             "%s: mean[%lld] %.9g vs %.17g", what, (long long)i, (double)mean[i], rm[i]);
+    FC_CHECK(fabs(rstd[i] - rr[i]) <= TOL_STAT_F32 * rr[i], "%s: rstd[%lld] %.9g vs %.17g", what,
+             (long long)i, (double)rstd[i], rr[i]);
+  }
+}
+
+/* dgamma/dbeta (f32) vs the reference, per channel relative to Σ|terms| (recomputed here). */
+static void check_dparams(const float *dg, const float *db, const double *rg, const double *rb,
+                          const double *dyd, const double *xd, int64_t N, int64_t C, int64_t S,
+                          int64_t G, sn_layout_t lay, const char *what) {
+  double *rm = dalloc(N * G), *rr = dalloc(N * G), *y = dalloc(N * C * S);
+  ref_fwd(y, rm, rr, xd, NULL, NULL, N, C, S, G, lay, EPS);
+  for (int64_t c = 0; c < C; c++) {
+    double ag = 0.0, ab = 0.0;
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t s = 0; s < S; s++) {
+        int64_t i = at(lay, n, c, s, C, S);
+        ag += fabs(dyd[i] * (xd[i] - rm[n * G + c / (C / G)]) * rr[n * G + c / (C / G)]);
+        ab += fabs(dyd[i]);
+      }
+    FC_CHECK(fabs(dg[c] - rg[c]) <= TOL_DPARAM * ag + 1e-30, "%s: dgamma[%lld] %.9g vs %.17g",
+             what, (long long)c, (double)dg[c], rg[c]);
+    FC_CHECK(fabs(db[c] - rb[c]) <= TOL_DPARAM * ab + 1e-30, "%s: dbeta[%lld] %.9g vs %.17g",
+             what, (long long)c, (double)db[c], rb[c]);
+  }
+  free(rm), free(rr), free(y);
+}
+
+/* ---- tests --------------------------------------------------------------------------------- */
+
+/* Forward and backward vs the fp64 references over N ∈ {1, 3}, S ∈ {1, 3, 250}, the (C, G)
+ * grid, both layouts, all dtypes, with and without gamma/beta; every output element checked. */
+START_TEST(test_fwd_bwd_vs_ref) {
+  static const int64_t NS[][2] = {{1, 1}, {1, 3}, {3, 250}, {3, 1}};
+  tu_rng_t r;
+  tu_rng_seed(&r, 21);
+  for (size_t ins = 0; ins < sizeof NS / sizeof NS[0]; ins++)
+    for (size_t icg = 0; icg < sizeof CG / sizeof CG[0]; icg++)
+      for (int il = 0; il < 2; il++)
+        for (int id = 0; id < 3; id++)
+          for (int affine = 0; affine < 2; affine++) {
+            const int64_t N = NS[ins][0], S = NS[ins][1], C = CG[icg][0], G = CG[icg][1];
+            const int64_t T = N * C * S;
+            const sn_layout_t lay = LAYOUTS[il];
+            const sn_dtype_t dt = DTYPES[id];
+            void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *dx = tu_alloc(T, dt);
+            float *gamma = falloc(C), *beta = falloc(C), *mean = falloc(N * G), *rstd = falloc(N * G);
+            float *dg = falloc(C), *db = falloc(C);
+            double *yr = dalloc(T), *rm = dalloc(N * G), *rr = dalloc(N * G), *dxr = dalloc(T);
+            double *rg = dalloc(C), *rb = dalloc(C);
+            fill_gn(x, N, C, S, lay, dt, 1.0, 1.5, &r);
+            tu_fill_normal(dy, T, dt, 0.2, 1.0, &r);
+            fill_params(gamma, beta, C, &r);
+            const float *gm = affine ? gamma : NULL, *bt = affine ? beta : NULL;
+            double *xd = as_f64(x, T, dt), *dyd = as_f64(dy, T, dt);
+            char what[128];
+            snprintf(what, sizeof what, "N=%lld C=%lld S=%lld G=%lld %s %s affine=%d",
+                     (long long)N, (long long)C, (long long)S, (long long)G, LNAME[il],
+                     tu_dtype_name[dt], affine);
+            tu_poison(y, T, dt), tu_poison_f32(mean, N * G), tu_poison_f32(rstd, N * G);
+            ck_assert_int_eq(sn_groupnorm_fwd(y, mean, rstd, x, gm, bt, N, C, S, G, EPS, lay, dt), SN_OK);
+            ref_fwd(yr, rm, rr, xd, gm, bt, N, C, S, G, lay, EPS);
+            check_stats(mean, rstd, rm, rr, N * G, what);
+            fc_fwd(y, dt, yr, T, what);
+            tu_poison(dx, T, dt), tu_poison_f32(dg, C), tu_poison_f32(db, C);
+            ck_assert_int_eq(sn_groupnorm_bwd(dx, dg, db, dy, x, mean, rstd, gm, N, C, S, G, lay, dt), SN_OK);
+            ref_bwd(dxr, rg, rb, dyd, xd, gm, N, C, S, G, lay, EPS);
+            assert_dx(dx, dt, dxr, dyd, gm, rr, N, C, S, G, lay,
+                      dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : tol_half_normwise(dt), what);
+            check_dparams(dg, db, rg, rb, dyd, xd, N, C, S, G, lay, what);
+            free(x), free(y), free(dy), free(dx), free(gamma), free(beta), free(mean), free(rstd);
+            free(dg), free(db), free(yr), free(rm), free(rr), free(dxr), free(rg), free(rb);
+            free(xd), free(dyd);
+          }
+}
 END_TEST
+
+/* The analytic fp64 gradient vs central finite differences of the fp64 forward (loss = Σ y·w)
+ * for dx, dgamma and dbeta; and the library's f32 dx, dgamma, dbeta vs the same differences. */
+START_TEST(test_bwd_vs_fd) {
+  static const int64_t shapes[][4] = {{1, 2, 1, 1}, {2, 4, 3, 2}, {1, 6, 2, 3}, {2, 6, 5, 6},
+                                      {3, 4, 4, 1}};
+  tu_rng_t r;
+  tu_rng_seed(&r, 22);
+  for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
+    for (int il = 0; il < 2; il++) {
+      const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2], G = shapes[is][3];
+      const int64_t T = N * C * S;
+      const sn_layout_t lay = LAYOUTS[il];
+      float *x = falloc(T), *w = falloc(T), *dx = falloc(T), *y = falloc(T), *gamma = falloc(C);
+      float *beta = falloc(C), *mean = falloc(N * G), *rstd = falloc(N * G), *dg = falloc(C);
+      float *db = falloc(C);
+      double *xd = dalloc(T), *wd = dalloc(T), *yp = dalloc(T), *ym = dalloc(T), *fd = dalloc(T);
+      double *dxr = dalloc(T), *rg = dalloc(C), *rb = dalloc(C), *fg = dalloc(C), *fb = dalloc(C);
+      double *rr = dalloc(N * G);
+      fill_gn(x, N, C, S, lay, SN_DTYPE_F32, 0.5, 1.0, &r);
+      tu_fill_normal(w, T, SN_DTYPE_F32, 0.0, 1.0, &r);
+      fill_params(gamma, beta, C, &r);
+      for (int64_t i = 0; i < T; i++) xd[i] = x[i], wd[i] = w[i];
+      const double h = 1e-6;
+      for (int64_t i = 0; i < T; i++) {
+        double keep = xd[i], lp = 0.0, lm = 0.0;
+        xd[i] = keep + h, ref_fwd(yp, NULL, NULL, xd, gamma, beta, N, C, S, G, lay, EPS);
+        xd[i] = keep - h, ref_fwd(ym, NULL, NULL, xd, gamma, beta, N, C, S, G, lay, EPS);
+        xd[i] = keep;
+        for (int64_t j = 0; j < T; j++) lp += yp[j] * wd[j], lm += ym[j] * wd[j];
+        fd[i] = (lp - lm) / (2 * h);
+      }
+      for (int64_t c = 0; c < C; c++) { /* dgamma, dbeta: perturb one parameter */
+        for (int which = 0; which < 2; which++) {
+          float *p = which ? beta : gamma, keep = p[c];
+          double lp = 0.0, lm = 0.0;
+          /* f32 parameters: perturb by an exactly representable step */
+          const float hp = 0x1p-12f;
+          p[c] = keep + hp, ref_fwd(yp, NULL, NULL, xd, gamma, beta, N, C, S, G, lay, EPS);
+          p[c] = keep - hp, ref_fwd(ym, NULL, NULL, xd, gamma, beta, N, C, S, G, lay, EPS);
+          p[c] = keep;
+          for (int64_t j = 0; j < T; j++) lp += yp[j] * wd[j], lm += ym[j] * wd[j];
+          (which ? fb : fg)[c] = (lp - lm) / (2.0 * (double)hp); /* y is linear in gamma, beta */
+        }
+      }
+      ref_bwd(dxr, rg, rb, wd, xd, gamma, N, C, S, G, lay, EPS);
+      ref_fwd(yp, NULL, rr, xd, gamma, beta, N, C, S, G, lay, EPS);
+      assert_dx(dxr, SN_DTYPE_F64, fd, wd, gamma, rr, N, C, S, G, lay, TU_RTOL_FD, "analytic dx vs FD");
+      fc_rel(rg, SN_DTYPE_F64, fg, C, TU_RTOL_FD, "analytic dgamma vs FD");
+      fc_rel(rb, SN_DTYPE_F64, fb, C, TU_RTOL_FD, "analytic dbeta vs FD");
+      ck_assert_int_eq(sn_groupnorm_fwd(y, mean, rstd, x, gamma, beta, N, C, S, G, EPS, lay, SN_DTYPE_F32), SN_OK);
+      tu_poison_f32(dx, T), tu_poison_f32(dg, C), tu_poison_f32(db, C);
+      ck_assert_int_eq(sn_groupnorm_bwd(dx, dg, db, w, x, mean, rstd, gamma, N, C, S, G, lay, SN_DTYPE_F32), SN_OK);
+      assert_dx(dx, SN_DTYPE_F32, fd, wd, gamma, rr, N, C, S, G, lay, TU_RTOL_F32_BWD, "library dx vs FD");
+      fc_rel(dg, SN_DTYPE_F32, fg, C, TU_RTOL_F32_BWD, "library dgamma vs FD");
+      fc_rel(db, SN_DTYPE_F32, fb, C, TU_RTOL_F32_BWD, "library dbeta vs FD");
+      free(x), free(w), free(dx), free(y), free(gamma), free(beta), free(mean), free(rstd);
+      free(dg), free(db), free(xd), free(wd), free(yp), free(ym), free(fd), free(dxr), free(rg);
+      free(rb), free(fg), free(fb), free(rr);
+    }
+}
+END_TEST
+
+/* Adversarial: mean 1e4 with σ 1e-2 (the f32 saved mean is off by up to 5e-4 = 5% of σ; the
+ * backward re-centres), constant groups (y == beta exactly, finite dx), bf16/f16 near 6e4. */
+START_TEST(test_adversarial) {
+  tu_rng_t r;
+  tu_rng_seed(&r, 23);
+  const int64_t N = 2, C = 6, S = 200, G = 3, T = N * C * S;
+  for (int il = 0; il < 2; il++) {
+    const sn_layout_t lay = LAYOUTS[il];
+    float *x = falloc(T), *y = falloc(T), *dy = falloc(T), *dx = falloc(T), *gamma = falloc(C);
+    float *beta = falloc(C), *mean = falloc(N * G), *rstd = falloc(N * G), *dg = falloc(C);
+    float *db = falloc(C);
+    double *yr = dalloc(T), *dxr = dalloc(T), *rm = dalloc(N * G), *rr = dalloc(N * G);
+    double *rg = dalloc(C), *rb = dalloc(C);
+    fill_params(gamma, beta, C, &r);
+    for (int64_t i = 0; i < T; i++) x[i] = (float)(1e4 + 1e-2 * tu_rng_normal(&r));
+    tu_fill_normal(dy, T, SN_DTYPE_F32, 0.0, 1.0, &r);
+    double *xd = as_f64(x, T, SN_DTYPE_F32), *dyd = as_f64(dy, T, SN_DTYPE_F32);
+    ck_assert_int_eq(sn_groupnorm_fwd(y, mean, rstd, x, gamma, beta, N, C, S, G, EPS, lay, SN_DTYPE_F32), SN_OK);
+    ref_fwd(yr, rm, rr, xd, gamma, beta, N, C, S, G, lay, EPS);
+    check_stats(mean, rstd, rm, rr, N * G, "mean 1e4 sigma 1e-2");
+    fc_fwd(y, SN_DTYPE_F32, yr, T, "mean 1e4 sigma 1e-2: y");
+    ck_assert_int_eq(sn_groupnorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, N, C, S, G, lay, SN_DTYPE_F32), SN_OK);
+    ref_bwd(dxr, rg, rb, dyd, xd, gamma, N, C, S, G, lay, EPS);
+    assert_dx(dx, SN_DTYPE_F32, dxr, dyd, gamma, rr, N, C, S, G, lay, TU_RTOL_F32_BWD, "mean 1e4 sigma 1e-2");
+    check_dparams(dg, db, rg, rb, dyd, xd, N, C, S, G, lay, "mean 1e4 sigma 1e-2");
+    /* constant groups */
+    for (int64_t i = 0; i < T; i++) x[i] = -3.5f;
+    ck_assert_int_eq(sn_groupnorm_fwd(y, mean, rstd, x, gamma, beta, N, C, S, G, EPS, lay, SN_DTYPE_F32), SN_OK);
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t c = 0; c < C; c++)
+        for (int64_t s = 0; s < S; s++)
+          FC_CHECK(y[at(lay, n, c, s, C, S)] == beta[c], "constant group: y != beta");
+    ck_assert_int_eq(sn_groupnorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, N, C, S, G, lay, SN_DTYPE_F32), SN_OK);
+    fc_finite(dx, SN_DTYPE_F32, T, "constant group dx");
+    fc_finite(dg, SN_DTYPE_F32, C, "constant group dgamma");
+    /* bf16/f16 near 6e4 */
+    for (int id = 1; id < 3; id++) {
+      const sn_dtype_t dt = DTYPES[id];
+      void *xh = tu_alloc(T, dt), *yh = tu_alloc(T, dt), *dyh = tu_alloc(T, dt), *dxh = tu_alloc(T, dt);
+      fill_gn(xh, N, C, S, lay, dt, 6e4, 1500.0, &r);
+      tu_fill_normal(dyh, T, dt, 6e4, 1000.0, &r);
+      for (int64_t i = 0; i < T; i++) {
+        if (fabs(tu_get(xh, i, dt)) > 65504.0) tu_set(xh, i, 65504.0, dt);
+        if (fabs(tu_get(dyh, i, dt)) > 65504.0) tu_set(dyh, i, 65504.0, dt);
+      }
+      double *xhd = as_f64(xh, T, dt), *dyhd = as_f64(dyh, T, dt);
+      ck_assert_int_eq(sn_groupnorm_fwd(yh, mean, rstd, xh, gamma, beta, N, C, S, G, EPS, lay, dt), SN_OK);
+      ref_fwd(yr, rm, rr, xhd, gamma, beta, N, C, S, G, lay, EPS);
+      check_stats(mean, rstd, rm, rr, N * G, "near 6e4");
+      fc_fwd(yh, dt, yr, T, "near 6e4: y");
+      ck_assert_int_eq(sn_groupnorm_bwd(dxh, dg, db, dyh, xh, mean, rstd, gamma, N, C, S, G, lay, dt), SN_OK);
+      ref_bwd(dxr, rg, rb, dyhd, xhd, gamma, N, C, S, G, lay, EPS);
+      assert_dx(dxh, dt, dxr, dyhd, gamma, rr, N, C, S, G, lay, tol_half_normwise(dt), "near 6e4");
+      check_dparams(dg, db, rg, rb, dyhd, xhd, N, C, S, G, lay, "near 6e4");
+      free(xh), free(yh), free(dyh), free(dxh), free(xhd), free(dyhd);
+    }
+    free(x), free(y), free(dy), free(dx), free(gamma), free(beta), free(mean), free(rstd);
+    free(dg), free(db), free(yr), free(dxr), free(rm), free(rr), free(rg), free(rb), free(xd);
+    free(dyd);
+  }
+}
+END_TEST
+
+/* NCHW and NHWC of the same batch agree (within the f32 tolerance: the reductions run in a
+ * different order, so not bitwise); in place equals out of place bitwise; 1, 2, 3 threads give
+ * identical bits. Shapes large enough for the parallel path. */
+START_TEST(test_layouts_inplace_threads) {
+  static const int64_t shapes[][4] = {{4, 64, 300, 32}, {3, 65, 97, 5}, {1, 300, 150, 1},
+                                      {9, 8, 1000, 4}};
+  tu_rng_t r;
+  tu_rng_seed(&r, 24);
+  for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
+    for (int id = 0; id < 3; id++) {
+      const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2], G = shapes[is][3];
+      const int64_t T = N * C * S;
+      const sn_dtype_t dt = DTYPES[id];
+      const size_t bytes = (size_t)(T * sn_dtype_size(dt));
+      void *x[2], *dy[2], *y[2][3], *dx[2][3], *buf = tu_alloc(T, dt), *tr = tu_alloc(T, dt);
+      float *mean[2][3], *rstd[2][3], *dg[2][3], *db[2][3], *gamma = falloc(C), *beta = falloc(C);
+      fill_params(gamma, beta, C, &r);
+      for (int l = 0; l < 2; l++) x[l] = tu_alloc(T, dt), dy[l] = tu_alloc(T, dt);
+      fill_gn(x[0], N, C, S, SN_LAYOUT_NCHW, dt, 0.5, 2.0, &r);
+      tu_fill_normal(dy[0], T, dt, 0.0, 1.0, &r);
+      transpose(x[1], SN_LAYOUT_NHWC, x[0], SN_LAYOUT_NCHW, N, C, S, dt);
+      transpose(dy[1], SN_LAYOUT_NHWC, dy[0], SN_LAYOUT_NCHW, N, C, S, dt);
+      for (int l = 0; l < 2; l++) {
+#ifdef _OPENMP
+        const int saved = omp_get_max_threads();
+#endif
+        for (int t = 0; t < 3; t++) {
+#ifdef _OPENMP
+          omp_set_num_threads(t + 1);
+#endif
+          y[l][t] = tu_alloc(T, dt), dx[l][t] = tu_alloc(T, dt);
+          mean[l][t] = falloc(N * G), rstd[l][t] = falloc(N * G), dg[l][t] = falloc(C), db[l][t] = falloc(C);
+          tu_poison(y[l][t], T, dt), tu_poison(dx[l][t], T, dt);
+          ck_assert_int_eq(sn_groupnorm_fwd(y[l][t], mean[l][t], rstd[l][t], x[l], gamma, beta, N, C, S, G, EPS, LAYOUTS[l], dt), SN_OK);
+          ck_assert_int_eq(sn_groupnorm_bwd(dx[l][t], dg[l][t], db[l][t], dy[l], x[l], mean[l][t], rstd[l][t], gamma, N, C, S, G, LAYOUTS[l], dt), SN_OK);
+          if (t == 0) continue;
+          fc_bitwise(y[l][t], y[l][0], bytes, "threads: y");
+          fc_bitwise(dx[l][t], dx[l][0], bytes, "threads: dx");
+          fc_bitwise(mean[l][t], mean[l][0], (size_t)(N * G) * 4, "threads: mean");
+          fc_bitwise(rstd[l][t], rstd[l][0], (size_t)(N * G) * 4, "threads: rstd");
+          fc_bitwise(dg[l][t], dg[l][0], (size_t)C * 4, "threads: dgamma");
+          fc_bitwise(db[l][t], db[l][0], (size_t)C * 4, "threads: dbeta");
+        }
+#ifdef _OPENMP
+        omp_set_num_threads(saved);
+#endif
+        memcpy(buf, x[l], bytes); /* in place */
+        ck_assert_int_eq(sn_groupnorm_fwd(buf, NULL, NULL, buf, gamma, beta, N, C, S, G, EPS, LAYOUTS[l], dt), SN_OK);
+        fc_bitwise(buf, y[l][0], bytes, "in-place fwd");
+        memcpy(buf, dy[l], bytes);
+        ck_assert_int_eq(sn_groupnorm_bwd(buf, NULL, NULL, buf, x[l], mean[l][0], rstd[l][0], gamma, N, C, S, G, LAYOUTS[l], dt), SN_OK);
+        fc_bitwise(buf, dx[l][0], bytes, "in-place bwd");
+      }
+      /* NHWC result transposed vs NCHW: normwise within twice the forward/backward tolerance */
+      double *ref = as_f64(y[0][0], T, dt);
+      transpose(tr, SN_LAYOUT_NCHW, y[1][0], SN_LAYOUT_NHWC, N, C, S, dt);
+      fc_rel(tr, dt, ref, T, dt == SN_DTYPE_F32 ? 2 * TU_RTOL_F32_FWD : tol_half_normwise(dt), "NHWC vs NCHW y");
+      free(ref);
+      ref = as_f64(dx[0][0], T, dt);
+      transpose(tr, SN_LAYOUT_NCHW, dx[1][0], SN_LAYOUT_NHWC, N, C, S, dt);
+      fc_rel(tr, dt, ref, T, dt == SN_DTYPE_F32 ? 2 * TU_RTOL_F32_BWD : tol_half_normwise(dt), "NHWC vs NCHW dx");
+      free(ref);
+      for (int l = 0; l < 2; l++) {
+        for (int t = 0; t < 3; t++)
+          free(y[l][t]), free(dx[l][t]), free(mean[l][t]), free(rstd[l][t]), free(dg[l][t]), free(db[l][t]);
+        free(x[l]), free(dy[l]);
+      }
+      free(buf), free(tr), free(gamma), free(beta);
+    }
+}
+END_TEST
+
+/* Empty batches (n = 0 or s = 0, NULL activations) are SN_OK and write nothing. */
+START_TEST(test_empty_batch) {
+  float mean[6], rstd[6], dg[4], db[4];
+  tu_poison_f32(mean, 6), tu_poison_f32(rstd, 6), tu_poison_f32(dg, 4), tu_poison_f32(db, 4);
+  ck_assert_int_eq(sn_groupnorm_fwd(NULL, mean, rstd, NULL, NULL, NULL, 0, 4, 9, 2, EPS, SN_LAYOUT_NCHW, SN_DTYPE_F32), SN_OK);
+  ck_assert_int_eq(sn_groupnorm_fwd(NULL, mean, rstd, NULL, NULL, NULL, 3, 4, 0, 2, EPS, SN_LAYOUT_NHWC, SN_DTYPE_BF16), SN_OK);
+  ck_assert_int_eq(sn_groupnorm_bwd(NULL, dg, db, NULL, NULL, NULL, NULL, NULL, 0, 4, 9, 2, SN_LAYOUT_NHWC, SN_DTYPE_F16), SN_OK);
+  ck_assert_int_eq(sn_groupnorm_bwd(NULL, dg, db, NULL, NULL, NULL, NULL, NULL, 3, 4, 0, 2, SN_LAYOUT_NCHW, SN_DTYPE_F32), SN_OK);
+  for (int i = 0; i < 6; i++) ck_assert_msg(isnan(mean[i]) && isnan(rstd[i]), "empty batch wrote mean/rstd");
+  for (int i = 0; i < 4; i++) ck_assert_msg(isnan(dg[i]) && isnan(db[i]), "empty batch wrote dgamma/dbeta");
+}
+END_TEST
+
+/* Each bad input returns its code, a message naming the function, and writes nothing. */
+typedef struct {
+  float y[24], dx[24], mean[4], rstd[4], dg[4], db[4];
+} outs_t;
+
+static void check_bad(sn_status_t got, sn_status_t want, const char *fn, const outs_t *o,
+                      const outs_t *o0, const char *what) {
+  ck_assert_msg(got == want, "%s: got %s, want %s (%s)", what, sn_status_string(got),
+                sn_status_string(want), sn_last_error());
+  ck_assert_msg(strncmp(sn_last_error(), fn, strlen(fn)) == 0, "%s: message '%s'", what, sn_last_error());
+  fc_bitwise(o, o0, sizeof *o, what);
+}
+
+START_TEST(test_bad_inputs) {
+  float x[24], dy[24], g[4] = {1, 1, 1, 1}, m[4] = {0}, rs[4] = {1, 1, 1, 1};
+  for (int i = 0; i < 24; i++) x[i] = (float)i, dy[i] = 1.0f;
+  outs_t o, o0;
+  memset(&o, 0xA5, sizeof o);
+  memcpy(&o0, &o, sizeof o);
+  const sn_layout_t L = SN_LAYOUT_NHWC, BADL = (sn_layout_t)-1;
+  const sn_dtype_t D = SN_DTYPE_BF16, F64 = SN_DTYPE_F64;
+  const int64_t big = (int64_t)1 << 22;
+  const char *ff = "sn_groupnorm_fwd", *fb = "sn_groupnorm_bwd";
+  /* N = 2, C = 4, S = 3, G = 2 */
+  check_bad(sn_groupnorm_fwd(NULL, o.mean, o.rstd, x, g, g, 2, 4, 3, 2, EPS, L, D), SN_ERR_NULL_POINTER, ff, &o, &o0, "fwd y NULL");
+  check_bad(sn_groupnorm_fwd(o.y, o.mean, o.rstd, NULL, g, g, 2, 4, 3, 2, EPS, L, D), SN_ERR_NULL_POINTER, ff, &o, &o0, "fwd x NULL");
+  check_bad(sn_groupnorm_fwd(o.y, o.mean, o.rstd, x, g, g, 2, 0, 3, 2, EPS, L, D), SN_ERR_INVALID_SIZE, ff, &o, &o0, "fwd c 0");
+  check_bad(sn_groupnorm_fwd(o.y, o.mean, o.rstd, x, g, g, -2, 4, 3, 2, EPS, L, D), SN_ERR_INVALID_SIZE, ff, &o, &o0, "fwd n -2");
+  check_bad(sn_groupnorm_fwd(o.y, o.mean, o.rstd, x, g, g, 2, 4, -3, 2, EPS, L, D), SN_ERR_INVALID_SIZE, ff, &o, &o0, "fwd s -3");
+  check_bad(sn_groupnorm_fwd(o.y, o.mean, o.rstd, x, g, g, 2, 4, 3, 0, EPS, L, D), SN_ERR_INVALID_SIZE, ff, &o, &o0, "fwd groups 0");
+  check_bad(sn_groupnorm_fwd(o.y, o.mean, o.rstd, x, g, g, 2, 4, 3, -2, EPS, L, D), SN_ERR_INVALID_SIZE, ff, &o, &o0, "fwd groups -2");
+  check_bad(sn_groupnorm_fwd(o.y, o.mean, o.rstd, x, g, g, 2, 4, 3, 3, EPS, L, D), SN_ERR_INVALID_GROUPS, ff, &o, &o0, "fwd c % groups");
+  check_bad(sn_groupnorm_fwd(o.y, o.mean, o.rstd, x, g, g, 2, 4, 3, 8, EPS, L, D), SN_ERR_INVALID_GROUPS, ff, &o, &o0, "fwd groups > c");
+  check_bad(sn_groupnorm_fwd(o.y, o.mean, o.rstd, x, g, g, big, big, big, 1, EPS, L, D), SN_ERR_OVERFLOW, ff, &o, &o0, "fwd overflow");
+  const float bad_eps[4] = {0.0f, -1.0f, NAN, -INFINITY};
+  for (int i = 0; i < 4; i++)
+    check_bad(sn_groupnorm_fwd(o.y, o.mean, o.rstd, x, g, g, 2, 4, 3, 2, bad_eps[i], L, D), SN_ERR_INVALID_EPS, ff, &o, &o0, "fwd eps");
+  check_bad(sn_groupnorm_fwd(o.y, o.mean, o.rstd, x, g, g, 2, 4, 3, 2, EPS, BADL, D), SN_ERR_INVALID_LAYOUT, ff, &o, &o0, "fwd layout");
+  check_bad(sn_groupnorm_fwd(o.y, o.mean, o.rstd, x, g, g, 2, 4, 3, 2, EPS, L, F64), SN_ERR_INVALID_DTYPE, ff, &o, &o0, "fwd f64");
+  check_bad(sn_groupnorm_fwd(NULL, o.mean, o.rstd, NULL, g, g, 0, 4, 3, 3, EPS, L, D), SN_ERR_INVALID_GROUPS, ff, &o, &o0, "fwd empty, c % groups");
+  check_bad(sn_groupnorm_bwd(NULL, o.dg, o.db, dy, x, m, rs, g, 2, 4, 3, 2, L, D), SN_ERR_NULL_POINTER, fb, &o, &o0, "bwd dx NULL");
+  check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, NULL, x, m, rs, g, 2, 4, 3, 2, L, D), SN_ERR_NULL_POINTER, fb, &o, &o0, "bwd dy NULL");
+  check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, NULL, m, rs, g, 2, 4, 3, 2, L, D), SN_ERR_NULL_POINTER, fb, &o, &o0, "bwd x NULL");
+  check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, x, NULL, rs, g, 2, 4, 3, 2, L, D), SN_ERR_NULL_POINTER, fb, &o, &o0, "bwd mean NULL");
+  check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, x, m, NULL, g, 2, 4, 3, 2, L, D), SN_ERR_NULL_POINTER, fb, &o, &o0, "bwd rstd NULL");
+  check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 2, 4, 3, 0, L, D), SN_ERR_INVALID_SIZE, fb, &o, &o0, "bwd groups 0");
+  check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 2, 4, 3, 3, L, D), SN_ERR_INVALID_GROUPS, fb, &o, &o0, "bwd c % groups");
+  check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 2, -4, 3, 2, L, D), SN_ERR_INVALID_SIZE, fb, &o, &o0, "bwd c -4");
+  check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, big, big, big, 1, L, D), SN_ERR_OVERFLOW, fb, &o, &o0, "bwd overflow");
+  check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 2, 4, 3, 2, BADL, D), SN_ERR_INVALID_LAYOUT, fb, &o, &o0, "bwd layout");
+  check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 2, 4, 3, 2, L, (sn_dtype_t)4), SN_ERR_INVALID_DTYPE, fb, &o, &o0, "bwd dtype");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("groupnorm");
-  TCase *tc = tcase_create("placeholder");
-  tcase_add_test(tc, test_placeholder);
+  TCase *tc = tcase_create("core");
+  tcase_add_test(tc, test_fwd_bwd_vs_ref);
+  tcase_add_test(tc, test_bwd_vs_fd);
+  tcase_add_test(tc, test_adversarial);
+  tcase_add_test(tc, test_layouts_inplace_threads);
+  tcase_add_test(tc, test_empty_batch);
+  tcase_add_test(tc, test_bad_inputs);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

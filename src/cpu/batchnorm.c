@@ -1,2 +1,652 @@
-/* placeholder: work in progress */
-typedef int sn_placeholder_batchnorm_t;
+/*
+ * batchnorm.c — BatchNorm building blocks (Ioffe and Szegedy 2015; torch.nn.BatchNorm2d) for one
+ * rank's batch: shifted per-channel sums, finalize, apply, inference, backward sums and dx.
+ * SyncBatchNorm (dist/syncbn.c) all-reduces the sums between the steps.
+ *
+ * x is [N, C, S] (NCHW) or [N, S, C] (NHWC), S = H·W. A "row" is one (n, s) position: there are
+ * rows = N·S values per channel.
+ *
+ * Reduction order (sn_batchnorm_stats, sn_batchnorm_bwd_reduce). The rows are cut into fixed
+ * chunks that never straddle a sample unless a chunk holds whole samples (see red_chunks): up
+ * to 64 chunks of whole samples, or with fewer samples each sample in a few pieces. In a
+ * chunk with rows [b, e) the value of row r goes to lane (r − b) mod SN_LANES of its channel, each
+ * lane summing in row order from 0; the lanes are added in lane order, then the chunk partials
+ * in chunk order. The order depends on N and S only, so NCHW and NHWC give bitwise identical
+ * sums, for any thread count.
+ *   NCHW: a task is (chunk, channel): runs of planes, the lanes in registers. With pieces of
+ *         samples the tasks go in memory order (sample, channel, piece), so each thread streams
+ *         through memory.
+ *   NHWC: a task is (chunk, channel tile): whole rows, vectorized across channels, with
+ *         SN_LANES rows of per-channel accumulators in per-thread scratch.
+ * With S == 1 both layouts are the same memory [N, C] and the NHWC code runs.
+ *
+ * Elementwise passes (apply, infer, bwd_apply) use the shared f32 maps of norm_kernels.h with
+ * per-channel constants computed in fp64; NCHW is parallel over planes (split into pieces when
+ * there are few), NHWC over blocks of rows. They never allocate: bf16/f16 go through stack tiles,
+ * so apply and bwd_apply (which run after the all-reduce in SyncBatchNorm) cannot fail on memory.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "norm_kernels.h"
+
+#define LANE_MASK (SN_LANES - 1)
+_Static_assert((SN_LANES & (SN_LANES - 1)) == 0, "SN_LANES must be a power of two");
+
+/* ---- reduction kernels (f32 in, fp64 lanes) --------------------------------------------------- */
+
+/* NCHW run of one channel, x: [n], continuing the chunk's lanes; `lane` is the lane of x[0].
+ * acc: [2][SN_LANES]:  acc[0][l] += x − p,  acc[1][l] += (x − p)². */
+SN_CLONES static void stats_run(double *acc, const float *x, int64_t n, int lane, double p) {
+  int64_t i = 0;
+  for (; i < n && lane != 0; i++, lane = (lane + 1) & LANE_MASK) { /* up to lane 0 */
+    double v = (double)x[i] - p;
+    acc[lane] += v;
+    acc[SN_LANES + lane] += v * v;
+  }
+  if (i + SN_LANES <= n) { /* whole lane groups, accumulators in registers */
+    double s1[SN_LANES], s2[SN_LANES];
+    for (int k = 0; k < SN_LANES; k++) s1[k] = acc[k], s2[k] = acc[SN_LANES + k];
+    for (; i + SN_LANES <= n; i += SN_LANES)
+      for (int k = 0; k < SN_LANES; k++) {
+        double v = (double)x[i + k] - p;
+        s1[k] += v;
+        s2[k] += v * v;
+      }
+    for (int k = 0; k < SN_LANES; k++) acc[k] = s1[k], acc[SN_LANES + k] = s2[k];
+  }
+  for (int k = 0; i < n; i++, k++) { /* tail, starting at lane 0 */
+    double v = (double)x[i] - p;
+    acc[k] += v;
+    acc[SN_LANES + k] += v * v;
+  }
+}
+
+/* NCHW run of the backward sums, dy, x: [n]:  acc[0][l] += dy,  acc[1][l] += dy·(x − m). */
+SN_CLONES static void bwd_run(double *acc, const float *dy, const float *x, int64_t n, int lane,
+                              double m) {
+  int64_t i = 0;
+  for (; i < n && lane != 0; i++, lane = (lane + 1) & LANE_MASK) {
+    double g = (double)dy[i];
+    acc[lane] += g;
+    acc[SN_LANES + lane] += g * ((double)x[i] - m);
+  }
+  if (i + SN_LANES <= n) {
+    double s1[SN_LANES], s2[SN_LANES];
+    for (int k = 0; k < SN_LANES; k++) s1[k] = acc[k], s2[k] = acc[SN_LANES + k];
+    for (; i + SN_LANES <= n; i += SN_LANES)
+      for (int k = 0; k < SN_LANES; k++) {
+        double g = (double)dy[i + k];
+        s1[k] += g;
+        s2[k] += g * ((double)x[i + k] - m);
+      }
+    for (int k = 0; k < SN_LANES; k++) acc[k] = s1[k], acc[SN_LANES + k] = s2[k];
+  }
+  for (int k = 0; i < n; i++, k++) {
+    double g = (double)dy[i];
+    acc[k] += g;
+    acc[SN_LANES + k] += g * ((double)x[i] - m);
+  }
+}
+
+/* NHWC rows, x: [nr, ld], first ct channels; row r goes to lane (lane + r) mod SN_LANES.
+ * l1, l2: [SN_LANES][ls] accumulators (ls >= ct); p: [ct] shifts. Returns the next row's lane. */
+SN_CLONES static int stats_rows(double *restrict l1, double *restrict l2, int64_t ls,
+                                const float *x, int64_t nr, int64_t ld, int64_t ct,
+                                const double *restrict p, int lane) {
+  for (int64_t r = 0; r < nr; r++, lane = (lane + 1) & LANE_MASK) {
+    double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
+    const float *xr = x + r * ld;
+    int64_t c = 0;
+    for (; c + SN_VB <= ct; c += SN_VB) {
+      double t1[SN_VB], t2[SN_VB];
+      for (int k = 0; k < SN_VB; k++) {
+        double v = (double)xr[c + k] - p[c + k];
+        t1[k] = s1[c + k] + v;
+        t2[k] = s2[c + k] + v * v;
+      }
+      for (int k = 0; k < SN_VB; k++) s1[c + k] = t1[k];
+      for (int k = 0; k < SN_VB; k++) s2[c + k] = t2[k];
+    }
+    for (; c < ct; c++) {
+      double v = (double)xr[c] - p[c];
+      s1[c] += v;
+      s2[c] += v * v;
+    }
+  }
+  return lane;
+}
+
+/* NHWC rows of the backward sums: l1 += dy, l2 += dy·(x − m); m: [ct] means. */
+SN_CLONES static int bwd_rows(double *restrict l1, double *restrict l2, int64_t ls,
+                              const float *dy, const float *x, int64_t nr, int64_t ld, int64_t ct,
+                              const double *restrict m, int lane) {
+  for (int64_t r = 0; r < nr; r++, lane = (lane + 1) & LANE_MASK) {
+    double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
+    const float *gr = dy + r * ld, *xr = x + r * ld;
+    int64_t c = 0;
+    for (; c + SN_VB <= ct; c += SN_VB) {
+      double t1[SN_VB], t2[SN_VB];
+      for (int k = 0; k < SN_VB; k++) {
+        double g = (double)gr[c + k];
+        t1[k] = s1[c + k] + g;
+        t2[k] = s2[c + k] + g * ((double)xr[c + k] - m[c + k]);
+      }
+      for (int k = 0; k < SN_VB; k++) s1[c + k] = t1[k];
+      for (int k = 0; k < SN_VB; k++) s2[c + k] = t2[k];
+    }
+    for (; c < ct; c++) {
+      double g = (double)gr[c];
+      s1[c] += g;
+      s2[c] += g * ((double)xr[c] - m[c]);
+    }
+  }
+  return lane;
+}
+
+/* The NHWC kernels above load and store a lane row of accumulators for every input row; with a
+ * wide channel tile the [2][SN_LANES][ls] accumulators (32 KiB for 256 channels) do not stay in
+ * L1 next to the streamed rows. The grouped kernels below take GROUP_ROWS rows at a time,
+ * starting at lane 0: lane l gets rows l, l + 8, l + 16, l + 24 of the group in that order, so
+ * the sums and their order are those of stats_rows/bwd_rows, with one load and store of each
+ * accumulator per GROUP_K rows. (The m/j loops are unrolled so that GCC vectorizes the k loops;
+ * left to itself it tries the m loop and gives up.) */
+#define GROUP_K 4
+#define GROUP_ROWS (GROUP_K * SN_LANES)
+
+/* ng groups of GROUP_ROWS rows of x: [ng·GROUP_ROWS, ld], first ct channels (as stats_rows). */
+SN_CLONES static void stats_groups(double *restrict l1, double *restrict l2, int64_t ls,
+                                   const float *x, int64_t ng, int64_t ld, int64_t ct,
+                                   const double *restrict p) {
+  for (int64_t gi = 0; gi < ng; gi++) {
+    const float *xg = x + gi * GROUP_ROWS * ld;
+    for (int lane = 0; lane < SN_LANES; lane++) {
+      double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
+      int64_t c = 0;
+      for (; c + SN_VB <= ct; c += SN_VB) {
+        double t1[SN_VB], t2[SN_VB];
+        for (int k = 0; k < SN_VB; k++) t1[k] = s1[c + k], t2[k] = s2[c + k];
+#pragma GCC unroll 4
+        for (int m = 0; m < GROUP_K; m++) {
+          const float *xr = xg + (m * SN_LANES + lane) * ld + c;
+          for (int k = 0; k < SN_VB; k++) {
+            double v = (double)xr[k] - p[c + k];
+            t1[k] += v;
+            t2[k] += v * v;
+          }
+        }
+        for (int k = 0; k < SN_VB; k++) s1[c + k] = t1[k];
+        for (int k = 0; k < SN_VB; k++) s2[c + k] = t2[k];
+      }
+      for (; c < ct; c++) {
+        double a1 = s1[c], a2 = s2[c];
+        for (int m = 0; m < GROUP_K; m++) {
+          double v = (double)xg[(m * SN_LANES + lane) * ld + c] - p[c];
+          a1 += v;
+          a2 += v * v;
+        }
+        s1[c] = a1, s2[c] = a2;
+      }
+    }
+  }
+}
+
+/* ng groups of GROUP_ROWS rows of the backward sums (as bwd_rows). */
+SN_CLONES static void bwd_groups(double *restrict l1, double *restrict l2, int64_t ls,
+                                 const float *dy, const float *x, int64_t ng, int64_t ld,
+                                 int64_t ct, const double *restrict m) {
+  for (int64_t gi = 0; gi < ng; gi++) {
+    const float *gg = dy + gi * GROUP_ROWS * ld, *xg = x + gi * GROUP_ROWS * ld;
+    for (int lane = 0; lane < SN_LANES; lane++) {
+      double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
+      int64_t c = 0;
+      for (; c + SN_VB <= ct; c += SN_VB) {
+        double t1[SN_VB], t2[SN_VB];
+        for (int k = 0; k < SN_VB; k++) t1[k] = s1[c + k], t2[k] = s2[c + k];
+#pragma GCC unroll 4
+        for (int j = 0; j < GROUP_K; j++) {
+          const int64_t o = (j * SN_LANES + lane) * ld + c;
+          for (int k = 0; k < SN_VB; k++) {
+            double g = (double)gg[o + k];
+            t1[k] += g;
+            t2[k] += g * ((double)xg[o + k] - m[c + k]);
+          }
+        }
+        for (int k = 0; k < SN_VB; k++) s1[c + k] = t1[k];
+        for (int k = 0; k < SN_VB; k++) s2[c + k] = t2[k];
+      }
+      for (; c < ct; c++) {
+        double a1 = s1[c], a2 = s2[c];
+        for (int j = 0; j < GROUP_K; j++) {
+          const int64_t o = (j * SN_LANES + lane) * ld + c;
+          double g = (double)gg[o];
+          a1 += g;
+          a2 += g * ((double)xg[o] - m[c]);
+        }
+        s1[c] = a1, s2[c] = a2;
+      }
+    }
+  }
+}
+
+/* ---- reduction driver ------------------------------------------------------------------------- */
+
+typedef enum { RED_STATS, RED_BWD } red_kind_t;
+
+/* What to sum: RED_STATS: out1 = Σ (a − p_c), out2 = Σ (a − p_c)² with p = pivot (NULL = 0);
+ * RED_BWD: out1 = Σ a, out2 = rstd_c·Σ a·(b − mean_c) with a = dy, b = x. */
+typedef struct {
+  red_kind_t kind;
+  const void *a, *b;   /* [N, C, S] or [N, S, C], dtype */
+  const float *pivot;  /* [C] or NULL (stats) */
+  const double *mean;  /* [C] (bwd) */
+  const float *rstd;   /* [C] (bwd) */
+} red_t;
+
+static inline double red_shift(const red_t *op, int64_t c) {
+  if (op->kind == RED_BWD) return op->mean[c];
+  return op->pivot ? (double)op->pivot[c] : 0.0;
+}
+
+/* Elements [off, off+n) of one channel's run into acc, lane of the first element `lane`. */
+static void red_span(const red_t *op, double *acc, int64_t off, int64_t n, int lane, double shift,
+                     sn_dtype_t dtype) {
+  float ta[SN_TILE], tb[SN_TILE];
+  for (int64_t i = 0; i < n;) {
+    int64_t m = dtype == SN_DTYPE_F32 ? n : sn__min64(SN_TILE, n - i);
+    const float *pa = sn__in_row(op->a, off + i, m, dtype, ta);
+    if (op->kind == RED_STATS) {
+      stats_run(acc, pa, m, lane, shift);
+    } else {
+      const float *pb = sn__in_row(op->b, off + i, m, dtype, tb);
+      bwd_run(acc, pa, pb, m, lane, shift);
+    }
+    lane = (int)((lane + m) & LANE_MASK);
+    i += m;
+  }
+}
+
+/* Rows per reduction chunk at least (so that small batches are not cut into tiny tasks). */
+#define RED_MIN_ROWS 128
+
+/* The fixed reduction chunks of N samples of S rows, a function of N and S only:
+ * Kmax = clamp(N·S / RED_MIN_ROWS, 1, SN_RED_CHUNKS); N >= Kmax: Kmax chunks of whole samples;
+ * else each sample in P = min(S, ⌈Kmax/N⌉) pieces. */
+typedef struct {
+  int64_t N, S;
+  int64_t per;   /* pieces per sample, or 0: chunks of whole samples */
+  int64_t K;     /* number of chunks */
+} red_chunks_t;
+
+static red_chunks_t red_chunks(int64_t N, int64_t S) {
+  int64_t kmax = N * S / RED_MIN_ROWS;
+  kmax = kmax < 1 ? 1 : kmax > SN_RED_CHUNKS ? SN_RED_CHUNKS : kmax;
+  red_chunks_t ch = {N, S, 0, kmax};
+  if (N < kmax) {
+    const int64_t want = (kmax + N - 1) / N;
+    ch.per = want < S ? want : S;
+    ch.K = N * ch.per;
+  }
+  return ch;
+}
+
+/* First row of chunk k (k == K gives N·S). */
+static int64_t red_begin(const red_chunks_t *ch, int64_t k) {
+  if (ch->per == 0) return sn__chunk_begin(k, ch->N, ch->K) * ch->S;
+  const int64_t n = k / ch->per, j = k % ch->per;
+  return n * ch->S + sn__chunk_begin(j, ch->S, ch->per);
+}
+
+/* Chunk partials of the NCHW layout. part: [K][C][2]. */
+static void reduce_nchw(const red_t *op, double *part, const red_chunks_t *ch, int64_t C,
+                        sn_dtype_t dtype) {
+  const int64_t S = ch->S, K = ch->K, P = ch->per;
+#pragma omp parallel for schedule(static) if (ch->N * S * C >= SN_PAR_MIN)
+  for (int64_t t = 0; t < K * C; t++) {
+    /* task order: (sample, channel, piece) = memory order when chunks are pieces of samples */
+    const int64_t k = P ? (t / (C * P)) * P + t % P : t / C, c = P ? (t / P) % C : t % C;
+    const int64_t b = red_begin(ch, k), e = red_begin(ch, k + 1);
+    const double shift = red_shift(op, c);
+    double acc[2 * SN_LANES] = {0};
+    for (int64_t r = b; r < e;) { /* the chunk's rows, one plane segment at a time */
+      const int64_t n = r / S, s0 = r - n * S, len = sn__min64(S - s0, e - r);
+      red_span(op, acc, (n * C + c) * S + s0, len, (int)((r - b) & LANE_MASK), shift, dtype);
+      r += len;
+    }
+    double s1 = 0.0, s2 = 0.0;
+    for (int l = 0; l < SN_LANES; l++) s1 += acc[l], s2 += acc[SN_LANES + l];
+    part[(k * C + c) * 2 + 0] = s1;
+    part[(k * C + c) * 2 + 1] = s2;
+  }
+}
+
+/* Lane stride of the NHWC accumulators: the tile width rounded up to 8 doubles (64 bytes), so
+ * every lane row starts on a cache line. */
+static int64_t lane_stride(int64_t C) { return (sn__min64(C, SN_TILE_C) + 7) & ~(int64_t)7; }
+
+/* Chunk partials of the NHWC layout. part: [K][C][2]; scratch (64-byte aligned): per thread
+ * (2·SN_LANES + 1)·lane_stride(C) doubles. */
+static void reduce_nhwc(const red_t *op, double *part, double *scratch, int nt,
+                        const red_chunks_t *ch, int64_t C, sn_dtype_t dtype) {
+  const int64_t rows = ch->N * ch->S, K = ch->K;
+  const int64_t ls = lane_stride(C), tiles = (C + SN_TILE_C - 1) / SN_TILE_C;
+#pragma omp parallel num_threads(nt) if (rows * C >= SN_PAR_MIN)
+  {
+    double *l1 = scratch + (int64_t)sn__thread_num() * (2 * SN_LANES + 1) * ls;
+    double *l2 = l1 + SN_LANES * ls, *shift = l2 + SN_LANES * ls; /* [8][ls], [8][ls], [ls] */
+    float ta[SN_TILE], tb[SN_TILE];
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < K * tiles; t++) {
+      const int64_t k = t / tiles, c0 = (t % tiles) * SN_TILE_C, ct = sn__min64(SN_TILE_C, C - c0);
+      const int64_t b = red_begin(ch, k), e = red_begin(ch, k + 1);
+      memset(l1, 0, (size_t)(2 * SN_LANES * ls) * sizeof(double)); /* l1 and l2 */
+      for (int64_t j = 0; j < ct; j++) shift[j] = red_shift(op, c0 + j);
+      /* grouped kernels where the lanes outgrow L1 (measured: slower up to 128 channels) */
+      const int grouped = ls > 128;
+      int64_t per = sn__rows_per_block(e - b, C, ct, dtype);
+      if (per > GROUP_ROWS && per < e - b) per -= per % GROUP_ROWS; /* blocks of whole groups */
+      int lane = 0;
+      for (int64_t r = b; r < e; r += per) {
+        const int64_t nr = sn__min64(per, e - r), off = r * C + c0, span = (nr - 1) * C + ct;
+        const int64_t ng = grouped && lane == 0 ? nr / GROUP_ROWS : 0, done = ng * GROUP_ROWS;
+        const float *pa = sn__in_row(op->a, off, span, dtype, ta);
+        if (op->kind == RED_STATS) {
+          if (ng) stats_groups(l1, l2, ls, pa, ng, C, ct, shift);
+          lane = stats_rows(l1, l2, ls, pa + done * C, nr - done, C, ct, shift, lane);
+        } else {
+          const float *pb = sn__in_row(op->b, off, span, dtype, tb);
+          if (ng) bwd_groups(l1, l2, ls, pa, pb, ng, C, ct, shift);
+          lane = bwd_rows(l1, l2, ls, pa + done * C, pb + done * C, nr - done, C, ct, shift, lane);
+        }
+      }
+      for (int64_t j = 0; j < ct; j++) { /* lanes in lane order, as in reduce_nchw */
+        double s1 = 0.0, s2 = 0.0;
+        for (int l = 0; l < SN_LANES; l++) s1 += l1[l * ls + j], s2 += l2[l * ls + j];
+        part[(k * C + c0 + j) * 2 + 0] = s1;
+        part[(k * C + c0 + j) * 2 + 1] = s2;
+      }
+    }
+  }
+}
+
+/* out1, out2: [C] f64 (=), as described at red_t; rows = N·S > 0. Allocates the chunk partials
+ * (and NHWC lane scratch) first, so SN_ERR_ALLOC leaves the outputs untouched. */
+static sn_status_t bn_reduce(const char *fn, double *out1, double *out2, const red_t *op,
+                             int64_t N, int64_t C, int64_t S, sn_layout_t layout,
+                             sn_dtype_t dtype) {
+  const red_chunks_t ch = red_chunks(N, S);
+  const int64_t K = ch.K;
+  const int nt = sn__max_threads();
+  const int nhwc = layout == SN_LAYOUT_NHWC || S == 1;
+  sn_status_t st;
+  double *part = sn__alloc(fn, K, 2 * C, (int64_t)sizeof(double), &st), *scratch = NULL;
+  if (part == NULL) return st;
+  if (nhwc) {
+    scratch = sn__alloc(fn, nt, (2 * SN_LANES + 1) * lane_stride(C), (int64_t)sizeof(double), &st);
+    if (scratch == NULL) {
+      sn__free(part);
+      return st;
+    }
+    reduce_nhwc(op, part, scratch, nt, &ch, C, dtype);
+  } else {
+    reduce_nchw(op, part, &ch, C, dtype);
+  }
+#pragma omp parallel for schedule(static) if (C * K >= SN_PAR_MIN)
+  for (int64_t c = 0; c < C; c++) { /* chunk partials in chunk order */
+    double s1 = 0.0, s2 = 0.0;
+    for (int64_t k = 0; k < K; k++) s1 += part[(k * C + c) * 2 + 0], s2 += part[(k * C + c) * 2 + 1];
+    out1[c] = s1;
+    out2[c] = op->kind == RED_BWD ? s2 * (double)op->rstd[c] : s2;
+  }
+  sn__free(scratch);
+  sn__free(part);
+  return SN_OK;
+}
+
+/* ---- elementwise driver ------------------------------------------------------------------------ */
+
+typedef enum { EW_APPLY, EW_INFER, EW_BWD, EW_BWD_EVAL } ew_kind_t;
+
+/* One elementwise pass: out = map(in) (or map(in, x) for EW_BWD) with per-channel constants. */
+typedef struct {
+  ew_kind_t kind;
+  const double *mean;                /* [C] f64 batch mean (apply, bwd) */
+  const float *rstd;                 /* [C] (apply, bwd, bwd eval) */
+  const float *rmean, *rvar;         /* [C] running statistics (infer) */
+  const float *gamma, *beta;         /* [C] or NULL */
+  const double *sum_dy, *sum_dy_xhat; /* [C] global backward sums (bwd) */
+  double eps, count;
+} ew_t;
+
+/* The f32 constants (hi, lo, a, b, e) of channel c for the maps of norm_kernels.h, in fp64:
+ *   apply:    hi + lo = mean, a = gamma·rstd, b = beta
+ *   infer:    hi = running_mean, lo = 0, a = gamma/√(running_var + eps), b = beta
+ *   bwd:      k = gamma·rstd: a = k, b = k·Σdy/count, e = k·rstd·Σdy·x̂/count, hi + lo = mean
+ *   bwd eval: dx = dy·gamma·rstd, run as the forward map of dy with hi = lo = b = 0. */
+static void ew_consts(const ew_t *op, int64_t c, float *hi, float *lo, float *a, float *b,
+                      float *e) {
+  const double g = op->gamma ? (double)op->gamma[c] : 1.0;
+  *hi = *lo = *a = *b = *e = 0.0f;
+  switch (op->kind) {
+    case EW_APPLY:
+      sn__split_f64(op->mean[c], hi, lo);
+      *a = (float)(g * (double)op->rstd[c]);
+      *b = op->beta ? op->beta[c] : 0.0f;
+      break;
+    case EW_INFER:
+      *hi = op->rmean[c];
+      *a = (float)(g / sqrt((double)op->rvar[c] + op->eps));
+      *b = op->beta ? op->beta[c] : 0.0f;
+      break;
+    case EW_BWD: {
+      const double k = g * (double)op->rstd[c];
+      sn__split_f64(op->mean[c], hi, lo);
+      *a = (float)k;
+      *b = (float)(k * (op->sum_dy[c] / op->count));
+      *e = (float)(k * (double)op->rstd[c] * (op->sum_dy_xhat[c] / op->count));
+      break;
+    }
+    case EW_BWD_EVAL:
+      *a = (float)(g * (double)op->rstd[c]);
+      break;
+  }
+}
+
+/* NCHW: tasks are planes (n, c), cut into pieces when there are fewer than 4 per thread (any
+ * split gives the same bits: the map is elementwise). */
+static void ew_nchw(const ew_t *op, void *out, const void *in, const void *x, int64_t N,
+                    int64_t C, int64_t S, sn_dtype_t dtype) {
+  const int64_t planes = N * C, want = 4 * (int64_t)sn__max_threads();
+  int64_t pieces = 1;
+  if (planes < want) {
+    const int64_t most = S / 4096 > 1 ? S / 4096 : 1; /* pieces of at least 4096 elements */
+    pieces = sn__min64((want + planes - 1) / planes, most);
+  }
+#pragma omp parallel for schedule(static) if (planes * S >= SN_PAR_MIN)
+  for (int64_t t = 0; t < planes * pieces; t++) {
+    const int64_t plane = t / pieces, piece = t % pieces;
+    const int64_t b = sn__chunk_begin(piece, S, pieces), e = sn__chunk_begin(piece + 1, S, pieces);
+    float hi, lo, a, bb, ee;
+    ew_consts(op, plane % C, &hi, &lo, &a, &bb, &ee);
+    if (op->kind == EW_BWD)
+      sn__affbwd_span(out, in, x, plane * S + b, e - b, hi, lo, a, bb, ee, dtype);
+    else
+      sn__aff_span(out, in, plane * S + b, e - b, hi, lo, a, bb, dtype);
+  }
+}
+
+/* NHWC (and S == 1): for each channel tile every thread builds the constants, then the rows are
+ * shared out in blocks of about 16K elements. */
+static void ew_nhwc(const ew_t *op, void *out, const void *in, const void *x, int64_t rows,
+                    int64_t C, sn_dtype_t dtype) {
+  const int64_t rb = sn__min64(C, SN_TILE_C) >= 16384 ? 1 : 16384 / sn__min64(C, SN_TILE_C);
+  const int64_t blocks = (rows + rb - 1) / rb;
+#pragma omp parallel if (rows * C >= SN_PAR_MIN)
+  {
+    sn__chan_tile_t p;
+    for (int64_t c0 = 0; c0 < C; c0 += SN_TILE_C) {
+      const int64_t ct = sn__min64(SN_TILE_C, C - c0);
+      for (int64_t j = 0; j < ct; j++)
+        ew_consts(op, c0 + j, &p.hi[j], &p.lo[j], &p.a[j], &p.b[j], &p.e[j]);
+#pragma omp for schedule(static)
+      for (int64_t blk = 0; blk < blocks; blk++) {
+        const int64_t r0 = blk * rb, r1 = sn__min64(rows, r0 + rb);
+        if (op->kind == EW_BWD)
+          sn__affbwd_rowspan(out, in, x, r0, r1, C, c0, ct, &p, dtype);
+        else
+          sn__aff_rowspan(out, in, r0, r1, C, c0, ct, &p, dtype);
+      }
+    }
+  }
+}
+
+static void ew_run(const ew_t *op, void *out, const void *in, const void *x, int64_t N, int64_t C,
+                   int64_t S, sn_layout_t layout, sn_dtype_t dtype) {
+  if (layout == SN_LAYOUT_NHWC || S == 1)
+    ew_nhwc(op, out, in, x, N * S, C, dtype);
+  else
+    ew_nchw(op, out, in, x, N, C, S, dtype);
+}
+
+/* ---- public entry points ---------------------------------------------------------------------- */
+
+sn_status_t sn_batchnorm_stats(double *sum, double *sumsq, const void *x, const float *pivot,
+                               int64_t n, int64_t c, int64_t s, sn_layout_t layout,
+                               sn_dtype_t dtype) {
+  static const char fn[] = "sn_batchnorm_stats";
+  int64_t rows;
+  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_layout(fn, layout));
+  SN_TRY(sn__check_act_dtype(fn, dtype));
+  SN_TRY(sn__check_ptr(fn, "sum", sum));
+  SN_TRY(sn__check_ptr(fn, "sumsq", sumsq));
+  if (rows == 0) { /* an empty local batch contributes zero sums */
+    for (int64_t ch = 0; ch < c; ch++) sum[ch] = 0.0, sumsq[ch] = 0.0;
+    return SN_OK;
+  }
+  SN_TRY(sn__check_ptr(fn, "x", x));
+  const red_t op = {RED_STATS, x, NULL, pivot, NULL, NULL};
+  return bn_reduce(fn, sum, sumsq, &op, n, c, s, layout, dtype);
+}
+
+sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, const double *sum,
+                                  const double *sumsq, const float *pivot, int64_t count,
+                                  int64_t c, float eps) {
+  static const char fn[] = "sn_batchnorm_finalize";
+  SN_TRY(sn__check_size(fn, "c", c, 1));
+  if (count <= 1)
+    return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
+                    "%s: expected more than 1 value per channel when training, got count %lld", fn,
+                    (long long)count);
+  SN_TRY(sn__check_eps(fn, eps));
+  SN_TRY(sn__check_ptr(fn, "mean", mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  SN_TRY(sn__check_ptr(fn, "sum", sum));
+  SN_TRY(sn__check_ptr(fn, "sumsq", sumsq));
+  const double inv = 1.0 / (double)count;
+  for (int64_t ch = 0; ch < c; ch++) {
+    const double d = sum[ch] * inv;      /* mean − pivot */
+    double v = sumsq[ch] * inv - d * d;  /* biased variance; fp64 cancellation only */
+    if (v < 0.0) v = 0.0;                /* rounding can leave a tiny negative */
+    const double p = pivot ? (double)pivot[ch] : 0.0;
+    mean[ch] = p + d;
+    if (var) var[ch] = (float)v;
+    rstd[ch] = (float)(1.0 / sqrt(v + (double)eps));
+  }
+  return SN_OK;
+}
+
+sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean, const float *rstd,
+                               const float *gamma, const float *beta, int64_t n, int64_t c,
+                               int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
+  static const char fn[] = "sn_batchnorm_apply";
+  int64_t rows;
+  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_layout(fn, layout));
+  SN_TRY(sn__check_act_dtype(fn, dtype));
+  SN_TRY(sn__check_ptr(fn, "mean", mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  if (rows == 0) return SN_OK;
+  SN_TRY(sn__check_ptr(fn, "y", y));
+  SN_TRY(sn__check_ptr(fn, "x", x));
+  const ew_t op = {.kind = EW_APPLY, .mean = mean, .rstd = rstd, .gamma = gamma, .beta = beta};
+  ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
+  return SN_OK;
+}
+
+sn_status_t sn_batchnorm_infer(void *y, const void *x, const float *running_mean,
+                               const float *running_var, const float *gamma, const float *beta,
+                               int64_t n, int64_t c, int64_t s, float eps, sn_layout_t layout,
+                               sn_dtype_t dtype) {
+  static const char fn[] = "sn_batchnorm_infer";
+  int64_t rows;
+  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_eps(fn, eps));
+  SN_TRY(sn__check_layout(fn, layout));
+  SN_TRY(sn__check_act_dtype(fn, dtype));
+  SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
+  SN_TRY(sn__check_ptr(fn, "running_var", running_var));
+  if (rows == 0) return SN_OK;
+  SN_TRY(sn__check_ptr(fn, "y", y));
+  SN_TRY(sn__check_ptr(fn, "x", x));
+  const ew_t op = {.kind = EW_INFER, .rmean = running_mean, .rvar = running_var,
+                   .gamma = gamma, .beta = beta, .eps = (double)eps};
+  ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
+  return SN_OK;
+}
+
+sn_status_t sn_batchnorm_bwd_reduce(double *sum_dy, double *sum_dy_xhat, const void *dy,
+                                    const void *x, const double *mean, const float *rstd,
+                                    int64_t n, int64_t c, int64_t s, sn_layout_t layout,
+                                    sn_dtype_t dtype) {
+  static const char fn[] = "sn_batchnorm_bwd_reduce";
+  int64_t rows;
+  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_layout(fn, layout));
+  SN_TRY(sn__check_act_dtype(fn, dtype));
+  SN_TRY(sn__check_ptr(fn, "sum_dy", sum_dy));
+  SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", sum_dy_xhat));
+  SN_TRY(sn__check_ptr(fn, "mean", mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  if (rows == 0) {
+    for (int64_t ch = 0; ch < c; ch++) sum_dy[ch] = 0.0, sum_dy_xhat[ch] = 0.0;
+    return SN_OK;
+  }
+  SN_TRY(sn__check_ptr(fn, "dy", dy));
+  SN_TRY(sn__check_ptr(fn, "x", x));
+  /* Σ dy·x̂ = rstd·Σ dy·(x − mean): one multiply per channel instead of per element. */
+  const red_t op = {RED_BWD, dy, x, NULL, mean, rstd};
+  return bn_reduce(fn, sum_dy, sum_dy_xhat, &op, n, c, s, layout, dtype);
+}
+
+sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *x, const double *mean,
+                                   const float *rstd, const float *gamma, const double *sum_dy,
+                                   const double *sum_dy_xhat, int64_t count, int64_t n, int64_t c,
+                                   int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
+  static const char fn[] = "sn_batchnorm_bwd_apply";
+  int64_t rows;
+  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_layout(fn, layout));
+  SN_TRY(sn__check_act_dtype(fn, dtype));
+  SN_TRY(sn__check_ptr(fn, "mean", mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  const int eval = sum_dy == NULL && sum_dy_xhat == NULL;
+  if (!eval) {
+    SN_TRY(sn__check_ptr(fn, "sum_dy", sum_dy));
+    SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", sum_dy_xhat));
+    if (count <= 0)
+      return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
+                      "%s: count must be > 0 when sum_dy and sum_dy_xhat are given, got %lld", fn,
+                      (long long)count);
+  }
+  if (rows == 0) return SN_OK;
+  SN_TRY(sn__check_ptr(fn, "dx", dx));
+  SN_TRY(sn__check_ptr(fn, "dy", dy));
+  SN_TRY(sn__check_ptr(fn, "x", x));
+  const ew_t op = {.kind = eval ? EW_BWD_EVAL : EW_BWD, .mean = mean, .rstd = rstd,
+                   .gamma = gamma, .sum_dy = sum_dy, .sum_dy_xhat = sum_dy_xhat,
+                   .count = (double)count};
+  ew_run(&op, dx, dy, x, n, c, s, layout, dtype);
+  return SN_OK;
+}

@@ -1,2 +1,425 @@
-/* placeholder: work in progress */
-typedef int sn_placeholder_groupnorm_t;
+/*
+ * groupnorm.c — GroupNorm (Wu and He 2018; torch.nn.GroupNorm), forward and backward.
+ *
+ * x is [N, C, S] (NCHW) or [N, S, C] (NHWC), S = H·W; G groups of Cg = C/G consecutive
+ * channels; group (n, g) holds L = Cg·S values. mean, rstd: [N, G] f32.
+ *
+ * Forward statistics are fp64 two-pass per group: mean = Σx/L, then var = Σ(x − mean)²/L.
+ *   NCHW: a group is one contiguous run of L values. Tasks are the N·G groups; each does its two
+ *         reductions (fixed-lane sums) and writes its Cg output planes while the group is in cache.
+ *   NHWC: a group is strided inside each row. Tasks are the N samples; per-channel column sums
+ *         over the S rows (vectorized across channels, fp64) are folded into groups in channel
+ *         order, then the sample's rows are normalized.
+ * Backward, per group, with d = x − mean_saved (mean_saved the f32 mean from the forward):
+ *   one pass gathers per channel Σd, Σdy and Σdy·d (fp64); μ_d = Σd/L re-centres
+ *   x̂ = (d − μ_d)·rstd, so a rounded saved mean costs nothing; with g = dy·gamma_c,
+ *   mean(g) = Σ_c gamma_c·Σdy / L and mean(g·x̂) = rstd·(Σ_c gamma_c·Σdy·d − μ_d·Σ_c gamma_c·Σdy)/L;
+ *   a second pass writes dx = rstd·(g − mean(g) − x̂·mean(g·x̂)).
+ *   dgamma_c = Σ_n rstd·(Σdy·d − μ_d·Σdy) and dbeta_c = Σ_n Σdy are summed over n in order.
+ * Each group is computed by one thread in a fixed order, and dgamma/dbeta by channel in n order:
+ * results are bitwise identical for any thread count. Parallelism is over groups (NCHW) or
+ * samples (NHWC), so N·G (NCHW) or N (NHWC) below the thread count leaves threads idle.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "norm_kernels.h"
+
+/* ---- kernels ---------------------------------------------------------------------------------- */
+
+/* Column sums of rows: acc[c] += x[r·ld + c] for r < nr, c < ct (fp64). */
+SN_CLONES static void col_sum(double *restrict acc, const float *x, int64_t nr, int64_t ld,
+                              int64_t ct) {
+  for (int64_t r = 0; r < nr; r++) {
+    const float *xr = x + r * ld;
+    int64_t c = 0;
+    for (; c + SN_VB <= ct; c += SN_VB) {
+      double t[SN_VB];
+      for (int k = 0; k < SN_VB; k++) t[k] = acc[c + k] + (double)xr[c + k];
+      for (int k = 0; k < SN_VB; k++) acc[c + k] = t[k];
+    }
+    for (; c < ct; c++) acc[c] += (double)xr[c];
+  }
+}
+
+/* acc[c] += (x[r·ld + c] − m[c])² (fp64). */
+SN_CLONES static void col_sumsq(double *restrict acc, const float *x, int64_t nr, int64_t ld,
+                                int64_t ct, const double *restrict m) {
+  for (int64_t r = 0; r < nr; r++) {
+    const float *xr = x + r * ld;
+    int64_t c = 0;
+    for (; c + SN_VB <= ct; c += SN_VB) {
+      double t[SN_VB];
+      for (int k = 0; k < SN_VB; k++) {
+        double v = (double)xr[c + k] - m[c + k];
+        t[k] = acc[c + k] + v * v;
+      }
+      for (int k = 0; k < SN_VB; k++) acc[c + k] = t[k];
+    }
+    for (; c < ct; c++) {
+      double v = (double)xr[c] - m[c];
+      acc[c] += v * v;
+    }
+  }
+}
+
+/* Backward column sums with d = x − m[c]: sd[c] += d, sg[c] += dy, sgd[c] += dy·d (fp64). */
+SN_CLONES static void col_bwd(double *restrict sd, double *restrict sg, double *restrict sgd,
+                              const float *dy, const float *x, int64_t nr, int64_t ld, int64_t ct,
+                              const double *restrict m) {
+  for (int64_t r = 0; r < nr; r++) {
+    const float *gr = dy + r * ld, *xr = x + r * ld;
+    int64_t c = 0;
+    for (; c + SN_VB <= ct; c += SN_VB) {
+      double t1[SN_VB], t2[SN_VB], t3[SN_VB];
+      for (int k = 0; k < SN_VB; k++) {
+        double d = (double)xr[c + k] - m[c + k], g = (double)gr[c + k];
+        t1[k] = sd[c + k] + d;
+        t2[k] = sg[c + k] + g;
+        t3[k] = sgd[c + k] + g * d;
+      }
+      for (int k = 0; k < SN_VB; k++) sd[c + k] = t1[k];
+      for (int k = 0; k < SN_VB; k++) sg[c + k] = t2[k];
+      for (int k = 0; k < SN_VB; k++) sgd[c + k] = t3[k];
+    }
+    for (; c < ct; c++) {
+      double d = (double)xr[c] - m[c], g = (double)gr[c];
+      sd[c] += d;
+      sg[c] += g;
+      sgd[c] += g * d;
+    }
+  }
+}
+
+/* One contiguous run, SN_LANES lanes per sum (lane k gets elements i ≡ k mod SN_LANES):
+ * acc[0][k] += d, acc[1][k] += dy, acc[2][k] += dy·d with d = x − m. */
+SN_CLONES static void run_bwd(double *acc, const float *dy, const float *x, int64_t n, double m) {
+  double s1[SN_LANES], s2[SN_LANES], s3[SN_LANES];
+  for (int k = 0; k < SN_LANES; k++)
+    s1[k] = acc[k], s2[k] = acc[SN_LANES + k], s3[k] = acc[2 * SN_LANES + k];
+  int64_t i = 0;
+  for (; i + SN_LANES <= n; i += SN_LANES)
+    for (int k = 0; k < SN_LANES; k++) {
+      double d = (double)x[i + k] - m, g = (double)dy[i + k];
+      s1[k] += d;
+      s2[k] += g;
+      s3[k] += g * d;
+    }
+  for (int k = 0; k < SN_LANES; k++)
+    acc[k] = s1[k], acc[SN_LANES + k] = s2[k], acc[2 * SN_LANES + k] = s3[k];
+  for (int k = 0; i < n; i++, k++) {
+    double d = (double)x[i] - m, g = (double)dy[i];
+    acc[k] += d;
+    acc[SN_LANES + k] += g;
+    acc[2 * SN_LANES + k] += g * d;
+  }
+}
+
+/* ---- contiguous runs of any dtype (NCHW) ------------------------------------------------------ */
+
+/* Σ x over elements [off, off+n) in fp64 (fixed lanes; bf16/f16 tile by tile, in order). */
+static double span_sum(const void *x, int64_t off, int64_t n, sn_dtype_t dtype) {
+  if (dtype == SN_DTYPE_F32) return sn__sum_f64((const float *)x + off, n);
+  float t[SN_TILE];
+  double s = 0.0;
+  for (int64_t i = 0; i < n; i += SN_TILE) {
+    int64_t m = sn__min64(SN_TILE, n - i);
+    sn__to_f32(t, x, off + i, m, dtype);
+    s += sn__sum_f64(t, m);
+  }
+  return s;
+}
+
+/* Σ (x − shift)² over elements [off, off+n) in fp64. */
+static double span_sumsq(const void *x, int64_t off, int64_t n, double shift, sn_dtype_t dtype) {
+  if (dtype == SN_DTYPE_F32) return sn__sumsq_shifted_f64((const float *)x + off, n, shift);
+  float t[SN_TILE];
+  double s = 0.0;
+  for (int64_t i = 0; i < n; i += SN_TILE) {
+    int64_t m = sn__min64(SN_TILE, n - i);
+    sn__to_f32(t, x, off + i, m, dtype);
+    s += sn__sumsq_shifted_f64(t, m, shift);
+  }
+  return s;
+}
+
+/* out[0..2] = Σ d, Σ dy, Σ dy·d over elements [off, off+n), d = x − m. */
+static void span_bwd(double out[3], const void *dy, const void *x, int64_t off, int64_t n,
+                     double m, sn_dtype_t dtype) {
+  double acc[3 * SN_LANES] = {0};
+  if (dtype == SN_DTYPE_F32) {
+    run_bwd(acc, (const float *)dy + off, (const float *)x + off, n, m);
+  } else {
+    float tg[SN_TILE], tx[SN_TILE]; /* SN_TILE is a multiple of SN_LANES: lanes line up */
+    for (int64_t i = 0; i < n; i += SN_TILE) {
+      int64_t len = sn__min64(SN_TILE, n - i);
+      sn__to_f32(tg, dy, off + i, len, dtype);
+      sn__to_f32(tx, x, off + i, len, dtype);
+      run_bwd(acc, tg, tx, len, m);
+    }
+  }
+  for (int q = 0; q < 3; q++) {
+    double s = 0.0;
+    for (int k = 0; k < SN_LANES; k++) s += acc[q * SN_LANES + k];
+    out[q] = s;
+  }
+}
+
+/* ---- rows of any dtype (NHWC) ----------------------------------------------------------------- */
+
+/* Column reductions over rows [r0, r1) of an [rows, C] activation, channel tile by channel tile:
+ * kind 0: acc[c] += x; kind 1: acc[c] += (x − m[c])²; kind 2: col_bwd into acc, acc+C, acc+2C.
+ * acc: [C] (kind 0, 1) or [3][C] (kind 2), accumulated (+=). */
+static void rows_reduce(int kind, double *acc, const void *dy, const void *x, const double *m,
+                        int64_t r0, int64_t r1, int64_t C, sn_dtype_t dtype) {
+  float tg[SN_TILE], tx[SN_TILE];
+  for (int64_t c0 = 0; c0 < C; c0 += SN_TILE_C) {
+    const int64_t ct = sn__min64(SN_TILE_C, C - c0), per = sn__rows_per_block(r1 - r0, C, ct, dtype);
+    for (int64_t r = r0; r < r1; r += per) {
+      const int64_t nr = sn__min64(per, r1 - r), off = r * C + c0, span = (nr - 1) * C + ct;
+      const float *xb = sn__in_row(x, off, span, dtype, tx);
+      if (kind == 0) {
+        col_sum(acc + c0, xb, nr, C, ct);
+      } else if (kind == 1) {
+        col_sumsq(acc + c0, xb, nr, C, ct, m + c0);
+      } else {
+        const float *gb = sn__in_row(dy, off, span, dtype, tg);
+        col_bwd(acc + c0, acc + C + c0, acc + 2 * C + c0, gb, xb, nr, C, ct, m + c0);
+      }
+    }
+  }
+}
+
+/* ---- validation ------------------------------------------------------------------------------- */
+
+static sn_status_t check_gn(const char *fn, int64_t n, int64_t c, int64_t s, int64_t groups,
+                            sn_layout_t layout, sn_dtype_t dtype, int64_t *rows) {
+  SN_TRY(sn__check_ncs(fn, n, c, s, rows));
+  SN_TRY(sn__check_size(fn, "groups", groups, 1));
+  if (c % groups != 0)
+    return sn__fail(SN_ERR_INVALID_GROUPS, "%s: c (%lld) must be divisible by groups (%lld)", fn,
+                    (long long)c, (long long)groups);
+  SN_TRY(sn__check_layout(fn, layout));
+  SN_TRY(sn__check_act_dtype(fn, dtype));
+  return SN_OK;
+}
+
+/* ---- forward ---------------------------------------------------------------------------------- */
+
+static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const float *gamma,
+                        const float *beta, int64_t N, int64_t C, int64_t S, int64_t G, double eps,
+                        sn_dtype_t dtype) {
+  const int64_t Cg = C / G, L = Cg * S;
+#pragma omp parallel for schedule(static) if (N * C * S >= SN_PAR_MIN)
+  for (int64_t t = 0; t < N * G; t++) {
+    const int64_t n = t / G, g = t % G, off = (n * C + g * Cg) * S;
+    const double mu = span_sum(x, off, L, dtype) / (double)L;
+    const double rs = 1.0 / sqrt(span_sumsq(x, off, L, mu, dtype) / (double)L + eps);
+    if (mean) mean[t] = (float)mu;
+    if (rstd) rstd[t] = (float)rs;
+    float hi, lo;
+    sn__split_f64(mu, &hi, &lo);
+    for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
+      const float a = (float)(rs * (gamma ? (double)gamma[ch] : 1.0));
+      sn__aff_span(y, x, (n * C + ch) * S, S, hi, lo, a, beta ? beta[ch] : 0.0f, dtype);
+    }
+  }
+}
+
+/* Per-thread scratch of n doubles, rounded up to whole cache lines (8 doubles). */
+static int64_t per_thread(int64_t n) { return (n + 7) & ~(int64_t)7; }
+
+/* scratch: per thread per_thread(2·C + 2·G) doubles. */
+static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const float *gamma,
+                        const float *beta, int64_t N, int64_t C, int64_t S, int64_t G, double eps,
+                        sn_dtype_t dtype, double *scratch, int nt) {
+  const int64_t Cg = C / G, L = Cg * S;
+#pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
+  {
+    double *col = scratch + (int64_t)sn__thread_num() * per_thread(2 * C + 2 * G);
+    double *shift = col + C, *gm = shift + C, *gr = gm + G; /* [C], [C], [G], [G] */
+    sn__chan_tile_t p;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+      const int64_t r0 = n * S, r1 = r0 + S;
+      memset(col, 0, (size_t)C * sizeof(double));
+      rows_reduce(0, col, NULL, x, NULL, r0, r1, C, dtype);
+      for (int64_t g = 0; g < G; g++) {
+        double s = 0.0;
+        for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) s += col[ch];
+        gm[g] = s / (double)L;
+        for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) shift[ch] = gm[g];
+      }
+      memset(col, 0, (size_t)C * sizeof(double));
+      rows_reduce(1, col, NULL, x, shift, r0, r1, C, dtype);
+      for (int64_t g = 0; g < G; g++) {
+        double s = 0.0;
+        for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) s += col[ch];
+        gr[g] = 1.0 / sqrt(s / (double)L + eps);
+        if (mean) mean[n * G + g] = (float)gm[g];
+        if (rstd) rstd[n * G + g] = (float)gr[g];
+      }
+      for (int64_t c0 = 0; c0 < C; c0 += SN_TILE_C) {
+        const int64_t ct = sn__min64(SN_TILE_C, C - c0);
+        for (int64_t j = 0; j < ct; j++) {
+          const int64_t ch = c0 + j, g = ch / Cg;
+          sn__split_f64(gm[g], &p.hi[j], &p.lo[j]);
+          p.a[j] = (float)(gr[g] * (gamma ? (double)gamma[ch] : 1.0));
+          p.b[j] = beta ? beta[ch] : 0.0f;
+        }
+        sn__aff_rowspan(y, x, r0, r1, C, c0, ct, &p, dtype);
+      }
+    }
+  }
+}
+
+sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x, const float *gamma,
+                             const float *beta, int64_t n, int64_t c, int64_t s, int64_t groups,
+                             float eps, sn_layout_t layout, sn_dtype_t dtype) {
+  static const char fn[] = "sn_groupnorm_fwd";
+  int64_t rows;
+  SN_TRY(check_gn(fn, n, c, s, groups, layout, dtype, &rows));
+  SN_TRY(sn__check_eps(fn, eps));
+  if (rows == 0) return SN_OK;
+  SN_TRY(sn__check_ptr(fn, "y", y));
+  SN_TRY(sn__check_ptr(fn, "x", x));
+  if (layout == SN_LAYOUT_NCHW) {
+    gn_fwd_nchw(y, mean, rstd, x, gamma, beta, n, c, s, groups, (double)eps, dtype);
+    return SN_OK;
+  }
+  const int nt = sn__max_threads();
+  sn_status_t st;
+  double *scratch = sn__alloc(fn, nt, per_thread(2 * c + 2 * groups), (int64_t)sizeof(double), &st);
+  if (scratch == NULL) return st;
+  gn_fwd_nhwc(y, mean, rstd, x, gamma, beta, n, c, s, groups, (double)eps, dtype, scratch, nt);
+  sn__free(scratch);
+  return SN_OK;
+}
+
+/* ---- backward --------------------------------------------------------------------------------- */
+
+/* wq: [2][N·C] (dgamma terms, dbeta terms) or NULL. */
+static void gn_bwd_nchw(void *dx, double *wq, const void *dy, const void *x, const float *mean,
+                        const float *rstd, const float *gamma, int64_t N, int64_t C, int64_t S,
+                        int64_t G, sn_dtype_t dtype) {
+  const int64_t Cg = C / G, L = Cg * S;
+#pragma omp parallel for schedule(static) if (N * C * S >= SN_PAR_MIN)
+  for (int64_t t = 0; t < N * G; t++) {
+    const int64_t n = t / G, ch0 = (t % G) * Cg;
+    const double m = (double)mean[t], rs = (double)rstd[t];
+    double A = 0.0, B = 0.0, D = 0.0; /* Σd, Σ gamma·Σdy, Σ gamma·Σdy·d over the group */
+    for (int64_t ch = ch0; ch < ch0 + Cg; ch++) { /* pass 1: sums, plane by plane */
+      double sum3[3];
+      span_bwd(sum3, dy, x, (n * C + ch) * S, S, m, dtype);
+      const double gm = gamma ? (double)gamma[ch] : 1.0;
+      A += sum3[0];
+      B += gm * sum3[1];
+      D += gm * sum3[2];
+      if (wq) wq[n * C + ch] = sum3[2], wq[N * C + n * C + ch] = sum3[1];
+    }
+    const double mu_d = A / (double)L, mg = B / (double)L, mgx = rs * (D - mu_d * B) / (double)L;
+    float hi, lo;
+    sn__split_f64(m + mu_d, &hi, &lo);
+    const float b = (float)(rs * mg), e = (float)(rs * rs * mgx);
+    for (int64_t ch = ch0; ch < ch0 + Cg; ch++) { /* pass 2: dx, and the dgamma terms */
+      if (wq) wq[n * C + ch] = rs * (wq[n * C + ch] - mu_d * wq[N * C + n * C + ch]);
+      const float a = (float)(rs * (gamma ? (double)gamma[ch] : 1.0));
+      sn__affbwd_span(dx, dy, x, (n * C + ch) * S, S, hi, lo, a, b, e, dtype);
+    }
+  }
+}
+
+/* scratch: per thread per_thread(4·C + 3·G) doubles. */
+static void gn_bwd_nhwc(void *dx, double *wq, const void *dy, const void *x, const float *mean,
+                        const float *rstd, const float *gamma, int64_t N, int64_t C, int64_t S,
+                        int64_t G, sn_dtype_t dtype, double *scratch, int nt) {
+  const int64_t Cg = C / G, L = Cg * S;
+#pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
+  {
+    double *col = scratch + (int64_t)sn__thread_num() * per_thread(4 * C + 3 * G); /* [3][C] */
+    double *shift = col + 3 * C;                           /* [C] saved mean of the group */
+    double *mu_d = shift + C, *mg = mu_d + G, *mgx = mg + G; /* [G] each */
+    sn__chan_tile_t p;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+      const int64_t r0 = n * S, r1 = r0 + S;
+      for (int64_t ch = 0; ch < C; ch++) shift[ch] = (double)mean[n * G + ch / Cg];
+      memset(col, 0, (size_t)(3 * C) * sizeof(double));
+      rows_reduce(2, col, dy, x, shift, r0, r1, C, dtype); /* Σd, Σdy, Σdy·d per channel */
+      for (int64_t g = 0; g < G; g++) {
+        const double rs = (double)rstd[n * G + g];
+        double A = 0.0, B = 0.0, D = 0.0;
+        for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
+          const double gm = gamma ? (double)gamma[ch] : 1.0;
+          A += col[ch];
+          B += gm * col[C + ch];
+          D += gm * col[2 * C + ch];
+        }
+        mu_d[g] = A / (double)L;
+        mg[g] = B / (double)L;
+        mgx[g] = rs * (D - mu_d[g] * B) / (double)L;
+      }
+      for (int64_t c0 = 0; c0 < C; c0 += SN_TILE_C) { /* pass 2: dx */
+        const int64_t ct = sn__min64(SN_TILE_C, C - c0);
+        for (int64_t j = 0; j < ct; j++) {
+          const int64_t ch = c0 + j, g = ch / Cg;
+          const double rs = (double)rstd[n * G + g];
+          sn__split_f64(shift[ch] + mu_d[g], &p.hi[j], &p.lo[j]);
+          p.a[j] = (float)(rs * (gamma ? (double)gamma[ch] : 1.0));
+          p.b[j] = (float)(rs * mg[g]);
+          p.e[j] = (float)(rs * rs * mgx[g]);
+          if (wq) {
+            wq[n * C + ch] = rs * (col[2 * C + ch] - mu_d[g] * col[C + ch]);
+            wq[N * C + n * C + ch] = col[C + ch];
+          }
+        }
+        sn__affbwd_rowspan(dx, dy, x, r0, r1, C, c0, ct, &p, dtype);
+      }
+    }
+  }
+}
+
+sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
+                             const float *mean, const float *rstd, const float *gamma, int64_t n,
+                             int64_t c, int64_t s, int64_t groups, sn_layout_t layout,
+                             sn_dtype_t dtype) {
+  static const char fn[] = "sn_groupnorm_bwd";
+  int64_t rows;
+  SN_TRY(check_gn(fn, n, c, s, groups, layout, dtype, &rows));
+  if (rows == 0) return SN_OK;
+  SN_TRY(sn__check_ptr(fn, "dx", dx));
+  SN_TRY(sn__check_ptr(fn, "dy", dy));
+  SN_TRY(sn__check_ptr(fn, "x", x));
+  SN_TRY(sn__check_ptr(fn, "mean", mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  const int nt = sn__max_threads();
+  sn_status_t st = SN_OK;
+  double *wq = NULL, *scratch = NULL;
+  if (dgamma || dbeta) {
+    wq = sn__alloc(fn, 2, n * c, (int64_t)sizeof(double), &st); /* [2][N·C] */
+    if (wq == NULL) return st;
+  }
+  if (layout == SN_LAYOUT_NHWC) {
+    scratch = sn__alloc(fn, nt, per_thread(4 * c + 3 * groups), (int64_t)sizeof(double), &st);
+    if (scratch == NULL) {
+      sn__free(wq);
+      return st;
+    }
+    gn_bwd_nhwc(dx, wq, dy, x, mean, rstd, gamma, n, c, s, groups, dtype, scratch, nt);
+  } else {
+    gn_bwd_nchw(dx, wq, dy, x, mean, rstd, gamma, n, c, s, groups, dtype);
+  }
+  if (wq) {
+#pragma omp parallel for schedule(static) if (n * c >= SN_PAR_MIN)
+    for (int64_t ch = 0; ch < c; ch++) { /* over samples in order */
+      double dg = 0.0, db = 0.0;
+      for (int64_t i = 0; i < n; i++) dg += wq[i * c + ch], db += wq[n * c + i * c + ch];
+      if (dgamma) dgamma[ch] = (float)dg;
+      if (dbeta) dbeta[ch] = (float)db;
+    }
+  }
+  sn__free(scratch);
+  sn__free(wq);
+  return SN_OK;
+}

@@ -1,0 +1,208 @@
+/*
+ * norm_kernels.h — f32 inner loops shared by batchnorm.c and groupnorm.c: the per-channel
+ * affine map of the forward and backward pass, applied to one contiguous run of a channel
+ * (NCHW plane) or to blocks of rows of a channel slice (NHWC), plus size validation.
+ * Not installed. Everything here is static (each including file gets its own target clones).
+ *
+ * Both maps centre x with an fp64 mean split into two f32, hi = (float)mean and
+ * lo = (float)(mean − hi):  xc = (x − hi) − lo.  x − hi is exact whenever x is within a factor
+ * of two of the mean (Sterbenz), so |mean| ≫ σ keeps full f32 accuracy in xc.
+ *   forward:   y  = xc·a + b                 (a = rstd·gamma, b = beta)
+ *   backward:  dx = (dy·a − b) − xc·e        (a, b, e: per-channel constants of the formula)
+ *
+ * Loops run over blocks of SN_VB elements: the block is computed into a local array and then
+ * stored. That makes y == x (in place) well defined without restrict and lets GCC vectorize at
+ * -O2 too (no alias versioning, trip count a multiple of the vector length); the tail is scalar.
+ */
+#ifndef SN_NORM_KERNELS_H
+#define SN_NORM_KERNELS_H
+
+#include "cpu.h"
+
+/* Elements per vector block of the loops below (one AVX-512 register of f32). */
+#define SN_VB 16
+/* Floats in one per-thread conversion tile for bf16/f16 (8 KiB, on the stack). */
+#define SN_TILE 2048
+/* Channels per NHWC channel tile: bounds the per-channel scratch (parameters, lanes) so it stays
+ * in L1, and guarantees a tile row fits a conversion tile (SN_TILE_C <= SN_TILE). */
+#define SN_TILE_C 256
+/* Below this many elements a kernel runs on the calling thread only (no parallel region). */
+#define SN_PAR_MIN 32768
+
+/* Per-channel constants of one NHWC channel tile (channel c0 + j at index j), each array
+ * 64-byte aligned: the rows kernels load a vector of each per 16 elements, and misaligned
+ * loads (split cache lines) made NHWC run at half the speed of NCHW on DRAM-sized tensors. */
+typedef struct {
+  _Alignas(64) float hi[SN_TILE_C];
+  _Alignas(64) float lo[SN_TILE_C];
+  _Alignas(64) float a[SN_TILE_C];
+  _Alignas(64) float b[SN_TILE_C];
+  _Alignas(64) float e[SN_TILE_C]; /* backward only */
+} sn__chan_tile_t;
+
+/* Activation size checks shared by BatchNorm and GroupNorm: c >= 1, n >= 0, s >= 0 and n·c·s
+ * addressable; *rows = n·s (the count of (n, s) positions). */
+static inline sn_status_t sn__check_ncs(const char *fn, int64_t n, int64_t c, int64_t s,
+                                        int64_t *rows) {
+  int64_t nc, total;
+  SN_TRY(sn__check_size(fn, "c", c, 1));
+  SN_TRY(sn__check_size(fn, "n", n, 0));
+  SN_TRY(sn__check_size(fn, "s", s, 0));
+  SN_TRY(sn__mul(fn, &nc, n, c));
+  SN_TRY(sn__mul(fn, &total, nc, s));
+  *rows = n * s; /* <= total since c >= 1 */
+  return SN_OK;
+}
+
+/* hi + lo ≈ m with hi = (float)m, lo = (float)(m − hi): 48 significant bits of an fp64 mean. */
+static inline void sn__split_f64(double m, float *hi, float *lo) {
+  *hi = (float)m;
+  *lo = (float)(m - (double)*hi);
+}
+
+static inline int64_t sn__min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ---- f32 kernels ------------------------------------------------------------------------------ */
+
+/* y[i] = ((x[i] − hi) − lo)·a + b.  y, x: [n]; y may equal x. */
+SN_CLONES static inline void sn__aff_run(float *y, const float *x, int64_t n, float hi, float lo,
+                                         float a, float b) {
+  int64_t i = 0;
+  for (; i + SN_VB <= n; i += SN_VB) {
+    float t[SN_VB];
+    for (int k = 0; k < SN_VB; k++) t[k] = ((x[i + k] - hi) - lo) * a + b;
+    for (int k = 0; k < SN_VB; k++) y[i + k] = t[k];
+  }
+  for (; i < n; i++) y[i] = ((x[i] - hi) - lo) * a + b;
+}
+
+/* Rows of a channel slice: y[r·ld + c] = ((x[r·ld + c] − hi[c]) − lo[c])·a[c] + b[c].
+ * y, x: [nr, ld] (first ct <= SN_TILE_C channels of each row used); p: constants. y may equal x. */
+SN_CLONES static inline void sn__aff_rows(float *y, const float *x, int64_t nr, int64_t ld,
+                                          int64_t ct, const sn__chan_tile_t *p) {
+  const float *hi = p->hi, *lo = p->lo, *a = p->a, *b = p->b;
+  for (int64_t r = 0; r < nr; r++) {
+    float *yr = y + r * ld;
+    const float *xr = x + r * ld;
+    int64_t c = 0;
+    for (; c + SN_VB <= ct; c += SN_VB) {
+      float t[SN_VB];
+      for (int k = 0; k < SN_VB; k++) t[k] = ((xr[c + k] - hi[c + k]) - lo[c + k]) * a[c + k] + b[c + k];
+      for (int k = 0; k < SN_VB; k++) yr[c + k] = t[k];
+    }
+    for (; c < ct; c++) yr[c] = ((xr[c] - hi[c]) - lo[c]) * a[c] + b[c];
+  }
+}
+
+/* dx[i] = (dy[i]·a − b) − ((x[i] − hi) − lo)·e.  dx, dy, x: [n]; dx may equal dy. */
+SN_CLONES static inline void sn__affbwd_run(float *dx, const float *dy, const float *x, int64_t n,
+                                            float hi, float lo, float a, float b, float e) {
+  int64_t i = 0;
+  for (; i + SN_VB <= n; i += SN_VB) {
+    float t[SN_VB];
+    for (int k = 0; k < SN_VB; k++) t[k] = (dy[i + k] * a - b) - ((x[i + k] - hi) - lo) * e;
+    for (int k = 0; k < SN_VB; k++) dx[i + k] = t[k];
+  }
+  for (; i < n; i++) dx[i] = (dy[i] * a - b) - ((x[i] - hi) - lo) * e;
+}
+
+/* Rows of a channel slice of the backward map with constants p (hi, lo, a, b, e).
+ * dx, dy, x: [nr, ld]; dx may equal dy. */
+SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const float *x,
+                                             int64_t nr, int64_t ld, int64_t ct,
+                                             const sn__chan_tile_t *p) {
+  const float *hi = p->hi, *lo = p->lo, *a = p->a, *b = p->b, *e = p->e;
+  for (int64_t r = 0; r < nr; r++) {
+    float *dxr = dx + r * ld;
+    const float *dyr = dy + r * ld, *xr = x + r * ld;
+    int64_t c = 0;
+    for (; c + SN_VB <= ct; c += SN_VB) {
+      float t[SN_VB];
+      for (int k = 0; k < SN_VB; k++)
+        t[k] = (dyr[c + k] * a[c + k] - b[c + k]) - ((xr[c + k] - hi[c + k]) - lo[c + k]) * e[c + k];
+      for (int k = 0; k < SN_VB; k++) dxr[c + k] = t[k];
+    }
+    for (; c < ct; c++) dxr[c] = (dyr[c] * a[c] - b[c]) - ((xr[c] - hi[c]) - lo[c]) * e[c];
+  }
+}
+
+/* ---- any activation dtype: f32 in place, bf16/f16 through stack tiles ------------------------ */
+
+/* Elements [off, off+n) of one channel's run: y = ((x − hi) − lo)·a + b. y may equal x. */
+static inline void sn__aff_span(void *y, const void *x, int64_t off, int64_t n, float hi,
+                                float lo, float a, float b, sn_dtype_t dtype) {
+  if (dtype == SN_DTYPE_F32) {
+    sn__aff_run((float *)y + off, (const float *)x + off, n, hi, lo, a, b);
+    return;
+  }
+  float t[SN_TILE];
+  for (int64_t i = 0; i < n; i += SN_TILE) {
+    int64_t m = sn__min64(SN_TILE, n - i);
+    sn__to_f32(t, x, off + i, m, dtype);
+    sn__aff_run(t, t, m, hi, lo, a, b);
+    sn__from_f32(y, off + i, t, m, dtype);
+  }
+}
+
+/* Backward over elements [off, off+n) of one channel's run. dx may equal dy. */
+static inline void sn__affbwd_span(void *dx, const void *dy, const void *x, int64_t off, int64_t n,
+                                   float hi, float lo, float a, float b, float e,
+                                   sn_dtype_t dtype) {
+  if (dtype == SN_DTYPE_F32) {
+    sn__affbwd_run((float *)dx + off, (const float *)dy + off, (const float *)x + off, n, hi, lo,
+                   a, b, e);
+    return;
+  }
+  float tg[SN_TILE], tx[SN_TILE];
+  for (int64_t i = 0; i < n; i += SN_TILE) {
+    int64_t m = sn__min64(SN_TILE, n - i);
+    sn__to_f32(tg, dy, off + i, m, dtype);
+    sn__to_f32(tx, x, off + i, m, dtype);
+    sn__affbwd_run(tg, tg, tx, m, hi, lo, a, b, e);
+    sn__from_f32(dx, off + i, tg, m, dtype);
+  }
+}
+
+/* Rows per call for rows [r, r+R) × channels [c0, c0+ct) of an [rows, ld] activation: all of
+ * them for f32 (the memory is used directly); for bf16/f16 as many whole rows as fit a tile when
+ * the slice is the whole row (then the block is contiguous), else one row. Needs ct <= SN_TILE. */
+static inline int64_t sn__rows_per_block(int64_t rows, int64_t ld, int64_t ct, sn_dtype_t dtype) {
+  if (dtype == SN_DTYPE_F32) return rows > 0 ? rows : 1;
+  if (ct == ld) return SN_TILE / ld > 0 ? SN_TILE / ld : 1;
+  return 1;
+}
+
+/* Rows [r0, r1) × channels [c0, c0+ct) of y, x: [rows, ld]; p: the tile's constants;
+ * ct <= SN_TILE_C. y may equal x. */
+static inline void sn__aff_rowspan(void *y, const void *x, int64_t r0, int64_t r1, int64_t ld,
+                                   int64_t c0, int64_t ct, const sn__chan_tile_t *p,
+                                   sn_dtype_t dtype) {
+  float t[SN_TILE];
+  int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
+  for (int64_t r = r0; r < r1; r += per) {
+    int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
+    const float *xb = sn__in_row(x, off, span, dtype, t);
+    float *yb = sn__out_row(y, off, dtype, t);
+    sn__aff_rows(yb, xb, nr, ld, ct, p);
+    sn__out_done(y, off, span, dtype, yb);
+  }
+}
+
+/* Backward over rows [r0, r1) × channels [c0, c0+ct) with the tile's constants p.
+ * dx may equal dy. */
+static inline void sn__affbwd_rowspan(void *dx, const void *dy, const void *x, int64_t r0,
+                                      int64_t r1, int64_t ld, int64_t c0, int64_t ct,
+                                      const sn__chan_tile_t *p, sn_dtype_t dtype) {
+  float tg[SN_TILE], tx[SN_TILE];
+  int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
+  for (int64_t r = r0; r < r1; r += per) {
+    int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
+    const float *gb = sn__in_row(dy, off, span, dtype, tg);
+    const float *xb = sn__in_row(x, off, span, dtype, tx);
+    float *ob = sn__out_row(dx, off, dtype, tg);
+    sn__affbwd_rows(ob, gb, xb, nr, ld, ct, p);
+    sn__out_done(dx, off, span, dtype, ob);
+  }
+}
+
+#endif /* SN_NORM_KERNELS_H */
