@@ -1,11 +1,769 @@
-/* placeholder: work in progress */
+/*
+ * test_layernorm.c — sn_layernorm_fwd, sn_layernorm_bwd and sn_add_layernorm_fwd against fp64
+ * references written here: every shape of the issue in f32, bf16 and f16, with and without
+ * gamma/beta; the fp64 analytic gradient against central finite differences; adversarial rows
+ * (|mean| ≫ σ, constant rows, bf16/f16 near 6e4); NaN-poisoned outputs; bad input; bitwise
+ * determinism over thread counts; in-place calls.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "testutil.h"
-START_TEST(test_placeholder) { ck_abort_msg("not written yet"); }
+
+/* The huge scratch request of the SN_ERR_ALLOC case must come back as NULL under ASan too (the
+ * runtime looks this hook up dynamically, hence default visibility). */
+__attribute__((visibility("default"))) const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
+static const int64_t ROWS[] = {1, 3, 1000};
+static const int64_t DS[] = {1, 2, 3, 7, 64, 65, 4096};
+#define NROWS (int64_t)(sizeof ROWS / sizeof ROWS[0])
+#define ND (int64_t)(sizeof DS / sizeof DS[0])
+static const float EPS = 1e-5f;
+
+/* bf16/f16 dx is rounded once to the dtype: at most half an ulp (2^-9, 2^-12 relative) per
+ * element, so normwise at most that; one ulp (2^-8, 2^-11) leaves room for the f32 arithmetic
+ * before the rounding. */
+#define TOL_BWD_BF16 0x1p-8
+#define TOL_BWD_F16 0x1p-11
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+/* Every passing ck_assert writes a location record to Check's pipe (a system call), and
+ * testutil's tu_assert_* assert per element or per byte: on million-element tensors that takes
+ * minutes. These wrappers evaluate the same criteria without Check and call the tu_assert_*
+ * function only when it is going to fail, so that it reports the first bad element. */
+#define CHECK(cond, ...) \
+  do {                   \
+    if (!(cond)) ck_abort_msg(__VA_ARGS__); \
+  } while (0)
+
+static int all_finite(const void *got, sn_dtype_t dt, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (!isfinite(tu_get(got, i, dt))) return 0;
+  return 1;
+}
+
+static void assert_fwd(const void *got, sn_dtype_t dt, const double *ref, int64_t n,
+                       const char *what) {
+  int ok = all_finite(got, dt, n);
+  if (ok && dt == SN_DTYPE_F32) ok = tu_normwise_rel(got, dt, ref, n) <= TU_RTOL_F32_FWD;
+  for (int64_t i = 0; ok && dt != SN_DTYPE_F32 && i < n; i++)
+    ok = tu_ulp_diff(tu_get(got, i, dt), tu_round(ref[i], dt), dt) <= TU_ULPS_HALF;
+  if (!ok) tu_assert_fwd(got, dt, ref, n, what);
+}
+
+static void assert_rel(const void *got, sn_dtype_t dt, const double *ref, int64_t n, double rtol,
+                       const char *what) {
+  if (!all_finite(got, dt, n) || !(tu_normwise_rel(got, dt, ref, n) <= rtol))
+    tu_assert_rel(got, dt, ref, n, rtol, what);
+}
+
+static void assert_bitwise(const void *a, const void *b, size_t bytes, const char *what) {
+  if (memcmp(a, b, bytes) != 0) tu_assert_bitwise(a, b, bytes, what);
+}
+
+static void assert_finite(const void *got, sn_dtype_t dt, int64_t n, const char *what) {
+  if (!all_finite(got, dt, n)) tu_assert_all_finite(got, dt, n, what);
+}
+
+static double *load(const void *buf, int64_t n, sn_dtype_t dt) {
+  double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+  ck_assert(v != NULL);
+  for (int64_t i = 0; i < n; i++) v[i] = tu_get(buf, i, dt);
+  return v;
+}
+
+static float *random_f32(int64_t n, double mean, double std, tu_rng_t *rng) {
+  float *v = malloc((size_t)n * sizeof(float));
+  ck_assert(v != NULL);
+  tu_fill_normal(v, n, SN_DTYPE_F32, mean, std, rng);
+  return v;
+}
+
+static double bwd_tol(sn_dtype_t dt) {
+  return dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : dt == SN_DTYPE_BF16 ? TOL_BWD_BF16 : TOL_BWD_F16;
+}
+
+/* ||got − ref|| ≤ rtol·max(||ref||, scale), all finite. The LayerNorm gradient projects
+ * rstd·g onto the complement of (1, x̂): for d = 2 almost all of it cancels (dx ≈ rstd·g·eps/var)
+ * and any f32 computation from the saved f32 rstd errs relative to rstd·g, not to dx. `scale`
+ * is ||rstd·g||, the size of the terms; for d ≥ 3 it is within a small factor of ||ref||. */
+static void assert_rel_scaled(const void *got, sn_dtype_t dt, const double *ref, int64_t n,
+                              double scale, double rtol, const char *what) {
+  assert_finite(got, dt, n, what);
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    double e = tu_get(got, i, dt) - ref[i];
+    num += e * e;
+    den += ref[i] * ref[i];
+  }
+  /* f16 outputs below 2^-14 are subnormal, spaced 2^-24: rounding there errs by up to 2^-25
+   * absolute, whatever the value's size */
+  double atol = dt == SN_DTYPE_F16 ? 0x1p-25 * sqrt((double)n) : 0.0;
+  double err = (sqrt(num) - atol) / fmax(fmax(sqrt(den), scale), 1e-300);
+  ck_assert_msg(err <= rtol, "%s (%s): relative error %.3e > %.1e", what, tu_dtype_name[dt], err,
+                rtol);
+}
+
+/* The f32 mean/rstd a kernel saved, against the fp64 reference: one f32 rounding (2^-24
+ * relative) of an fp64 value that differs from the reference only by fp64 rounding; `spread`
+ * (the row's σ) absorbs the fp64 difference when the mean itself is ~0. */
+static void assert_stat(float got, double ref, double spread, const char *what, int64_t r) {
+  double tol = 0x1p-23 * fabs(ref) + 1e-12 * spread;
+  CHECK(fabs((double)got - ref) <= tol, "%s row %lld: %.9g, reference %.9g", what,
+                (long long)r, (double)got, ref);
+}
+
+/* ---- fp64 references ------------------------------------------------------------------------ */
+
+/* LayerNorm forward of x [rows, d] in fp64 (two-pass). mean/rstd may be NULL. */
+static void ref_fwd(double *y, double *mean, double *rstd, const double *x, const float *gamma,
+                    const float *beta, int64_t rows, int64_t d, double eps) {
+  for (int64_t r = 0; r < rows; r++) {
+    const double *xr = x + r * d;
+    double mu = 0.0, var = 0.0;
+    for (int64_t i = 0; i < d; i++) mu += xr[i];
+    mu /= (double)d;
+    for (int64_t i = 0; i < d; i++) var += (xr[i] - mu) * (xr[i] - mu);
+    var /= (double)d;
+    double rs = 1.0 / sqrt(var + eps);
+    for (int64_t i = 0; i < d; i++)
+      y[r * d + i] = (xr[i] - mu) * rs * (gamma ? gamma[i] : 1.0) + (beta ? beta[i] : 0.0);
+    if (mean) mean[r] = mu;
+    if (rstd) rstd[r] = rs;
+  }
+}
+
+/* Analytic LayerNorm gradient in fp64, with the exact statistics of x:
+ * dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), dgamma = Σ dy·x̂, dbeta = Σ dy. Returns ||rstd·g||. */
+static double ref_bwd(double *dx, double *dgamma, double *dbeta, const double *dy,
+                      const double *x, const float *gamma, int64_t rows, int64_t d, double eps) {
+  double scale = 0.0;
+  double *xh = malloc((size_t)d * sizeof(double));
+  ck_assert(xh != NULL);
+  for (int64_t i = 0; i < d; i++) dgamma[i] = dbeta[i] = 0.0;
+  for (int64_t r = 0; r < rows; r++) {
+    const double *xr = x + r * d, *dyr = dy + r * d;
+    double mu = 0.0, var = 0.0, mg = 0.0, mgx = 0.0;
+    for (int64_t i = 0; i < d; i++) mu += xr[i];
+    mu /= (double)d;
+    for (int64_t i = 0; i < d; i++) var += (xr[i] - mu) * (xr[i] - mu);
+    double rs = 1.0 / sqrt(var / (double)d + eps);
+    for (int64_t i = 0; i < d; i++) {
+      double g = dyr[i] * (gamma ? gamma[i] : 1.0);
+      xh[i] = (xr[i] - mu) * rs;
+      mg += g;
+      mgx += g * xh[i];
+      scale += rs * g * rs * g;
+      dgamma[i] += dyr[i] * xh[i];
+      dbeta[i] += dyr[i];
+    }
+    mg /= (double)d;
+    mgx /= (double)d;
+    for (int64_t i = 0; i < d; i++) {
+      double g = dyr[i] * (gamma ? gamma[i] : 1.0);
+      dx[r * d + i] = rs * (g - mg - xh[i] * mgx);
+    }
+  }
+  free(xh);
+  return sqrt(scale);
+}
+
+/* sn_layernorm_bwd into poisoned dx [rows, d] (dt) and dgamma, dbeta [d] (f32) from the saved
+ * mean/rstd, checked against the analytic fp64 gradient of the (dtype-rounded) inputs. */
+static void run_bwd(void *dx, float *dg, float *db, const void *dy, const void *x,
+                    const float *mean, const float *rstd, const float *gamma, int64_t rows,
+                    int64_t d, sn_dtype_t dt, const char *what) {
+  const int64_t n = rows * d;
+  tu_poison(dx, n, dt);
+  tu_poison_f32(dg, d);
+  tu_poison_f32(db, d);
+  sn_status_t st = sn_layernorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, rows, d, dt);
+  ck_assert_msg(st == SN_OK, "%s: %s", what, sn_last_error());
+  double *xd = load(x, n, dt), *dyd = load(dy, n, dt), *dxr = malloc((size_t)n * sizeof(double));
+  double *dgr = malloc(d * sizeof(double)), *dbr = malloc(d * sizeof(double));
+  double scale = ref_bwd(dxr, dgr, dbr, dyd, xd, gamma, rows, d, EPS);
+  assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), what);
+  assert_rel(dg, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "dgamma");
+  assert_rel(db, SN_DTYPE_F32, dbr, d, TU_RTOL_F32_BWD, "dbeta");
+  free(xd), free(dyd), free(dxr), free(dgr), free(dbr);
+}
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+/* Forward cases on one x = mean + std·N(0,1) rounded to dt: for each gamma/beta combination gb
+ * in the bit mask `combos` (bit gb: gamma if gb & 1, beta if gb & 2), y, mean, rstd poisoned,
+ * then checked element by element against ref_fwd. */
+static void check_fwd(int64_t rows, int64_t d, sn_dtype_t dt, int combos, double mu, double sigma,
+                      uint64_t seed) {
+  tu_rng_t rng;
+  tu_rng_seed(&rng, seed);
+  const int64_t n = rows * d;
+  void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt);
+  tu_fill_normal(x, n, dt, mu, sigma, &rng);
+  float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+  float *mean = malloc((size_t)rows * sizeof(float)), *rstd = malloc((size_t)rows * sizeof(float));
+  double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
+  double *mr = malloc((size_t)rows * sizeof(double)), *rr = malloc((size_t)rows * sizeof(double));
+  for (int gb = 0; gb < 4; gb++) {
+    if (!(combos >> gb & 1)) continue;
+    const float *g = gb & 1 ? gamma : NULL, *b = gb & 2 ? beta : NULL;
+    char what[160];
+    snprintf(what, sizeof what, "layernorm_fwd rows=%lld d=%lld gamma=%d beta=%d mean=%g",
+             (long long)rows, (long long)d, g != NULL, b != NULL, mu);
+    tu_poison(y, n, dt);
+    tu_poison_f32(mean, rows);
+    tu_poison_f32(rstd, rows);
+    sn_status_t st = sn_layernorm_fwd(y, mean, rstd, x, g, b, rows, d, EPS, dt);
+    ck_assert_msg(st == SN_OK, "%s: %s %s", what, sn_status_string(st), sn_last_error());
+    ref_fwd(yr, mr, rr, xd, g, b, rows, d, EPS);
+    assert_fwd(y, dt, yr, n, what);
+    for (int64_t r = 0; r < rows; r++) {
+      assert_stat(mean[r], mr[r], 1.0 / rr[r], "mean", r);
+      assert_stat(rstd[r], rr[r], 0.0, "rstd", r);
+    }
+  }
+  free(x), free(y), free(gamma), free(beta), free(mean), free(rstd);
+  free(xd), free(yr), free(mr), free(rr);
+}
+
+/* Every rows × d of the issue, one dtype per loop index; all four gamma/beta combinations. */
+START_TEST(test_fwd_shapes) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  for (int64_t a = 0; a < NROWS; a++)
+    for (int64_t b = 0; b < ND; b++) check_fwd(ROWS[a], DS[b], dt, 0xF, 0.5, 2.0, 100 + 10 * a + b);
+}
 END_TEST
+
+/* The issue's example: [2000, 2001, 2002, 2003], eps 1e-5, in f32 to 1e-5. f16 represents these
+ * integers exactly (bf16 does not: its ulp at 2000 is 8) and must be within 1 ulp. */
+START_TEST(test_issue_example) {
+  const double expect[4] = {-1.341635, -0.447212, 0.447212, 1.341635};
+  for (int k = 0; k < 2; k++) {
+    const sn_dtype_t dt = k == 0 ? SN_DTYPE_F32 : SN_DTYPE_F16;
+    void *x = tu_alloc(4, dt), *y = tu_alloc(4, dt);
+    for (int i = 0; i < 4; i++) tu_set(x, i, 2000.0 + i, dt);
+    tu_poison(y, 4, dt);
+    float mean = NAN, rstd = NAN;
+    ck_assert_int_eq(sn_layernorm_fwd(y, &mean, &rstd, x, NULL, NULL, 1, 4, 1e-5f, dt), SN_OK);
+    double ref[4];
+    for (int i = 0; i < 4; i++) {
+      if (dt == SN_DTYPE_F32)
+        ck_assert_msg(fabs(tu_get(y, i, dt) - expect[i]) <= 1e-5, "y[%d] = %.7f, expected %.6f",
+                      i, tu_get(y, i, dt), expect[i]);
+      ref[i] = (2000.0 + i - 2001.5) / sqrt(1.25 + 1e-5);
+    }
+    assert_fwd(y, dt, ref, 4, "issue example");
+    ck_assert(mean == 2001.5f);
+    free(x), free(y);
+  }
+}
+END_TEST
+
+/* |mean| ≫ σ: mean 1e4, σ 1e-2 in f32 must meet the f32 normwise bound (forward and backward).
+ * bf16/f16 cannot hold σ 1e-2 at 1e4; they get mean/σ = 1000 and 50 on their own grid. */
+START_TEST(test_large_mean) {
+  for (int64_t b = 0; b < ND; b++) {
+    check_fwd(3, DS[b], SN_DTYPE_F32, 0xF, 1e4, 1e-2, 300 + b);
+    check_fwd(3, DS[b], SN_DTYPE_F32, 0x9, -1e4, 1e-2, 310 + b);
+    check_fwd(3, DS[b], SN_DTYPE_F16, 0x9, 2000.0, 2.0, 320 + b);
+    check_fwd(3, DS[b], SN_DTYPE_BF16, 0x9, 1e4, 200.0, 330 + b);
+  }
+}
+END_TEST
+
+/* Constant rows: variance 0, so y == beta exactly (0 without beta), mean == the value, rstd ==
+ * 1/√eps, no NaN; the backward stays finite and matches the analytic gradient. */
+START_TEST(test_constant_rows) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  const double vals[] = {0.0, -3.5, 1e4, 0.1, 65504.0};
+  const int64_t rows = 5, d = 65, n = rows * d;
+  tu_rng_t rng;
+  tu_rng_seed(&rng, 7);
+  void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t i = 0; i < d; i++) tu_set(x, r * d + i, vals[r], dt);
+  tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+  float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+  float mean[5], rstd[5], dgamma[65], dbeta[65];
+  for (int with_beta = 0; with_beta < 2; with_beta++) {
+    tu_poison(y, n, dt);
+    tu_poison_f32(mean, rows);
+    tu_poison_f32(rstd, rows);
+    ck_assert_int_eq(sn_layernorm_fwd(y, mean, rstd, x, gamma, with_beta ? beta : NULL, rows, d,
+                                      EPS, dt), SN_OK);
+    for (int64_t r = 0; r < rows; r++) {
+      CHECK(mean[r] == (float)tu_get(x, r * d, dt), "constant row %lld: mean %g", (long long)r,
+            (double)mean[r]);
+      CHECK(rstd[r] == (float)(1.0 / sqrt((double)EPS)), "constant row %lld: rstd %g", (long long)r,
+            (double)rstd[r]);
+      for (int64_t i = 0; i < d; i++) {
+        double want = with_beta ? tu_round(beta[i], dt) : 0.0;
+        CHECK(tu_get(y, r * d + i, dt) == want, "row %lld: y[%lld] = %g, want %g",
+                      (long long)r, (long long)i, tu_get(y, r * d + i, dt), want);
+      }
+    }
+  }
+  run_bwd(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, d, dt, "constant rows backward");
+  free(x), free(y), free(dy), free(dx), free(gamma), free(beta);
+}
+END_TEST
+
+/* bf16/f16 inputs near 6e4 (x² ≈ 3.6e9 would overflow f16 arithmetic): finite, correct
+ * outputs. Row 0: 6e4 ± 2000; row 1: ±6e4 alternating with noise; row 2: all near 65504. */
+START_TEST(test_near_half_max) {
+  const sn_dtype_t dt = _i == 0 ? SN_DTYPE_BF16 : SN_DTYPE_F16;
+  const int64_t rows = 3, d = 4096, n = rows * d;
+  tu_rng_t rng;
+  tu_rng_seed(&rng, 11);
+  void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt);
+  for (int64_t i = 0; i < d; i++) {
+    tu_set(x, i, fmin(60000.0 + 2000.0 * tu_rng_normal(&rng), 65504.0), dt);
+    tu_set(x, d + i, (i % 2 ? 1 : -1) * fmin(60000.0 + 500.0 * tu_rng_normal(&rng), 65504.0), dt);
+    tu_set(x, 2 * d + i, 65504.0 - 64.0 * (double)tu_rng_int(&rng, 0, 8), dt);
+  }
+  tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+  float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+  float mean[3], rstd[3], *dgamma = malloc(d * sizeof(float)), *dbeta = malloc(d * sizeof(float));
+  tu_poison(y, n, dt);
+  ck_assert_int_eq(sn_layernorm_fwd(y, mean, rstd, x, gamma, beta, rows, d, EPS, dt), SN_OK);
+  double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
+  ref_fwd(yr, NULL, NULL, xd, gamma, beta, rows, d, EPS);
+  assert_fwd(y, dt, yr, n, "near 6e4 forward");
+
+  run_bwd(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, d, dt, "near 6e4 backward");
+  free(x), free(y), free(dy), free(dx), free(gamma), free(beta), free(dgamma), free(dbeta);
+  free(xd), free(yr);
+}
+END_TEST
+
+/* ---- fused residual add --------------------------------------------------------------------- */
+
+/* sum_out == round_dtype(x + residual) with the add in f32; y == LayerNorm(sum_out) within the
+ * forward bound; (y, mean, rstd) bitwise equal to sn_layernorm_fwd on sum_out; sum_out == x and
+ * sum_out == residual give the same bits. */
+static void check_add(int64_t rows, int64_t d, sn_dtype_t dt, int has_g, int has_b, uint64_t seed) {
+  char what[160];
+  snprintf(what, sizeof what, "add_layernorm_fwd rows=%lld d=%lld gamma=%d beta=%d",
+           (long long)rows, (long long)d, has_g, has_b);
+  tu_rng_t rng;
+  tu_rng_seed(&rng, seed);
+  const int64_t n = rows * d;
+  const size_t bytes = (size_t)n * (size_t)sn_dtype_size(dt);
+  void *x = tu_alloc(n, dt), *res = tu_alloc(n, dt), *sum = tu_alloc(n, dt), *y = tu_alloc(n, dt);
+  void *y2 = tu_alloc(n, dt), *buf = tu_alloc(n, dt);
+  tu_fill_normal(x, n, dt, 0.3, 1.0, &rng);
+  tu_fill_normal(res, n, dt, -0.1, 2.0, &rng);
+  float *gamma = has_g ? random_f32(d, 1.0, 0.5, &rng) : NULL;
+  float *beta = has_b ? random_f32(d, 0.0, 1.0, &rng) : NULL;
+  float *m = malloc(rows * sizeof(float)), *rs = malloc(rows * sizeof(float));
+  float *m2 = malloc(rows * sizeof(float)), *rs2 = malloc(rows * sizeof(float));
+  tu_poison(sum, n, dt);
+  tu_poison(y, n, dt);
+  tu_poison_f32(m, rows);
+  tu_poison_f32(rs, rows);
+  sn_status_t st = sn_add_layernorm_fwd(y, sum, m, rs, x, res, gamma, beta, rows, d, EPS, dt);
+  ck_assert_msg(st == SN_OK, "%s: %s", what, sn_last_error());
+
+  double *sref = malloc((size_t)n * sizeof(double)), *yr = malloc((size_t)n * sizeof(double));
+  for (int64_t i = 0; i < n; i++) {
+    float s = (float)tu_get(x, i, dt) + (float)tu_get(res, i, dt);
+    sref[i] = tu_round(s, dt);
+    CHECK(tu_get(sum, i, dt) == sref[i], "%s: sum_out[%lld] = %.9g, want %.9g", what,
+                  (long long)i, tu_get(sum, i, dt), sref[i]);
+  }
+  ref_fwd(yr, NULL, NULL, sref, gamma, beta, rows, d, EPS);
+  assert_fwd(y, dt, yr, n, what);
+
+  /* the unfused forward on sum_out gives the same bits */
+  tu_poison(y2, n, dt);
+  ck_assert_int_eq(sn_layernorm_fwd(y2, m2, rs2, sum, gamma, beta, rows, d, EPS, dt), SN_OK);
+  assert_bitwise(y, y2, bytes, "fused y vs sn_layernorm_fwd(sum_out)");
+  assert_bitwise(m, m2, rows * sizeof(float), "fused mean");
+  assert_bitwise(rs, rs2, rows * sizeof(float), "fused rstd");
+
+  /* sum_out aliasing x, then residual */
+  for (int alias = 0; alias < 2; alias++) {
+    memcpy(buf, alias == 0 ? x : res, bytes);
+    tu_poison(y2, n, dt);
+    const void *xa = alias == 0 ? buf : x, *ra = alias == 0 ? res : buf;
+    st = sn_add_layernorm_fwd(y2, buf, m2, rs2, xa, ra, gamma, beta, rows, d, EPS, dt);
+    ck_assert_int_eq(st, SN_OK);
+    assert_bitwise(buf, sum, bytes, alias == 0 ? "sum_out == x" : "sum_out == residual");
+    assert_bitwise(y2, y, bytes, "aliased sum_out: y");
+    assert_bitwise(m2, m, rows * sizeof(float), "aliased sum_out: mean");
+  }
+  free(x), free(res), free(sum), free(y), free(y2), free(buf), free(gamma), free(beta);
+  free(m), free(rs), free(m2), free(rs2), free(sref), free(yr);
+}
+
+START_TEST(test_add_fwd) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  for (int64_t a = 0; a < NROWS; a++)
+    for (int64_t b = 0; b < ND; b++)
+      check_add(ROWS[a], DS[b], dt, (a + b) % 2 == 0, (a + b) % 3 != 0, 500 + 10 * a + b);
+}
+END_TEST
+
+/* ---- backward ------------------------------------------------------------------------------- */
+
+/* One backward case: mean/rstd from sn_layernorm_fwd, then run_bwd. Also: dgamma or dbeta NULL
+ * changes none of the other outputs' bits. */
+static void check_bwd(int64_t rows, int64_t d, sn_dtype_t dt, int has_g, double mu, double sigma,
+                      uint64_t seed) {
+  char what[160];
+  snprintf(what, sizeof what, "layernorm_bwd rows=%lld d=%lld gamma=%d mean=%g", (long long)rows,
+           (long long)d, has_g, mu);
+  tu_rng_t rng;
+  tu_rng_seed(&rng, seed);
+  const int64_t n = rows * d;
+  const size_t bytes = (size_t)n * (size_t)sn_dtype_size(dt);
+  void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt), *dx2 = tu_alloc(n, dt);
+  tu_fill_normal(x, n, dt, mu, sigma, &rng);
+  tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+  float *gamma = has_g ? random_f32(d, 1.0, 0.5, &rng) : NULL;
+  float *mean = malloc(rows * sizeof(float)), *rstd = malloc(rows * sizeof(float));
+  float *dg = malloc(d * sizeof(float)), *db = malloc(d * sizeof(float));
+  float *dg2 = malloc(d * sizeof(float)), *db2 = malloc(d * sizeof(float));
+  ck_assert_int_eq(sn_layernorm_fwd(dx, mean, rstd, x, gamma, NULL, rows, d, EPS, dt), SN_OK);
+  run_bwd(dx, dg, db, dy, x, mean, rstd, gamma, rows, d, dt, what);
+
+  /* dgamma only, dbeta only, neither: same bits for what is computed */
+  for (int mask = 0; mask < 3; mask++) {
+    tu_poison(dx2, n, dt);
+    tu_poison_f32(dg2, d);
+    tu_poison_f32(db2, d);
+    ck_assert_int_eq(sn_layernorm_bwd(dx2, mask == 0 ? dg2 : NULL, mask == 1 ? db2 : NULL, dy, x,
+                                      mean, rstd, gamma, rows, d, dt), SN_OK);
+    assert_bitwise(dx2, dx, bytes, "dx with dgamma/dbeta NULL");
+    if (mask == 0) assert_bitwise(dg2, dg, d * sizeof(float), "dgamma alone");
+    if (mask == 1) assert_bitwise(db2, db, d * sizeof(float), "dbeta alone");
+    for (int64_t j = 0; j < d; j++) { /* an output passed as NULL was not written elsewhere */
+      CHECK(mask == 0 || isnan(dg2[j]), "dgamma[%lld] written, NULL passed", (long long)j);
+      CHECK(mask == 1 || isnan(db2[j]), "dbeta[%lld] written, NULL passed", (long long)j);
+    }
+  }
+  free(x), free(dy), free(dx), free(dx2), free(gamma), free(mean), free(rstd);
+  free(dg), free(db), free(dg2), free(db2);
+}
+
+START_TEST(test_bwd_shapes) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  for (int64_t a = 0; a < NROWS; a++)
+    for (int64_t b = 0; b < ND; b++)
+      for (int g = 0; g < 2; g++) check_bwd(ROWS[a], DS[b], dt, g, 0.5, 2.0, 700 + 10 * a + b);
+}
+END_TEST
+
+/* The backward's re-centred x̂ keeps |mean| ≫ σ exact although the saved mean is f32. */
+START_TEST(test_bwd_large_mean) {
+  for (int64_t b = 0; b < ND; b++) {
+    check_bwd(3, DS[b], SN_DTYPE_F32, 1, 1e4, 1e-2, 800 + b);
+    check_bwd(1000, DS[b] > 1000 ? 256 : DS[b], SN_DTYPE_F32, 0, -1e4, 1e-2, 810 + b);
+    check_bwd(3, DS[b], SN_DTYPE_F16, 1, 2000.0, 2.0, 820 + b);
+  }
+}
+END_TEST
+
+/* The fp64 analytic gradient (ref_bwd) against central differences of ref_fwd, for the loss
+ * L = Σ y·w with random w: dx, dgamma, dbeta. Step h = 1e-6 (x, gamma, beta are O(1)). */
+static double loss(const double *x, const float *gamma, const float *beta, const double *w,
+                   int64_t rows, int64_t d, double *ybuf) {
+  ref_fwd(ybuf, NULL, NULL, x, gamma, beta, rows, d, EPS);
+  double l = 0.0;
+  for (int64_t i = 0; i < rows * d; i++) l += ybuf[i] * w[i];
+  return l;
+}
+
+static void check_fd(int64_t rows, int64_t d, uint64_t seed) {
+  const double h = 1e-6;
+  const int64_t n = rows * d, step = d > 100 ? d / 37 : 1; /* sample large rows */
+  tu_rng_t rng;
+  tu_rng_seed(&rng, seed);
+  double *x = malloc(n * sizeof(double)), *w = malloc(n * sizeof(double));
+  double *ybuf = malloc(n * sizeof(double)), *dx = malloc(n * sizeof(double));
+  double *dg = malloc(d * sizeof(double)), *db = malloc(d * sizeof(double));
+  for (int64_t i = 0; i < n; i++) x[i] = 0.5 + 2.0 * tu_rng_normal(&rng);
+  for (int64_t i = 0; i < n; i++) w[i] = tu_rng_normal(&rng);
+  float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+  double *rstd = malloc(rows * sizeof(double));
+  ref_bwd(dx, dg, db, w, x, gamma, rows, d, EPS);
+  ref_fwd(ybuf, NULL, rstd, x, gamma, beta, rows, d, EPS);
+
+  /* dx: error relative to max(||dx||, ||rstd·g||) over the sampled elements (see
+   * assert_rel_scaled) */
+  double num = 0.0, den = 0.0, scale = 0.0, num_p = 0.0, den_p = 0.0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t i = 0; i < d; i += step) { /* only row r depends on x[r, i] */
+      double *xr = x + r * d, keep = xr[i];
+      xr[i] = keep + h;
+      double lp = loss(xr, gamma, beta, w + r * d, 1, d, ybuf);
+      xr[i] = keep - h;
+      double lm = loss(xr, gamma, beta, w + r * d, 1, d, ybuf);
+      xr[i] = keep;
+      double fd = (lp - lm) / (2.0 * h), e = fd - dx[r * d + i];
+      double sg = rstd[r] * w[r * d + i] * gamma[i];
+      num += e * e;
+      den += dx[r * d + i] * dx[r * d + i];
+      scale += sg * sg;
+    }
+  double err = sqrt(num) / fmax(fmax(sqrt(den), sqrt(scale)), 1e-300);
+  ck_assert_msg(err <= TU_RTOL_FD, "FD dx rows=%lld d=%lld: %.3e", (long long)rows, (long long)d,
+                err);
+
+  for (int which = 0; which < 2; which++) { /* gamma, then beta */
+    float *p = which == 0 ? gamma : beta;
+    const double *an = which == 0 ? dg : db;
+    for (int64_t i = 0; i < d; i += step) {
+      float keep = p[i];
+      /* gamma/beta are f32: perturb by an exactly representable step around them */
+      double hh = ldexp(1.0, -20) * fmax(1.0, fabs(keep));
+      p[i] = (float)(keep + hh);
+      double dp = (double)p[i] - keep, lp = loss(x, gamma, beta, w, rows, d, ybuf);
+      p[i] = (float)(keep - hh);
+      double dm = keep - (double)p[i], lm = loss(x, gamma, beta, w, rows, d, ybuf);
+      p[i] = keep;
+      double fd = (lp - lm) / (dp + dm), e = fd - an[i];
+      num_p += e * e;
+      den_p += an[i] * an[i];
+    }
+    double errp = sqrt(num_p) / fmax(sqrt(den_p), 1e-300);
+    ck_assert_msg(errp <= TU_RTOL_FD, "FD d%s rows=%lld d=%lld: %.3e", which ? "beta" : "gamma",
+                  (long long)rows, (long long)d, errp);
+    num_p = den_p = 0.0;
+  }
+  free(x), free(w), free(ybuf), free(dx), free(dg), free(db), free(gamma), free(beta), free(rstd);
+}
+
+START_TEST(test_fd) {
+  for (int64_t a = 0; a < 2; a++) /* rows 1 and 3: the formulas, not the sizes */
+    for (int64_t b = 0; b < ND; b++) check_fd(ROWS[a], DS[b], 900 + 10 * a + b);
+}
+END_TEST
+
+/* ---- bad input, empty batch ------------------------------------------------------------------ */
+
+enum { BR = 3, BD = 8, BN = BR * BD };
+static float bx[BN], bdy[BN], bg[BD], bm[BR], brs[BR];
+static struct { float y[BN], sum[BN], dx[BN], mean[BR], rstd[BR], dg[BD], db[BD]; } bout;
+
+/* Fill every output with a byte pattern / assert that every output still holds it. */
+static void pattern(void) { memset(&bout, 0xA5, sizeof bout); }
+static void assert_untouched(const char *what) {
+  const unsigned char *p = (const unsigned char *)&bout;
+  for (size_t i = 0; i < sizeof bout; i++)
+    CHECK(p[i] == 0xA5, "%s: output byte %zu written", what, i);
+}
+
+static void expect(sn_status_t got, sn_status_t want, const char *fn, const char *what) {
+  ck_assert_msg(got == want, "%s: got %s, want %s (%s)", what, sn_status_string(got),
+                sn_status_string(want), sn_last_error());
+  const char *msg = sn_last_error();
+  size_t len = strlen(fn);
+  ck_assert_msg(strncmp(msg, fn, len) == 0 && msg[len] == ':', "%s: message '%s' does not name %s",
+                what, msg, fn);
+  assert_untouched(what);
+}
+
+typedef struct {
+  void *y, *sum, *dx;
+  const void *x, *res, *dy;
+  float *mean, *rstd;
+  const float *smean, *srstd;
+  int64_t rows, d;
+  float eps;
+  sn_dtype_t dt;
+} args_t;
+
+static args_t good(void) {
+  args_t a = {bout.y, bout.sum, bout.dx, bx, bdy, bdy, bout.mean, bout.rstd, bm, brs, BR, BD, 1e-5f,
+              SN_DTYPE_F32};
+  return a;
+}
+
+/* Calls function f (0 fwd, 1 fused, 2 bwd) with a. */
+static sn_status_t call(int f, args_t a) {
+  if (f == 0) return sn_layernorm_fwd(a.y, a.mean, a.rstd, a.x, bg, bg, a.rows, a.d, a.eps, a.dt);
+  if (f == 1)
+    return sn_add_layernorm_fwd(a.y, a.sum, a.mean, a.rstd, a.x, a.res, bg, bg, a.rows, a.d, a.eps,
+                                a.dt);
+  return sn_layernorm_bwd(a.dx, bout.dg, bout.db, a.dy, a.x, a.smean, a.srstd, bg, a.rows, a.d,
+                          a.dt);
+}
+
+START_TEST(test_bad_input) {
+  static const char *const fns[] = {"sn_layernorm_fwd", "sn_add_layernorm_fwd", "sn_layernorm_bwd"};
+  for (int i = 0; i < BN; i++) bx[i] = bdy[i] = (float)i;
+  for (int i = 0; i < BD; i++) bg[i] = 1.0f;
+  for (int i = 0; i < BR; i++) bm[i] = 1.0f, brs[i] = 1.0f;
+  for (int f = 0; f < 3; f++) {
+    const char *fn = fns[f];
+    args_t a;
+#define CASE(field, value, want)          \
+  a = good();                            \
+  a.field = value;                       \
+  pattern();                             \
+  expect(call(f, a), want, fn, #field " = " #value);
+    CASE(x, NULL, SN_ERR_NULL_POINTER);
+    CASE(rows, -1, SN_ERR_INVALID_SIZE);
+    CASE(d, 0, SN_ERR_INVALID_SIZE);
+    CASE(d, -5, SN_ERR_INVALID_SIZE);
+    CASE(rows, INT64_MAX / 4, SN_ERR_OVERFLOW);
+    CASE(dt, SN_DTYPE_F64, SN_ERR_INVALID_DTYPE);
+    CASE(dt, (sn_dtype_t)99, SN_ERR_INVALID_DTYPE);
+    CASE(dt, (sn_dtype_t)-1, SN_ERR_INVALID_DTYPE);
+    if (f < 2) {
+      CASE(y, NULL, SN_ERR_NULL_POINTER);
+      CASE(eps, 0.0f, SN_ERR_INVALID_EPS);
+      CASE(eps, -1e-5f, SN_ERR_INVALID_EPS);
+      CASE(eps, NAN, SN_ERR_INVALID_EPS);
+      CASE(eps, INFINITY, SN_ERR_INVALID_EPS);
+    }
+    if (f == 1) {
+      CASE(sum, NULL, SN_ERR_NULL_POINTER);
+      CASE(res, NULL, SN_ERR_NULL_POINTER);
+    }
+    if (f == 2) {
+      CASE(dx, NULL, SN_ERR_NULL_POINTER);
+      CASE(dy, NULL, SN_ERR_NULL_POINTER);
+      CASE(smean, NULL, SN_ERR_NULL_POINTER);
+      CASE(srstd, NULL, SN_ERR_NULL_POINTER);
+      /* mean/rstd are required even for an empty batch */
+      a = good(), a.rows = 0, a.smean = NULL, pattern();
+      expect(call(f, a), SN_ERR_NULL_POINTER, fn, "rows = 0, mean NULL");
+    }
+    /* a zero-sized batch still has its other arguments validated */
+    a = good(), a.rows = 0, a.d = 0, pattern();
+    expect(call(f, a), SN_ERR_INVALID_SIZE, fn, "rows = 0, d = 0");
+    /* scratch that cannot be allocated (2^58 to 2^59 bytes, beyond any address space):
+     * SN_ERR_ALLOC before anything is read or written; the tiny buffers are never touched */
+    omp_set_num_threads(2);
+    a = good(), a.rows = 1, a.d = (int64_t)1 << (f == 2 ? 53 : 55), a.dt = SN_DTYPE_BF16;
+    pattern();
+    expect(call(f, a), SN_ERR_ALLOC, fn, "scratch allocation fails");
+#undef CASE
+  }
+}
+END_TEST
+
+/* rows == 0: SN_OK, nothing written, activation pointers may be NULL. */
+START_TEST(test_empty_batch) {
+  pattern();
+  ck_assert_int_eq(sn_layernorm_fwd(NULL, bout.mean, bout.rstd, NULL, bg, bg, 0, BD, EPS,
+                                    SN_DTYPE_F32), SN_OK);
+  ck_assert_int_eq(sn_layernorm_fwd(bout.y, bout.mean, bout.rstd, bx, NULL, NULL, 0, BD, EPS,
+                                    SN_DTYPE_BF16), SN_OK);
+  ck_assert_int_eq(sn_add_layernorm_fwd(NULL, NULL, bout.mean, bout.rstd, NULL, NULL, bg, bg, 0, BD,
+                                        EPS, SN_DTYPE_F16), SN_OK);
+  ck_assert_int_eq(sn_layernorm_bwd(NULL, bout.dg, bout.db, NULL, NULL, bm, brs, bg, 0, BD,
+                                    SN_DTYPE_F32), SN_OK);
+  assert_untouched("rows == 0");
+}
+END_TEST
+
+/* ---- threads, in place ---------------------------------------------------------------------- */
+
+/* fwd, fused and bwd outputs (incl. dgamma/dbeta) are bitwise the same for 1, 2 and 3 threads;
+ * rows = 1000 gives 64 uneven chunks, rows = 37 one chunk per row. */
+START_TEST(test_threads) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  const int64_t shapes[2][2] = {{1000, 65}, {37, 4096}};
+  for (int s = 0; s < 2; s++) {
+    const int64_t rows = shapes[s][0], d = shapes[s][1], n = rows * d;
+    const size_t bytes = (size_t)n * (size_t)sn_dtype_size(dt);
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 1234 + s);
+    void *x = tu_alloc(n, dt), *res = tu_alloc(n, dt), *dy = tu_alloc(n, dt);
+    tu_fill_normal(x, n, dt, 1.0, 3.0, &rng);
+    tu_fill_normal(res, n, dt, 0.0, 1.0, &rng);
+    tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+    float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+    void *out[3][4];  /* per thread count: y, sum, y_fused, dx */
+    float *stat[3][4]; /* mean, rstd, dgamma, dbeta */
+    for (int t = 0; t < 3; t++) {
+      omp_set_num_threads(t + 1);
+      for (int k = 0; k < 4; k++) out[t][k] = tu_alloc(n, dt), tu_poison(out[t][k], n, dt);
+      for (int k = 0; k < 4; k++) {
+        int64_t len = k < 2 ? rows : d;
+        stat[t][k] = malloc((size_t)len * sizeof(float));
+        tu_poison_f32(stat[t][k], len);
+      }
+      ck_assert_int_eq(sn_layernorm_fwd(out[t][0], stat[t][0], stat[t][1], x, gamma, beta, rows,
+                                        d, EPS, dt), SN_OK);
+      ck_assert_int_eq(sn_add_layernorm_fwd(out[t][2], out[t][1], NULL, NULL, x, res, gamma, beta,
+                                            rows, d, EPS, dt), SN_OK);
+      ck_assert_int_eq(sn_layernorm_bwd(out[t][3], stat[t][2], stat[t][3], dy, x, stat[t][0],
+                                        stat[t][1], gamma, rows, d, dt), SN_OK);
+      assert_finite(out[t][3], dt, n, "dx");
+      if (t == 0) continue;
+      for (int k = 0; k < 4; k++) assert_bitwise(out[t][k], out[0][k], bytes, "threads: tensor");
+      for (int k = 0; k < 4; k++)
+        assert_bitwise(stat[t][k], stat[0][k], (k < 2 ? rows : d) * sizeof(float), "threads: stat");
+    }
+    omp_set_num_threads(2);
+    for (int t = 0; t < 3; t++)
+      for (int k = 0; k < 4; k++) free(out[t][k]), free(stat[t][k]);
+    free(x), free(res), free(dy), free(gamma), free(beta);
+  }
+}
+END_TEST
+
+/* y == x and dx == dy give the same bits as separate buffers. */
+START_TEST(test_in_place) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  for (int64_t b = 0; b < ND; b++) {
+    const int64_t rows = 3, d = DS[b], n = rows * d;
+    const size_t bytes = (size_t)n * (size_t)sn_dtype_size(dt);
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 77 + b);
+    void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt), *buf = tu_alloc(n, dt), *dy = tu_alloc(n, dt);
+    void *dx = tu_alloc(n, dt);
+    tu_fill_normal(x, n, dt, -1.0, 2.0, &rng);
+    tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+    float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+    float m[3], rs[3], m2[3], rs2[3], *dg = malloc(d * 4), *db = malloc(d * 4);
+    float *dg2 = malloc(d * 4), *db2 = malloc(d * 4);
+    ck_assert_int_eq(sn_layernorm_fwd(y, m, rs, x, gamma, beta, rows, d, EPS, dt), SN_OK);
+    memcpy(buf, x, bytes);
+    ck_assert_int_eq(sn_layernorm_fwd(buf, m2, rs2, buf, gamma, beta, rows, d, EPS, dt), SN_OK);
+    assert_bitwise(buf, y, bytes, "in-place forward y");
+    assert_bitwise(m2, m, sizeof m, "in-place forward mean");
+    assert_bitwise(rs2, rs, sizeof rs, "in-place forward rstd");
+
+    ck_assert_int_eq(sn_layernorm_bwd(dx, dg, db, dy, x, m, rs, gamma, rows, d, dt), SN_OK);
+    memcpy(buf, dy, bytes);
+    ck_assert_int_eq(sn_layernorm_bwd(buf, dg2, db2, buf, x, m, rs, gamma, rows, d, dt), SN_OK);
+    assert_bitwise(buf, dx, bytes, "in-place backward dx");
+    assert_bitwise(dg2, dg, d * 4, "in-place backward dgamma");
+    assert_bitwise(db2, db, d * 4, "in-place backward dbeta");
+    free(x), free(y), free(buf), free(dy), free(dx), free(gamma), free(beta);
+    free(dg), free(db), free(dg2), free(db2);
+  }
+}
+END_TEST
+
 int main(void) {
+  omp_set_num_threads(2);
   Suite *s = suite_create("layernorm");
-  TCase *tc = tcase_create("placeholder");
-  tcase_add_test(tc, test_placeholder);
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 600);
+  tcase_add_loop_test(tc, test_fwd_shapes, 0, 3);
+  tcase_add_test(tc, test_issue_example);
+  tcase_add_test(tc, test_large_mean);
+  tcase_add_loop_test(tc, test_constant_rows, 0, 3);
+  tcase_add_loop_test(tc, test_near_half_max, 0, 2);
+  tcase_add_loop_test(tc, test_add_fwd, 0, 3);
+  tcase_add_loop_test(tc, test_bwd_shapes, 0, 3);
+  tcase_add_test(tc, test_bwd_large_mean);
+  tcase_add_test(tc, test_fd);
+  tcase_add_test(tc, test_bad_input);
+  tcase_add_test(tc, test_empty_batch);
+  tcase_add_loop_test(tc, test_threads, 0, 3);
+  tcase_add_loop_test(tc, test_in_place, 0, 3);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

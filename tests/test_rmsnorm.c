@@ -1,11 +1,683 @@
-/* placeholder: work in progress */
+/*
+ * test_rmsnorm.c — sn_rmsnorm_fwd, sn_rmsnorm_bwd and sn_add_rmsnorm_fwd against fp64
+ * references written here: every shape of the issue in f32, bf16 and f16, with and without
+ * gamma; the fp64 analytic gradient against central finite differences; adversarial rows (zero
+ * rows, |mean| ≫ σ, bf16/f16 near 6e4); NaN-poisoned outputs; bad input; bitwise determinism
+ * over thread counts; in-place calls.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "testutil.h"
-START_TEST(test_placeholder) { ck_abort_msg("not written yet"); }
+
+/* The huge scratch request of the SN_ERR_ALLOC case must come back as NULL under ASan too (the
+ * runtime looks this hook up dynamically, hence default visibility). */
+__attribute__((visibility("default"))) const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
+static const int64_t ROWS[] = {1, 3, 1000};
+static const int64_t DS[] = {1, 2, 3, 7, 64, 65, 4096};
+#define NROWS (int64_t)(sizeof ROWS / sizeof ROWS[0])
+#define ND (int64_t)(sizeof DS / sizeof DS[0])
+static const float EPS = 1e-5f;
+
+/* bf16/f16 dx is rounded once to the dtype: at most half an ulp (2^-9, 2^-12 relative) per
+ * element, so normwise at most that; one ulp (2^-8, 2^-11) leaves room for the f32 arithmetic
+ * before the rounding. */
+#define TOL_BWD_BF16 0x1p-8
+#define TOL_BWD_F16 0x1p-11
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+/* Every passing ck_assert writes a location record to Check's pipe (a system call), and
+ * testutil's tu_assert_* assert per element or per byte: on million-element tensors that takes
+ * minutes. These wrappers evaluate the same criteria without Check and call the tu_assert_*
+ * function only when it is going to fail, so that it reports the first bad element. */
+#define CHECK(cond, ...) \
+  do {                   \
+    if (!(cond)) ck_abort_msg(__VA_ARGS__); \
+  } while (0)
+
+static int all_finite(const void *got, sn_dtype_t dt, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (!isfinite(tu_get(got, i, dt))) return 0;
+  return 1;
+}
+
+static void assert_fwd(const void *got, sn_dtype_t dt, const double *ref, int64_t n,
+                       const char *what) {
+  int ok = all_finite(got, dt, n);
+  if (ok && dt == SN_DTYPE_F32) ok = tu_normwise_rel(got, dt, ref, n) <= TU_RTOL_F32_FWD;
+  for (int64_t i = 0; ok && dt != SN_DTYPE_F32 && i < n; i++)
+    ok = tu_ulp_diff(tu_get(got, i, dt), tu_round(ref[i], dt), dt) <= TU_ULPS_HALF;
+  if (!ok) tu_assert_fwd(got, dt, ref, n, what);
+}
+
+static void assert_rel(const void *got, sn_dtype_t dt, const double *ref, int64_t n, double rtol,
+                       const char *what) {
+  if (!all_finite(got, dt, n) || !(tu_normwise_rel(got, dt, ref, n) <= rtol))
+    tu_assert_rel(got, dt, ref, n, rtol, what);
+}
+
+static void assert_bitwise(const void *a, const void *b, size_t bytes, const char *what) {
+  if (memcmp(a, b, bytes) != 0) tu_assert_bitwise(a, b, bytes, what);
+}
+
+static void assert_finite(const void *got, sn_dtype_t dt, int64_t n, const char *what) {
+  if (!all_finite(got, dt, n)) tu_assert_all_finite(got, dt, n, what);
+}
+
+static double *load(const void *buf, int64_t n, sn_dtype_t dt) {
+  double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+  ck_assert(v != NULL);
+  for (int64_t i = 0; i < n; i++) v[i] = tu_get(buf, i, dt);
+  return v;
+}
+
+static float *random_f32(int64_t n, double mean, double std, tu_rng_t *rng) {
+  float *v = malloc((size_t)n * sizeof(float));
+  ck_assert(v != NULL);
+  tu_fill_normal(v, n, SN_DTYPE_F32, mean, std, rng);
+  return v;
+}
+
+static double bwd_tol(sn_dtype_t dt) {
+  return dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : dt == SN_DTYPE_BF16 ? TOL_BWD_BF16 : TOL_BWD_F16;
+}
+
+/* ||got − ref|| ≤ rtol·max(||ref||, scale), all finite. The RMSNorm gradient projects rstd·g
+ * onto the complement of x̂ = x·rstd: for d = 1 almost all of it cancels (dx ≈ rstd·g·eps/x²) and
+ * any f32 computation from the saved f32 rstd errs relative to rstd·g, not to dx. `scale` is
+ * ||rstd·g||, the size of the terms; for d ≥ 2 it is within a small factor of ||ref||. */
+static void assert_rel_scaled(const void *got, sn_dtype_t dt, const double *ref, int64_t n,
+                              double scale, double rtol, const char *what) {
+  assert_finite(got, dt, n, what);
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    double e = tu_get(got, i, dt) - ref[i];
+    num += e * e;
+    den += ref[i] * ref[i];
+  }
+  /* f16 outputs below 2^-14 are subnormal, spaced 2^-24: rounding there errs by up to 2^-25
+   * absolute, whatever the value's size */
+  double atol = dt == SN_DTYPE_F16 ? 0x1p-25 * sqrt((double)n) : 0.0;
+  double err = (sqrt(num) - atol) / fmax(fmax(sqrt(den), scale), 1e-300);
+  ck_assert_msg(err <= rtol, "%s (%s): relative error %.3e > %.1e", what, tu_dtype_name[dt], err,
+                rtol);
+}
+
+/* The f32 mean/rstd a kernel saved, against the fp64 reference: one f32 rounding (2^-24
+ * relative) of an fp64 value that differs from the reference only by fp64 rounding; `spread`
+ * (the row's σ) absorbs the fp64 difference when the mean itself is ~0. */
+static void assert_stat(float got, double ref, double spread, const char *what, int64_t r) {
+  double tol = 0x1p-23 * fabs(ref) + 1e-12 * spread;
+  CHECK(fabs((double)got - ref) <= tol, "%s row %lld: %.9g, reference %.9g", what,
+                (long long)r, (double)got, ref);
+}
+
+/* ---- fp64 references ------------------------------------------------------------------------ */
+
+/* RMSNorm forward of x [rows, d] in fp64. rstd may be NULL. */
+static void ref_fwd(double *y, double *rstd, const double *x, const float *gamma, int64_t rows,
+                    int64_t d, double eps) {
+  for (int64_t r = 0; r < rows; r++) {
+    const double *xr = x + r * d;
+    double ms = 0.0;
+    for (int64_t i = 0; i < d; i++) ms += xr[i] * xr[i];
+    double rs = 1.0 / sqrt(ms / (double)d + eps);
+    for (int64_t i = 0; i < d; i++) y[r * d + i] = xr[i] * rs * (gamma ? gamma[i] : 1.0);
+    if (rstd) rstd[r] = rs;
+  }
+}
+
+/* Analytic RMSNorm gradient in fp64, with the exact rstd of x:
+ * dx = rstd·g − rstd³·x·mean(g·x), dgamma = Σ dy·x·rstd. Returns ||rstd·g||. */
+static double ref_bwd(double *dx, double *dgamma, const double *dy, const double *x,
+                      const float *gamma, int64_t rows, int64_t d, double eps) {
+  double scale = 0.0;
+  for (int64_t i = 0; i < d; i++) dgamma[i] = 0.0;
+  for (int64_t r = 0; r < rows; r++) {
+    const double *xr = x + r * d, *dyr = dy + r * d;
+    double ms = 0.0, mgx = 0.0;
+    for (int64_t i = 0; i < d; i++) ms += xr[i] * xr[i];
+    double rs = 1.0 / sqrt(ms / (double)d + eps);
+    for (int64_t i = 0; i < d; i++) {
+      double g = dyr[i] * (gamma ? gamma[i] : 1.0);
+      mgx += g * xr[i];
+      scale += rs * g * rs * g;
+      dgamma[i] += dyr[i] * xr[i] * rs;
+    }
+    mgx /= (double)d;
+    for (int64_t i = 0; i < d; i++) {
+      double g = dyr[i] * (gamma ? gamma[i] : 1.0);
+      dx[r * d + i] = rs * g - rs * rs * rs * xr[i] * mgx;
+    }
+  }
+  return sqrt(scale);
+}
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+/* Forward cases on one x = mean + std·N(0,1) rounded to dt, with and without gamma: y and rstd
+ * poisoned, then checked element by element against ref_fwd. */
+static void check_fwd(int64_t rows, int64_t d, sn_dtype_t dt, double mu, double sigma,
+                      uint64_t seed) {
+  tu_rng_t rng;
+  tu_rng_seed(&rng, seed);
+  const int64_t n = rows * d;
+  void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt);
+  tu_fill_normal(x, n, dt, mu, sigma, &rng);
+  float *gamma = random_f32(d, 1.0, 0.5, &rng), *rstd = malloc((size_t)rows * sizeof(float));
+  double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
+  double *rr = malloc((size_t)rows * sizeof(double));
+  for (int has_g = 0; has_g < 2; has_g++) {
+    const float *g = has_g ? gamma : NULL;
+    char what[160];
+    snprintf(what, sizeof what, "rmsnorm_fwd rows=%lld d=%lld gamma=%d mean=%g", (long long)rows,
+             (long long)d, has_g, mu);
+    tu_poison(y, n, dt);
+    tu_poison_f32(rstd, rows);
+    sn_status_t st = sn_rmsnorm_fwd(y, rstd, x, g, rows, d, EPS, dt);
+    ck_assert_msg(st == SN_OK, "%s: %s %s", what, sn_status_string(st), sn_last_error());
+    ref_fwd(yr, rr, xd, g, rows, d, EPS);
+    assert_fwd(y, dt, yr, n, what);
+    for (int64_t r = 0; r < rows; r++) assert_stat(rstd[r], rr[r], 0.0, "rstd", r);
+  }
+  free(x), free(y), free(gamma), free(rstd), free(xd), free(yr), free(rr);
+}
+
+/* Every rows × d of the issue, one dtype per loop index. */
+START_TEST(test_fwd_shapes) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  for (int64_t a = 0; a < NROWS; a++)
+    for (int64_t b = 0; b < ND; b++) check_fwd(ROWS[a], DS[b], dt, 0.5, 2.0, 100 + 10 * a + b);
+}
 END_TEST
+
+/* |mean| ≫ σ (no cancellation in RMSNorm, but the rows are nearly constant) and mean 0, σ tiny:
+ * within the forward bound. */
+START_TEST(test_large_mean) {
+  for (int64_t b = 0; b < ND; b++) {
+    check_fwd(3, DS[b], SN_DTYPE_F32, 1e4, 1e-2, 300 + b);
+    check_fwd(3, DS[b], SN_DTYPE_F32, 0.0, 1e-3, 310 + b);
+    check_fwd(3, DS[b], SN_DTYPE_BF16, -1e4, 200.0, 320 + b);
+    check_fwd(3, DS[b], SN_DTYPE_F16, 2000.0, 2.0, 330 + b);
+  }
+}
+END_TEST
+
+/* All-zero rows: y == 0 exactly, rstd == 1/√eps, no NaN; the backward stays finite and matches
+ * the analytic gradient. Constant non-zero rows follow the reference. */
+START_TEST(test_constant_rows) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  const double vals[] = {0.0, -3.5, 1e4, 0.0, 65504.0};
+  const int64_t rows = 5, d = 65, n = rows * d;
+  tu_rng_t rng;
+  tu_rng_seed(&rng, 7);
+  void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t i = 0; i < d; i++) tu_set(x, r * d + i, vals[r], dt);
+  tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+  float *gamma = random_f32(d, 1.0, 0.5, &rng), rstd[5], dgamma[65];
+  tu_poison(y, n, dt);
+  tu_poison_f32(rstd, rows);
+  ck_assert_int_eq(sn_rmsnorm_fwd(y, rstd, x, gamma, rows, d, EPS, dt), SN_OK);
+  double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
+  ref_fwd(yr, NULL, xd, gamma, rows, d, EPS);
+  assert_fwd(y, dt, yr, n, "constant rows");
+  for (int64_t r = 0; r < rows; r += 3) { /* the zero rows */
+    CHECK(rstd[r] == (float)(1.0 / sqrt((double)EPS)), "zero row %lld: rstd %g", (long long)r,
+          (double)rstd[r]);
+    for (int64_t i = 0; i < d; i++)
+      CHECK(tu_get(y, r * d + i, dt) == 0.0, "zero row %lld: y[%lld] = %g", (long long)r,
+            (long long)i, tu_get(y, r * d + i, dt));
+  }
+  tu_poison(dx, n, dt);
+  tu_poison_f32(dgamma, d);
+  ck_assert_int_eq(sn_rmsnorm_bwd(dx, dgamma, dy, x, rstd, gamma, rows, d, dt), SN_OK);
+  double *dyd = load(dy, n, dt), *dxr = malloc((size_t)n * sizeof(double)), dgr[65];
+  double scale = ref_bwd(dxr, dgr, dyd, xd, gamma, rows, d, EPS);
+  assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), "constant rows dx");
+  assert_rel(dgamma, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "constant rows dgamma");
+  free(x), free(y), free(dy), free(dx), free(gamma), free(xd), free(yr), free(dyd), free(dxr);
+}
+END_TEST
+
+/* bf16/f16 inputs near 6e4: Σx² ≈ 3.6e9·d overflows f16 and would lose bf16 precision; finite,
+ * correct outputs. Row 0: 6e4 ± 2000; row 1: ±6e4 alternating; row 2: all near 65504. */
+START_TEST(test_near_half_max) {
+  const sn_dtype_t dt = _i == 0 ? SN_DTYPE_BF16 : SN_DTYPE_F16;
+  const int64_t rows = 3, d = 4096, n = rows * d;
+  tu_rng_t rng;
+  tu_rng_seed(&rng, 11);
+  void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt);
+  for (int64_t i = 0; i < d; i++) {
+    tu_set(x, i, fmin(60000.0 + 2000.0 * tu_rng_normal(&rng), 65504.0), dt);
+    tu_set(x, d + i, (i % 2 ? 1 : -1) * fmin(60000.0 + 500.0 * tu_rng_normal(&rng), 65504.0), dt);
+    tu_set(x, 2 * d + i, 65504.0 - 64.0 * (double)tu_rng_int(&rng, 0, 8), dt);
+  }
+  tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+  float *gamma = random_f32(d, 1.0, 0.5, &rng), rstd[3], *dgamma = malloc(d * sizeof(float));
+  tu_poison(y, n, dt);
+  ck_assert_int_eq(sn_rmsnorm_fwd(y, rstd, x, gamma, rows, d, EPS, dt), SN_OK);
+  double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
+  ref_fwd(yr, NULL, xd, gamma, rows, d, EPS);
+  assert_fwd(y, dt, yr, n, "near 6e4 forward");
+
+  tu_poison(dx, n, dt);
+  tu_poison_f32(dgamma, d);
+  ck_assert_int_eq(sn_rmsnorm_bwd(dx, dgamma, dy, x, rstd, gamma, rows, d, dt), SN_OK);
+  double *dyd = load(dy, n, dt), *dxr = malloc((size_t)n * sizeof(double));
+  double *dgr = malloc(d * sizeof(double));
+  double scale = ref_bwd(dxr, dgr, dyd, xd, gamma, rows, d, EPS);
+  assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), "near 6e4 dx");
+  assert_rel(dgamma, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "near 6e4 dgamma");
+  free(x), free(y), free(dy), free(dx), free(gamma), free(dgamma);
+  free(xd), free(yr), free(dyd), free(dxr), free(dgr);
+}
+END_TEST
+
+/* ---- fused residual add --------------------------------------------------------------------- */
+
+/* sum_out == round_dtype(x + residual) with the add in f32; y == RMSNorm(sum_out) within the
+ * forward bound; (y, rstd) bitwise equal to sn_rmsnorm_fwd on sum_out; sum_out == x and
+ * sum_out == residual give the same bits. */
+static void check_add(int64_t rows, int64_t d, sn_dtype_t dt, int has_g, uint64_t seed) {
+  char what[160];
+  snprintf(what, sizeof what, "add_rmsnorm_fwd rows=%lld d=%lld gamma=%d", (long long)rows,
+           (long long)d, has_g);
+  tu_rng_t rng;
+  tu_rng_seed(&rng, seed);
+  const int64_t n = rows * d;
+  const size_t bytes = (size_t)n * (size_t)sn_dtype_size(dt);
+  void *x = tu_alloc(n, dt), *res = tu_alloc(n, dt), *sum = tu_alloc(n, dt), *y = tu_alloc(n, dt);
+  void *y2 = tu_alloc(n, dt), *buf = tu_alloc(n, dt);
+  tu_fill_normal(x, n, dt, 0.3, 1.0, &rng);
+  tu_fill_normal(res, n, dt, -0.1, 2.0, &rng);
+  float *gamma = has_g ? random_f32(d, 1.0, 0.5, &rng) : NULL;
+  float *rs = malloc(rows * sizeof(float)), *rs2 = malloc(rows * sizeof(float));
+  tu_poison(sum, n, dt);
+  tu_poison(y, n, dt);
+  tu_poison_f32(rs, rows);
+  sn_status_t st = sn_add_rmsnorm_fwd(y, sum, rs, x, res, gamma, rows, d, EPS, dt);
+  ck_assert_msg(st == SN_OK, "%s: %s", what, sn_last_error());
+
+  double *sref = malloc((size_t)n * sizeof(double)), *yr = malloc((size_t)n * sizeof(double));
+  for (int64_t i = 0; i < n; i++) {
+    float s = (float)tu_get(x, i, dt) + (float)tu_get(res, i, dt);
+    sref[i] = tu_round(s, dt);
+    CHECK(tu_get(sum, i, dt) == sref[i], "%s: sum_out[%lld] = %.9g, want %.9g", what,
+          (long long)i, tu_get(sum, i, dt), sref[i]);
+  }
+  ref_fwd(yr, NULL, sref, gamma, rows, d, EPS);
+  assert_fwd(y, dt, yr, n, what);
+
+  /* the unfused forward on sum_out gives the same bits */
+  tu_poison(y2, n, dt);
+  ck_assert_int_eq(sn_rmsnorm_fwd(y2, rs2, sum, gamma, rows, d, EPS, dt), SN_OK);
+  assert_bitwise(y, y2, bytes, "fused y vs sn_rmsnorm_fwd(sum_out)");
+  assert_bitwise(rs, rs2, rows * sizeof(float), "fused rstd");
+
+  /* sum_out aliasing x, then residual */
+  for (int alias = 0; alias < 2; alias++) {
+    memcpy(buf, alias == 0 ? x : res, bytes);
+    tu_poison(y2, n, dt);
+    st = alias == 0 ? sn_add_rmsnorm_fwd(y2, buf, rs2, buf, res, gamma, rows, d, EPS, dt)
+                    : sn_add_rmsnorm_fwd(y2, buf, rs2, x, buf, gamma, rows, d, EPS, dt);
+    ck_assert_int_eq(st, SN_OK);
+    assert_bitwise(buf, sum, bytes, alias == 0 ? "sum_out == x" : "sum_out == residual");
+    assert_bitwise(y2, y, bytes, "aliased sum_out: y");
+    assert_bitwise(rs2, rs, rows * sizeof(float), "aliased sum_out: rstd");
+  }
+  free(x), free(res), free(sum), free(y), free(y2), free(buf), free(gamma);
+  free(rs), free(rs2), free(sref), free(yr);
+}
+
+START_TEST(test_add_fwd) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  for (int64_t a = 0; a < NROWS; a++)
+    for (int64_t b = 0; b < ND; b++)
+      check_add(ROWS[a], DS[b], dt, (a + b) % 2 == 0, 500 + 10 * a + b);
+}
+END_TEST
+
+/* ---- backward ------------------------------------------------------------------------------- */
+
+/* Backward cases on one (x, dy), with and without gamma: rstd from sn_rmsnorm_fwd; dx, dgamma
+ * poisoned, then checked against the analytic fp64 gradient of the (dtype-rounded) inputs. Also:
+ * dgamma NULL leaves dx's bits unchanged. */
+static void check_bwd(int64_t rows, int64_t d, sn_dtype_t dt, double mu, double sigma,
+                      uint64_t seed) {
+  tu_rng_t rng;
+  tu_rng_seed(&rng, seed);
+  const int64_t n = rows * d;
+  const size_t bytes = (size_t)n * (size_t)sn_dtype_size(dt);
+  void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt), *dx2 = tu_alloc(n, dt);
+  tu_fill_normal(x, n, dt, mu, sigma, &rng);
+  tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+  float *gamma = random_f32(d, 1.0, 0.5, &rng), *rstd = malloc(rows * sizeof(float));
+  float *dg = malloc(d * sizeof(float));
+  double *xd = load(x, n, dt), *dyd = load(dy, n, dt), *dxr = malloc((size_t)n * sizeof(double));
+  double *dgr = malloc(d * sizeof(double));
+  for (int has_g = 0; has_g < 2; has_g++) {
+    const float *g = has_g ? gamma : NULL;
+    char what[160];
+    snprintf(what, sizeof what, "rmsnorm_bwd rows=%lld d=%lld gamma=%d mean=%g",
+             (long long)rows, (long long)d, has_g, mu);
+    ck_assert_int_eq(sn_rmsnorm_fwd(dx, rstd, x, g, rows, d, EPS, dt), SN_OK);
+    tu_poison(dx, n, dt);
+    tu_poison_f32(dg, d);
+    sn_status_t st = sn_rmsnorm_bwd(dx, dg, dy, x, rstd, g, rows, d, dt);
+    ck_assert_msg(st == SN_OK, "%s: %s", what, sn_last_error());
+    double scale = ref_bwd(dxr, dgr, dyd, xd, g, rows, d, EPS);
+    assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), what);
+    assert_rel(dg, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "dgamma");
+
+    tu_poison(dx2, n, dt);
+    ck_assert_int_eq(sn_rmsnorm_bwd(dx2, NULL, dy, x, rstd, g, rows, d, dt), SN_OK);
+    assert_bitwise(dx2, dx, bytes, "dx with dgamma NULL");
+  }
+  free(x), free(dy), free(dx), free(dx2), free(gamma), free(rstd), free(dg);
+  free(xd), free(dyd), free(dxr), free(dgr);
+}
+
+START_TEST(test_bwd_shapes) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  for (int64_t a = 0; a < NROWS; a++)
+    for (int64_t b = 0; b < ND; b++) check_bwd(ROWS[a], DS[b], dt, 0.5, 2.0, 700 + 10 * a + b);
+}
+END_TEST
+
+START_TEST(test_bwd_large_mean) {
+  for (int64_t b = 0; b < ND; b++) {
+    check_bwd(3, DS[b], SN_DTYPE_F32, 1e4, 1e-2, 800 + b);
+    check_bwd(3, DS[b], SN_DTYPE_F16, 2000.0, 2.0, 820 + b);
+  }
+}
+END_TEST
+
+/* The fp64 analytic gradient (ref_bwd) against central differences of ref_fwd, for the loss
+ * L = Σ y·w with random w: dx and dgamma. Step h = 1e-6 for x (O(1)); gamma is f32, so its
+ * steps are exactly representable ones near 2^-20·|gamma|. */
+static double loss(const double *x, const float *gamma, const double *w, int64_t rows, int64_t d,
+                   double *ybuf) {
+  ref_fwd(ybuf, NULL, x, gamma, rows, d, EPS);
+  double l = 0.0;
+  for (int64_t i = 0; i < rows * d; i++) l += ybuf[i] * w[i];
+  return l;
+}
+
+static void check_fd(int64_t rows, int64_t d, uint64_t seed) {
+  const double h = 1e-6;
+  const int64_t n = rows * d, step = d > 100 ? d / 37 : 1; /* sample large rows */
+  tu_rng_t rng;
+  tu_rng_seed(&rng, seed);
+  double *x = malloc(n * sizeof(double)), *w = malloc(n * sizeof(double));
+  double *ybuf = malloc(n * sizeof(double)), *dx = malloc(n * sizeof(double));
+  double *dg = malloc(d * sizeof(double)), *rstd = malloc(rows * sizeof(double));
+  for (int64_t i = 0; i < n; i++) x[i] = 0.5 + 2.0 * tu_rng_normal(&rng);
+  for (int64_t i = 0; i < n; i++) w[i] = tu_rng_normal(&rng);
+  float *gamma = random_f32(d, 1.0, 0.5, &rng);
+  ref_bwd(dx, dg, w, x, gamma, rows, d, EPS);
+  ref_fwd(ybuf, rstd, x, gamma, rows, d, EPS);
+
+  /* dx: error relative to max(||dx||, ||rstd·g||) over the sampled elements */
+  double num = 0.0, den = 0.0, scale = 0.0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t i = 0; i < d; i += step) { /* only row r depends on x[r, i] */
+      double *xr = x + r * d, keep = xr[i];
+      xr[i] = keep + h;
+      double lp = loss(xr, gamma, w + r * d, 1, d, ybuf);
+      xr[i] = keep - h;
+      double lm = loss(xr, gamma, w + r * d, 1, d, ybuf);
+      xr[i] = keep;
+      double fd = (lp - lm) / (2.0 * h), e = fd - dx[r * d + i];
+      double sg = rstd[r] * w[r * d + i] * gamma[i];
+      num += e * e;
+      den += dx[r * d + i] * dx[r * d + i];
+      scale += sg * sg;
+    }
+  double err = sqrt(num) / fmax(fmax(sqrt(den), sqrt(scale)), 1e-300);
+  ck_assert_msg(err <= TU_RTOL_FD, "FD dx rows=%lld d=%lld: %.3e", (long long)rows, (long long)d,
+                err);
+
+  num = den = 0.0;
+  for (int64_t i = 0; i < d; i += step) {
+    float keep = gamma[i];
+    double hh = ldexp(1.0, -20) * fmax(1.0, fabs(keep));
+    gamma[i] = (float)(keep + hh);
+    double dp = (double)gamma[i] - keep, lp = loss(x, gamma, w, rows, d, ybuf);
+    gamma[i] = (float)(keep - hh);
+    double dm = keep - (double)gamma[i], lm = loss(x, gamma, w, rows, d, ybuf);
+    gamma[i] = keep;
+    double fd = (lp - lm) / (dp + dm), e = fd - dg[i];
+    num += e * e;
+    den += dg[i] * dg[i];
+  }
+  err = sqrt(num) / fmax(sqrt(den), 1e-300);
+  ck_assert_msg(err <= TU_RTOL_FD, "FD dgamma rows=%lld d=%lld: %.3e", (long long)rows,
+                (long long)d, err);
+  free(x), free(w), free(ybuf), free(dx), free(dg), free(rstd), free(gamma);
+}
+
+START_TEST(test_fd) {
+  for (int64_t a = 0; a < 2; a++) /* rows 1 and 3: the formulas, not the sizes */
+    for (int64_t b = 0; b < ND; b++) check_fd(ROWS[a], DS[b], 900 + 10 * a + b);
+}
+END_TEST
+
+/* ---- bad input, empty batch ------------------------------------------------------------------ */
+
+enum { BR = 3, BD = 8, BN = BR * BD };
+static float bx[BN], bdy[BN], bg[BD], brs[BR];
+static struct { float y[BN], sum[BN], dx[BN], rstd[BR], dg[BD]; } bout;
+
+/* Fill every output with a byte pattern / assert that every output still holds it. */
+static void pattern(void) { memset(&bout, 0xA5, sizeof bout); }
+static void assert_untouched(const char *what) {
+  const unsigned char *p = (const unsigned char *)&bout;
+  for (size_t i = 0; i < sizeof bout; i++)
+    CHECK(p[i] == 0xA5, "%s: output byte %zu written", what, i);
+}
+
+static void expect(sn_status_t got, sn_status_t want, const char *fn, const char *what) {
+  ck_assert_msg(got == want, "%s: got %s, want %s (%s)", what, sn_status_string(got),
+                sn_status_string(want), sn_last_error());
+  const char *msg = sn_last_error();
+  size_t len = strlen(fn);
+  ck_assert_msg(strncmp(msg, fn, len) == 0 && msg[len] == ':', "%s: message '%s' does not name %s",
+                what, msg, fn);
+  assert_untouched(what);
+}
+
+typedef struct {
+  void *y, *sum, *dx;
+  const void *x, *res, *dy;
+  float *rstd;
+  const float *srstd;
+  int64_t rows, d;
+  float eps;
+  sn_dtype_t dt;
+} args_t;
+
+static args_t good(void) {
+  args_t a = {bout.y, bout.sum, bout.dx, bx, bdy, bdy, bout.rstd, brs, BR, BD, 1e-5f, SN_DTYPE_F32};
+  return a;
+}
+
+/* Calls function f (0 fwd, 1 fused, 2 bwd) with a. */
+static sn_status_t call(int f, args_t a) {
+  if (f == 0) return sn_rmsnorm_fwd(a.y, a.rstd, a.x, bg, a.rows, a.d, a.eps, a.dt);
+  if (f == 1)
+    return sn_add_rmsnorm_fwd(a.y, a.sum, a.rstd, a.x, a.res, bg, a.rows, a.d, a.eps, a.dt);
+  return sn_rmsnorm_bwd(a.dx, bout.dg, a.dy, a.x, a.srstd, bg, a.rows, a.d, a.dt);
+}
+
+START_TEST(test_bad_input) {
+  static const char *const fns[] = {"sn_rmsnorm_fwd", "sn_add_rmsnorm_fwd", "sn_rmsnorm_bwd"};
+  for (int i = 0; i < BN; i++) bx[i] = bdy[i] = (float)i;
+  for (int i = 0; i < BD; i++) bg[i] = 1.0f;
+  for (int i = 0; i < BR; i++) brs[i] = 1.0f;
+  for (int f = 0; f < 3; f++) {
+    const char *fn = fns[f];
+    args_t a;
+#define CASE(field, value, want) \
+  a = good();                    \
+  a.field = value;               \
+  pattern();                     \
+  expect(call(f, a), want, fn, #field " = " #value);
+    CASE(x, NULL, SN_ERR_NULL_POINTER);
+    CASE(rows, -1, SN_ERR_INVALID_SIZE);
+    CASE(d, 0, SN_ERR_INVALID_SIZE);
+    CASE(d, -5, SN_ERR_INVALID_SIZE);
+    CASE(rows, INT64_MAX / 4, SN_ERR_OVERFLOW);
+    CASE(dt, SN_DTYPE_F64, SN_ERR_INVALID_DTYPE);
+    CASE(dt, (sn_dtype_t)99, SN_ERR_INVALID_DTYPE);
+    CASE(dt, (sn_dtype_t)-1, SN_ERR_INVALID_DTYPE);
+    if (f < 2) {
+      CASE(y, NULL, SN_ERR_NULL_POINTER);
+      CASE(eps, 0.0f, SN_ERR_INVALID_EPS);
+      CASE(eps, -1e-5f, SN_ERR_INVALID_EPS);
+      CASE(eps, NAN, SN_ERR_INVALID_EPS);
+      CASE(eps, INFINITY, SN_ERR_INVALID_EPS);
+    }
+    if (f == 1) {
+      CASE(sum, NULL, SN_ERR_NULL_POINTER);
+      CASE(res, NULL, SN_ERR_NULL_POINTER);
+    }
+    if (f == 2) {
+      CASE(dx, NULL, SN_ERR_NULL_POINTER);
+      CASE(dy, NULL, SN_ERR_NULL_POINTER);
+      CASE(srstd, NULL, SN_ERR_NULL_POINTER);
+      /* rstd is required even for an empty batch */
+      a = good(), a.rows = 0, a.srstd = NULL, pattern();
+      expect(call(f, a), SN_ERR_NULL_POINTER, fn, "rows = 0, rstd NULL");
+    }
+    /* a zero-sized batch still has its other arguments validated */
+    a = good(), a.rows = 0, a.d = 0, pattern();
+    expect(call(f, a), SN_ERR_INVALID_SIZE, fn, "rows = 0, d = 0");
+    /* scratch that cannot be allocated (2^57 to 2^59 bytes, beyond any address space):
+     * SN_ERR_ALLOC before anything is read or written; the tiny buffers are never touched */
+    omp_set_num_threads(2);
+    a = good(), a.rows = 1, a.d = (int64_t)1 << (f == 2 ? 53 : 55), a.dt = SN_DTYPE_BF16;
+    pattern();
+    expect(call(f, a), SN_ERR_ALLOC, fn, "scratch allocation fails");
+#undef CASE
+  }
+}
+END_TEST
+
+/* rows == 0: SN_OK, nothing written, activation pointers may be NULL. */
+START_TEST(test_empty_batch) {
+  pattern();
+  ck_assert_int_eq(sn_rmsnorm_fwd(NULL, bout.rstd, NULL, bg, 0, BD, EPS, SN_DTYPE_F32), SN_OK);
+  ck_assert_int_eq(sn_rmsnorm_fwd(bout.y, bout.rstd, bx, NULL, 0, BD, EPS, SN_DTYPE_BF16), SN_OK);
+  ck_assert_int_eq(sn_add_rmsnorm_fwd(NULL, NULL, bout.rstd, NULL, NULL, bg, 0, BD, EPS,
+                                      SN_DTYPE_F16), SN_OK);
+  ck_assert_int_eq(sn_rmsnorm_bwd(NULL, bout.dg, NULL, NULL, brs, bg, 0, BD, SN_DTYPE_F32), SN_OK);
+  assert_untouched("rows == 0");
+}
+END_TEST
+
+/* ---- threads, in place ---------------------------------------------------------------------- */
+
+/* fwd, fused and bwd outputs (incl. dgamma) are bitwise the same for 1, 2 and 3 threads;
+ * rows = 1000 gives 64 uneven chunks, rows = 37 one chunk per row. */
+START_TEST(test_threads) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  const int64_t shapes[2][2] = {{1000, 65}, {37, 4096}};
+  for (int s = 0; s < 2; s++) {
+    const int64_t rows = shapes[s][0], d = shapes[s][1], n = rows * d;
+    const size_t bytes = (size_t)n * (size_t)sn_dtype_size(dt);
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 1234 + s);
+    void *x = tu_alloc(n, dt), *res = tu_alloc(n, dt), *dy = tu_alloc(n, dt);
+    tu_fill_normal(x, n, dt, 1.0, 3.0, &rng);
+    tu_fill_normal(res, n, dt, 0.0, 1.0, &rng);
+    tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+    float *gamma = random_f32(d, 1.0, 0.5, &rng);
+    void *out[3][4];   /* per thread count: y, sum, y_fused, dx */
+    float *stat[3][2]; /* rstd, dgamma */
+    for (int t = 0; t < 3; t++) {
+      omp_set_num_threads(t + 1);
+      for (int k = 0; k < 4; k++) out[t][k] = tu_alloc(n, dt), tu_poison(out[t][k], n, dt);
+      for (int k = 0; k < 2; k++) {
+        int64_t len = k == 0 ? rows : d;
+        stat[t][k] = malloc((size_t)len * sizeof(float));
+        tu_poison_f32(stat[t][k], len);
+      }
+      ck_assert_int_eq(sn_rmsnorm_fwd(out[t][0], stat[t][0], x, gamma, rows, d, EPS, dt), SN_OK);
+      ck_assert_int_eq(sn_add_rmsnorm_fwd(out[t][2], out[t][1], NULL, x, res, gamma, rows, d, EPS,
+                                          dt), SN_OK);
+      ck_assert_int_eq(sn_rmsnorm_bwd(out[t][3], stat[t][1], dy, x, stat[t][0], gamma, rows, d,
+                                      dt), SN_OK);
+      assert_finite(out[t][3], dt, n, "dx");
+      if (t == 0) continue;
+      for (int k = 0; k < 4; k++) assert_bitwise(out[t][k], out[0][k], bytes, "threads: tensor");
+      for (int k = 0; k < 2; k++)
+        assert_bitwise(stat[t][k], stat[0][k], (k == 0 ? rows : d) * sizeof(float),
+                       "threads: stat");
+    }
+    omp_set_num_threads(2);
+    for (int t = 0; t < 3; t++) {
+      for (int k = 0; k < 4; k++) free(out[t][k]);
+      free(stat[t][0]), free(stat[t][1]);
+    }
+    free(x), free(res), free(dy), free(gamma);
+  }
+}
+END_TEST
+
+/* y == x and dx == dy give the same bits as separate buffers. */
+START_TEST(test_in_place) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  for (int64_t b = 0; b < ND; b++) {
+    const int64_t rows = 3, d = DS[b], n = rows * d;
+    const size_t bytes = (size_t)n * (size_t)sn_dtype_size(dt);
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 77 + b);
+    void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt), *buf = tu_alloc(n, dt), *dy = tu_alloc(n, dt);
+    void *dx = tu_alloc(n, dt);
+    tu_fill_normal(x, n, dt, -1.0, 2.0, &rng);
+    tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+    float *gamma = random_f32(d, 1.0, 0.5, &rng), rs[3], rs2[3];
+    float *dg = malloc(d * 4), *dg2 = malloc(d * 4);
+    ck_assert_int_eq(sn_rmsnorm_fwd(y, rs, x, gamma, rows, d, EPS, dt), SN_OK);
+    memcpy(buf, x, bytes);
+    ck_assert_int_eq(sn_rmsnorm_fwd(buf, rs2, buf, gamma, rows, d, EPS, dt), SN_OK);
+    assert_bitwise(buf, y, bytes, "in-place forward y");
+    assert_bitwise(rs2, rs, sizeof rs, "in-place forward rstd");
+
+    ck_assert_int_eq(sn_rmsnorm_bwd(dx, dg, dy, x, rs, gamma, rows, d, dt), SN_OK);
+    memcpy(buf, dy, bytes);
+    ck_assert_int_eq(sn_rmsnorm_bwd(buf, dg2, buf, x, rs, gamma, rows, d, dt), SN_OK);
+    assert_bitwise(buf, dx, bytes, "in-place backward dx");
+    assert_bitwise(dg2, dg, d * 4, "in-place backward dgamma");
+    free(x), free(y), free(buf), free(dy), free(dx), free(gamma), free(dg), free(dg2);
+  }
+}
+END_TEST
+
 int main(void) {
+  omp_set_num_threads(2);
   Suite *s = suite_create("rmsnorm");
-  TCase *tc = tcase_create("placeholder");
-  tcase_add_test(tc, test_placeholder);
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 600);
+  tcase_add_loop_test(tc, test_fwd_shapes, 0, 3);
+  tcase_add_test(tc, test_large_mean);
+  tcase_add_loop_test(tc, test_constant_rows, 0, 3);
+  tcase_add_loop_test(tc, test_near_half_max, 0, 2);
+  tcase_add_loop_test(tc, test_add_fwd, 0, 3);
+  tcase_add_loop_test(tc, test_bwd_shapes, 0, 3);
+  tcase_add_test(tc, test_bwd_large_mean);
+  tcase_add_test(tc, test_fd);
+  tcase_add_test(tc, test_bad_input);
+  tcase_add_test(tc, test_empty_batch);
+  tcase_add_loop_test(tc, test_threads, 0, 3);
+  tcase_add_loop_test(tc, test_in_place, 0, 3);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

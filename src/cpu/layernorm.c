@@ -1,2 +1,362 @@
-/* placeholder: work in progress */
-typedef int sn_placeholder_layernorm_t;
+/*
+ * layernorm.c — LayerNorm forward and backward, and the fused residual add + LayerNorm forward,
+ * on the CPU. Every tensor is row-major [rows, d]; one row is normalized over its d elements.
+ *
+ * Per row, forward:
+ *   pass 1  mean = Σx/d                        fp64, SN_ROW_LANES fixed lanes
+ *   pass 2  var  = Σ(x − mean)²/d              fp64, two-pass: no cancellation when |mean| ≫ σ
+ *   pass 3  y = (x − mean)·rstd·gamma + beta
+ * The row (4 KB at d = 1024 f32) stays in L1/L2 between passes, so x is read from DRAM once and
+ * y written once. Pass 3 runs in f32, with the fp64 mean split into two floats hi + lo:
+ * (x − hi) is exact when x is near the mean (Sterbenz), so |mean| ≫ σ loses nothing. For
+ * bf16/f16 outputs a guard finds the rare elements where beta cancels (x̂·gamma ≈ −beta) so much
+ * that the f32 result could miss the 1-ulp bound, and recomputes them in fp64 (ln_fix).
+ * bf16/f16 rows are widened into per-thread f32 scratch rows ([threads, 2, d] floats: x and y,
+ * allocated before the parallel region), computed there and narrowed once,
+ * round-to-nearest-even.
+ *
+ * Backward, per row, with g = dy·gamma and x̂ = (x − mean)·rstd from the saved f32 mean/rstd:
+ *   pass A  Σx̂, Σg, Σg·x̂                     fp64
+ *   pass B  x̂' = x̂ − mean(x̂) (re-centred), dx = rstd·(g − mean(g) − x̂'·mean(g·x̂'))
+ * dgamma = Σ_rows dy·x̂', dbeta = Σ_rows dy: the rows are cut into the fixed chunks of cpu.h;
+ * a thread sums its chunk's rows in order into its own fp64 partials ([threads, 2, d]), then adds
+ * them to the total in chunk order (an OpenMP ordered region): bitwise the same for any thread
+ * count, with scratch O(threads·d) rather than O(chunks·d).
+ *
+ * Threads: OpenMP over rows (or chunks of rows); the row functions below carry SN_CLONES and no
+ * OpenMP pragmas.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "rownorm.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* forward                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* y[i] = ((x[i] − hi) − lo)·s·gamma[i] + beta[i] in f32; mean = hi + lo, s = (float)rstd.
+ * has_g, has_b and check are constants after inlining: each combination is its own vector loop.
+ * With check (bf16/f16 outputs with beta), returns whether some element is risky (ln_fix). */
+SN_INLINE int ln_map_f32(float *y, const float *x, const float *gamma, const float *beta,
+                         int64_t d, double mean, double rstd, float thr, float tiny, int has_g,
+                         int has_b, int check) {
+  const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
+  int risky = 0;
+  SN_IVDEP
+  for (int64_t i = 0; i < d; i++) {
+    float t = ((x[i] - hi) - lo) * s;
+    if (has_g) t = t * gamma[i];
+    const float v = has_b ? t + beta[i] : t;
+    y[i] = v;
+    if (check) risky |= !(fabsf(v) >= thr * fabsf(t)) | (fabsf(v) < tiny);
+  }
+  return risky;
+}
+
+/* The bf16/f16 guard. The f32 map errs by at most ~5 f32 roundings (2^-24 each) of t·gamma
+ * (x − hi, − lo, rstd rounded to f32, · rstd, · gamma) plus one of y. Without beta that is
+ * relative to y and far inside the 1-ulp bound of the narrowed output; with beta, t·gamma + beta
+ * can cancel. Where |y| >= thr·|t·gamma|, with thr = 2^-10 (bf16, 8 significant bits) or 2^-7
+ * (f16, 11), the error stays below a sixth of half an output ulp, so narrowing the f32 value
+ * lands within 1 ulp of the exact result's. Elsewhere (rare: |y| tiny next to its terms), and
+ * for f16 results below 2^-13 where the ulp is fixed (2^-24), the element is recomputed in
+ * fp64 from the same inputs. The decision uses the same f32 arithmetic in every clone, so the
+ * bits do not depend on the CPU. y must not alias x. */
+static void ln_fix(float *y, const float *x, const float *gamma, const float *beta, int64_t d,
+                   double mean, double rstd, float thr, float tiny) {
+  const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
+  for (int64_t i = 0; i < d; i++) {
+    const float g = gamma != NULL ? gamma[i] : 1.0f;
+    float t = ((x[i] - hi) - lo) * s;
+    if (gamma != NULL) t = t * g;
+    const float v = t + beta[i];
+    if (fabsf(v) >= thr * fabsf(t) && !(fabsf(v) < tiny)) continue;
+    y[i] = (float)(((double)x[i] - mean) * rstd * (double)g + (double)beta[i]);
+  }
+}
+
+/* One row: x [d] f32 → y [d] f32; stats[0] = mean, stats[1] = rstd (fp64). y may equal x for
+ * f32 outputs (dtype); for bf16/f16 it must not (the guard rereads x). next, out, esize: the
+ * rows to prefetch (sn__row_sumsq_pf). */
+SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const float *gamma,
+                                 const float *beta, int64_t d, float eps, sn_dtype_t dtype,
+                                 const char *next, char *out, int esize) {
+  const double mean = sn__row_sum(x, d) / (double)d;
+  const double var = sn__row_sumsq_pf(x, d, mean, next, out, esize) / (double)d;
+  const double rstd = 1.0 / sqrt(var + (double)eps);
+  stats[0] = mean;
+  stats[1] = rstd;
+  const int g = gamma != NULL, c = beta != NULL && dtype != SN_DTYPE_F32;
+  const float thr = dtype == SN_DTYPE_BF16 ? 0x1p-10f : 0x1p-7f;
+  const float tiny = dtype == SN_DTYPE_F16 ? 0x1p-13f : 0.0f;
+  int risky = 0;
+  if (beta == NULL) {
+    if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, thr, tiny, 1, 0, 0);
+    else ln_map_f32(y, x, gamma, beta, d, mean, rstd, thr, tiny, 0, 0, 0);
+  } else if (c) {
+    if (g) risky = ln_map_f32(y, x, gamma, beta, d, mean, rstd, thr, tiny, 1, 1, 1);
+    else risky = ln_map_f32(y, x, gamma, beta, d, mean, rstd, thr, tiny, 0, 1, 1);
+  } else {
+    if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, thr, tiny, 1, 1, 0);
+    else ln_map_f32(y, x, gamma, beta, d, mean, rstd, thr, tiny, 0, 1, 0);
+  }
+  if (risky) ln_fix(y, x, gamma, beta, d, mean, rstd, thr, tiny);
+}
+
+/* s[i] = x[i] + r[i] (f32) for the fused kernel. */
+SN_CLONES static void ln_add_row(float *s, const float *x, const float *r, int64_t d) {
+  sn__add_row(s, x, r, d);
+}
+
+/* Row r of the forward from its f32 view xr: writes y row r and mean[r], rstd[r] when given.
+ * ytmp: d floats of this thread's scratch where a bf16/f16 row is computed (not xr), NULL for
+ * f32. next: the next input row, to prefetch (NULL for none). */
+static void ln_fwd_store(void *y, float *mean, float *rstd, const float *xr, float *ytmp,
+                         const float *gamma, const float *beta, int64_t r, int64_t d, float eps,
+                         sn_dtype_t dtype, const char *next) {
+  const int64_t off = r * d, esize = sn_dtype_size(dtype);
+  double stats[2];
+  float *yr = sn__out_row(y, off, dtype, ytmp);
+  char *out = (char *)y + off * esize; /* to prefetch for writing */
+  ln_fwd_row(yr, stats, xr, gamma, beta, d, eps, dtype, next, out, (int)esize);
+  sn__out_done(y, off, d, dtype, ytmp);
+  if (mean != NULL) mean[r] = (float)stats[0];
+  if (rstd != NULL) rstd[r] = (float)stats[1];
+}
+
+sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
+                             const float *gamma, const float *beta, int64_t rows, int64_t d,
+                             float eps, sn_dtype_t dtype) {
+  static const char fn[] = "sn_layernorm_fwd";
+  int64_t n;
+  SN_TRY(sn__rownorm_check(fn, rows, d, &eps, dtype, &n));
+  SN_TRY(sn__check_act(fn, "y", y, n));
+  SN_TRY(sn__check_act(fn, "x", x, n));
+  if (n == 0) return SN_OK;
+
+  /* scratch: [threads, 2, d] f32 for bf16/f16 (the x row, then the y row); f32 works on x and
+   * y directly */
+  const int64_t esize = sn_dtype_size(dtype);
+  sn_status_t st = SN_OK;
+  float *scratch = NULL;
+  if (dtype != SN_DTYPE_F32 &&
+      (scratch = sn__alloc(fn, sn__max_threads(), 2 * d, sizeof(float), &st)) == NULL)
+    return st;
+
+#pragma omp parallel
+  {
+    float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * 2 * d : NULL;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
+      const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
+      ln_fwd_store(y, mean, rstd, xr, tmp != NULL ? tmp + d : NULL, gamma, beta, r, d, eps,
+                   dtype, next);
+    }
+  }
+  sn__free(scratch);
+  return SN_OK;
+}
+
+sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rstd,
+                                 const void *x, const void *residual, const float *gamma,
+                                 const float *beta, int64_t rows, int64_t d, float eps,
+                                 sn_dtype_t dtype) {
+  static const char fn[] = "sn_add_layernorm_fwd";
+  int64_t n;
+  SN_TRY(sn__rownorm_check(fn, rows, d, &eps, dtype, &n));
+  SN_TRY(sn__check_act(fn, "y", y, n));
+  SN_TRY(sn__check_act(fn, "sum_out", sum_out, n));
+  SN_TRY(sn__check_act(fn, "x", x, n));
+  SN_TRY(sn__check_act(fn, "residual", residual, n));
+  if (n == 0) return SN_OK;
+
+  /* scratch: [threads, 2, d] f32 for bf16/f16 (the x row, then the residual row and later y) */
+  sn_status_t st = SN_OK;
+  float *scratch = NULL;
+  if (dtype != SN_DTYPE_F32 &&
+      (scratch = sn__alloc(fn, sn__max_threads(), 2 * d, sizeof(float), &st)) == NULL)
+    return st;
+
+#pragma omp parallel
+  {
+    float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * 2 * d : NULL;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      const int64_t off = r * d;
+      const float *sr; /* the rounded sum row as f32 [d] */
+      if (dtype == SN_DTYPE_F32) {
+        float *s = (float *)sum_out + off;
+        ln_add_row(s, (const float *)x + off, (const float *)residual + off, d);
+        sr = s;
+      } else {
+        sn__to_f32(tmp, x, off, d, dtype);
+        sn__to_f32(tmp + d, residual, off, d, dtype);
+        ln_add_row(tmp, tmp, tmp + d, d);
+        sn__from_f32(sum_out, off, tmp, d, dtype);
+        sn__to_f32(tmp, sum_out, off, d, dtype); /* normalize the rounded values (cache-hot) */
+        sr = tmp;
+      }
+      /* bf16/f16: y is computed over the residual row, no longer needed */
+      ln_fwd_store(y, mean, rstd, sr, tmp != NULL ? tmp + d : NULL, gamma, beta, r, d, eps,
+                   dtype, NULL);
+    }
+  }
+  sn__free(scratch);
+  return SN_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* backward                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Pass A for element i: x̂ = (x − m)·s and g = dy·gamma in f32, added to the lane sums. */
+SN_INLINE void ln_bwd_acc(double *a_xh, double *a_g, double *a_gxh, float x, float dy,
+                          const float *gamma, int64_t i, float m, float s, int has_g) {
+  const float xh = (x - m) * s;
+  const float g = has_g ? dy * gamma[i] : dy;
+  *a_xh += (double)xh;
+  *a_g += (double)g;
+  *a_gxh += (double)g * (double)xh;
+}
+
+/* Memory the backward row function prefetches during its first pass (see sn__row_sumsq_pf):
+ * the next row's x and dy for reading, this row's dx for writing; NULL for none. */
+typedef struct {
+  const char *x, *dy;
+  char *dx;
+  int esize;
+} ln_prefetch_t;
+
+/* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x, the saved mean m and
+ * rstd s. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy (this chunk's fp64 partials). */
+SN_INLINE void ln_bwd_row_impl(float *dx, double *dgp, double *dbp, const float *dy,
+                               const float *x, const float *gamma, int64_t d, float m, float s,
+                               const ln_prefetch_t *pf, int has_g, int has_part) {
+  /* pass A: Σx̂, Σg, Σg·x̂ in fp64 lanes; one line of each prefetched stream per block */
+  enum { L = SN_ROW_LANES3 };
+  double a_xh[L] = {0}, a_g[L] = {0}, a_gxh[L] = {0};
+  int64_t i = 0;
+  for (; i + L <= d; i += L) {
+    if (pf->x != NULL) __builtin_prefetch(pf->x + i * pf->esize, 0);
+    if (pf->dy != NULL) __builtin_prefetch(pf->dy + i * pf->esize, 0);
+    if (pf->dx != NULL) __builtin_prefetch(pf->dx + i * pf->esize, 1);
+    for (int k = 0; k < L; k++)
+      ln_bwd_acc(&a_xh[k], &a_g[k], &a_gxh[k], x[i + k], dy[i + k], gamma, i + k, m, s, has_g);
+  }
+  for (int k = 0; k < L && i < d; i++, k++)
+    ln_bwd_acc(&a_xh[k], &a_g[k], &a_gxh[k], x[i], dy[i], gamma, i, m, s, has_g);
+  const double sum_xh = sn__lanes_total_n(a_xh, L), sum_g = sn__lanes_total_n(a_g, L);
+  const double sum_gxh = sn__lanes_total_n(a_gxh, L);
+
+  /* x̂' = x̂ − c has mean 0 even when the saved f32 mean is off by up to half an ulp of a large
+   * mean; Σg·x̂' = Σg·x̂ − c·Σg */
+  const double c = sum_xh / (double)d;
+  const float cf = (float)c, mg = (float)(sum_g / (double)d);
+  const float mgx = (float)((sum_gxh - c * sum_g) / (double)d);
+
+  /* pass B: dx = s·((g − mean(g)) − x̂'·mean(g·x̂')); dy[i] is read before dx[i] is written */
+  SN_IVDEP
+  for (int64_t j = 0; j < d; j++) {
+    const float dyj = dy[j];
+    const float xh = ((x[j] - m) * s) - cf;
+    const float g = has_g ? dyj * gamma[j] : dyj;
+    if (has_part) {
+      dgp[j] += (double)dyj * (double)xh;
+      dbp[j] += (double)dyj;
+    }
+    dx[j] = s * ((g - mg) - xh * mgx);
+  }
+}
+
+SN_CLONES static void ln_bwd_row(float *dx, double *dgp, double *dbp, const float *dy,
+                                 const float *x, const float *gamma, int64_t d, float m, float s,
+                                 const ln_prefetch_t *pf) {
+  const int g = gamma != NULL, p = dgp != NULL;
+  if (g && p) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 1, 1);
+  else if (g) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 1, 0);
+  else if (p) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 0, 1);
+  else ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 0, 0);
+}
+
+/* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
+ * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32. */
+static void ln_bwd_store(void *dx, double *dgp, double *dbp, const void *dy, const void *x,
+                         const float *mean, const float *rstd, const float *gamma, int64_t r,
+                         int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp) {
+  const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
+  const ln_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
+                            next < 0 ? NULL : (const char *)dy + next * esize,
+                            (char *)dx + off * esize, (int)esize};
+  float *tmp_dy = tmp != NULL ? tmp + d : NULL;
+  const float *xr = sn__in_row(x, off, d, dtype, tmp);         /* [d] */
+  const float *dyr = sn__in_row(dy, off, d, dtype, tmp_dy);    /* [d] */
+  float *dxr = sn__out_row(dx, off, dtype, tmp_dy);          /* [d], may be dyr */
+  ln_bwd_row(dxr, dgp, dbp, dyr, xr, gamma, d, mean[r], rstd[r], &pf);
+  sn__out_done(dx, off, d, dtype, tmp_dy);
+}
+
+sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
+                             const void *x, const float *mean, const float *rstd,
+                             const float *gamma, int64_t rows, int64_t d, sn_dtype_t dtype) {
+  static const char fn[] = "sn_layernorm_bwd";
+  int64_t n;
+  SN_TRY(sn__rownorm_check(fn, rows, d, NULL, dtype, &n));
+  SN_TRY(sn__check_act(fn, "dx", dx, n));
+  SN_TRY(sn__check_act(fn, "dy", dy, n));
+  SN_TRY(sn__check_act(fn, "x", x, n));
+  SN_TRY(sn__check_ptr(fn, "mean", mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  if (n == 0) return SN_OK;
+
+  /* work: [threads + 1, 2, d] fp64: each thread's partials of its current chunk (dgamma, then
+   * dbeta), and last the running total; scratch: [threads, 2, d] f32 rows (see ln_bwd_store) */
+  const int threads = sn__max_threads();
+  const int chunked = dgamma != NULL || dbeta != NULL;
+  sn_status_t st = SN_OK;
+  double *work = NULL;
+  float *scratch = NULL;
+  if (chunked && (work = sn__alloc(fn, threads + 1, 2 * d, sizeof(double), &st)) == NULL)
+    return st;
+  if (dtype != SN_DTYPE_F32 &&
+      (scratch = sn__alloc(fn, threads, 2 * d, sizeof(float), &st)) == NULL) {
+    sn__free(work);
+    return st;
+  }
+
+  /* Without dgamma/dbeta the rows are independent. With them, the rows are cut into the fixed
+   * chunks of cpu.h; a chunk's partials are summed over its rows in order, then added to the
+   * total in chunk order (the ordered region): the result never depends on the thread count.
+   * Chunks go round-robin, so the threads reach the ordered region one after the other and
+   * hardly wait. */
+  const int64_t chunks = sn__chunks(rows);
+  double *total = chunked ? work + (int64_t)threads * 2 * d : NULL; /* [2, d] */
+  if (chunked) memset(total, 0, (size_t)(2 * d) * sizeof(double));
+#pragma omp parallel
+  {
+    const int64_t t = sn__thread_num();
+    float *tmp = scratch != NULL ? scratch + t * 2 * d : NULL;
+    if (!chunked) {
+#pragma omp for schedule(static) nowait
+      for (int64_t r = 0; r < rows; r++)
+        ln_bwd_store(dx, NULL, NULL, dy, x, mean, rstd, gamma, r, rows, d, dtype, tmp);
+    } else {
+      double *p = work + t * 2 * d; /* [2, d] */
+#pragma omp for ordered schedule(static, 1) nowait
+      for (int64_t k = 0; k < chunks; k++) {
+        memset(p, 0, (size_t)(2 * d) * sizeof(double));
+        const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
+        for (int64_t r = sn__chunk_begin(k, rows, chunks); r < r1; r++)
+          ln_bwd_store(dx, p, p + d, dy, x, mean, rstd, gamma, r, rows, d, dtype, tmp);
+#pragma omp ordered
+        sn__add_partial(total, p, 2 * d);
+      }
+    }
+  }
+  if (dgamma != NULL) sn__store_f32(dgamma, total, d);
+  if (dbeta != NULL) sn__store_f32(dbeta, total + d, d);
+  sn__free(work);
+  sn__free(scratch);
+  return SN_OK;
+}

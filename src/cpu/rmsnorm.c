@@ -1,2 +1,279 @@
-/* placeholder: work in progress */
-typedef int sn_placeholder_rmsnorm_t;
+/*
+ * rmsnorm.c — RMSNorm forward and backward, and the fused residual add + RMSNorm forward, on the
+ * CPU. Every tensor is row-major [rows, d]; one row is normalized over its d elements.
+ *
+ * Per row, forward:
+ *   pass 1  rstd = 1/√(Σx²/d + eps)           fp64, SN_ROW_LANES fixed lanes (no overflow)
+ *   pass 2  y = (x·rstd)·gamma                 f32: a product has no cancellation, so the f32
+ *                                              map is within a few f32 ulps elementwise
+ * The row stays in L1/L2 between the passes: x is read from DRAM once and y written once.
+ * bf16/f16 rows are widened into per-thread f32 scratch rows ([threads, d] floats, allocated
+ * before the parallel region), computed there and narrowed once, round-to-nearest-even.
+ *
+ * Backward, per row, with g = dy·gamma and the saved f32 rstd s:
+ *   pass A  Σg·x                               fp64
+ *   pass B  dx = s·g − (s³·Σg·x/d)·x,  dgamma partial += dy·x·s
+ * dgamma = Σ_rows dy·x·rstd is summed in fp64 per fixed chunk of rows (cpu.h) and the chunk
+ * partials are added in chunk order (see layernorm.c): bitwise the same for any thread count.
+ *
+ * Threads: OpenMP over rows (or chunks of rows); the row functions below carry SN_CLONES and no
+ * OpenMP pragmas.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "rownorm.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* forward                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* y[i] = (x[i]·s)·gamma[i] in f32 (has_g constant after inlining). y may equal x. */
+SN_INLINE void rms_map(float *y, const float *x, const float *gamma, int64_t d, float s,
+                       int has_g) {
+  SN_IVDEP
+  for (int64_t i = 0; i < d; i++) {
+    float t = x[i] * s;
+    if (has_g) t = t * gamma[i];
+    y[i] = t;
+  }
+}
+
+/* One row: x [d] f32 → y [d] f32 (y may equal x); returns rstd in fp64. (Unlike LayerNorm's
+ * three passes, these two keep the memory busy without software prefetching: measured, it only
+ * added traffic.) */
+SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *gamma, int64_t d,
+                                    float eps) {
+  const double ms = sn__row_sumsq(x, d, 0.0) / (double)d;
+  const double rstd = 1.0 / sqrt(ms + (double)eps);
+  if (gamma != NULL) rms_map(y, x, gamma, d, (float)rstd, 1);
+  else rms_map(y, x, gamma, d, (float)rstd, 0);
+  return rstd;
+}
+
+/* s[i] = x[i] + r[i] (f32) for the fused kernel. */
+SN_CLONES static void rms_add_row(float *s, const float *x, const float *r, int64_t d) {
+  sn__add_row(s, x, r, d);
+}
+
+/* Row r of the forward from its f32 view xr: writes y row r and rstd[r] when given. tmp: this
+ * thread's d floats of scratch for bf16/f16 (the row is computed there; it may be xr), NULL
+ * for f32. */
+static void rms_fwd_store(void *y, float *rstd, const float *xr, float *tmp, const float *gamma,
+                          int64_t r, int64_t d, float eps, sn_dtype_t dtype) {
+  const int64_t off = r * d;
+  float *yr = sn__out_row(y, off, dtype, tmp);
+  const double rs = rms_fwd_row(yr, xr, gamma, d, eps);
+  sn__out_done(y, off, d, dtype, tmp);
+  if (rstd != NULL) rstd[r] = (float)rs;
+}
+
+sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gamma,
+                           int64_t rows, int64_t d, float eps, sn_dtype_t dtype) {
+  static const char fn[] = "sn_rmsnorm_fwd";
+  int64_t n;
+  SN_TRY(sn__rownorm_check(fn, rows, d, &eps, dtype, &n));
+  SN_TRY(sn__check_act(fn, "y", y, n));
+  SN_TRY(sn__check_act(fn, "x", x, n));
+  if (n == 0) return SN_OK;
+
+  /* scratch: [threads, d] f32 rows for bf16/f16; f32 works on x and y directly */
+  sn_status_t st = SN_OK;
+  float *scratch = NULL;
+  if (dtype != SN_DTYPE_F32 &&
+      (scratch = sn__alloc(fn, sn__max_threads(), d, sizeof(float), &st)) == NULL)
+    return st;
+
+#pragma omp parallel
+  {
+    float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * d : NULL;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
+      rms_fwd_store(y, rstd, xr, tmp, gamma, r, d, eps, dtype);
+    }
+  }
+  sn__free(scratch);
+  return SN_OK;
+}
+
+sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *x,
+                               const void *residual, const float *gamma, int64_t rows,
+                               int64_t d, float eps, sn_dtype_t dtype) {
+  static const char fn[] = "sn_add_rmsnorm_fwd";
+  int64_t n;
+  SN_TRY(sn__rownorm_check(fn, rows, d, &eps, dtype, &n));
+  SN_TRY(sn__check_act(fn, "y", y, n));
+  SN_TRY(sn__check_act(fn, "sum_out", sum_out, n));
+  SN_TRY(sn__check_act(fn, "x", x, n));
+  SN_TRY(sn__check_act(fn, "residual", residual, n));
+  if (n == 0) return SN_OK;
+
+  /* scratch: [threads, 2, d] f32 for bf16/f16 (the x row, then the residual row) */
+  sn_status_t st = SN_OK;
+  float *scratch = NULL;
+  if (dtype != SN_DTYPE_F32 &&
+      (scratch = sn__alloc(fn, sn__max_threads(), 2 * d, sizeof(float), &st)) == NULL)
+    return st;
+
+#pragma omp parallel
+  {
+    float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * 2 * d : NULL;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      const int64_t off = r * d;
+      const float *sr; /* the rounded sum row as f32 [d] */
+      if (dtype == SN_DTYPE_F32) {
+        float *s = (float *)sum_out + off;
+        rms_add_row(s, (const float *)x + off, (const float *)residual + off, d);
+        sr = s;
+      } else {
+        sn__to_f32(tmp, x, off, d, dtype);
+        sn__to_f32(tmp + d, residual, off, d, dtype);
+        rms_add_row(tmp, tmp, tmp + d, d);
+        sn__from_f32(sum_out, off, tmp, d, dtype);
+        sn__to_f32(tmp, sum_out, off, d, dtype); /* normalize the rounded values (cache-hot) */
+        sr = tmp;
+      }
+      rms_fwd_store(y, rstd, sr, tmp, gamma, r, d, eps, dtype);
+    }
+  }
+  sn__free(scratch);
+  return SN_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* backward                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* g = dy·gamma in f32 (has_g constant after inlining). */
+SN_INLINE float rms_g(float dy, const float *gamma, int64_t i, int has_g) {
+  return has_g ? dy * gamma[i] : dy;
+}
+
+/* Memory the backward row function prefetches during its first pass (see sn__row_sumsq_pf):
+ * the next row's x and dy for reading, this row's dx for writing; NULL for none. */
+typedef struct {
+  const char *x, *dy;
+  char *dx;
+  int esize;
+} rms_prefetch_t;
+
+/* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x and the saved rstd s.
+ * With has_part, dgp[i] += dy·x·s (this chunk's fp64 partial of dgamma). */
+SN_INLINE void rms_bwd_row_impl(float *dx, double *dgp, const float *dy, const float *x,
+                                const float *gamma, int64_t d, float s,
+                                const rms_prefetch_t *pf, int has_g, int has_part) {
+  /* pass A: Σ g·x in fp64 lanes (the product of two floats is exact in fp64); each prefetched
+   * stream advances by this block's bytes */
+  double acc[SN_ROW_LANES] = {0};
+  int64_t i = 0;
+  for (; i + SN_ROW_LANES <= d; i += SN_ROW_LANES) {
+    for (int64_t o = i * pf->esize; o < (i + SN_ROW_LANES) * pf->esize; o += 64) {
+      if (pf->x != NULL) __builtin_prefetch(pf->x + o, 0);
+      if (pf->dy != NULL) __builtin_prefetch(pf->dy + o, 0);
+      if (pf->dx != NULL) __builtin_prefetch(pf->dx + o, 1);
+    }
+    for (int k = 0; k < SN_ROW_LANES; k++)
+      acc[k] += (double)rms_g(dy[i + k], gamma, i + k, has_g) * (double)x[i + k];
+  }
+  for (int k = 0; k < SN_ROW_LANES && i < d; i++, k++)
+    acc[k] += (double)rms_g(dy[i], gamma, i, has_g) * (double)x[i];
+
+  /* dx = s·g − b·x with b = s³·mean(g·x) */
+  const double sd = (double)s;
+  const float b = (float)(sd * sd * sd * (sn__lanes_total(acc) / (double)d));
+
+  /* pass B: dy[j] is read before dx[j] is written */
+  SN_IVDEP
+  for (int64_t j = 0; j < d; j++) {
+    const float dyj = dy[j], xj = x[j];
+    if (has_part) dgp[j] += (double)dyj * (double)xj * sd;
+    dx[j] = s * rms_g(dyj, gamma, j, has_g) - b * xj;
+  }
+}
+
+SN_CLONES static void rms_bwd_row(float *dx, double *dgp, const float *dy, const float *x,
+                                  const float *gamma, int64_t d, float s,
+                                  const rms_prefetch_t *pf) {
+  const int g = gamma != NULL, p = dgp != NULL;
+  if (g && p) rms_bwd_row_impl(dx, dgp, dy, x, gamma, d, s, pf, 1, 1);
+  else if (g) rms_bwd_row_impl(dx, dgp, dy, x, gamma, d, s, pf, 1, 0);
+  else if (p) rms_bwd_row_impl(dx, dgp, dy, x, gamma, d, s, pf, 0, 1);
+  else rms_bwd_row_impl(dx, dgp, dy, x, gamma, d, s, pf, 0, 0);
+}
+
+/* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
+ * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32. */
+static void rms_bwd_store(void *dx, double *dgp, const void *dy, const void *x,
+                          const float *rstd, const float *gamma, int64_t r, int64_t rows,
+                          int64_t d, sn_dtype_t dtype, float *tmp) {
+  const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
+  const rms_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
+                             next < 0 ? NULL : (const char *)dy + next * esize,
+                             (char *)dx + off * esize, (int)esize};
+  float *tmp_dy = tmp != NULL ? tmp + d : NULL;
+  const float *xr = sn__in_row(x, off, d, dtype, tmp);         /* [d] */
+  const float *dyr = sn__in_row(dy, off, d, dtype, tmp_dy);    /* [d] */
+  float *dxr = sn__out_row(dx, off, dtype, tmp_dy);          /* [d], may be dyr */
+  rms_bwd_row(dxr, dgp, dyr, xr, gamma, d, rstd[r], &pf);
+  sn__out_done(dx, off, d, dtype, tmp_dy);
+}
+
+sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *x,
+                           const float *rstd, const float *gamma, int64_t rows, int64_t d,
+                           sn_dtype_t dtype) {
+  static const char fn[] = "sn_rmsnorm_bwd";
+  int64_t n;
+  SN_TRY(sn__rownorm_check(fn, rows, d, NULL, dtype, &n));
+  SN_TRY(sn__check_act(fn, "dx", dx, n));
+  SN_TRY(sn__check_act(fn, "dy", dy, n));
+  SN_TRY(sn__check_act(fn, "x", x, n));
+  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  if (n == 0) return SN_OK;
+
+  /* work: [threads + 1, d] fp64: each thread's dgamma partial of its current chunk, and last
+   * the running total; scratch: [threads, 2, d] f32 rows (see rms_bwd_store) */
+  const int threads = sn__max_threads();
+  sn_status_t st = SN_OK;
+  double *work = NULL;
+  float *scratch = NULL;
+  if (dgamma != NULL && (work = sn__alloc(fn, threads + 1, d, sizeof(double), &st)) == NULL)
+    return st;
+  if (dtype != SN_DTYPE_F32 &&
+      (scratch = sn__alloc(fn, threads, 2 * d, sizeof(float), &st)) == NULL) {
+    sn__free(work);
+    return st;
+  }
+
+  /* rows independent without dgamma; with it, fixed chunks whose partials are added in chunk
+   * order (see sn_layernorm_bwd) */
+  const int64_t chunks = sn__chunks(rows);
+  double *total = dgamma != NULL ? work + (int64_t)threads * d : NULL; /* [d] */
+  if (dgamma != NULL) memset(total, 0, (size_t)d * sizeof(double));
+#pragma omp parallel
+  {
+    const int64_t t = sn__thread_num();
+    float *tmp = scratch != NULL ? scratch + t * 2 * d : NULL;
+    if (dgamma == NULL) {
+#pragma omp for schedule(static) nowait
+      for (int64_t r = 0; r < rows; r++)
+        rms_bwd_store(dx, NULL, dy, x, rstd, gamma, r, rows, d, dtype, tmp);
+    } else {
+      double *p = work + t * d; /* [d] */
+#pragma omp for ordered schedule(static, 1) nowait
+      for (int64_t k = 0; k < chunks; k++) {
+        memset(p, 0, (size_t)d * sizeof(double));
+        const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
+        for (int64_t r = sn__chunk_begin(k, rows, chunks); r < r1; r++)
+          rms_bwd_store(dx, p, dy, x, rstd, gamma, r, rows, d, dtype, tmp);
+#pragma omp ordered
+        sn__add_partial(total, p, d);
+      }
+    }
+  }
+  if (dgamma != NULL) sn__store_f32(dgamma, total, d);
+  sn__free(work);
+  sn__free(scratch);
+  return SN_OK;
+}

@@ -1,0 +1,136 @@
+/*
+ * rownorm.h — helpers shared by the row normalizations (layernorm.c, rmsnorm.c): argument
+ * validation, fixed-lane fp64 row sums (one with software prefetching), the residual add of
+ * the fused kernels and the chunk partials of dgamma/dbeta. Not installed; all static.
+ *
+ * The row sums are inlined into each SN_CLONES variant of the row functions that call them
+ * (AVX-512, AVX2, baseline); their lane count is fixed, so every variant adds in the same order
+ * and gives the same bits.
+ */
+#ifndef SN_ROWNORM_H
+#define SN_ROWNORM_H
+
+#include "cpu.h"
+
+#if defined(__GNUC__)
+#define SN_INLINE static inline __attribute__((always_inline))
+#else
+#define SN_INLINE static inline
+#endif
+
+/* The element loops of the row functions read element i of one row and write element i of
+ * another, which may be the same memory (y == x, dx == dy): there is no dependence between
+ * iterations. Saying so keeps those loops vectorized without a runtime overlap test, which
+ * would send exactly the in-place case down the scalar path. */
+#if defined(__clang__)
+#define SN_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define SN_IVDEP _Pragma("GCC ivdep")
+#else
+#define SN_IVDEP
+#endif
+
+/* fp64 accumulator lanes of the row sums: four AVX-512 or eight AVX2 registers, so a row's
+ * additions are independent chains (one 8-lane accumulator is bound by the add latency, ~4
+ * cycles per 8 elements, slower than L1 feeds it). Fixed, so the order of the sum never depends
+ * on the vector width of the clone. */
+#define SN_ROW_LANES 32
+
+/* Lanes of each sum where three run side by side (the LayerNorm backward): 3 × 16 doubles still
+ * fit the AVX2 register file. */
+#define SN_ROW_LANES3 16
+
+/* Σ acc[k] over `lanes` (16 or 32) lanes by pairwise halving: lane k += lane k + w for
+ * w = lanes/2, ..., 1. A fixed order, and a few vector steps instead of a dependency chain of
+ * `lanes` additions (the steps are spelled out so each is a constant-trip loop). Overwrites acc. */
+SN_INLINE double sn__lanes_total_n(double *acc, int lanes) {
+  if (lanes >= 32)
+    for (int k = 0; k < 16; k++) acc[k] += acc[k + 16];
+  for (int k = 0; k < 8; k++) acc[k] += acc[k + 8];
+  for (int k = 0; k < 4; k++) acc[k] += acc[k + 4];
+  for (int k = 0; k < 2; k++) acc[k] += acc[k + 2];
+  return acc[0] + acc[1];
+}
+SN_INLINE double sn__lanes_total(double *acc) { return sn__lanes_total_n(acc, SN_ROW_LANES); }
+
+/* Σ x[i] in fp64; element i goes to lane i % SN_ROW_LANES. */
+SN_INLINE double sn__row_sum(const float *x, int64_t n) {
+  double acc[SN_ROW_LANES] = {0};
+  int64_t i = 0;
+  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES)
+    for (int k = 0; k < SN_ROW_LANES; k++) acc[k] += (double)x[i + k];
+  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) acc[k] += (double)x[i];
+  return sn__lanes_total(acc);
+}
+
+/* Σ (x[i] − shift)² in fp64, lanes as sn__row_sum (squares of f32, hence bf16/f16, values
+ * never overflow in fp64), prefetching two rows a block at a time as it goes: `next`, the next
+ * input row, for reading, and `out`, this row's output, for writing (each `esize` bytes per
+ * element, NULL for none). The memory system then fetches them while this row is in its
+ * cache-bound passes instead of stalling the passes that touch them. Prefetches never fault. */
+SN_INLINE double sn__row_sumsq_pf(const float *x, int64_t n, double shift, const char *next,
+                                  char *out, int esize) {
+  double acc[SN_ROW_LANES] = {0};
+  int64_t i = 0;
+  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES) {
+    if (next != NULL) {
+      __builtin_prefetch(next + i * esize, 0);
+      __builtin_prefetch(next + i * esize + 64, 0);
+    }
+    if (out != NULL) {
+      __builtin_prefetch(out + i * esize, 1);
+      __builtin_prefetch(out + i * esize + 64, 1);
+    }
+    for (int k = 0; k < SN_ROW_LANES; k++) {
+      double v = (double)x[i + k] - shift;
+      acc[k] += v * v;
+    }
+  }
+  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
+    double v = (double)x[i] - shift;
+    acc[k] += v * v;
+  }
+  return sn__lanes_total(acc);
+}
+
+/* Σ (x[i] − shift)² without prefetching. */
+SN_INLINE double sn__row_sumsq(const float *x, int64_t n, double shift) {
+  return sn__row_sumsq_pf(x, n, shift, NULL, NULL, 0);
+}
+
+/* s[i] = x[i] + r[i] in f32, one rounding; s may equal x or r. */
+SN_INLINE void sn__add_row(float *s, const float *x, const float *r, int64_t n) {
+  SN_IVDEP
+  for (int64_t i = 0; i < n; i++) s[i] = x[i] + r[i];
+}
+
+/* Checks shared by every row-norm entry point, in this order: rows >= 0, d >= 1, rows·d fits
+ * (SN_ERR_OVERFLOW), eps (unless `eps` is NULL: backward), dtype. *n = rows·d. Pointers are
+ * checked by the caller, since which ones may be NULL differs per function. */
+static inline sn_status_t sn__rownorm_check(const char *fn, int64_t rows, int64_t d,
+                                            const float *eps, sn_dtype_t dtype, int64_t *n) {
+  SN_TRY(sn__check_size(fn, "rows", rows, 0));
+  SN_TRY(sn__check_size(fn, "d", d, 1));
+  SN_TRY(sn__mul(fn, n, rows, d));
+  if (eps != NULL) SN_TRY(sn__check_eps(fn, *eps));
+  SN_TRY(sn__check_act_dtype(fn, dtype));
+  return SN_OK;
+}
+
+/* An activation pointer may be NULL only for an empty batch (n == 0 elements). */
+static inline sn_status_t sn__check_act(const char *fn, const char *name, const void *p,
+                                        int64_t n) {
+  return n > 0 ? sn__check_ptr(fn, name, p) : SN_OK;
+}
+
+/* total[j] += part[j] for j < n (fp64): one chunk's partials added to the running total. */
+SN_INLINE void sn__add_partial(double *total, const double *part, int64_t n) {
+  for (int64_t j = 0; j < n; j++) total[j] += part[j];
+}
+
+/* out[j] = (float)total[j] for j < n. */
+static inline void sn__store_f32(float *out, const double *total, int64_t n) {
+  for (int64_t j = 0; j < n; j++) out[j] = (float)total[j];
+}
+
+#endif /* SN_ROWNORM_H */

@@ -1,0 +1,173 @@
+/*
+ * test_large.c — LayerNorm and RMSNorm on one bf16 tensor of more than 2^31 elements (4.3 GB),
+ * in place (y == x) to halve the memory: element offsets past 2^31 must be int64 everywhere.
+ * d = 4097 is odd, so the element 2^31 falls inside row 524160, not on a row boundary.
+ *
+ * Checked: rows at the start, around the 2^31 boundary and at the end against an fp64 reference
+ * (each element within 1 bf16 ulp, mean/rstd within an f32 rounding); every row written (a row
+ * left as input keeps its mean of 3..9 and fails the per-row mean/mean-square check).
+ */
+#define _GNU_SOURCE /* madvise(MADV_HUGEPAGE) */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "testutil.h"
+
+#define CHECK(cond, ...) \
+  do {                   \
+    if (!(cond)) ck_abort_msg(__VA_ARGS__); \
+  } while (0)
+
+static const int64_t D = 4097, ROWS = 524300; /* 2,148,057,100 elements > 2^31 */
+static const float EPS = 1e-5f;
+
+/* Input element i: row r = i / D holds 3 + r % 7 plus uniform noise in [-1, 1), from a hash of
+ * i, so any row can be regenerated for the reference without keeping a copy. */
+static float gen(int64_t i) {
+  uint64_t z = (uint64_t)i * 0x9e3779b97f4a7c15ull;
+  z ^= z >> 31;
+  z *= 0xbf58476d1ce4e5b9ull;
+  z ^= z >> 29;
+  return (float)(3 + (i / D) % 7) + ((float)(z >> 40) * 0x1p-23f - 1.0f);
+}
+
+/* f32 → bf16, round to nearest even (finite inputs), written here independently of the
+ * library. */
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static double from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Rows checked against the fp64 reference. */
+static int64_t sample_rows(int64_t *out) {
+  const int64_t mid = ((int64_t)1 << 31) / D; /* row holding element 2^31 */
+  const int64_t rows[] = {0, 1, mid - 1, mid, mid + 1, ROWS - 2, ROWS - 1};
+  memcpy(out, rows, sizeof rows);
+  return (int64_t)(sizeof rows / sizeof rows[0]);
+}
+
+/* Each element of a row (bf16) within 1 ulp of the fp64 reference rounded to bf16. */
+static void check_row(const uint16_t *got, const double *ref, const char *what, int64_t r) {
+  for (int64_t i = 0; i < D; i++) {
+    double g = from_bf16(got[i]);
+    double u = tu_ulp_diff(g, tu_round(ref[i], SN_DTYPE_BF16), SN_DTYPE_BF16);
+    CHECK(u <= TU_ULPS_HALF, "%s row %lld element %lld: %.6g, reference %.6g (%g ulp)", what,
+          (long long)r, (long long)i, g, ref[i], u);
+  }
+}
+
+/* Index of the first row whose mean or mean square is off (or ROWS if none): every row of the
+ * normalized tensor has mean ≈ 0 (LayerNorm) and mean square ≈ ms. */
+static int64_t first_bad_row(const uint16_t *buf, double ms, int centred) {
+  int64_t bad = ROWS;
+#pragma omp parallel for schedule(static) reduction(min : bad)
+  for (int64_t r = 0; r < ROWS; r++) {
+    double s = 0.0, s2 = 0.0;
+    for (int64_t i = 0; i < D; i++) {
+      double v = from_bf16(buf[r * D + i]);
+      s += v;
+      s2 += v * v;
+    }
+    s /= (double)D, s2 /= (double)D;
+    if (!(fabs(s2 / ms - 1.0) < 1e-2) || (centred && !(fabs(s) < 1e-2))) bad = r < bad ? r : bad;
+  }
+  return bad;
+}
+
+START_TEST(test_large_bf16_in_place) {
+  const int64_t n = ROWS * D;
+  ck_assert(n > ((int64_t)1 << 31));
+  const size_t bytes = (size_t)n * sizeof(uint16_t);
+  uint16_t *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (buf == MAP_FAILED)
+    ck_abort_msg("cannot map %zu bytes for the %lld-element tensor: this test needs 4.3 GB of "
+                 "free memory", bytes, (long long)n);
+#ifdef MADV_HUGEPAGE
+  madvise(buf, bytes, MADV_HUGEPAGE); /* fewer page faults; a hint, failure is harmless */
+#endif
+  float *mean = malloc(ROWS * sizeof(float)), *rstd = malloc(ROWS * sizeof(float));
+  float *gamma = malloc(D * sizeof(float));
+  int64_t srows[8];
+  const int64_t ns = sample_rows(srows);
+  double *saved = malloc((size_t)(ns * D) * sizeof(double)), *ref = malloc(D * sizeof(double));
+  ck_assert(mean && rstd && gamma && saved && ref);
+  tu_poison_f32(mean, ROWS);
+  tu_poison_f32(rstd, ROWS);
+
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) buf[i] = to_bf16(gen(i));
+
+  /* LayerNorm, no affine, y == x */
+  sn_status_t st = sn_layernorm_fwd(buf, mean, rstd, buf, NULL, NULL, ROWS, D, EPS, SN_DTYPE_BF16);
+  ck_assert_msg(st == SN_OK, "sn_layernorm_fwd: %s", sn_last_error());
+  for (int64_t k = 0; k < ns; k++) {
+    const int64_t r = srows[k];
+    double mu = 0.0, var = 0.0;
+    for (int64_t i = 0; i < D; i++) mu += from_bf16(to_bf16(gen(r * D + i)));
+    mu /= (double)D;
+    for (int64_t i = 0; i < D; i++) {
+      double v = from_bf16(to_bf16(gen(r * D + i))) - mu;
+      var += v * v;
+    }
+    double rs = 1.0 / sqrt(var / (double)D + EPS);
+    for (int64_t i = 0; i < D; i++) ref[i] = (from_bf16(to_bf16(gen(r * D + i))) - mu) * rs;
+    check_row(buf + r * D, ref, "layernorm", r);
+    CHECK(fabs(mean[r] - mu) <= 0x1p-23 * fabs(mu) && fabs(rstd[r] - rs) <= 0x1p-23 * rs,
+          "row %lld: mean %.9g rstd %.9g, reference %.9g %.9g", (long long)r, (double)mean[r],
+          (double)rstd[r], mu, rs);
+    for (int64_t i = 0; i < D; i++) saved[k * D + i] = from_bf16(buf[r * D + i]);
+  }
+  for (int64_t r = 0; r < ROWS; r++)
+    CHECK(fabs(mean[r] - (3 + r % 7)) < 0.1 && rstd[r] > 1.5f && rstd[r] < 2.0f,
+          "row %lld: mean %g rstd %g not written", (long long)r, (double)mean[r], (double)rstd[r]);
+  int64_t bad = first_bad_row(buf, 1.0, 1);
+  CHECK(bad == ROWS, "layernorm row %lld not normalized (left unwritten?)", (long long)bad);
+
+  /* RMSNorm with gamma = 2 on the normalized tensor, y == x: mean square 1 → 4 */
+  for (int64_t i = 0; i < D; i++) gamma[i] = 2.0f;
+  tu_poison_f32(rstd, ROWS);
+  st = sn_rmsnorm_fwd(buf, rstd, buf, gamma, ROWS, D, EPS, SN_DTYPE_BF16);
+  ck_assert_msg(st == SN_OK, "sn_rmsnorm_fwd: %s", sn_last_error());
+  for (int64_t k = 0; k < ns; k++) {
+    const int64_t r = srows[k];
+    const double *x = saved + k * D;
+    double ms = 0.0;
+    for (int64_t i = 0; i < D; i++) ms += x[i] * x[i];
+    double rs = 1.0 / sqrt(ms / (double)D + EPS);
+    for (int64_t i = 0; i < D; i++) ref[i] = x[i] * rs * 2.0;
+    check_row(buf + r * D, ref, "rmsnorm", r);
+    CHECK(fabs(rstd[r] - rs) <= 0x1p-23 * rs, "row %lld: rstd %.9g, reference %.9g",
+          (long long)r, (double)rstd[r], rs);
+  }
+  for (int64_t r = 0; r < ROWS; r++)
+    CHECK(fabs(rstd[r] - 1.0f) < 0.02f, "row %lld: rstd %g not written", (long long)r,
+          (double)rstd[r]);
+  bad = first_bad_row(buf, 4.0, 0);
+  CHECK(bad == ROWS, "rmsnorm row %lld not normalized (left unwritten?)", (long long)bad);
+
+  munmap(buf, bytes);
+  free(mean), free(rstd), free(gamma), free(saved), free(ref);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("large");
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 900);
+  tcase_add_test(tc, test_large_bf16_in_place);
+  suite_add_tcase(s, tc);
+  return tu_run_suite(s);
+}
