@@ -7,9 +7,10 @@
  *  - All pointers are host memory. Activations (x, y, dy, dx, residual, sum_out) have the dtype
  *    `dtype` (f32, bf16 or f16) and are dense row-major; gamma/beta, their gradients, mean, rstd
  *    and running statistics are f32; BatchNorm building-block sums and means are f64.
- *  - Sizes are int64_t element counts. rows == 0 or n·s == 0 is a valid empty batch: SN_OK and
- *    nothing is written (activation pointers may then be NULL). A zero-sized batch still has its
- *    other arguments validated.
+ *  - Sizes are int64_t element counts. rows == 0 or n·s == 0 is a valid empty batch: SN_OK,
+ *    activations and per-row/per-sample statistics are not written (their pointers may be NULL),
+ *    and parameter gradients and per-channel sums (dgamma, dbeta, BatchNorm sums) are written as
+ *    zeros, the gradient of an empty batch. Its other arguments are still validated.
  *  - Every output is overwritten (`=`); nothing accumulates. dgamma/dbeta in particular are
  *    written, not added to: sum them yourself when gradients come from several calls.
  *  - On any error nothing is written: every check happens before the first store, and the
@@ -81,7 +82,7 @@ typedef enum {
 SN_API const char *sn_status_string(sn_status_t status);
 
 /* Detail message of the most recent failed call made by this thread, e.g.
- * "sn_layernorm_fwd: d must be > 0, got 0"; "" if no call failed yet in this thread. Successful
+ * "sn_layernorm_fwd: d must be >= 1, got 0"; "" if no call failed yet in this thread. Successful
  * calls leave it unchanged. The buffer is thread-local and valid until this thread's next failing
  * call. */
 SN_API const char *sn_last_error(void);
@@ -166,7 +167,8 @@ SN_API sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const
  * The count is n·s per channel. Choose p_c near the channel mean (e.g. the previous batch mean):
  * the variance is exact to fp64 rounding times (1 + (mean−p)²/var). pivot: [C] f32, NULL = 0.
  * n == 0 or s == 0 is valid (sums written as 0). Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE
- * (C <= 0, N or S < 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE. */
+ * (C <= 0, N or S < 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE,
+ * SN_ERR_ALLOC (fixed-order partial sums). */
 SN_API sn_status_t sn_batchnorm_stats(double *sum, double *sumsq, const void *x,
                                       const float *pivot, int64_t n, int64_t c, int64_t s,
                                       sn_layout_t layout, sn_dtype_t dtype);
@@ -204,7 +206,8 @@ SN_API sn_status_t sn_batchnorm_infer(void *y, const void *x, const float *runni
  *   sum_dy[c] = Σ_{n,s} dy,  sum_dy_xhat[c] = Σ_{n,s} dy·x̂   (fp64, =).
  * They are dbeta and dgamma of this rank's batch (round to f32 for the parameter gradients).
  * dy, x: [N, C, S] or [N, S, C] dtype; mean: [C] f64; rstd: [C] f32. n·s == 0 writes zeros.
- * Errors as sn_batchnorm_stats. */
+ * Errors as sn_batchnorm_stats (SN_ERR_ALLOC included). apply, infer and bwd_apply never
+ * allocate, so they cannot fail once their arguments are valid. */
 SN_API sn_status_t sn_batchnorm_bwd_reduce(double *sum_dy, double *sum_dy_xhat, const void *dy,
                                            const void *x, const double *mean, const float *rstd,
                                            int64_t n, int64_t c, int64_t s, sn_layout_t layout,

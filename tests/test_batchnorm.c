@@ -15,7 +15,6 @@
 #include <omp.h>
 #endif
 
-#include "fastcheck.h"
 #include "testutil.h"
 
 /* ---- tolerances ---------------------------------------------------------------------------- */
@@ -229,7 +228,7 @@ static void assert_dx_tol(const void *dx, sn_dtype_t dt, const double *ref, cons
       for (int64_t s = 0; s < S; s++) {
         int64_t i = at(lay, n, c, s, C, S);
         double g = tu_get(dx, i, dt), t = (gamma ? gamma[c] : 1.0) * rstd[c] * dyd[i];
-        FC_CHECK(isfinite(g), "%s: dx[%lld] = %g", what, (long long)i, g);
+        TU_CHECK(isfinite(g), "%s: dx[%lld] = %g", what, (long long)i, g);
         num += (g - ref[i]) * (g - ref[i]), den_ref += ref[i] * ref[i], den_terms += t * t;
       }
   double e = sqrt(num) / fmax(sqrt(fmax(den_ref, den_terms)), 1e-300);
@@ -272,7 +271,7 @@ START_TEST(test_train_fwd_vs_ref) {
             snprintf(what, sizeof what, "train fwd N=%lld C=%lld S=%lld %s %s affine=%d",
                      (long long)N, (long long)C, (long long)S, LNAME[il], tu_dtype_name[dt], affine);
             check_stats(mean, var, rstd, xd, N, C, S, lay, what);
-            fc_fwd(y, dt, yr, T, what);
+            tu_assert_fwd(y, dt, yr, T, what);
             free(x), free(y), free(gamma), free(beta), free(var), free(rstd);
             free(mean), free(g64), free(b64), free(yr), free(xd);
           }
@@ -311,22 +310,22 @@ START_TEST(test_layouts_bitwise) {
       }
       for (int l = 0; l < 2; l++) /* the raw shifted sums themselves (pivot: gamma, any values) */
         ck_assert_int_eq(sn_batchnorm_stats(sdy[l], sdx[l], x[l], gamma, N, C, S, LAYOUTS[l], dt), SN_OK);
-      fc_bitwise(sdy[0], sdy[1], (size_t)C * 8, "NCHW vs NHWC stats sum");
-      fc_bitwise(sdx[0], sdx[1], (size_t)C * 8, "NCHW vs NHWC stats sumsq");
+      tu_assert_bitwise(sdy[0], sdy[1], (size_t)C * 8, "NCHW vs NHWC stats sum");
+      tu_assert_bitwise(sdx[0], sdx[1], (size_t)C * 8, "NCHW vs NHWC stats sumsq");
       for (int l = 0; l < 2; l++)
         lib_train_bwd(dx[l], sdy[l], sdx[l], dy[l], x[l], mean[l], rstd[l], gamma, N, C, S,
                       LAYOUTS[l], dt);
-      fc_bitwise(mean[0], mean[1], (size_t)C * 8, "NCHW vs NHWC mean");
-      fc_bitwise(var[0], var[1], (size_t)C * 4, "NCHW vs NHWC var");
-      fc_bitwise(rstd[0], rstd[1], (size_t)C * 4, "NCHW vs NHWC rstd");
-      fc_bitwise(sdy[0], sdy[1], (size_t)C * 8, "NCHW vs NHWC sum_dy");
-      fc_bitwise(sdx[0], sdx[1], (size_t)C * 8, "NCHW vs NHWC sum_dy_xhat");
+      tu_assert_bitwise(mean[0], mean[1], (size_t)C * 8, "NCHW vs NHWC mean");
+      tu_assert_bitwise(var[0], var[1], (size_t)C * 4, "NCHW vs NHWC var");
+      tu_assert_bitwise(rstd[0], rstd[1], (size_t)C * 4, "NCHW vs NHWC rstd");
+      tu_assert_bitwise(sdy[0], sdy[1], (size_t)C * 8, "NCHW vs NHWC sum_dy");
+      tu_assert_bitwise(sdx[0], sdx[1], (size_t)C * 8, "NCHW vs NHWC sum_dy_xhat");
       transpose(yt, SN_LAYOUT_NCHW, y[1], SN_LAYOUT_NHWC, N, C, S, dt);
       transpose(dxt, SN_LAYOUT_NCHW, dx[1], SN_LAYOUT_NHWC, N, C, S, dt);
-      fc_bitwise(y[0], yt, bytes, "NCHW vs NHWC y");
-      fc_bitwise(dx[0], dxt, bytes, "NCHW vs NHWC dx");
-      fc_finite(y[0], dt, T, "y");
-      fc_finite(dx[0], dt, T, "dx");
+      tu_assert_bitwise(y[0], yt, bytes, "NCHW vs NHWC y");
+      tu_assert_bitwise(dx[0], dxt, bytes, "NCHW vs NHWC dx");
+      tu_assert_all_finite(y[0], dt, T, "y");
+      tu_assert_all_finite(dx[0], dt, T, "dx");
       for (int l = 0; l < 2; l++) {
         free(x[l]), free(dy[l]), free(y[l]), free(dx[l]), free(mean[l]), free(sdy[l]);
         free(sdx[l]), free(var[l]), free(rstd[l]);
@@ -368,7 +367,7 @@ START_TEST(test_infer_vs_ref) {
             ck_assert_int_eq(sn_batchnorm_infer(y, x, rm, rv, affine ? gamma : NULL,
                                                 affine ? beta : NULL, N, C, S, EPS, lay, dt),
                              SN_OK);
-            fc_fwd(y, dt, yr, T, "infer");
+            tu_assert_fwd(y, dt, yr, T, "infer");
             free(x), free(y), free(gamma), free(beta), free(rm), free(rv), free(yr);
           }
 }
@@ -470,14 +469,14 @@ START_TEST(test_train_bwd_vs_fd) {
           p[c] = keep;
           fdp[c] = (dot(yp, wd, T) - dot(ym, wd, T)) / (2 * h);
         }
-        fc_rel(an, SN_DTYPE_F64, fdp, C, TU_RTOL_FD,
+        tu_assert_rel(an, SN_DTYPE_F64, fdp, C, TU_RTOL_FD,
                       pass == 0 ? "analytic dgamma vs FD" : "analytic dbeta vs FD");
         free(fdp);
       }
       lib_train_bwd(dx, sdy, sdx, w, x, mean, rstd, gamma, N, C, S, lay, SN_DTYPE_F32);
       assert_dx(dx, SN_DTYPE_F32, fd, wd, gamma, rstd, N, C, S, lay, "library dx vs FD");
-      fc_rel(sdx, SN_DTYPE_F64, dgr, C, TU_RTOL_F32_BWD, "library sum_dy_xhat vs dgamma");
-      fc_rel(sdy, SN_DTYPE_F64, dbr, C, 1e-15, "library sum_dy vs dbeta");
+      tu_assert_rel(sdx, SN_DTYPE_F64, dgr, C, TU_RTOL_F32_BWD, "library sum_dy_xhat vs dgamma");
+      tu_assert_rel(sdy, SN_DTYPE_F64, dbr, C, 1e-15, "library sum_dy vs dbeta");
       free(x), free(w), free(dx), free(y), free(rstd), free(gamma), free(beta), free(xd);
       free(wd), free(yp), free(ym), free(dxr), free(fd), free(g64), free(b64), free(dgr);
       free(dbr), free(mean), free(sdy), free(sdx);
@@ -525,9 +524,9 @@ START_TEST(test_eval_bwd_vs_fd) {
                                               lay, dt),
                        SN_OK);
       if (dt == SN_DTYPE_F32)
-        fc_rel(dx, dt, fd, T, TU_RTOL_F32_BWD, "eval bwd dx vs FD");
+        tu_assert_rel(dx, dt, fd, T, TU_RTOL_F32_BWD, "eval bwd dx vs FD");
       else
-        fc_rel(dx, dt, fd, T, tol_half_normwise(dt), "eval bwd dx vs FD");
+        tu_assert_rel(dx, dt, fd, T, tol_half_normwise(dt), "eval bwd dx vs FD");
       free(x), free(dy), free(dx), free(gamma), free(beta), free(rm), free(rv), free(rstd);
       free(mean), free(xd), free(fd);
     }
@@ -612,13 +611,13 @@ START_TEST(test_split_batch_bitwise) {
           for (int64_t c = 0; c < C; c++) tot_s[c] += ps[c], tot_q[c] += pq[c];
           n0 += parts[p];
         }
-        fc_bitwise(sum, tot_s, (size_t)C * 8, "split: sum");
-        fc_bitwise(sq, tot_q, (size_t)C * 8, "split: sumsq");
+        tu_assert_bitwise(sum, tot_s, (size_t)C * 8, "split: sum");
+        tu_assert_bitwise(sq, tot_q, (size_t)C * 8, "split: sumsq");
         ck_assert_int_eq(sn_batchnorm_finalize(mean1, var1, rstd1, sum, sq, piv, N * S, C, EPS), SN_OK);
         ck_assert_int_eq(sn_batchnorm_finalize(mean2, var2, rstd2, tot_s, tot_q, piv, N * S, C, EPS), SN_OK);
-        fc_bitwise(mean1, mean2, (size_t)C * 8, "split: mean");
-        fc_bitwise(var1, var2, (size_t)C * 4, "split: var");
-        fc_bitwise(rstd1, rstd2, (size_t)C * 4, "split: rstd");
+        tu_assert_bitwise(mean1, mean2, (size_t)C * 8, "split: mean");
+        tu_assert_bitwise(var1, var2, (size_t)C * 4, "split: var");
+        tu_assert_bitwise(rstd1, rstd2, (size_t)C * 4, "split: rstd");
         /* backward: whole vs Σ parts, then dx per part with the summed sums vs whole dx */
         ck_assert_int_eq(sn_batchnorm_bwd_reduce(sum, sq, dy, x, dmean, rstd1, N, C, S, lay, dt), SN_OK);
         for (int64_t c = 0; c < C; c++) tot_s[c] = 0.0, tot_q[c] = 0.0;
@@ -632,8 +631,8 @@ START_TEST(test_split_batch_bitwise) {
           for (int64_t c = 0; c < C; c++) tot_s[c] += ps[c], tot_q[c] += pq[c];
           n0 += parts[p];
         }
-        fc_bitwise(sum, tot_s, (size_t)C * 8, "split: sum_dy");
-        fc_bitwise(sq, tot_q, (size_t)C * 8, "split: sum_dy_xhat");
+        tu_assert_bitwise(sum, tot_s, (size_t)C * 8, "split: sum_dy");
+        tu_assert_bitwise(sq, tot_q, (size_t)C * 8, "split: sum_dy_xhat");
         tu_poison(dx1, T, dt), tu_poison(dx2, T, dt);
         ck_assert_int_eq(sn_batchnorm_bwd_apply(dx1, dy, x, dmean, rstd1, gamma, sum, sq, N * S, N, C, S, lay, dt), SN_OK);
         n0 = 0;
@@ -647,8 +646,8 @@ START_TEST(test_split_batch_bitwise) {
                            SN_OK);
           n0 += parts[p];
         }
-        fc_bitwise(dx1, dx2, (size_t)(T * es), "split: dx");
-        fc_finite(dx2, dt, T, "split: dx");
+        tu_assert_bitwise(dx1, dx2, (size_t)(T * es), "split: dx");
+        tu_assert_all_finite(dx2, dt, T, "split: dx");
         free(x), free(dy), free(dx1), free(dx2), free(piv), free(rstd1), free(rstd2);
         free(var1), free(var2), free(gamma), free(beta), free(sum), free(sq), free(ps);
         free(pq), free(tot_s), free(tot_q), free(mean1), free(mean2), free(dmean);
@@ -697,9 +696,9 @@ START_TEST(test_finalize_count) {
                      SN_ERR_INSUFFICIENT_COUNT);
     ck_assert_msg(strncmp(sn_last_error(), "sn_batchnorm_finalize", 21) == 0, "%s", sn_last_error());
     ck_assert_msg(strstr(sn_last_error(), "more than 1 value per channel") != NULL, "%s", sn_last_error());
-    fc_bitwise(mean, m0, sizeof m0, "finalize mean untouched");
-    fc_bitwise(var, v0, sizeof v0, "finalize var untouched");
-    fc_bitwise(rstd, r0, sizeof r0, "finalize rstd untouched");
+    tu_assert_bitwise(mean, m0, sizeof m0, "finalize mean untouched");
+    tu_assert_bitwise(var, v0, sizeof v0, "finalize var untouched");
+    tu_assert_bitwise(rstd, r0, sizeof r0, "finalize rstd untouched");
   }
   double mean[3];
   float rstd[3];
@@ -721,7 +720,7 @@ static void check_bad(sn_status_t got, sn_status_t want, const char *fn, const o
                 sn_status_string(want), sn_last_error());
   ck_assert_msg(strncmp(sn_last_error(), fn, strlen(fn)) == 0, "%s: message '%s' does not start with %s",
                 what, sn_last_error(), fn);
-  fc_bitwise(o, o0, sizeof *o, what);
+  tu_assert_bitwise(o, o0, sizeof *o, what);
 }
 
 START_TEST(test_bad_inputs) {
@@ -833,7 +832,7 @@ START_TEST(test_adversarial) {
       }
       lib_train_fwd(y, mean, NULL, rstd, x, piv, gamma, beta, N, C, S, lay, SN_DTYPE_F32);
       check_stats(mean, NULL, rstd, xd, N, C, S, lay, "mean 1e4 sigma 1e-2");
-      fc_fwd(y, SN_DTYPE_F32, yr, T, "mean 1e4 sigma 1e-2: y");
+      tu_assert_fwd(y, SN_DTYPE_F32, yr, T, "mean 1e4 sigma 1e-2: y");
       double *sdy = dalloc(C), *sdx = dalloc(C);
       lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, lay, SN_DTYPE_F32);
       assert_dx(dx, SN_DTYPE_F32, dxr, dyd, gamma, rstd, N, C, S, lay, "mean 1e4 sigma 1e-2");
@@ -845,10 +844,10 @@ START_TEST(test_adversarial) {
     for (int64_t n = 0; n < N; n++)
       for (int64_t c = 0; c < C; c++)
         for (int64_t s = 0; s < S; s++)
-          FC_CHECK(y[at(lay, n, c, s, C, S)] == beta[c], "constant channel: y != beta");
+          TU_CHECK(y[at(lay, n, c, s, C, S)] == beta[c], "constant channel: y != beta");
     double *sdy = dalloc(C), *sdx = dalloc(C);
     lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, lay, SN_DTYPE_F32);
-    fc_finite(dx, SN_DTYPE_F32, T, "constant channel dx");
+    tu_assert_all_finite(dx, SN_DTYPE_F32, T, "constant channel dx");
     free(sdy), free(sdx);
     /* bf16/f16 near 6e4 (f16 max 65504) */
     for (int id = 1; id < 3; id++) {
@@ -864,7 +863,7 @@ START_TEST(test_adversarial) {
       lib_train_fwd(yh, mean, NULL, rstd, xh, NULL, gamma, beta, N, C, S, lay, dt);
       check_stats(mean, NULL, rstd, xhd, N, C, S, lay, "near 6e4");
       ref_train_fwd(yr, xhd, g64, b64, N, C, S, lay, EPS);
-      fc_fwd(yh, dt, yr, T, "near 6e4: y");
+      tu_assert_fwd(yh, dt, yr, T, "near 6e4: y");
       double *sdy2 = dalloc(C), *sdx2 = dalloc(C), *dyhd = as_f64(dyh, T, dt);
       lib_train_bwd(dxh, sdy2, sdx2, dyh, xh, mean, rstd, gamma, N, C, S, lay, dt);
       ref_train_bwd(dxr, NULL, NULL, dyhd, xhd, g64, N, C, S, lay, EPS);
@@ -879,7 +878,7 @@ START_TEST(test_adversarial) {
           }
       tu_poison(yh, T, dt);
       ck_assert_int_eq(sn_batchnorm_infer(yh, xh, rm, rv, gamma, beta, N, C, S, EPS, lay, dt), SN_OK);
-      fc_fwd(yh, dt, yr, T, "near 6e4: infer");
+      tu_assert_fwd(yh, dt, yr, T, "near 6e4: infer");
       free(rm), free(rv);
       free(xh), free(yh), free(dyh), free(dxh), free(xhd), free(sdy2), free(sdx2), free(dyhd);
     }
@@ -910,15 +909,15 @@ START_TEST(test_in_place) {
       lib_train_fwd(y, mean, NULL, rstd, x, NULL, gamma, beta, N, C, S, lay, dt);
       memcpy(buf, x, bytes);
       ck_assert_int_eq(sn_batchnorm_apply(buf, buf, mean, rstd, gamma, beta, N, C, S, lay, dt), SN_OK);
-      fc_bitwise(buf, y, bytes, "apply in place");
+      tu_assert_bitwise(buf, y, bytes, "apply in place");
       ck_assert_int_eq(sn_batchnorm_infer(y, x, rstd, rv, gamma, beta, N, C, S, EPS, lay, dt), SN_OK);
       memcpy(buf, x, bytes);
       ck_assert_int_eq(sn_batchnorm_infer(buf, buf, rstd, rv, gamma, beta, N, C, S, EPS, lay, dt), SN_OK);
-      fc_bitwise(buf, y, bytes, "infer in place");
+      tu_assert_bitwise(buf, y, bytes, "infer in place");
       lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, lay, dt);
       memcpy(buf, dy, bytes);
       ck_assert_int_eq(sn_batchnorm_bwd_apply(buf, buf, x, mean, rstd, gamma, sdy, sdx, N * S, N, C, S, lay, dt), SN_OK);
-      fc_bitwise(buf, dx, bytes, "bwd_apply in place");
+      tu_assert_bitwise(buf, dx, bytes, "bwd_apply in place");
       free(x), free(y), free(dy), free(dx), free(buf), free(rstd), free(gamma), free(beta), free(rv);
       free(mean), free(sdy), free(sdx);
     }
@@ -956,15 +955,15 @@ START_TEST(test_threads_bitwise) {
         }
         omp_set_num_threads(saved);
         for (int t = 1; t < 3; t++) {
-          fc_bitwise(mean[t], mean[0], (size_t)C * 8, "threads: mean");
-          fc_bitwise(rstd[t], rstd[0], (size_t)C * 4, "threads: rstd");
-          fc_bitwise(sdy[t], sdy[0], (size_t)C * 8, "threads: sum_dy");
-          fc_bitwise(sdx[t], sdx[0], (size_t)C * 8, "threads: sum_dy_xhat");
-          fc_bitwise(y[t], y[0], bytes, "threads: y");
-          fc_bitwise(dx[t], dx[0], bytes, "threads: dx");
+          tu_assert_bitwise(mean[t], mean[0], (size_t)C * 8, "threads: mean");
+          tu_assert_bitwise(rstd[t], rstd[0], (size_t)C * 4, "threads: rstd");
+          tu_assert_bitwise(sdy[t], sdy[0], (size_t)C * 8, "threads: sum_dy");
+          tu_assert_bitwise(sdx[t], sdx[0], (size_t)C * 8, "threads: sum_dy_xhat");
+          tu_assert_bitwise(y[t], y[0], bytes, "threads: y");
+          tu_assert_bitwise(dx[t], dx[0], bytes, "threads: dx");
         }
-        fc_finite(y[0], dt, T, "threads: y");
-        fc_finite(dx[0], dt, T, "threads: dx");
+        tu_assert_all_finite(y[0], dt, T, "threads: y");
+        tu_assert_all_finite(dx[0], dt, T, "threads: dx");
         for (int t = 0; t < 3; t++)
           free(y[t]), free(dx[t]), free(rstd[t]), free(mean[t]), free(sdy[t]), free(sdx[t]);
         free(x), free(dy), free(gamma), free(beta);

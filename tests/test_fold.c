@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fastcheck.h"
 #include "testutil.h"
 
 /* The folded w', b' are each one f32 rounding (≤ 2^-24 relative) of the exact fp64 values, so
@@ -46,11 +45,11 @@ static void check_fold(int64_t P, int64_t c_out, int64_t per_out, int use_gamma,
     /* the folded values are the fp64 formula rounded once */
     const double k = (gm ? gm[c] : 1.0) / sqrt((double)rv[c] + (double)EPS);
     for (int64_t i = 0; i < per_out; i++)
-      FC_CHECK(w[c * per_out + i] == (float)((double)w0[c * per_out + i] * k),
+      TU_CHECK(w[c * per_out + i] == (float)((double)w0[c * per_out + i] * k),
                "w'[%lld, %lld] = %.9g, want %.9g", (long long)c, (long long)i,
                (double)w[c * per_out + i], (double)(float)((double)w0[c * per_out + i] * k));
     const double bf = ((double)b0[c] - rm[c]) * k + (bt ? bt[c] : 0.0);
-    FC_CHECK(b[c] == (float)bf, "b'[%lld] = %.9g, want %.9g", (long long)c, (double)b[c], bf);
+    TU_CHECK(b[c] == (float)bf, "b'[%lld] = %.9g, want %.9g", (long long)c, (double)b[c], bf);
     /* conv + BN_eval vs the folded conv, every output of this channel */
     for (int64_t p = 0; p < P; p++) {
       double z = b0[c], zf = b[c], mag = fabs(b[c]);
@@ -61,7 +60,7 @@ static void check_fold(int64_t P, int64_t c_out, int64_t per_out, int use_gamma,
       }
       const double bn = (z - rm[c]) / sqrt((double)rv[c] + (double)EPS) * (gm ? gm[c] : 1.0) +
                         (bt ? bt[c] : 0.0);
-      FC_CHECK(fabs(zf - bn) <= FOLD_REL_BOUND * mag + 1e-300,
+      TU_CHECK(fabs(zf - bn) <= FOLD_REL_BOUND * mag + 1e-300,
                "P=%lld c_out=%lld per_out=%lld: out[%lld, %lld] folded %.17g vs conv+BN %.17g",
                (long long)P, (long long)c_out, (long long)per_out, (long long)p, (long long)c, zf, bn);
     }
@@ -137,7 +136,7 @@ START_TEST(test_fold_bad_inputs) {
                   sn_status_string(cases[i].st));
     ck_assert_msg(strncmp(sn_last_error(), "sn_fold_batchnorm", 17) == 0, "%s: message '%s'",
                   cases[i].what, sn_last_error());
-    fc_bitwise(&o, &o0, sizeof o, cases[i].what);
+    tu_assert_bitwise(&o, &o0, sizeof o, cases[i].what);
   }
 }
 END_TEST

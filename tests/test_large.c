@@ -17,10 +17,6 @@
 
 #include "testutil.h"
 
-#define CHECK(cond, ...) \
-  do {                   \
-    if (!(cond)) ck_abort_msg(__VA_ARGS__); \
-  } while (0)
 
 static const int64_t D = 4097, ROWS = 524300; /* 2,148,057,100 elements > 2^31 */
 static const float EPS = 1e-5f;
@@ -64,7 +60,7 @@ static void check_row(const uint16_t *got, const double *ref, const char *what, 
   for (int64_t i = 0; i < D; i++) {
     double g = from_bf16(got[i]);
     double u = tu_ulp_diff(g, tu_round(ref[i], SN_DTYPE_BF16), SN_DTYPE_BF16);
-    CHECK(u <= TU_ULPS_HALF, "%s row %lld element %lld: %.6g, reference %.6g (%g ulp)", what,
+    TU_CHECK(u <= TU_ULPS_HALF, "%s row %lld element %lld: %.6g, reference %.6g (%g ulp)", what,
           (long long)r, (long long)i, g, ref[i], u);
   }
 }
@@ -125,16 +121,16 @@ START_TEST(test_large_bf16_in_place) {
     double rs = 1.0 / sqrt(var / (double)D + EPS);
     for (int64_t i = 0; i < D; i++) ref[i] = (from_bf16(to_bf16(gen(r * D + i))) - mu) * rs;
     check_row(buf + r * D, ref, "layernorm", r);
-    CHECK(fabs(mean[r] - mu) <= 0x1p-23 * fabs(mu) && fabs(rstd[r] - rs) <= 0x1p-23 * rs,
+    TU_CHECK(fabs(mean[r] - mu) <= 0x1p-23 * fabs(mu) && fabs(rstd[r] - rs) <= 0x1p-23 * rs,
           "row %lld: mean %.9g rstd %.9g, reference %.9g %.9g", (long long)r, (double)mean[r],
           (double)rstd[r], mu, rs);
     for (int64_t i = 0; i < D; i++) saved[k * D + i] = from_bf16(buf[r * D + i]);
   }
   for (int64_t r = 0; r < ROWS; r++)
-    CHECK(fabs(mean[r] - (3 + r % 7)) < 0.1 && rstd[r] > 1.5f && rstd[r] < 2.0f,
+    TU_CHECK(fabs(mean[r] - (3 + r % 7)) < 0.1 && rstd[r] > 1.5f && rstd[r] < 2.0f,
           "row %lld: mean %g rstd %g not written", (long long)r, (double)mean[r], (double)rstd[r]);
   int64_t bad = first_bad_row(buf, 1.0, 1);
-  CHECK(bad == ROWS, "layernorm row %lld not normalized (left unwritten?)", (long long)bad);
+  TU_CHECK(bad == ROWS, "layernorm row %lld not normalized (left unwritten?)", (long long)bad);
 
   /* RMSNorm with gamma = 2 on the normalized tensor, y == x: mean square 1 → 4 */
   for (int64_t i = 0; i < D; i++) gamma[i] = 2.0f;
@@ -149,14 +145,14 @@ START_TEST(test_large_bf16_in_place) {
     double rs = 1.0 / sqrt(ms / (double)D + EPS);
     for (int64_t i = 0; i < D; i++) ref[i] = x[i] * rs * 2.0;
     check_row(buf + r * D, ref, "rmsnorm", r);
-    CHECK(fabs(rstd[r] - rs) <= 0x1p-23 * rs, "row %lld: rstd %.9g, reference %.9g",
+    TU_CHECK(fabs(rstd[r] - rs) <= 0x1p-23 * rs, "row %lld: rstd %.9g, reference %.9g",
           (long long)r, (double)rstd[r], rs);
   }
   for (int64_t r = 0; r < ROWS; r++)
-    CHECK(fabs(rstd[r] - 1.0f) < 0.02f, "row %lld: rstd %g not written", (long long)r,
+    TU_CHECK(fabs(rstd[r] - 1.0f) < 0.02f, "row %lld: rstd %g not written", (long long)r,
           (double)rstd[r]);
   bad = first_bad_row(buf, 4.0, 0);
-  CHECK(bad == ROWS, "rmsnorm row %lld not normalized (left unwritten?)", (long long)bad);
+  TU_CHECK(bad == ROWS, "rmsnorm row %lld not normalized (left unwritten?)", (long long)bad);
 
   munmap(buf, bytes);
   free(mean), free(rstd), free(gamma), free(saved), free(ref);

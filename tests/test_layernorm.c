@@ -32,44 +32,6 @@ static const float EPS = 1e-5f;
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-/* Every passing ck_assert writes a location record to Check's pipe (a system call), and
- * testutil's tu_assert_* assert per element or per byte: on million-element tensors that takes
- * minutes. These wrappers evaluate the same criteria without Check and call the tu_assert_*
- * function only when it is going to fail, so that it reports the first bad element. */
-#define CHECK(cond, ...) \
-  do {                   \
-    if (!(cond)) ck_abort_msg(__VA_ARGS__); \
-  } while (0)
-
-static int all_finite(const void *got, sn_dtype_t dt, int64_t n) {
-  for (int64_t i = 0; i < n; i++)
-    if (!isfinite(tu_get(got, i, dt))) return 0;
-  return 1;
-}
-
-static void assert_fwd(const void *got, sn_dtype_t dt, const double *ref, int64_t n,
-                       const char *what) {
-  int ok = all_finite(got, dt, n);
-  if (ok && dt == SN_DTYPE_F32) ok = tu_normwise_rel(got, dt, ref, n) <= TU_RTOL_F32_FWD;
-  for (int64_t i = 0; ok && dt != SN_DTYPE_F32 && i < n; i++)
-    ok = tu_ulp_diff(tu_get(got, i, dt), tu_round(ref[i], dt), dt) <= TU_ULPS_HALF;
-  if (!ok) tu_assert_fwd(got, dt, ref, n, what);
-}
-
-static void assert_rel(const void *got, sn_dtype_t dt, const double *ref, int64_t n, double rtol,
-                       const char *what) {
-  if (!all_finite(got, dt, n) || !(tu_normwise_rel(got, dt, ref, n) <= rtol))
-    tu_assert_rel(got, dt, ref, n, rtol, what);
-}
-
-static void assert_bitwise(const void *a, const void *b, size_t bytes, const char *what) {
-  if (memcmp(a, b, bytes) != 0) tu_assert_bitwise(a, b, bytes, what);
-}
-
-static void assert_finite(const void *got, sn_dtype_t dt, int64_t n, const char *what) {
-  if (!all_finite(got, dt, n)) tu_assert_all_finite(got, dt, n, what);
-}
-
 static double *load(const void *buf, int64_t n, sn_dtype_t dt) {
   double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
   ck_assert(v != NULL);
@@ -94,7 +56,7 @@ static double bwd_tol(sn_dtype_t dt) {
  * is ||rstd·g||, the size of the terms; for d ≥ 3 it is within a small factor of ||ref||. */
 static void assert_rel_scaled(const void *got, sn_dtype_t dt, const double *ref, int64_t n,
                               double scale, double rtol, const char *what) {
-  assert_finite(got, dt, n, what);
+  tu_assert_all_finite(got, dt, n, what);
   double num = 0.0, den = 0.0;
   for (int64_t i = 0; i < n; i++) {
     double e = tu_get(got, i, dt) - ref[i];
@@ -114,7 +76,7 @@ static void assert_rel_scaled(const void *got, sn_dtype_t dt, const double *ref,
  * (the row's σ) absorbs the fp64 difference when the mean itself is ~0. */
 static void assert_stat(float got, double ref, double spread, const char *what, int64_t r) {
   double tol = 0x1p-23 * fabs(ref) + 1e-12 * spread;
-  CHECK(fabs((double)got - ref) <= tol, "%s row %lld: %.9g, reference %.9g", what,
+  TU_CHECK(fabs((double)got - ref) <= tol, "%s row %lld: %.9g, reference %.9g", what,
                 (long long)r, (double)got, ref);
 }
 
@@ -188,8 +150,8 @@ static void run_bwd(void *dx, float *dg, float *db, const void *dy, const void *
   double *dgr = malloc(d * sizeof(double)), *dbr = malloc(d * sizeof(double));
   double scale = ref_bwd(dxr, dgr, dbr, dyd, xd, gamma, rows, d, EPS);
   assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), what);
-  assert_rel(dg, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "dgamma");
-  assert_rel(db, SN_DTYPE_F32, dbr, d, TU_RTOL_F32_BWD, "dbeta");
+  tu_assert_rel(dg, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "dgamma");
+  tu_assert_rel(db, SN_DTYPE_F32, dbr, d, TU_RTOL_F32_BWD, "dbeta");
   free(xd), free(dyd), free(dxr), free(dgr), free(dbr);
 }
 
@@ -221,7 +183,7 @@ static void check_fwd(int64_t rows, int64_t d, sn_dtype_t dt, int combos, double
     sn_status_t st = sn_layernorm_fwd(y, mean, rstd, x, g, b, rows, d, EPS, dt);
     ck_assert_msg(st == SN_OK, "%s: %s %s", what, sn_status_string(st), sn_last_error());
     ref_fwd(yr, mr, rr, xd, g, b, rows, d, EPS);
-    assert_fwd(y, dt, yr, n, what);
+    tu_assert_fwd(y, dt, yr, n, what);
     for (int64_t r = 0; r < rows; r++) {
       assert_stat(mean[r], mr[r], 1.0 / rr[r], "mean", r);
       assert_stat(rstd[r], rr[r], 0.0, "rstd", r);
@@ -257,7 +219,7 @@ START_TEST(test_issue_example) {
                       i, tu_get(y, i, dt), expect[i]);
       ref[i] = (2000.0 + i - 2001.5) / sqrt(1.25 + 1e-5);
     }
-    assert_fwd(y, dt, ref, 4, "issue example");
+    tu_assert_fwd(y, dt, ref, 4, "issue example");
     ck_assert(mean == 2001.5f);
     free(x), free(y);
   }
@@ -297,13 +259,13 @@ START_TEST(test_constant_rows) {
     ck_assert_int_eq(sn_layernorm_fwd(y, mean, rstd, x, gamma, with_beta ? beta : NULL, rows, d,
                                       EPS, dt), SN_OK);
     for (int64_t r = 0; r < rows; r++) {
-      CHECK(mean[r] == (float)tu_get(x, r * d, dt), "constant row %lld: mean %g", (long long)r,
+      TU_CHECK(mean[r] == (float)tu_get(x, r * d, dt), "constant row %lld: mean %g", (long long)r,
             (double)mean[r]);
-      CHECK(rstd[r] == (float)(1.0 / sqrt((double)EPS)), "constant row %lld: rstd %g", (long long)r,
+      TU_CHECK(rstd[r] == (float)(1.0 / sqrt((double)EPS)), "constant row %lld: rstd %g", (long long)r,
             (double)rstd[r]);
       for (int64_t i = 0; i < d; i++) {
         double want = with_beta ? tu_round(beta[i], dt) : 0.0;
-        CHECK(tu_get(y, r * d + i, dt) == want, "row %lld: y[%lld] = %g, want %g",
+        TU_CHECK(tu_get(y, r * d + i, dt) == want, "row %lld: y[%lld] = %g, want %g",
                       (long long)r, (long long)i, tu_get(y, r * d + i, dt), want);
       }
     }
@@ -333,7 +295,7 @@ START_TEST(test_near_half_max) {
   ck_assert_int_eq(sn_layernorm_fwd(y, mean, rstd, x, gamma, beta, rows, d, EPS, dt), SN_OK);
   double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
   ref_fwd(yr, NULL, NULL, xd, gamma, beta, rows, d, EPS);
-  assert_fwd(y, dt, yr, n, "near 6e4 forward");
+  tu_assert_fwd(y, dt, yr, n, "near 6e4 forward");
 
   run_bwd(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, d, dt, "near 6e4 backward");
   free(x), free(y), free(dy), free(dx), free(gamma), free(beta), free(dgamma), free(dbeta);
@@ -373,18 +335,18 @@ static void check_add(int64_t rows, int64_t d, sn_dtype_t dt, int has_g, int has
   for (int64_t i = 0; i < n; i++) {
     float s = (float)tu_get(x, i, dt) + (float)tu_get(res, i, dt);
     sref[i] = tu_round(s, dt);
-    CHECK(tu_get(sum, i, dt) == sref[i], "%s: sum_out[%lld] = %.9g, want %.9g", what,
+    TU_CHECK(tu_get(sum, i, dt) == sref[i], "%s: sum_out[%lld] = %.9g, want %.9g", what,
                   (long long)i, tu_get(sum, i, dt), sref[i]);
   }
   ref_fwd(yr, NULL, NULL, sref, gamma, beta, rows, d, EPS);
-  assert_fwd(y, dt, yr, n, what);
+  tu_assert_fwd(y, dt, yr, n, what);
 
   /* the unfused forward on sum_out gives the same bits */
   tu_poison(y2, n, dt);
   ck_assert_int_eq(sn_layernorm_fwd(y2, m2, rs2, sum, gamma, beta, rows, d, EPS, dt), SN_OK);
-  assert_bitwise(y, y2, bytes, "fused y vs sn_layernorm_fwd(sum_out)");
-  assert_bitwise(m, m2, rows * sizeof(float), "fused mean");
-  assert_bitwise(rs, rs2, rows * sizeof(float), "fused rstd");
+  tu_assert_bitwise(y, y2, bytes, "fused y vs sn_layernorm_fwd(sum_out)");
+  tu_assert_bitwise(m, m2, rows * sizeof(float), "fused mean");
+  tu_assert_bitwise(rs, rs2, rows * sizeof(float), "fused rstd");
 
   /* sum_out aliasing x, then residual */
   for (int alias = 0; alias < 2; alias++) {
@@ -393,9 +355,9 @@ static void check_add(int64_t rows, int64_t d, sn_dtype_t dt, int has_g, int has
     const void *xa = alias == 0 ? buf : x, *ra = alias == 0 ? res : buf;
     st = sn_add_layernorm_fwd(y2, buf, m2, rs2, xa, ra, gamma, beta, rows, d, EPS, dt);
     ck_assert_int_eq(st, SN_OK);
-    assert_bitwise(buf, sum, bytes, alias == 0 ? "sum_out == x" : "sum_out == residual");
-    assert_bitwise(y2, y, bytes, "aliased sum_out: y");
-    assert_bitwise(m2, m, rows * sizeof(float), "aliased sum_out: mean");
+    tu_assert_bitwise(buf, sum, bytes, alias == 0 ? "sum_out == x" : "sum_out == residual");
+    tu_assert_bitwise(y2, y, bytes, "aliased sum_out: y");
+    tu_assert_bitwise(m2, m, rows * sizeof(float), "aliased sum_out: mean");
   }
   free(x), free(res), free(sum), free(y), free(y2), free(buf), free(gamma), free(beta);
   free(m), free(rs), free(m2), free(rs2), free(sref), free(yr);
@@ -439,12 +401,12 @@ static void check_bwd(int64_t rows, int64_t d, sn_dtype_t dt, int has_g, double 
     tu_poison_f32(db2, d);
     ck_assert_int_eq(sn_layernorm_bwd(dx2, mask == 0 ? dg2 : NULL, mask == 1 ? db2 : NULL, dy, x,
                                       mean, rstd, gamma, rows, d, dt), SN_OK);
-    assert_bitwise(dx2, dx, bytes, "dx with dgamma/dbeta NULL");
-    if (mask == 0) assert_bitwise(dg2, dg, d * sizeof(float), "dgamma alone");
-    if (mask == 1) assert_bitwise(db2, db, d * sizeof(float), "dbeta alone");
+    tu_assert_bitwise(dx2, dx, bytes, "dx with dgamma/dbeta NULL");
+    if (mask == 0) tu_assert_bitwise(dg2, dg, d * sizeof(float), "dgamma alone");
+    if (mask == 1) tu_assert_bitwise(db2, db, d * sizeof(float), "dbeta alone");
     for (int64_t j = 0; j < d; j++) { /* an output passed as NULL was not written elsewhere */
-      CHECK(mask == 0 || isnan(dg2[j]), "dgamma[%lld] written, NULL passed", (long long)j);
-      CHECK(mask == 1 || isnan(db2[j]), "dbeta[%lld] written, NULL passed", (long long)j);
+      TU_CHECK(mask == 0 || isnan(dg2[j]), "dgamma[%lld] written, NULL passed", (long long)j);
+      TU_CHECK(mask == 1 || isnan(db2[j]), "dbeta[%lld] written, NULL passed", (long long)j);
     }
   }
   free(x), free(dy), free(dx), free(dx2), free(gamma), free(mean), free(rstd);
@@ -556,7 +518,7 @@ static void pattern(void) { memset(&bout, 0xA5, sizeof bout); }
 static void assert_untouched(const char *what) {
   const unsigned char *p = (const unsigned char *)&bout;
   for (size_t i = 0; i < sizeof bout; i++)
-    CHECK(p[i] == 0xA5, "%s: output byte %zu written", what, i);
+    TU_CHECK(p[i] == 0xA5, "%s: output byte %zu written", what, i);
 }
 
 static void expect(sn_status_t got, sn_status_t want, const char *fn, const char *what) {
@@ -659,9 +621,15 @@ START_TEST(test_empty_batch) {
                                     SN_DTYPE_BF16), SN_OK);
   ck_assert_int_eq(sn_add_layernorm_fwd(NULL, NULL, bout.mean, bout.rstd, NULL, NULL, bg, bg, 0, BD,
                                         EPS, SN_DTYPE_F16), SN_OK);
+  assert_untouched("rows == 0");
+  /* backward: an empty batch contributes zero parameter gradients, and writes nothing else */
   ck_assert_int_eq(sn_layernorm_bwd(NULL, bout.dg, bout.db, NULL, NULL, bm, brs, bg, 0, BD,
                                     SN_DTYPE_F32), SN_OK);
-  assert_untouched("rows == 0");
+  for (int i = 0; i < BD; i++) {
+    TU_CHECK(bout.dg[i] == 0.0f && bout.db[i] == 0.0f, "rows == 0: dgamma/dbeta[%d] not zeroed", i);
+    memset(&bout.dg[i], 0xA5, 4), memset(&bout.db[i], 0xA5, 4); /* back to the pattern */
+  }
+  assert_untouched("rows == 0 backward");
 }
 END_TEST
 
@@ -698,11 +666,11 @@ START_TEST(test_threads) {
                                             rows, d, EPS, dt), SN_OK);
       ck_assert_int_eq(sn_layernorm_bwd(out[t][3], stat[t][2], stat[t][3], dy, x, stat[t][0],
                                         stat[t][1], gamma, rows, d, dt), SN_OK);
-      assert_finite(out[t][3], dt, n, "dx");
+      tu_assert_all_finite(out[t][3], dt, n, "dx");
       if (t == 0) continue;
-      for (int k = 0; k < 4; k++) assert_bitwise(out[t][k], out[0][k], bytes, "threads: tensor");
+      for (int k = 0; k < 4; k++) tu_assert_bitwise(out[t][k], out[0][k], bytes, "threads: tensor");
       for (int k = 0; k < 4; k++)
-        assert_bitwise(stat[t][k], stat[0][k], (k < 2 ? rows : d) * sizeof(float), "threads: stat");
+        tu_assert_bitwise(stat[t][k], stat[0][k], (k < 2 ? rows : d) * sizeof(float), "threads: stat");
     }
     omp_set_num_threads(2);
     for (int t = 0; t < 3; t++)
@@ -730,16 +698,16 @@ START_TEST(test_in_place) {
     ck_assert_int_eq(sn_layernorm_fwd(y, m, rs, x, gamma, beta, rows, d, EPS, dt), SN_OK);
     memcpy(buf, x, bytes);
     ck_assert_int_eq(sn_layernorm_fwd(buf, m2, rs2, buf, gamma, beta, rows, d, EPS, dt), SN_OK);
-    assert_bitwise(buf, y, bytes, "in-place forward y");
-    assert_bitwise(m2, m, sizeof m, "in-place forward mean");
-    assert_bitwise(rs2, rs, sizeof rs, "in-place forward rstd");
+    tu_assert_bitwise(buf, y, bytes, "in-place forward y");
+    tu_assert_bitwise(m2, m, sizeof m, "in-place forward mean");
+    tu_assert_bitwise(rs2, rs, sizeof rs, "in-place forward rstd");
 
     ck_assert_int_eq(sn_layernorm_bwd(dx, dg, db, dy, x, m, rs, gamma, rows, d, dt), SN_OK);
     memcpy(buf, dy, bytes);
     ck_assert_int_eq(sn_layernorm_bwd(buf, dg2, db2, buf, x, m, rs, gamma, rows, d, dt), SN_OK);
-    assert_bitwise(buf, dx, bytes, "in-place backward dx");
-    assert_bitwise(dg2, dg, d * 4, "in-place backward dgamma");
-    assert_bitwise(db2, db, d * 4, "in-place backward dbeta");
+    tu_assert_bitwise(buf, dx, bytes, "in-place backward dx");
+    tu_assert_bitwise(dg2, dg, d * 4, "in-place backward dgamma");
+    tu_assert_bitwise(db2, db, d * 4, "in-place backward dbeta");
     free(x), free(y), free(buf), free(dy), free(dx), free(gamma), free(beta);
     free(dg), free(db), free(dg2), free(db2);
   }

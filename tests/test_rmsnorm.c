@@ -32,44 +32,6 @@ static const float EPS = 1e-5f;
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-/* Every passing ck_assert writes a location record to Check's pipe (a system call), and
- * testutil's tu_assert_* assert per element or per byte: on million-element tensors that takes
- * minutes. These wrappers evaluate the same criteria without Check and call the tu_assert_*
- * function only when it is going to fail, so that it reports the first bad element. */
-#define CHECK(cond, ...) \
-  do {                   \
-    if (!(cond)) ck_abort_msg(__VA_ARGS__); \
-  } while (0)
-
-static int all_finite(const void *got, sn_dtype_t dt, int64_t n) {
-  for (int64_t i = 0; i < n; i++)
-    if (!isfinite(tu_get(got, i, dt))) return 0;
-  return 1;
-}
-
-static void assert_fwd(const void *got, sn_dtype_t dt, const double *ref, int64_t n,
-                       const char *what) {
-  int ok = all_finite(got, dt, n);
-  if (ok && dt == SN_DTYPE_F32) ok = tu_normwise_rel(got, dt, ref, n) <= TU_RTOL_F32_FWD;
-  for (int64_t i = 0; ok && dt != SN_DTYPE_F32 && i < n; i++)
-    ok = tu_ulp_diff(tu_get(got, i, dt), tu_round(ref[i], dt), dt) <= TU_ULPS_HALF;
-  if (!ok) tu_assert_fwd(got, dt, ref, n, what);
-}
-
-static void assert_rel(const void *got, sn_dtype_t dt, const double *ref, int64_t n, double rtol,
-                       const char *what) {
-  if (!all_finite(got, dt, n) || !(tu_normwise_rel(got, dt, ref, n) <= rtol))
-    tu_assert_rel(got, dt, ref, n, rtol, what);
-}
-
-static void assert_bitwise(const void *a, const void *b, size_t bytes, const char *what) {
-  if (memcmp(a, b, bytes) != 0) tu_assert_bitwise(a, b, bytes, what);
-}
-
-static void assert_finite(const void *got, sn_dtype_t dt, int64_t n, const char *what) {
-  if (!all_finite(got, dt, n)) tu_assert_all_finite(got, dt, n, what);
-}
-
 static double *load(const void *buf, int64_t n, sn_dtype_t dt) {
   double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
   ck_assert(v != NULL);
@@ -94,7 +56,7 @@ static double bwd_tol(sn_dtype_t dt) {
  * ||rstd·g||, the size of the terms; for d ≥ 2 it is within a small factor of ||ref||. */
 static void assert_rel_scaled(const void *got, sn_dtype_t dt, const double *ref, int64_t n,
                               double scale, double rtol, const char *what) {
-  assert_finite(got, dt, n, what);
+  tu_assert_all_finite(got, dt, n, what);
   double num = 0.0, den = 0.0;
   for (int64_t i = 0; i < n; i++) {
     double e = tu_get(got, i, dt) - ref[i];
@@ -114,7 +76,7 @@ static void assert_rel_scaled(const void *got, sn_dtype_t dt, const double *ref,
  * (the row's σ) absorbs the fp64 difference when the mean itself is ~0. */
 static void assert_stat(float got, double ref, double spread, const char *what, int64_t r) {
   double tol = 0x1p-23 * fabs(ref) + 1e-12 * spread;
-  CHECK(fabs((double)got - ref) <= tol, "%s row %lld: %.9g, reference %.9g", what,
+  TU_CHECK(fabs((double)got - ref) <= tol, "%s row %lld: %.9g, reference %.9g", what,
                 (long long)r, (double)got, ref);
 }
 
@@ -183,7 +145,7 @@ static void check_fwd(int64_t rows, int64_t d, sn_dtype_t dt, double mu, double 
     sn_status_t st = sn_rmsnorm_fwd(y, rstd, x, g, rows, d, EPS, dt);
     ck_assert_msg(st == SN_OK, "%s: %s %s", what, sn_status_string(st), sn_last_error());
     ref_fwd(yr, rr, xd, g, rows, d, EPS);
-    assert_fwd(y, dt, yr, n, what);
+    tu_assert_fwd(y, dt, yr, n, what);
     for (int64_t r = 0; r < rows; r++) assert_stat(rstd[r], rr[r], 0.0, "rstd", r);
   }
   free(x), free(y), free(gamma), free(rstd), free(xd), free(yr), free(rr);
@@ -227,12 +189,12 @@ START_TEST(test_constant_rows) {
   ck_assert_int_eq(sn_rmsnorm_fwd(y, rstd, x, gamma, rows, d, EPS, dt), SN_OK);
   double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
   ref_fwd(yr, NULL, xd, gamma, rows, d, EPS);
-  assert_fwd(y, dt, yr, n, "constant rows");
+  tu_assert_fwd(y, dt, yr, n, "constant rows");
   for (int64_t r = 0; r < rows; r += 3) { /* the zero rows */
-    CHECK(rstd[r] == (float)(1.0 / sqrt((double)EPS)), "zero row %lld: rstd %g", (long long)r,
+    TU_CHECK(rstd[r] == (float)(1.0 / sqrt((double)EPS)), "zero row %lld: rstd %g", (long long)r,
           (double)rstd[r]);
     for (int64_t i = 0; i < d; i++)
-      CHECK(tu_get(y, r * d + i, dt) == 0.0, "zero row %lld: y[%lld] = %g", (long long)r,
+      TU_CHECK(tu_get(y, r * d + i, dt) == 0.0, "zero row %lld: y[%lld] = %g", (long long)r,
             (long long)i, tu_get(y, r * d + i, dt));
   }
   tu_poison(dx, n, dt);
@@ -241,7 +203,7 @@ START_TEST(test_constant_rows) {
   double *dyd = load(dy, n, dt), *dxr = malloc((size_t)n * sizeof(double)), dgr[65];
   double scale = ref_bwd(dxr, dgr, dyd, xd, gamma, rows, d, EPS);
   assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), "constant rows dx");
-  assert_rel(dgamma, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "constant rows dgamma");
+  tu_assert_rel(dgamma, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "constant rows dgamma");
   free(x), free(y), free(dy), free(dx), free(gamma), free(xd), free(yr), free(dyd), free(dxr);
 }
 END_TEST
@@ -265,7 +227,7 @@ START_TEST(test_near_half_max) {
   ck_assert_int_eq(sn_rmsnorm_fwd(y, rstd, x, gamma, rows, d, EPS, dt), SN_OK);
   double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
   ref_fwd(yr, NULL, xd, gamma, rows, d, EPS);
-  assert_fwd(y, dt, yr, n, "near 6e4 forward");
+  tu_assert_fwd(y, dt, yr, n, "near 6e4 forward");
 
   tu_poison(dx, n, dt);
   tu_poison_f32(dgamma, d);
@@ -274,7 +236,7 @@ START_TEST(test_near_half_max) {
   double *dgr = malloc(d * sizeof(double));
   double scale = ref_bwd(dxr, dgr, dyd, xd, gamma, rows, d, EPS);
   assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), "near 6e4 dx");
-  assert_rel(dgamma, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "near 6e4 dgamma");
+  tu_assert_rel(dgamma, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "near 6e4 dgamma");
   free(x), free(y), free(dy), free(dx), free(gamma), free(dgamma);
   free(xd), free(yr), free(dyd), free(dxr), free(dgr);
 }
@@ -309,17 +271,17 @@ static void check_add(int64_t rows, int64_t d, sn_dtype_t dt, int has_g, uint64_
   for (int64_t i = 0; i < n; i++) {
     float s = (float)tu_get(x, i, dt) + (float)tu_get(res, i, dt);
     sref[i] = tu_round(s, dt);
-    CHECK(tu_get(sum, i, dt) == sref[i], "%s: sum_out[%lld] = %.9g, want %.9g", what,
+    TU_CHECK(tu_get(sum, i, dt) == sref[i], "%s: sum_out[%lld] = %.9g, want %.9g", what,
           (long long)i, tu_get(sum, i, dt), sref[i]);
   }
   ref_fwd(yr, NULL, sref, gamma, rows, d, EPS);
-  assert_fwd(y, dt, yr, n, what);
+  tu_assert_fwd(y, dt, yr, n, what);
 
   /* the unfused forward on sum_out gives the same bits */
   tu_poison(y2, n, dt);
   ck_assert_int_eq(sn_rmsnorm_fwd(y2, rs2, sum, gamma, rows, d, EPS, dt), SN_OK);
-  assert_bitwise(y, y2, bytes, "fused y vs sn_rmsnorm_fwd(sum_out)");
-  assert_bitwise(rs, rs2, rows * sizeof(float), "fused rstd");
+  tu_assert_bitwise(y, y2, bytes, "fused y vs sn_rmsnorm_fwd(sum_out)");
+  tu_assert_bitwise(rs, rs2, rows * sizeof(float), "fused rstd");
 
   /* sum_out aliasing x, then residual */
   for (int alias = 0; alias < 2; alias++) {
@@ -328,9 +290,9 @@ static void check_add(int64_t rows, int64_t d, sn_dtype_t dt, int has_g, uint64_
     st = alias == 0 ? sn_add_rmsnorm_fwd(y2, buf, rs2, buf, res, gamma, rows, d, EPS, dt)
                     : sn_add_rmsnorm_fwd(y2, buf, rs2, x, buf, gamma, rows, d, EPS, dt);
     ck_assert_int_eq(st, SN_OK);
-    assert_bitwise(buf, sum, bytes, alias == 0 ? "sum_out == x" : "sum_out == residual");
-    assert_bitwise(y2, y, bytes, "aliased sum_out: y");
-    assert_bitwise(rs2, rs, rows * sizeof(float), "aliased sum_out: rstd");
+    tu_assert_bitwise(buf, sum, bytes, alias == 0 ? "sum_out == x" : "sum_out == residual");
+    tu_assert_bitwise(y2, y, bytes, "aliased sum_out: y");
+    tu_assert_bitwise(rs2, rs, rows * sizeof(float), "aliased sum_out: rstd");
   }
   free(x), free(res), free(sum), free(y), free(y2), free(buf), free(gamma);
   free(rs), free(rs2), free(sref), free(yr);
@@ -374,11 +336,11 @@ static void check_bwd(int64_t rows, int64_t d, sn_dtype_t dt, double mu, double 
     ck_assert_msg(st == SN_OK, "%s: %s", what, sn_last_error());
     double scale = ref_bwd(dxr, dgr, dyd, xd, g, rows, d, EPS);
     assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), what);
-    assert_rel(dg, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "dgamma");
+    tu_assert_rel(dg, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "dgamma");
 
     tu_poison(dx2, n, dt);
     ck_assert_int_eq(sn_rmsnorm_bwd(dx2, NULL, dy, x, rstd, g, rows, d, dt), SN_OK);
-    assert_bitwise(dx2, dx, bytes, "dx with dgamma NULL");
+    tu_assert_bitwise(dx2, dx, bytes, "dx with dgamma NULL");
   }
   free(x), free(dy), free(dx), free(dx2), free(gamma), free(rstd), free(dg);
   free(xd), free(dyd), free(dxr), free(dgr);
@@ -480,7 +442,7 @@ static void pattern(void) { memset(&bout, 0xA5, sizeof bout); }
 static void assert_untouched(const char *what) {
   const unsigned char *p = (const unsigned char *)&bout;
   for (size_t i = 0; i < sizeof bout; i++)
-    CHECK(p[i] == 0xA5, "%s: output byte %zu written", what, i);
+    TU_CHECK(p[i] == 0xA5, "%s: output byte %zu written", what, i);
 }
 
 static void expect(sn_status_t got, sn_status_t want, const char *fn, const char *what) {
@@ -577,8 +539,14 @@ START_TEST(test_empty_batch) {
   ck_assert_int_eq(sn_rmsnorm_fwd(bout.y, bout.rstd, bx, NULL, 0, BD, EPS, SN_DTYPE_BF16), SN_OK);
   ck_assert_int_eq(sn_add_rmsnorm_fwd(NULL, NULL, bout.rstd, NULL, NULL, bg, 0, BD, EPS,
                                       SN_DTYPE_F16), SN_OK);
-  ck_assert_int_eq(sn_rmsnorm_bwd(NULL, bout.dg, NULL, NULL, brs, bg, 0, BD, SN_DTYPE_F32), SN_OK);
   assert_untouched("rows == 0");
+  /* backward: an empty batch contributes a zero dgamma, and writes nothing else */
+  ck_assert_int_eq(sn_rmsnorm_bwd(NULL, bout.dg, NULL, NULL, brs, bg, 0, BD, SN_DTYPE_F32), SN_OK);
+  for (int i = 0; i < BD; i++) {
+    TU_CHECK(bout.dg[i] == 0.0f, "rows == 0: dgamma[%d] not zeroed", i);
+    memset(&bout.dg[i], 0xA5, 4); /* back to the pattern */
+  }
+  assert_untouched("rows == 0 backward");
 }
 END_TEST
 
@@ -614,11 +582,11 @@ START_TEST(test_threads) {
                                           dt), SN_OK);
       ck_assert_int_eq(sn_rmsnorm_bwd(out[t][3], stat[t][1], dy, x, stat[t][0], gamma, rows, d,
                                       dt), SN_OK);
-      assert_finite(out[t][3], dt, n, "dx");
+      tu_assert_all_finite(out[t][3], dt, n, "dx");
       if (t == 0) continue;
-      for (int k = 0; k < 4; k++) assert_bitwise(out[t][k], out[0][k], bytes, "threads: tensor");
+      for (int k = 0; k < 4; k++) tu_assert_bitwise(out[t][k], out[0][k], bytes, "threads: tensor");
       for (int k = 0; k < 2; k++)
-        assert_bitwise(stat[t][k], stat[0][k], (k == 0 ? rows : d) * sizeof(float),
+        tu_assert_bitwise(stat[t][k], stat[0][k], (k == 0 ? rows : d) * sizeof(float),
                        "threads: stat");
     }
     omp_set_num_threads(2);
@@ -648,14 +616,14 @@ START_TEST(test_in_place) {
     ck_assert_int_eq(sn_rmsnorm_fwd(y, rs, x, gamma, rows, d, EPS, dt), SN_OK);
     memcpy(buf, x, bytes);
     ck_assert_int_eq(sn_rmsnorm_fwd(buf, rs2, buf, gamma, rows, d, EPS, dt), SN_OK);
-    assert_bitwise(buf, y, bytes, "in-place forward y");
-    assert_bitwise(rs2, rs, sizeof rs, "in-place forward rstd");
+    tu_assert_bitwise(buf, y, bytes, "in-place forward y");
+    tu_assert_bitwise(rs2, rs, sizeof rs, "in-place forward rstd");
 
     ck_assert_int_eq(sn_rmsnorm_bwd(dx, dg, dy, x, rs, gamma, rows, d, dt), SN_OK);
     memcpy(buf, dy, bytes);
     ck_assert_int_eq(sn_rmsnorm_bwd(buf, dg2, buf, x, rs, gamma, rows, d, dt), SN_OK);
-    assert_bitwise(buf, dx, bytes, "in-place backward dx");
-    assert_bitwise(dg2, dg, d * 4, "in-place backward dgamma");
+    tu_assert_bitwise(buf, dx, bytes, "in-place backward dx");
+    tu_assert_bitwise(dg2, dg, d * 4, "in-place backward dgamma");
     free(x), free(y), free(buf), free(dy), free(dx), free(gamma), free(dg), free(dg2);
   }
 }

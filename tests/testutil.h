@@ -51,9 +51,17 @@ void tu_fill_normal(void *buf, int64_t n, sn_dtype_t dtype, double mean, double 
 double tu_ulp_diff(double a, double b, sn_dtype_t dtype);
 
 /* ---- comparisons --------------------------------------------------------------------------- */
+/* Element-wise checks call Check only on a failure: every passing ck_assert writes a record to
+ * Check's pipe, which makes per-element asserts over millions of values take minutes. */
 /* ||got − ref||₂ / max(||ref||₂, tiny) over n elements; got in dtype. */
 double tu_normwise_rel(const void *got, sn_dtype_t dtype, const double *ref, int64_t n);
 double tu_normwise_rel_f32(const float *got, const double *ref, int64_t n);
+/* ck_assert_msg that costs nothing when it passes (for loops over elements). */
+#define TU_CHECK(cond, ...)                  \
+  do {                                       \
+    if (!(cond)) ck_abort_msg(__VA_ARGS__);  \
+  } while (0)
+
 /* Asserts every element of got is finite (no NaN left from poisoning). */
 void tu_assert_all_finite(const void *got, sn_dtype_t dtype, int64_t n, const char *what);
 /* Asserts a forward output: normwise ≤ TU_RTOL_F32_FWD for f32, else each element within

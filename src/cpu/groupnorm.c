@@ -387,7 +387,11 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   static const char fn[] = "sn_groupnorm_bwd";
   int64_t rows;
   SN_TRY(check_gn(fn, n, c, s, groups, layout, dtype, &rows));
-  if (rows == 0) return SN_OK;
+  if (rows == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
+    if (dgamma != NULL) memset(dgamma, 0, (size_t)c * sizeof *dgamma);
+    if (dbeta != NULL) memset(dbeta, 0, (size_t)c * sizeof *dbeta);
+    return SN_OK;
+  }
   SN_TRY(sn__check_ptr(fn, "dx", dx));
   SN_TRY(sn__check_ptr(fn, "dy", dy));
   SN_TRY(sn__check_ptr(fn, "x", x));

@@ -308,7 +308,11 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   SN_TRY(sn__check_act(fn, "x", x, n));
   SN_TRY(sn__check_ptr(fn, "mean", mean));
   SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  if (n == 0) return SN_OK;
+  if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
+    if (dgamma != NULL) memset(dgamma, 0, (size_t)d * sizeof *dgamma);
+    if (dbeta != NULL) memset(dbeta, 0, (size_t)d * sizeof *dbeta);
+    return SN_OK;
+  }
 
   /* work: [threads + 1, 2, d] fp64: each thread's partials of its current chunk (dgamma, then
    * dbeta), and last the running total; scratch: [threads, 2, d] f32 rows (see ln_bwd_store) */

@@ -230,7 +230,10 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   SN_TRY(sn__check_act(fn, "dy", dy, n));
   SN_TRY(sn__check_act(fn, "x", x, n));
   SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  if (n == 0) return SN_OK;
+  if (n == 0) { /* empty batch: the parameter gradient is zero, nothing else is written */
+    if (dgamma != NULL) memset(dgamma, 0, (size_t)d * sizeof *dgamma);
+    return SN_OK;
+  }
 
   /* work: [threads + 1, d] fp64: each thread's dgamma partial of its current chunk, and last
    * the running total; scratch: [threads, 2, d] f32 rows (see rms_bwd_store) */
