@@ -1,42 +1,62 @@
 #!/usr/bin/env bash
-# The README's test command: installs dependencies, configures, builds and runs every test.
-#   scripts/test.sh               Release-with-assertions build in build-test/, all tests
-#   scripts/test.sh --sanitize    also an AddressSanitizer+UBSan build (build-asan/) of the unit
-#                                 and MPI tests
-# Exits non-zero on any failure. ctest's summary is the last thing printed.
-set -euo pipefail
+# The README's test command: installs dependencies, builds, and runs every test.
+#   scripts/test.sh           all passes: AddressSanitizer+UBSan build of the unit and MPI tests
+#                             (build-asan/), fuzzers' smoke run over their corpus (build-fuzz/),
+#                             then the RelWithDebInfo build with every test (build-test/)
+#   scripts/test.sh --quick   only the RelWithDebInfo build and its tests
+# Exits non-zero if any pass fails. The last pass's ctest summary is the last thing printed.
+set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-sanitize=0
+quick=0
 for arg in "$@"; do
   case "$arg" in
-    --sanitize) sanitize=1 ;;
+    --quick) quick=1 ;;
     -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
 
-bash scripts/setup-deps.sh
+bash scripts/setup-deps.sh || exit 1
 
 jobs=$(nproc)
-# Open MPI refuses to run as root without these; tests pass them explicitly too.
+# Open MPI refuses to run as root without these (containers, CI).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+failed=()
 
-status=0
-if [ "$sanitize" = 1 ]; then
-  echo "== sanitizer build (address,undefined) =="
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSN_SANITIZE=address,undefined \
-    -DSN_WITH_MPI=ON -DSN_BUILD_BENCH=OFF
-  cmake --build build-asan -j"$jobs"
-  # leak checking is on; Open MPI's own allocations are suppressed (tests/lsan.supp)
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$root/tests/lsan.supp \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure -LE "large|bench" || status=1
+if [ "$quick" = 0 ]; then
+  echo "== 1/3 sanitizers: address,undefined (build-asan) =="
+  if cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSN_SANITIZE=address,undefined \
+       -DSN_WITH_MPI=ON -DSN_BUILD_BENCH=OFF >/dev/null &&
+     cmake --build build-asan -j"$jobs" >build-asan.log 2>&1; then
+    # Leaks are checked; Open MPI's own allocations are suppressed (tests/lsan.supp), which needs
+    # full stacks (fast_unwind_on_malloc=0). The >2^31-element test and the soak run in pass 3.
+    ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:detect_stack_use_after_return=1 \
+    LSAN_OPTIONS=suppressions=$root/tests/lsan.supp \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      ctest --test-dir build-asan --output-on-failure -LE "large|bench|soak|multihost" ||
+      failed+=("sanitizers")
+  else
+    tail -n 40 build-asan.log
+    failed+=("sanitizer build")
+  fi
+
+  echo "== 2/3 fuzzers: smoke run over the corpus (build-fuzz) =="
+  bash scripts/fuzz.sh --smoke || failed+=("fuzz smoke")
 fi
 
-echo "== build (RelWithDebInfo, MPI on) =="
-cmake -S . -B build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSN_WITH_MPI=ON
-cmake --build build-test -j"$jobs"
-ctest --test-dir build-test --output-on-failure || status=1
-exit $status
+echo "== 3/3 RelWithDebInfo build, every test (build-test) =="
+if cmake -S . -B build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSN_WITH_MPI=ON >/dev/null &&
+   cmake --build build-test -j"$jobs" >build-test.log 2>&1; then
+  ctest --test-dir build-test --output-on-failure || failed+=("tests")
+else
+  tail -n 40 build-test.log
+  failed+=("build")
+fi
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "test.sh: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
+exit 0
