@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "comm_internal.h"
@@ -339,6 +340,13 @@ sn_status_t sn_safetensors_load(sn_safetensors_t **out, const char *path) {
   SN_TRY(sn__check_ptr(fn, "path", path));
   FILE *fp = fopen(path, "rb");
   if (fp == NULL) return sn__fail(SN_ERR_IO, "%s: cannot open '%s': %s", fn, path, strerror(errno));
+  /* fopen succeeds on a directory, whose "size" (ftell at SEEK_END) is LLONG_MAX on ext4: refuse
+   * anything but a regular file before sizing a buffer from it */
+  struct stat sb;
+  if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    fclose(fp);
+    return sn__fail(SN_ERR_IO, "%s: '%s' is not a regular file", fn, path);
+  }
   sn_safetensors_t *f = calloc(1, sizeof *f);
   sn_status_t st = SN_OK;
   long size = -1;

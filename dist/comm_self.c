@@ -1,6 +1,8 @@
 /*
  * comm_self.c — the "self" backend: a world of one rank. All-reduces are the identity.
  */
+#include <stddef.h>
+
 #include "comm_internal.h"
 
 static sn_status_t self_allreduce(sn_comm_t *comm, void *buf, int64_t count, sn_red_type_t type,

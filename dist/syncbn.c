@@ -162,9 +162,11 @@ static sn_status_t check_call(const char *fn, const sn_syncbn_t *bn, int64_t n, 
   SN_TRY(sn__syncbn_check(fn, bn));
   SN_TRY(sn__check_size(fn, "n", n, 0));
   SN_TRY(sn__check_size(fn, "s", s, 0));
-  int64_t ns, total;
-  SN_TRY(sn__mul(fn, &ns, n, s));
-  SN_TRY(sn__mul(fn, &total, ns, bn->C));
+  /* n·C then ·s: the order of the kernels' own check (sn__check_ncs), so that they never reject
+   * a size this check let through (after the layer's state was already touched) */
+  int64_t nc, total;
+  SN_TRY(sn__mul(fn, &nc, n, bn->C));
+  SN_TRY(sn__mul(fn, &total, nc, s));
   if (total > 0) {
     SN_TRY(sn__check_ptr(fn, an, a));
     SN_TRY(sn__check_ptr(fn, bname, b));
@@ -246,6 +248,11 @@ static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const
   const int64_t C = bn->C;
   const sn_syncbn_config_t *cfg = &bn->cfg;
   bn->saved.valid = 0;
+  /* A batch with NaN/Inf (check_finite off) or a checkpoint's non-finite running_mean leaves a
+   * non-finite pivot, which would make the sums of every later batch NaN: restart such channels
+   * from 0. The pivot is identical on every rank, so every rank resets the same channels. */
+  for (int64_t c = 0; c < C; c++)
+    if (!isfinite(bn->pivot[c])) bn->pivot[c] = 0.0f;
   if (synced && cfg->check_consistency) SN_TRY(check_consistency(bn, fn, OP_FORWARD));
   SN_TRY(batch_sums(bn, fn, x, bn->pivot, n, s, synced));
   const int64_t count = (int64_t)bn->red[2 * C];
@@ -274,7 +281,8 @@ static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const
   SN_TRY(sn_batchnorm_apply(y, x, bn->mean, bn->rstd, bn->weight, bn->bias, n, C, s, cfg->layout,
                             cfg->dtype));
   if (update) {
-    bn->num_batches_tracked += 1;
+    /* saturates: a checkpoint can hold any int64 (INT64_MAX + 1 would be undefined behaviour) */
+    if (bn->num_batches_tracked < INT64_MAX) bn->num_batches_tracked += 1;
     const double f = cfg->momentum == SN_MOMENTUM_CUMULATIVE
                          ? 1.0 / (double)bn->num_batches_tracked
                          : (double)cfg->momentum;

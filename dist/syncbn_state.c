@@ -76,6 +76,10 @@ static sn_status_t lookup_state(const char *fn, const sn_syncbn_t *bn, const sn_
       int scalar = t.ndim == 0 || (t.ndim == 1 && t.shape[0] == 1);
       if (!t.is_i64 || !scalar)
         return sn__fail(SN_ERR_FORMAT, "%s: '%s' must be an I64 scalar", fn, name);
+      int64_t nbt;
+      memcpy(&nbt, t.data, sizeof nbt); /* the file's bytes: not necessarily aligned */
+      if (nbt < 0) /* momentum=None divides by it: 1/0 or a negative factor */
+        return sn__fail(SN_ERR_FORMAT, "%s: '%s' is %lld, must be >= 0", fn, name, (long long)nbt);
     } else if (t.is_i64 || t.dtype != SN_DTYPE_F32 || t.ndim != 1 || t.shape[0] != bn->C) {
       return sn__fail(SN_ERR_FORMAT, "%s: '%s' must be F32 of shape [%lld] (C of %s)", fn, name,
                       (long long)bn->C, bn->label);

@@ -96,8 +96,8 @@ static uint32_t be32(const uint8_t *p) {
 }
 
 int idx_read(idx_array_t *out, const char *path, int ndim, char *err, size_t errlen) {
+  if (out) memset(out, 0, sizeof *out); /* zeroed on every failure, bad arguments included */
   if (!out || !path || ndim < 1 || ndim > 3) return fail(err, errlen, "idx_read: bad arguments");
-  memset(out, 0, sizeof *out);
   uint8_t *buf = NULL;
   int64_t len = 0;
   if (read_all(&buf, &len, path, err, errlen) != 0) return -1;
@@ -177,9 +177,9 @@ static void data_path(char *path, size_t n, const char *dir, const char *stem) {
 
 int idx_dataset_read(idx_dataset_t *ds, const char *dir, const char *split, int64_t want_rows,
                      int64_t want_cols, int classes, char *err, size_t errlen) {
+  if (ds) memset(ds, 0, sizeof *ds); /* idx_dataset_free is safe after any failure */
   if (!ds || !dir || !split || classes < 1 || classes > 256)
     return fail(err, errlen, "idx_dataset_read: bad arguments");
-  memset(ds, 0, sizeof *ds);
   char ipath[4096], lpath[4096], stem[256];
   snprintf(stem, sizeof stem, "%s-images-idx3-ubyte", split);
   data_path(ipath, sizeof ipath, dir, stem);

@@ -44,7 +44,7 @@ typedef struct {
  * "train" or "t10k"; when a .gz file does not exist, the same name without ".gz" is tried) and
  * checks them against each other: the same count, rows == want_rows and cols == want_cols (0:
  * any), every label < classes. Returns 0 and fills *ds (free with idx_dataset_free), or −1 with
- * one message in err naming the file and the problem. */
+ * one message in err naming the file and the problem, and *ds zeroed. */
 int idx_dataset_read(idx_dataset_t *ds, const char *dir, const char *split, int64_t want_rows,
                      int64_t want_cols, int classes, char *err, size_t errlen);
 
