@@ -238,6 +238,37 @@ START_TEST(test_large_mean) {
 }
 END_TEST
 
+/* beta cancelling x̂·gamma: beta[i] = −(x̂·gamma)[i]·(1 + δ) for row 0, with δ from exactly 0 to
+ * 2^-6, so y of row 0 is 0 or many binades below its terms. bf16/f16 outputs must still be
+ * within 1 ulp of the fp64 reference rounded (f32: the normwise bound, which the tiny y cannot
+ * move). Rows 1 and 2 see the same beta as ordinary data. */
+START_TEST(test_beta_cancels) {
+  static const double DELTA[] = {0.0, 0x1p-6, -0x1p-9, 0x1p-12, -0x1p-15, 0x1p-20, 1e-7};
+  static const int64_t D[] = {7, 65, 4096};
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  for (int k = 0; k < 3; k++) {
+    const int64_t rows = 3, d = D[k], n = rows * d;
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 700 + (uint64_t)k);
+    void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt);
+    tu_fill_normal(x, n, dt, 0.5, 2.0, &rng);
+    float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = malloc((size_t)d * sizeof(float));
+    float mean[3], rstd[3];
+    double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double)), mr[3], rr[3];
+    ref_fwd(yr, mr, rr, xd, gamma, NULL, rows, d, EPS); /* row 0: x̂·gamma */
+    for (int64_t i = 0; i < d; i++)
+      beta[i] = (float)(-yr[i] * (1.0 + DELTA[i % (int64_t)(sizeof DELTA / sizeof DELTA[0])]));
+    tu_poison(y, n, dt);
+    ck_assert_int_eq(sn_layernorm_fwd(y, mean, rstd, x, gamma, beta, rows, d, EPS, dt), SN_OK);
+    ref_fwd(yr, mr, rr, xd, gamma, beta, rows, d, EPS);
+    char what[96];
+    snprintf(what, sizeof what, "layernorm_fwd beta cancels, d=%lld", (long long)d);
+    tu_assert_fwd(y, dt, yr, n, what);
+    free(x), free(y), free(gamma), free(beta), free(xd), free(yr);
+  }
+}
+END_TEST
+
 /* Constant rows: variance 0, so y == beta exactly (0 without beta), mean == the value, rstd ==
  * 1/√eps, no NaN; the backward stays finite and matches the analytic gradient. */
 START_TEST(test_constant_rows) {
@@ -722,6 +753,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_fwd_shapes, 0, 3);
   tcase_add_test(tc, test_issue_example);
   tcase_add_test(tc, test_large_mean);
+  tcase_add_loop_test(tc, test_beta_cancels, 0, 3);
   tcase_add_loop_test(tc, test_constant_rows, 0, 3);
   tcase_add_loop_test(tc, test_near_half_max, 0, 2);
   tcase_add_loop_test(tc, test_add_fwd, 0, 3);

@@ -8,9 +8,8 @@
  *   pass 3  y = (x − mean)·rstd·gamma + beta
  * The row (4 KB at d = 1024 f32) stays in L1/L2 between passes, so x is read from DRAM once and
  * y written once. Pass 3 runs in f32, with the fp64 mean split into two floats hi + lo:
- * (x − hi) is exact when x is near the mean (Sterbenz), so |mean| ≫ σ loses nothing. For
- * bf16/f16 outputs a guard finds the rare elements where beta cancels (x̂·gamma ≈ −beta) so much
- * that the f32 result could miss the 1-ulp bound, and recomputes them in fp64 (ln_fix).
+ * (x − hi) is exact when x is near the mean (Sterbenz), so |mean| ≫ σ loses nothing; for
+ * bf16/f16 outputs with beta it runs in fp64 instead (beta can cancel x̂·gamma, see ln_map_f64).
  * bf16/f16 rows are widened into per-thread f32 scratch rows ([threads, 2, d] floats: x and y,
  * allocated before the parallel region), computed there and narrowed once,
  * round-to-nearest-even.
@@ -36,48 +35,41 @@
 /* ------------------------------------------------------------------------------------------ */
 
 /* y[i] = ((x[i] − hi) − lo)·s·gamma[i] + beta[i] in f32; mean = hi + lo, s = (float)rstd.
- * has_g, has_b and check are constants after inlining: each combination is its own vector loop.
- * With check (bf16/f16 outputs with beta), returns whether some element is risky (ln_fix). */
-SN_INLINE int ln_map_f32(float *y, const float *x, const float *gamma, const float *beta,
-                         int64_t d, double mean, double rstd, float thr, float tiny, int has_g,
-                         int has_b, int check) {
+ * has_g and has_b are constants after inlining: each combination is its own vector loop. Its
+ * error is ~5 f32 roundings (2^-24 each) of t·gamma (x − hi, − lo, rstd rounded to f32, · rstd,
+ * · gamma) plus one of y: relative to y without beta, and far inside the 1-ulp bound of any
+ * output dtype then. With beta, t·gamma + beta can cancel: fine for f32 outputs (1e-6
+ * normwise), not for the 1-ulp bound of bf16/f16 outputs, which use ln_map_f64. */
+SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const float *beta,
+                          int64_t d, double mean, double rstd, int has_g, int has_b) {
   const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
-  int risky = 0;
   SN_IVDEP
   for (int64_t i = 0; i < d; i++) {
     float t = ((x[i] - hi) - lo) * s;
     if (has_g) t = t * gamma[i];
-    const float v = has_b ? t + beta[i] : t;
-    y[i] = v;
-    if (check) risky |= !(fabsf(v) >= thr * fabsf(t)) | (fabsf(v) < tiny);
+    y[i] = has_b ? t + beta[i] : t;
   }
-  return risky;
 }
 
-/* The bf16/f16 guard. The f32 map errs by at most ~5 f32 roundings (2^-24 each) of t·gamma
- * (x − hi, − lo, rstd rounded to f32, · rstd, · gamma) plus one of y. Without beta that is
- * relative to y and far inside the 1-ulp bound of the narrowed output; with beta, t·gamma + beta
- * can cancel. Where |y| >= thr·|t·gamma|, with thr = 2^-10 (bf16, 8 significant bits) or 2^-7
- * (f16, 11), the error stays below a sixth of half an output ulp, so narrowing the f32 value
- * lands within 1 ulp of the exact result's. Elsewhere (rare: |y| tiny next to its terms), and
- * for f16 results below 2^-13 where the ulp is fixed (2^-24), the element is recomputed in
- * fp64 from the same inputs. The decision uses the same f32 arithmetic in every clone, so the
- * bits do not depend on the CPU. y must not alias x. */
-static void ln_fix(float *y, const float *x, const float *gamma, const float *beta, int64_t d,
-                   double mean, double rstd, float thr, float tiny) {
-  const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
+/* y[i] = (x[i] − mean)·rstd·gamma[i] + beta[i] in fp64, rounded to f32: for bf16/f16 outputs
+ * with beta. Before the final rounding the error is a few 2^-53 of |x̂·gamma|: unless beta
+ * cancels x̂·gamma to below ~2^-35 of it, that is far below half an f32 ulp of y, and the f32
+ * value narrowed to bf16/f16 lands within 1 ulp of the exactly rounded output. (An f32
+ * map with an fp64 re-computation of the cancelling elements took about 2.5 times as long for
+ * bf16 [65536,4096]: with gamma and beta unrelated, ~2^-9 of the elements cancel, so nearly
+ * every row of a few thousand elements needed the second pass.) */
+SN_INLINE void ln_map_f64(float *y, const float *x, const float *gamma, const float *beta,
+                          int64_t d, double mean, double rstd, int has_g) {
+  SN_IVDEP
   for (int64_t i = 0; i < d; i++) {
-    const float g = gamma != NULL ? gamma[i] : 1.0f;
-    float t = ((x[i] - hi) - lo) * s;
-    if (gamma != NULL) t = t * g;
-    const float v = t + beta[i];
-    if (fabsf(v) >= thr * fabsf(t) && !(fabsf(v) < tiny)) continue;
-    y[i] = (float)(((double)x[i] - mean) * rstd * (double)g + (double)beta[i]);
+    double t = ((double)x[i] - mean) * rstd;
+    if (has_g) t = t * (double)gamma[i];
+    y[i] = (float)(t + (double)beta[i]);
   }
 }
 
 /* One row: x [d] f32 → y [d] f32; stats[0] = mean, stats[1] = rstd (fp64). y may equal x for
- * f32 outputs (dtype); for bf16/f16 it must not (the guard rereads x). next, out, esize: the
+ * f32 outputs (dtype). next, out, esize: the
  * rows to prefetch (sn__row_sumsq_pf). */
 SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const float *gamma,
                                  const float *beta, int64_t d, float eps, sn_dtype_t dtype,
@@ -87,21 +79,17 @@ SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const 
   const double rstd = 1.0 / sqrt(var + (double)eps);
   stats[0] = mean;
   stats[1] = rstd;
-  const int g = gamma != NULL, c = beta != NULL && dtype != SN_DTYPE_F32;
-  const float thr = dtype == SN_DTYPE_BF16 ? 0x1p-10f : 0x1p-7f;
-  const float tiny = dtype == SN_DTYPE_F16 ? 0x1p-13f : 0.0f;
-  int risky = 0;
+  const int g = gamma != NULL;
   if (beta == NULL) {
-    if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, thr, tiny, 1, 0, 0);
-    else ln_map_f32(y, x, gamma, beta, d, mean, rstd, thr, tiny, 0, 0, 0);
-  } else if (c) {
-    if (g) risky = ln_map_f32(y, x, gamma, beta, d, mean, rstd, thr, tiny, 1, 1, 1);
-    else risky = ln_map_f32(y, x, gamma, beta, d, mean, rstd, thr, tiny, 0, 1, 1);
+    if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, 1, 0);
+    else ln_map_f32(y, x, gamma, beta, d, mean, rstd, 0, 0);
+  } else if (dtype != SN_DTYPE_F32) {
+    if (g) ln_map_f64(y, x, gamma, beta, d, mean, rstd, 1);
+    else ln_map_f64(y, x, gamma, beta, d, mean, rstd, 0);
   } else {
-    if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, thr, tiny, 1, 1, 0);
-    else ln_map_f32(y, x, gamma, beta, d, mean, rstd, thr, tiny, 0, 1, 0);
+    if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, 1, 1);
+    else ln_map_f32(y, x, gamma, beta, d, mean, rstd, 0, 1);
   }
-  if (risky) ln_fix(y, x, gamma, beta, d, mean, rstd, thr, tiny);
 }
 
 /* s[i] = x[i] + r[i] (f32) for the fused kernel. */
