@@ -225,8 +225,14 @@ SN_API sn_status_t sn_safetensors_load(sn_safetensors_t **file, const char *path
 SN_API sn_status_t sn_safetensors_get(const sn_safetensors_t *file, const char *name,
                                       sn_tensor_t *tensor);
 
-/* Number of tensors in the file and the name of the i-th (in file order; static until free). */
+/* Number of tensors in a loaded file (host memory, read-only; the "__metadata__" entry is not a
+ * tensor and not counted). Returns 0 for file == NULL; never fails, sets no error. */
 SN_API int64_t sn_safetensors_count(const sn_safetensors_t *file);
+
+/* Name of the i-th tensor, 0 <= i < sn_safetensors_count(file), in the order of the tensors'
+ * data in the file (by data offset). The string belongs to file and stays valid until
+ * sn_safetensors_free. Returns NULL for file == NULL or i out of range; sets no error. Names are
+ * unique within a file. */
 SN_API const char *sn_safetensors_name(const sn_safetensors_t *file, int64_t i);
 
 /* Frees a loaded file. NULL is a no-op. */
