@@ -228,9 +228,13 @@ done:
 
 /* ---- loading --------------------------------------------------------------------------------- */
 
+/* Data order: by begin, then end (a zero-size tensor [k, k] precedes one starting at k, whatever
+ * the header's order), then name (unique), so the order never depends on qsort. */
 static int by_offset(const void *a, const void *b) {
   const st_entry_t *x = a, *y = b;
-  return x->begin < y->begin ? -1 : x->begin > y->begin;
+  if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+  if (x->end != y->end) return x->end < y->end ? -1 : 1;
+  return strcmp(x->name, y->name);
 }
 
 /* Parses one tensor entry of the header into e (name owned by the caller's table). */

@@ -83,6 +83,14 @@ static sn_status_t lookup_state(const char *fn, const sn_syncbn_t *bn, const sn_
     } else if (t.is_i64 || t.dtype != SN_DTYPE_F32 || t.ndim != 1 || t.shape[0] != bn->C) {
       return sn__fail(SN_ERR_FORMAT, "%s: '%s' must be F32 of shape [%lld] (C of %s)", fn, name,
                       (long long)bn->C, bn->label);
+    } else if (k == T_RVAR) {
+      for (int64_t c = 0; c < bn->C; c++) {
+        float v;
+        memcpy(&v, (const char *)t.data + c * (int64_t)sizeof v, sizeof v); /* unaligned bytes */
+        if (v < 0.0f) /* eval mode would divide by √(negative + eps) */
+          return sn__fail(SN_ERR_FORMAT, "%s: '%s'[%lld] is %g; a variance must be >= 0", fn,
+                          name, (long long)c, (double)v);
+      }
     }
     found[k] = t;
   }
@@ -133,6 +141,13 @@ sn_status_t sn_syncbn_save(const char *path, sn_syncbn_t *const *layers,
   const char *fn = "sn_syncbn_save";
   SN_TRY(sn__check_ptr(fn, "path", path));
   SN_TRY(check_layers(fn, layers, prefixes, count));
+  for (int64_t i = 0; i < count; i++) /* the tensor names live in the layer: one prefix each */
+    for (int64_t j = 0; j < i; j++)
+      if (layers[j] == layers[i])
+        return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                        "%s: layers[%lld] and layers[%lld] are the same layer ('%s', '%s'); "
+                        "save each layer once", fn, (long long)j, (long long)i, prefixes[j],
+                        prefixes[i]);
   sn_tensor_t *all = malloc((size_t)(count > 0 ? count : 1) * T_COUNT * sizeof *all);
   if (all == NULL) return sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
   int64_t total = 0;

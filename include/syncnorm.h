@@ -196,7 +196,8 @@ SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean
 /* Inference (eval mode) with running statistics:
  *   y = (x − running_mean_c)/√(running_var_c + eps)·gamma_c + beta_c.
  * running_mean, running_var: [C] f32 (running_var unbiased, as PyTorch keeps it); gamma, beta:
- * [C] f32 or NULL. y may equal x. Errors as sn_batchnorm_apply plus SN_ERR_INVALID_EPS. */
+ * [C] f32 or NULL. y may equal x. Errors as sn_batchnorm_apply plus SN_ERR_INVALID_EPS and
+ * SN_ERR_INVALID_ARGUMENT (a running_var < 0; checked only for a non-empty batch). */
 SN_API sn_status_t sn_batchnorm_infer(void *y, const void *x, const float *running_mean,
                                       const float *running_var, const float *gamma,
                                       const float *beta, int64_t n, int64_t c, int64_t s,
@@ -217,7 +218,8 @@ SN_API sn_status_t sn_batchnorm_bwd_reduce(double *sum_dy, double *sum_dy_xhat, 
  *   dx = gamma_c·rstd_c·(dy − sum_dy_c/count − x̂·sum_dy_xhat_c/count).
  * With sum_dy == sum_dy_xhat == NULL the statistics are treated as constants (eval mode, frozen
  * BatchNorm): dx = gamma_c·rstd_c·dy, count ignored. Pass the same mean/rstd as the forward
- * (for eval mode: running_mean and 1/√(running_var+eps)). dx, dy, x: dtype; mean [C] f64; rstd,
+ * (for eval mode: running_mean and 1/√(running_var+eps)). dx, dy, x: [N, C, S] or [N, S, C] as
+ * layout, dtype, overwritten (=); mean [C] f64; sum_dy, sum_dy_xhat [C] f64; rstd,
  * gamma [C] f32 (gamma NULL = 1). dx may equal dy. count <= 0 with sums given →
  * SN_ERR_INSUFFICIENT_COUNT; one of the two sums NULL → SN_ERR_NULL_POINTER; others as
  * sn_batchnorm_apply. */
@@ -245,7 +247,8 @@ SN_API sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const voi
 
 /* GroupNorm backward, per (n, g) with g_i = dy_i·gamma_c and x̂ = (x − mean)·rstd (re-centred):
  *   dx = rstd·(g − mean(g) − x̂·mean(g·x̂)),  dgamma_c = Σ_{n,s} dy·x̂,  dbeta_c = Σ_{n,s} dy.
- * dx, dy, x: dtype; mean, rstd: [N, G] f32 from sn_groupnorm_fwd; gamma [C] f32 or NULL;
+ * dx, dy, x: [N, C, S] or [N, S, C] as layout, dtype, dx overwritten (=); mean, rstd: [N, G]
+ * f32 from sn_groupnorm_fwd; gamma [C] f32 or NULL;
  * dgamma, dbeta: [C] f32 (=) or NULL. dx may equal dy. Errors as sn_groupnorm_fwd (no eps). */
 SN_API sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
                                     const void *x, const float *mean, const float *rstd,
@@ -261,8 +264,11 @@ SN_API sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const
  * Afterwards conv(x; w, b) equals BatchNorm_eval(conv(x; w_old, b_old)).
  * w: [c_out, per_out] f32 (per_out = C_in·kh·kw for a conv, in_features for a linear layer);
  * b: [c_out] f32 (pass zeros if the layer had no bias); gamma, beta: [c_out] f32 or NULL (1 / 0);
- * running_mean, running_var: [c_out] f32. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE
- * (c_out or per_out <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS. */
+ * running_mean, running_var: [c_out] f32, host memory. w and b are overwritten (in place); on
+ * an error nothing is written. Source: the algebra of conv-BN fusion (e.g. PyTorch's
+ * torch.nn.utils.fusion.fuse_conv_bn_weights). Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE
+ * (c_out or per_out <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS, SN_ERR_INVALID_ARGUMENT (a
+ * running_var < 0). */
 SN_API sn_status_t sn_fold_batchnorm(float *w, float *b, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var,
                                      int64_t c_out, int64_t per_out, float eps);

@@ -72,21 +72,24 @@ SN_API const char *sn_comm_backend(const sn_comm_t *comm);
  * memory for "self"/"mpi", device memory for "nccl", enqueued on its stream). Collective: every
  * rank passes the same count and dtype. The result is bitwise identical on every rank. Errors:
  * SN_ERR_NULL_POINTER (buf NULL with count > 0), SN_ERR_INVALID_SIZE (count < 0),
- * SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_HANDLE, SN_ERR_COMM, SN_ERR_TIMEOUT. */
+ * SN_ERR_OVERFLOW (count beyond what the backend can send in one call: 2^31 − 1 elements for
+ * MPI), SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_HANDLE, SN_ERR_ALLOC (staging buffer), SN_ERR_COMM,
+ * SN_ERR_TIMEOUT. */
 SN_API sn_status_t sn_comm_allreduce_sum(sn_comm_t *comm, void *buf, int64_t count,
                                          sn_dtype_t dtype);
 
 /* Whether `bytes` bytes at buf (host memory) are identical on every rank: *identical = 1 on
  * every rank if so, 0 on every rank if not. Compares a 64-bit FNV-1a hash (collision chance
- * 2^-64) with one max-all-reduce. Collective. Errors as sn_comm_allreduce_sum. */
+ * 2^-64) with one max-all-reduce. Collective. Errors as sn_comm_allreduce_sum, plus
+ * SN_ERR_UNSUPPORTED (a backend without max-all-reduce on host buffers: "nccl"). */
 SN_API sn_status_t sn_comm_all_identical(sn_comm_t *comm, const void *buf, int64_t bytes,
                                          int *identical);
 
 /* Seconds a collective may wait for the other ranks before it fails with SN_ERR_TIMEOUT (and
  * the communicator is marked broken: later calls fail with SN_ERR_COMM). 0 waits forever. The
  * default is 1800 s (as PyTorch's process groups), or the environment variable
- * SN_COMM_TIMEOUT_S read at creation. Local, not collective. Errors: SN_ERR_INVALID_ARGUMENT
- * (seconds < 0 or NaN), SN_ERR_INVALID_HANDLE. */
+ * SN_COMM_TIMEOUT_S read at creation. Local, not collective. Errors: SN_ERR_NULL_POINTER,
+ * SN_ERR_INVALID_ARGUMENT (seconds < 0 or NaN), SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_comm_set_timeout(sn_comm_t *comm, double seconds);
 
 /* Frees comm (and its duplicated MPI communicator: collective for "mpi", like MPI_Comm_free).
@@ -146,23 +149,28 @@ SN_API sn_syncbn_config_t sn_syncbn_default_config(int64_t num_features);
  * the handle. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (num_features <= 0),
  * SN_ERR_INVALID_EPS, SN_ERR_INVALID_ARGUMENT (momentum, flags), SN_ERR_INVALID_DTYPE,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_HANDLE, SN_ERR_UNSUPPORTED (device_memory without CUDA
- * or with a host communicator), SN_ERR_ALLOC. */
+ * or with a host communicator), SN_ERR_OVERFLOW (num_features too large to allocate its
+ * buffers), SN_ERR_COMM (comm broken by an earlier failure), SN_ERR_ALLOC. */
 SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *cfg,
                                     sn_comm_t *comm);
 
 /* Forward of x [n, C, s] (NCHW) or [n, s, C] (NHWC) into y (same shape, cfg.dtype); y may equal x.
- * training != 0 (and always when track_running_stats is 0): batch statistics over all ranks —
+ * training != 0: batch statistics over all ranks —
  * one all-reduce of 2C+1 fp64 values (count, Σ(x−p), Σ(x−p)² with a pivot p identical on every
  * rank; a second one only in the rare step where p was so far from the mean that fp64 lost more
  * than 24 bits) — normalized with the biased variance; then, tracking, num_batches_tracked += 1
  * and running_x = (1−f)·running_x + f·batch_x with f = momentum (or 1/num_batches_tracked),
  * batch_var unbiased by the global count N: var·N/(N−1). Collective (training) — a rank with
- * n·s == 0 still calls it. training == 0 with running stats: y from running stats, local, no
- * communication. Errors (nothing written, stats untouched, the same on every rank for the
- * collective ones): SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
+ * n·s == 0 still calls it. training == 0: y from the running stats, local, no communication;
+ * without running stats (track_running_stats 0) from this rank's own batch statistics, local
+ * too (as torch.nn.SyncBatchNorm, which synchronizes only in training mode). Formulas: Ioffe &
+ * Szegedy 2015 (arXiv:1502.03167), running stats as torch.nn.BatchNorm; the shifted sums:
+ * Chan, Golub & LeVeque 1983. Errors (y, parameters and running stats untouched, the same on
+ * every rank for the collective ones; the saved forward is dropped, so a backward needs a new
+ * successful forward): SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
  * SN_ERR_INSUFFICIENT_COUNT (global count 1), SN_ERR_MISMATCH, SN_ERR_NONFINITE, SN_ERR_COMM,
- * SN_ERR_TIMEOUT, SN_ERR_INVALID_HANDLE. A global count of 0 is an empty batch: SN_OK, nothing
- * changes. */
+ * SN_ERR_TIMEOUT, SN_ERR_INVALID_HANDLE, SN_ERR_ALLOC. A global count of 0 is an empty batch:
+ * SN_OK, nothing changes. */
 SN_API sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, int64_t n,
                                      int64_t s, int training);
 
@@ -170,8 +178,10 @@ SN_API sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, in
  * with Σ over all ranks (one all-reduce of 2C fp64 values, collective) after a training forward;
  * dx = γ·dy/√(running_var+eps), local, after an eval forward (frozen BatchNorm). grad_weight,
  * grad_bias (=) get this rank's local Σdy·x̂ and Σdy, as PyTorch (data-parallel gradient averaging
- * combines them later). dx may equal dy. Errors: as forward, plus SN_ERR_INVALID_ARGUMENT
- * (no forward yet, or n/s differ from the forward's). */
+ * combines them later). dx may equal dy. Shapes and dtype as forward; host memory. Formula:
+ * the BatchNorm backward of Ioffe & Szegedy 2015, as torch.nn.SyncBatchNorm's. Errors: as
+ * forward (SN_ERR_ALLOC included), plus SN_ERR_INVALID_ARGUMENT (no successful forward since the
+ * last error, or n/s differ from the forward's). */
 SN_API sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy, const void *x,
                                       int64_t n, int64_t s);
 
@@ -249,14 +259,16 @@ SN_API sn_status_t sn_syncbn_state_tensors(sn_syncbn_t *bn, const char *prefix,
 
 /* Loads "<prefix>.*" from a file into the layer: every tensor the config has must be present
  * with dtype F32 and shape [C] (num_batches_tracked: I64, shape [] or [1]); otherwise nothing
- * changes. Errors: SN_ERR_NULL_POINTER, SN_ERR_NOT_FOUND, SN_ERR_FORMAT (dtype or shape),
- * SN_ERR_INVALID_HANDLE. */
+ * changes. Errors: SN_ERR_NULL_POINTER, SN_ERR_NOT_FOUND, SN_ERR_FORMAT (dtype, shape, a
+ * negative running_var element or num_batches_tracked), SN_ERR_INVALID_ARGUMENT (prefix longer than 200 bytes),
+ * SN_ERR_INVALID_HANDLE, SN_ERR_UNSUPPORTED (device_memory layer). */
 SN_API sn_status_t sn_syncbn_load_state(sn_syncbn_t *bn, const sn_safetensors_t *file,
                                         const char *prefix);
 
 /* Saves `count` layers into one safetensors file (atomic, as sn_safetensors_save), layer i under
- * prefixes[i] (e.g. "bn1" or "layer1.0.bn1"). Errors as sn_safetensors_save and
- * sn_syncbn_state_tensors. */
+ * prefixes[i] (e.g. "bn1" or "layer1.0.bn1"). Each layer at most once per call (its tensor
+ * names live in the layer). Errors as sn_safetensors_save and sn_syncbn_state_tensors, plus
+ * SN_ERR_INVALID_ARGUMENT (a layer given twice, or two prefixes alike). */
 SN_API sn_status_t sn_syncbn_save(const char *path, sn_syncbn_t *const *layers,
                                   const char *const *prefixes, int64_t count);
 

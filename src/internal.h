@@ -34,6 +34,9 @@ SN_HIDDEN sn_status_t sn__mul(const char *fn, int64_t *out, int64_t a, int64_t b
 SN_HIDDEN sn_status_t sn__check_eps(const char *fn, float eps);
 /* dtype is an activation dtype (f32, bf16, f16), else SN_ERR_INVALID_DTYPE. */
 SN_HIDDEN sn_status_t sn__check_act_dtype(const char *fn, sn_dtype_t dtype);
+/* Every running_var[i], i < c, is >= 0 (NaN passes: it propagates, as in PyTorch), else
+ * SN_ERR_INVALID_ARGUMENT naming the first negative one. */
+SN_HIDDEN sn_status_t sn__check_running_var(const char *fn, const float *running_var, int64_t c);
 /* layout is NCHW or NHWC, else SN_ERR_INVALID_LAYOUT. */
 SN_HIDDEN sn_status_t sn__check_layout(const char *fn, sn_layout_t layout);
 

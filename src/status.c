@@ -93,6 +93,15 @@ sn_status_t sn__check_eps(const char *fn, float eps) {
   return SN_OK;
 }
 
+sn_status_t sn__check_running_var(const char *fn, const float *running_var, int64_t c) {
+  for (int64_t i = 0; i < c; i++)
+    if (running_var[i] < 0.0f)
+      return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                      "%s: running_var[%lld] is %g; a variance must be >= 0", fn, (long long)i,
+                      (double)running_var[i]);
+  return SN_OK;
+}
+
 sn_status_t sn__check_act_dtype(const char *fn, sn_dtype_t dtype) {
   if (dtype != SN_DTYPE_F32 && dtype != SN_DTYPE_BF16 && dtype != SN_DTYPE_F16)
     return sn__fail(SN_ERR_INVALID_DTYPE,

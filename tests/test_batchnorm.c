@@ -770,6 +770,10 @@ START_TEST(test_bad_inputs) {
   /* infer */
   check_bad(sn_batchnorm_infer(o.y, x, NULL, rv, g, g, 2, 3, 4, EPS, L, D), SN_ERR_NULL_POINTER, fi, &o, &o0, "infer running_mean NULL");
   check_bad(sn_batchnorm_infer(o.y, x, rm, NULL, g, g, 2, 3, 4, EPS, L, D), SN_ERR_NULL_POINTER, fi, &o, &o0, "infer running_var NULL");
+  {
+    const float rv_neg[3] = {1.0f, 1.0f, -2.0f};
+    check_bad(sn_batchnorm_infer(o.y, x, rm, rv_neg, g, g, 2, 3, 4, EPS, L, D), SN_ERR_INVALID_ARGUMENT, fi, &o, &o0, "infer running_var < 0");
+  }
   check_bad(sn_batchnorm_infer(NULL, x, rm, rv, g, g, 2, 3, 4, EPS, L, D), SN_ERR_NULL_POINTER, fi, &o, &o0, "infer y NULL");
   check_bad(sn_batchnorm_infer(o.y, x, rm, rv, g, g, 2, 3, 4, EPS, BADL, D), SN_ERR_INVALID_LAYOUT, fi, &o, &o0, "infer layout");
   check_bad(sn_batchnorm_infer(o.y, x, rm, rv, g, g, 2, 3, 4, EPS, L, BADD), SN_ERR_INVALID_DTYPE, fi, &o, &o0, "infer dtype");

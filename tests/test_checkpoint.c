@@ -111,6 +111,13 @@ START_TEST(test_roundtrip_several_layers) {
   char tmp[400];
   snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
   ck_assert_int_eq(access(tmp, F_OK), -1);
+  /* one layer under two prefixes: a clear error, the file on disk unchanged */
+  sn_syncbn_t *twice[2] = {a[0], a[0]};
+  const char *two[2] = {"x", "y"};
+  ck_assert_int_eq(sn_syncbn_save(path, twice, two, 2), SN_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(sn_last_error(), "same layer"));
+  ck_assert_int_eq(sn_syncbn_load(path, b, prefixes, 3), SN_OK);
+  for (int i = 0; i < 3; i++) assert_same_state(a[i], b[i]);
   for (int i = 0; i < 3; i++) sn_syncbn_destroy(a[i]), sn_syncbn_destroy(b[i]);
 }
 END_TEST
@@ -249,6 +256,20 @@ START_TEST(test_corrupt_headers_rejected) {
   write_st(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", data, 16);
   ck_assert_int_eq(sn_safetensors_load(&f, path), SN_OK);
   sn_safetensors_free(f);
+  /* a zero-size tensor at the offset where another starts is valid in either header order */
+  static const char *const zero_size[2] = {
+      "{\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}",
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}"};
+  for (int k = 0; k < 2; k++) {
+    write_st(path, zero_size[k], data, 16);
+    f = NULL;
+    sn_status_t st = sn_safetensors_load(&f, path);
+    ck_assert_msg(st == SN_OK, "zero-size tensor, order %d: %s", k, sn_last_error());
+    ck_assert_int_eq(sn_safetensors_count(f), 2);
+    ck_assert_str_eq(sn_safetensors_name(f, 0), "a");
+    ck_assert_str_eq(sn_safetensors_name(f, 1), "b");
+    sn_safetensors_free(f);
+  }
 }
 END_TEST
 

@@ -103,7 +103,7 @@ typedef struct {
 } outs_t;
 
 START_TEST(test_fold_bad_inputs) {
-  float g[3] = {1, 1, 1}, rm[3] = {0, 0, 0}, rv[3] = {1, 1, 1};
+  float g[3] = {1, 1, 1}, rm[3] = {0, 0, 0}, rv[3] = {1, 1, 1}, rv_neg[3] = {1, -1e-5f, 1};
   outs_t o, o0;
   memset(&o, 0xA5, sizeof o);
   memcpy(&o0, &o, sizeof o);
@@ -128,6 +128,7 @@ START_TEST(test_fold_bad_inputs) {
       {SN_ERR_INVALID_EPS, o.w, o.b, rm, rv, 3, 4, -1e-3f, "eps < 0"},
       {SN_ERR_INVALID_EPS, o.w, o.b, rm, rv, 3, 4, NAN, "eps NaN"},
       {SN_ERR_INVALID_EPS, o.w, o.b, rm, rv, 3, 4, INFINITY, "eps Inf"},
+      {SN_ERR_INVALID_ARGUMENT, o.w, o.b, rm, rv_neg, 3, 4, EPS, "running_var < 0"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     sn_status_t st = sn_fold_batchnorm(cases[i].w, cases[i].b, g, g, cases[i].rm, cases[i].rv,

@@ -269,6 +269,38 @@ START_TEST(test_beta_cancels) {
 }
 END_TEST
 
+/* bf16 rows take their own path in sn_layernorm_fwd (widen + sum in one pass, narrowing in the
+ * map); the fused add kernel still takes the generic one (widen the row, normalize in f32,
+ * narrow). With a zero residual both normalize the same values, so y, mean and rstd must be
+ * bitwise equal, for every gamma/beta combination. */
+START_TEST(test_bf16_path_matches_generic) {
+  static const int64_t D[] = {1, 7, 65, 4096};
+  for (int k = 0; k < 4; k++)
+    for (int gb = 0; gb < 4; gb++) {
+      const int64_t rows = 5, d = D[k], n = rows * d;
+      const sn_dtype_t dt = SN_DTYPE_BF16;
+      tu_rng_t rng;
+      tu_rng_seed(&rng, 800 + (uint64_t)(4 * k + gb));
+      void *x = tu_alloc(n, dt), *zero = tu_alloc(n, dt), *sum = tu_alloc(n, dt);
+      void *y1 = tu_alloc(n, dt), *y2 = tu_alloc(n, dt);
+      tu_fill_normal(x, n, dt, 3.0, 2.0, &rng);
+      for (int64_t i = 0; i < n; i++) tu_set(zero, i, 0.0, dt);
+      float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+      const float *g = gb & 1 ? gamma : NULL, *b = gb & 2 ? beta : NULL;
+      float m1[5], r1[5], m2[5], r2[5];
+      tu_poison(y1, n, dt);
+      tu_poison(y2, n, dt);
+      ck_assert_int_eq(sn_layernorm_fwd(y1, m1, r1, x, g, b, rows, d, EPS, dt), SN_OK);
+      ck_assert_int_eq(sn_add_layernorm_fwd(y2, sum, m2, r2, x, zero, g, b, rows, d, EPS, dt),
+                       SN_OK);
+      tu_assert_bitwise(y1, y2, (size_t)n * 2, "bf16 layernorm y vs the fused kernel's");
+      tu_assert_bitwise(m1, m2, sizeof m1, "bf16 layernorm mean vs the fused kernel's");
+      tu_assert_bitwise(r1, r2, sizeof r1, "bf16 layernorm rstd vs the fused kernel's");
+      free(x), free(zero), free(sum), free(y1), free(y2), free(gamma), free(beta);
+    }
+}
+END_TEST
+
 /* Constant rows: variance 0, so y == beta exactly (0 without beta), mean == the value, rstd ==
  * 1/√eps, no NaN; the backward stays finite and matches the analytic gradient. */
 START_TEST(test_constant_rows) {
@@ -754,6 +786,7 @@ int main(void) {
   tcase_add_test(tc, test_issue_example);
   tcase_add_test(tc, test_large_mean);
   tcase_add_loop_test(tc, test_beta_cancels, 0, 3);
+  tcase_add_test(tc, test_bf16_path_matches_generic);
   tcase_add_loop_test(tc, test_constant_rows, 0, 3);
   tcase_add_loop_test(tc, test_near_half_max, 0, 2);
   tcase_add_loop_test(tc, test_add_fwd, 0, 3);

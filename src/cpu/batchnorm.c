@@ -590,6 +590,7 @@ sn_status_t sn_batchnorm_infer(void *y, const void *x, const float *running_mean
   if (rows == 0) return SN_OK;
   SN_TRY(sn__check_ptr(fn, "y", y));
   SN_TRY(sn__check_ptr(fn, "x", x));
+  SN_TRY(sn__check_running_var(fn, running_var, c));
   const ew_t op = {.kind = EW_INFER, .rmean = running_mean, .rvar = running_var,
                    .gamma = gamma, .beta = beta, .eps = (double)eps};
   ew_run(&op, y, x, NULL, n, c, s, layout, dtype);

@@ -26,6 +26,7 @@ sn_status_t sn_fold_batchnorm(float *w, float *b, const float *gamma, const floa
   SN_TRY(sn__check_ptr(fn, "b", b));
   SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
   SN_TRY(sn__check_ptr(fn, "running_var", running_var));
+  SN_TRY(sn__check_running_var(fn, running_var, c_out));
 #pragma omp parallel for schedule(static) if (total >= FOLD_PAR_MIN)
   for (int64_t c = 0; c < c_out; c++) {
     const double k = (gamma ? (double)gamma[c] : 1.0) / sqrt((double)running_var[c] + (double)eps);

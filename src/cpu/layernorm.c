@@ -92,6 +92,48 @@ SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const 
   }
 }
 
+/* The affine maps of ln_map_f32 / ln_map_f64, rounded to bf16 as they are stored: the same f32
+ * values, narrowed by the same rounding, as ln_fwd_row followed by sn__from_f32. */
+SN_INLINE void ln_map_f32_bf16(uint16_t *y, const float *x, const float *gamma, int64_t d,
+                               double mean, double rstd, int has_g) {
+  const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
+  SN_IVDEP
+  for (int64_t i = 0; i < d; i++) {
+    float t = ((x[i] - hi) - lo) * s;
+    if (has_g) t = t * gamma[i];
+    y[i] = sn__f32_to_bf16(t);
+  }
+}
+SN_INLINE void ln_map_f64_bf16(uint16_t *y, const float *x, const float *gamma,
+                               const float *beta, int64_t d, double mean, double rstd, int has_g) {
+  SN_IVDEP
+  for (int64_t i = 0; i < d; i++) {
+    double t = ((double)x[i] - mean) * rstd;
+    if (has_g) t = t * (double)gamma[i];
+    y[i] = sn__f32_to_bf16((float)(t + (double)beta[i]));
+  }
+}
+
+/* One bf16 row, bitwise as ln_fwd_row on the widened row, in three passes instead of five: widen
+ * x into tmp [d] while summing it (x read from memory once), the squared deviations on tmp,
+ * then the affine map narrowed as it is stored (y written once, no f32 output row). */
+SN_CLONES static void ln_fwd_row_bf16(uint16_t *y, double *stats, const uint16_t *x, float *tmp,
+                                      const float *gamma, const float *beta, int64_t d,
+                                      float eps, const char *next) {
+  const double mean = sn__row_widen_sum_bf16(tmp, x, d) / (double)d;
+  const double var = sn__row_sumsq_pf(tmp, d, mean, next, (char *)y, 2) / (double)d;
+  const double rstd = 1.0 / sqrt(var + (double)eps);
+  stats[0] = mean;
+  stats[1] = rstd;
+  if (beta != NULL) {
+    if (gamma != NULL) ln_map_f64_bf16(y, tmp, gamma, beta, d, mean, rstd, 1);
+    else ln_map_f64_bf16(y, tmp, gamma, beta, d, mean, rstd, 0);
+  } else {
+    if (gamma != NULL) ln_map_f32_bf16(y, tmp, gamma, d, mean, rstd, 1);
+    else ln_map_f32_bf16(y, tmp, gamma, d, mean, rstd, 0);
+  }
+}
+
 /* s[i] = x[i] + r[i] (f32) for the fused kernel. */
 SN_CLONES static void ln_add_row(float *s, const float *x, const float *r, int64_t d) {
   sn__add_row(s, x, r, d);
@@ -137,8 +179,16 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
     float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * 2 * d : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-      const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
       const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
+      if (dtype == SN_DTYPE_BF16) {
+        double stats[2];
+        ln_fwd_row_bf16((uint16_t *)y + r * d, stats, (const uint16_t *)x + r * d, tmp, gamma,
+                        beta, d, eps, next);
+        if (mean != NULL) mean[r] = (float)stats[0];
+        if (rstd != NULL) rstd[r] = (float)stats[1];
+        continue;
+      }
+      const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
       ln_fwd_store(y, mean, rstd, xr, tmp != NULL ? tmp + d : NULL, gamma, beta, r, d, eps,
                    dtype, next);
     }

@@ -10,6 +10,8 @@
 #ifndef SN_ROWNORM_H
 #define SN_ROWNORM_H
 
+#include <string.h>
+
 #include "cpu.h"
 
 #if defined(__GNUC__)
@@ -60,6 +62,42 @@ SN_INLINE double sn__row_sum(const float *x, int64_t n) {
   for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES)
     for (int k = 0; k < SN_ROW_LANES; k++) acc[k] += (double)x[i + k];
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) acc[k] += (double)x[i];
+  return sn__lanes_total(acc);
+}
+
+/* bf16 ↔ f32 inside the row loops (bitwise as convert.c's runs): widening is a shift; narrowing
+ * rounds to nearest even, NaN stays a quiet NaN, written without branches so the loops that
+ * use it stay vectorized. */
+SN_INLINE float sn__bf16_to_f32(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+SN_INLINE uint16_t sn__f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  const uint32_t nan = (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x0040u;
+  return (uint16_t)(nan ? quiet : rounded);
+}
+
+/* dst[i] = (float)src[i] (bf16 → f32) and Σ src[i] in fp64, lanes and order as sn__row_sum: one
+ * pass that reads a bf16 row from memory once. */
+SN_INLINE double sn__row_widen_sum_bf16(float *dst, const uint16_t *src, int64_t n) {
+  double acc[SN_ROW_LANES] = {0};
+  int64_t i = 0;
+  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES)
+    for (int k = 0; k < SN_ROW_LANES; k++) {
+      const float v = sn__bf16_to_f32(src[i + k]);
+      dst[i + k] = v;
+      acc[k] += (double)v;
+    }
+  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
+    const float v = sn__bf16_to_f32(src[i]);
+    dst[i] = v;
+    acc[k] += (double)v;
+  }
   return sn__lanes_total(acc);
 }
 

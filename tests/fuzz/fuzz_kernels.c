@@ -144,6 +144,14 @@ static ncs_t pick_ncs(fz_t *in) {
   return v;
 }
 
+/* Whether some running_var[i], i < c, is negative: sn_batchnorm_infer and sn_fold_batchnorm
+ * reject it (SN_ERR_INVALID_ARGUMENT); NaN is accepted. */
+static int negative_var(const float *running_var, int64_t c) {
+  for (int64_t i = 0; i < c; i++)
+    if (running_var[i] < 0.0f) return 1;
+  return 0;
+}
+
 static void op_batchnorm(fz_t *in, int which) {
   static const char *const names[6] = {"sn_batchnorm_stats", "sn_batchnorm_finalize", "sn_batchnorm_apply",
                                        "sn_batchnorm_infer", "sn_batchnorm_bwd_reduce", "sn_batchnorm_bwd_apply"};
@@ -203,6 +211,8 @@ static void op_batchnorm(fz_t *in, int which) {
       choose_pointers(&c, in);
       maybe_alias(&c, in, y, x);
       if (!setup(&c, in)) return;
+      if (which == 3 && c.errs == 0 && !c.empty && negative_var(P(&c, r), v.c))
+        c.errs |= ERR(SN_ERR_INVALID_ARGUMENT);
       if (which == 2)
         st = sn_batchnorm_apply(P(&c, y), P(&c, x), P(&c, m), P(&c, r), P(&c, g), P(&c, b), v.n, v.c, v.s, lay, dt);
       else
@@ -328,6 +338,7 @@ static void op_fold(fz_t *in) {
   const int rv = add_arg(&c, "running_var", T_F32, R_REQ, IN, c_out, 0);
   choose_pointers(&c, in);
   if (!setup(&c, in)) return;
+  if (c.errs == 0 && negative_var(P(&c, rv), c_out)) c.errs |= ERR(SN_ERR_INVALID_ARGUMENT);
   sn_status_t st = sn_fold_batchnorm(P(&c, w), P(&c, b), P(&c, g), P(&c, be), P(&c, rm), P(&c, rv), c_out,
                                      per_out, eps);
   verify(&c, st);
