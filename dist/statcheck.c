@@ -56,9 +56,18 @@ static void usage(FILE *f) {
           "  --momentum M      running-stat momentum, or 'none' for the cumulative average (default 0.1)\n"
           "  --eps E           (default 1e-5)\n"
           "  --seed S          (default 1)\n"
-          "  --exact           small dyadic inputs: every result must match bit for bit\n"
+          "  --exact           small dyadic inputs: every result must match bit for bit, except\n"
+          "                    dgamma (a sum of per-rank f32 sums: held to --tol)\n"
           "  --tol T           max relative difference allowed (default 1e-5 for f32, 2e-2 for bf16/f16)\n"
           "  -h, --help\n");
+}
+
+static int print_errors = 1; /* rank 0 only */
+
+/* An invalid option value: says which, then parse returns 0 (usage, exit 2). */
+static int bad(const char *opt, const char *val) {
+  if (print_errors) fprintf(stderr, "syncnorm-statcheck: invalid value '%s' for --%s\n", val, opt);
+  return 0;
 }
 
 static int parse(int argc, char **argv, options_t *o) {
@@ -73,35 +82,44 @@ static int parse(int argc, char **argv, options_t *o) {
   char *end;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (c) {
-      case 'c': o->C = strtoll(optarg, &end, 10); if (*end || o->C < 1) return 0; break;
-      case 's': o->S = strtoll(optarg, &end, 10); if (*end || o->S < 1) return 0; break;
-      case 'a': o->min_batch = strtoll(optarg, &end, 10); if (*end || o->min_batch < 0) return 0; break;
-      case 'b': o->max_batch = strtoll(optarg, &end, 10); if (*end || o->max_batch < 0) return 0; break;
-      case 'k': o->steps = (int)strtol(optarg, &end, 10); if (*end || o->steps < 1) return 0; break;
-      case 'e': o->eps = strtof(optarg, &end); if (*end) return 0; break;
-      case 'r': o->seed = strtoull(optarg, &end, 10); if (*end) return 0; break;
-      case 't': o->tol = strtod(optarg, &end); if (*end || !(o->tol >= 0)) return 0; break;
+      case 'c': o->C = strtoll(optarg, &end, 10); if (*end || o->C < 1) return bad("channels", optarg); break;
+      case 's': o->S = strtoll(optarg, &end, 10); if (*end || o->S < 1) return bad("spatial", optarg); break;
+      case 'a': o->min_batch = strtoll(optarg, &end, 10); if (*end || o->min_batch < 0) return bad("min-batch", optarg); break;
+      case 'b': o->max_batch = strtoll(optarg, &end, 10); if (*end || o->max_batch < 0) return bad("max-batch", optarg); break;
+      case 'k': o->steps = (int)strtol(optarg, &end, 10); if (*end || o->steps < 1) return bad("steps", optarg); break;
+      case 'e': o->eps = strtof(optarg, &end); if (*end) return bad("eps", optarg); break;
+      case 'r': o->seed = strtoull(optarg, &end, 10); if (*end) return bad("seed", optarg); break;
+      case 't': o->tol = strtod(optarg, &end); if (*end || !(o->tol >= 0)) return bad("tol", optarg); break;
       case 'x': o->exact = 1; break;
       case 'm':
         if (strcmp(optarg, "none") == 0) o->momentum = SN_MOMENTUM_CUMULATIVE;
-        else if ((o->momentum = strtof(optarg, &end)), *end) return 0;
+        else if ((o->momentum = strtof(optarg, &end)), *end) return bad("momentum", optarg);
         break;
       case 'l':
         if (strcmp(optarg, "nchw") == 0) o->layout = SN_LAYOUT_NCHW;
         else if (strcmp(optarg, "nhwc") == 0) o->layout = SN_LAYOUT_NHWC;
-        else return 0;
+        else return bad("layout", optarg);
         break;
       case 'd':
         if (strcmp(optarg, "f32") == 0) o->dtype = SN_DTYPE_F32;
         else if (strcmp(optarg, "bf16") == 0) o->dtype = SN_DTYPE_BF16;
         else if (strcmp(optarg, "f16") == 0) o->dtype = SN_DTYPE_F16;
-        else return 0;
+        else return bad("dtype", optarg);
         break;
       case 'h': usage(stdout); return -1;
       default: return 0;
     }
   }
-  if (optind != argc || o->min_batch > o->max_batch) return 0;
+  if (optind != argc) {
+    if (print_errors) fprintf(stderr, "syncnorm-statcheck: unexpected argument '%s'\n", argv[optind]);
+    return 0;
+  }
+  if (o->min_batch > o->max_batch) {
+    if (print_errors)
+      fprintf(stderr, "syncnorm-statcheck: --min-batch %lld is above --max-batch %lld\n",
+              (long long)o->min_batch, (long long)o->max_batch);
+    return 0;
+  }
   if (o->tol < 0) o->tol = o->dtype == SN_DTYPE_F32 ? 1e-5 : 2e-2;
   return 1;
 }
@@ -190,6 +208,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
   options_t o;
+  print_errors = rank == 0;
   int ok = parse(argc, argv, &o);
   if (ok <= 0) {
     if (ok == 0 && rank == 0) usage(stderr);
