@@ -480,10 +480,13 @@ int main(int argc, char **argv) {
   t.perm_epoch = -1;
   t.start_step = t.o.resume ? load_checkpoint(&t) : 0;
   t.end_step = t.o.max_steps > 0 && t.o.max_steps < t.total_steps ? t.o.max_steps : t.total_steps;
-  if (t.o.resume != NULL && t.start_step >= t.end_step) {
+  /* start == end is a finished run restarted (a job scheduler's retry after a crash past the
+   * last checkpoint): it ends at once with the same results. Ending before the checkpoint is a
+   * mistake in the arguments. */
+  if (t.o.resume != NULL && t.start_step > t.end_step) {
     snprintf(err, sizeof err,
-             "--resume %s: the checkpoint is at step %lld, and this run ends at step %lld "
-             "(--epochs %lld%s): nothing to train; raise --epochs or --max-steps",
+             "--resume %s: the checkpoint is at step %lld, past the end of this run at step %lld "
+             "(--epochs %lld%s); raise --epochs or --max-steps",
              t.o.resume, (long long)t.start_step, (long long)t.end_step, (long long)t.o.epochs,
              t.o.max_steps > 0 ? ", --max-steps" : "");
     exit_if_any_failed(&t, 1, err);

@@ -10,9 +10,10 @@
  * y written once. Pass 3 runs in f32, with the fp64 mean split into two floats hi + lo:
  * (x − hi) is exact when x is near the mean (Sterbenz), so |mean| ≫ σ loses nothing; for
  * bf16/f16 outputs with beta it runs in fp64 instead (beta can cancel x̂·gamma, see ln_map_f64).
- * bf16/f16 rows are widened into per-thread f32 scratch rows ([threads, 2, d] floats: x and y,
- * allocated before the parallel region), computed there and narrowed once,
- * round-to-nearest-even.
+ * f16 rows (and the fused kernels' bf16 rows) are widened into per-thread f32 scratch rows
+ * ([threads, 2, d] floats: x and y, allocated before the parallel region), computed there and
+ * narrowed once, round-to-nearest-even. sn_layernorm_fwd's bf16 rows take a three-pass path
+ * with the same results (ln_fwd_row_bf16): widening fused with Σx, narrowing with the map.
  *
  * Backward, per row, with g = dy·gamma and x̂ = (x − mean)·rstd from the saved f32 mean/rstd:
  *   pass A  Σx̂, Σg, Σg·x̂                     fp64
@@ -54,10 +55,11 @@ SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const fl
 /* y[i] = (x[i] − mean)·rstd·gamma[i] + beta[i] in fp64, rounded to f32: for bf16/f16 outputs
  * with beta. Before the final rounding the error is a few 2^-53 of |x̂·gamma|: unless beta
  * cancels x̂·gamma to below ~2^-35 of it, that is far below half an f32 ulp of y, and the f32
- * value narrowed to bf16/f16 lands within 1 ulp of the exactly rounded output. (An f32
- * map with an fp64 re-computation of the cancelling elements took about 2.5 times as long for
- * bf16 [65536,4096]: with gamma and beta unrelated, ~2^-9 of the elements cancel, so nearly
- * every row of a few thousand elements needed the second pass.) */
+ * value narrowed to bf16/f16 lands within 1 ulp of the exactly rounded output. (The f32 map
+ * followed by a scalar fp64 re-computation of the cancelling elements took 2.4 times as long
+ * for bf16 [65536,4096]: with gamma and beta unrelated, ~2^-9 of the elements cancel, so nearly
+ * every row of a few thousand elements needed that pass; vectorized, it was no faster than
+ * this map.) */
 SN_INLINE void ln_map_f64(float *y, const float *x, const float *gamma, const float *beta,
                           int64_t d, double mean, double rstd, int has_g) {
   SN_IVDEP
@@ -68,9 +70,8 @@ SN_INLINE void ln_map_f64(float *y, const float *x, const float *gamma, const fl
   }
 }
 
-/* One row: x [d] f32 → y [d] f32; stats[0] = mean, stats[1] = rstd (fp64). y may equal x for
- * f32 outputs (dtype). next, out, esize: the
- * rows to prefetch (sn__row_sumsq_pf). */
+/* One row: x [d] f32 → y [d] f32; stats[0] = mean, stats[1] = rstd (fp64). y may equal x.
+ * next, out, esize: the rows to prefetch (sn__row_sumsq_pf). */
 SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const float *gamma,
                                  const float *beta, int64_t d, float eps, sn_dtype_t dtype,
                                  const char *next, char *out, int esize) {

@@ -320,6 +320,19 @@ START_TEST(test_resume_is_exact) {
   st = run("model_only", 2, COMMON, "--out", part, "--resume", ck, NULL);
   ASSERT_RUN(st, 2, "resume from model.safetensors");
   ck_assert_msg(strstr(g_err, "not a checkpoint.safetensors"), "%s", g_err);
+  /* the finished run restarted: nothing to train, exit 0, files unchanged; a run that would end
+   * before the checkpoint's step (80 = 2 epochs of 40): refused */
+  snprintf(ck, sizeof ck, "%s/checkpoint.safetensors", full);
+  st = run("finished", 2, COMMON, "--out", full, "--resume", ck, NULL);
+  ASSERT_RUN(st, 0, "resume of a finished run");
+  ck_assert_msg(strstr(g_out, "nothing to train"), "%s", g_out);
+  snprintf(a, sizeof a, "%s/checkpoint.safetensors", full);
+  snprintf(b, sizeof b, "%s/checkpoint.safetensors", part);
+  ck_assert_msg(files_equal(a, b), "resuming the finished run changed its checkpoint");
+  st = run("past_end", 2, COMMON, "--out", part, "--max-steps", "30", "--resume", ck, NULL);
+  ASSERT_RUN(st, 2, "resume past the end of the run");
+  ck_assert_msg(strstr(g_err, "past the end") && count_of(g_err, "syncnorm-train: error") == 1,
+                "%s", g_err);
 #undef COMMON
 }
 END_TEST
