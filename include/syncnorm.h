@@ -165,7 +165,8 @@ SN_API sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const
 /* Local per-channel sums, shifted by a pivot p (identical on every rank in SyncBatchNorm):
  *   sum[c] = Σ_{n,s} (x − p_c),  sumsq[c] = Σ_{n,s} (x − p_c)²   (fp64, =).
  * The count is n·s per channel. Choose p_c near the channel mean (e.g. the previous batch mean):
- * the variance is exact to fp64 rounding times (1 + (mean−p)²/var). pivot: [C] f32, NULL = 0.
+ * the variance is exact to fp64 rounding times (1 + (mean−p)²/var) (the shifted-data algorithm,
+ * Chan, Golub and LeVeque 1983). pivot: [C] f32, NULL = 0.
  * n == 0 or s == 0 is valid (sums written as 0). Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE
  * (C <= 0, N or S < 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE,
  * SN_ERR_ALLOC (fixed-order partial sums). */
