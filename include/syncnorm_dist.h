@@ -169,7 +169,8 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
  * every rank for the collective ones; the saved forward is dropped, so a backward needs a new
  * successful forward): SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
  * SN_ERR_INSUFFICIENT_COUNT (global count 1), SN_ERR_MISMATCH, SN_ERR_NONFINITE, SN_ERR_COMM,
- * SN_ERR_TIMEOUT, SN_ERR_INVALID_HANDLE, SN_ERR_ALLOC. A global count of 0 is an empty batch:
+ * SN_ERR_TIMEOUT, SN_ERR_INVALID_HANDLE, SN_ERR_ALLOC, SN_ERR_INVALID_ARGUMENT (eval mode with a
+ * running_var < 0, written through sn_syncbn_params). A global count of 0 is an empty batch:
  * SN_OK, nothing changes. */
 SN_API sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, int64_t n,
                                      int64_t s, int training);
