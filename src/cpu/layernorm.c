@@ -135,11 +135,6 @@ SN_CLONES static void ln_fwd_row_bf16(uint16_t *y, double *stats, const uint16_t
   }
 }
 
-/* s[i] = x[i] + r[i] (f32) for the fused kernel. */
-SN_CLONES static void ln_add_row(float *s, const float *x, const float *r, int64_t d) {
-  sn__add_row(s, x, r, d);
-}
-
 /* Row r of the forward from its f32 view xr: writes y row r and mean[r], rstd[r] when given.
  * ytmp: d floats of this thread's scratch where a bf16/f16 row is computed (not xr), NULL for
  * f32. next: the next input row, to prefetch (NULL for none). */
@@ -223,20 +218,7 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
     float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * 2 * d : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-      const int64_t off = r * d;
-      const float *sr; /* the rounded sum row as f32 [d] */
-      if (dtype == SN_DTYPE_F32) {
-        float *s = (float *)sum_out + off;
-        ln_add_row(s, (const float *)x + off, (const float *)residual + off, d);
-        sr = s;
-      } else {
-        sn__to_f32(tmp, x, off, d, dtype);
-        sn__to_f32(tmp + d, residual, off, d, dtype);
-        ln_add_row(tmp, tmp, tmp + d, d);
-        sn__from_f32(sum_out, off, tmp, d, dtype);
-        sn__to_f32(tmp, sum_out, off, d, dtype); /* normalize the rounded values (cache-hot) */
-        sr = tmp;
-      }
+      const float *sr = sn__residual_sum_row(sum_out, x, residual, tmp, r * d, d, dtype);
       /* bf16/f16: y is computed over the residual row, no longer needed */
       ln_fwd_store(y, mean, rstd, sr, tmp != NULL ? tmp + d : NULL, gamma, beta, r, d, eps,
                    dtype, NULL);

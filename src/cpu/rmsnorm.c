@@ -51,10 +51,6 @@ SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *gamma
   return rstd;
 }
 
-/* s[i] = x[i] + r[i] (f32) for the fused kernel. */
-SN_CLONES static void rms_add_row(float *s, const float *x, const float *r, int64_t d) {
-  sn__add_row(s, x, r, d);
-}
 
 /* Row r of the forward from its f32 view xr: writes y row r and rstd[r] when given. tmp: this
  * thread's d floats of scratch for bf16/f16 (the row is computed there; it may be xr), NULL
@@ -121,20 +117,7 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
     float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * 2 * d : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-      const int64_t off = r * d;
-      const float *sr; /* the rounded sum row as f32 [d] */
-      if (dtype == SN_DTYPE_F32) {
-        float *s = (float *)sum_out + off;
-        rms_add_row(s, (const float *)x + off, (const float *)residual + off, d);
-        sr = s;
-      } else {
-        sn__to_f32(tmp, x, off, d, dtype);
-        sn__to_f32(tmp + d, residual, off, d, dtype);
-        rms_add_row(tmp, tmp, tmp + d, d);
-        sn__from_f32(sum_out, off, tmp, d, dtype);
-        sn__to_f32(tmp, sum_out, off, d, dtype); /* normalize the rounded values (cache-hot) */
-        sr = tmp;
-      }
+      const float *sr = sn__residual_sum_row(sum_out, x, residual, tmp, r * d, d, dtype);
       rms_fwd_store(y, rstd, sr, tmp, gamma, r, d, eps, dtype);
     }
   }

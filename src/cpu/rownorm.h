@@ -136,10 +136,31 @@ SN_INLINE double sn__row_sumsq(const float *x, int64_t n, double shift) {
   return sn__row_sumsq_pf(x, n, shift, NULL, NULL, 0);
 }
 
-/* s[i] = x[i] + r[i] in f32, one rounding; s may equal x or r. */
-SN_INLINE void sn__add_row(float *s, const float *x, const float *r, int64_t n) {
+/* s[i] = x[i] + r[i] in f32, one rounding; s may equal x or r. Cloned per ISA (each including
+ * file gets its own copy; both use it). */
+SN_CLONES static void sn__add_row(float *s, const float *x, const float *r, int64_t n) {
   SN_IVDEP
   for (int64_t i = 0; i < n; i++) s[i] = x[i] + r[i];
+}
+
+/* The residual add of the fused kernels for row elements [off, off + d): writes
+ * sum_out = round_dtype(x + residual) and returns the rounded sum as f32 [d] to normalize, so
+ * the norm sees exactly the values stored. f32: computed in sum_out itself; bf16/f16: in tmp
+ * (2·d floats: the x row, then the residual row), the returned row being tmp[0, d). */
+static inline const float *sn__residual_sum_row(void *sum_out, const void *x,
+                                                const void *residual, float *tmp, int64_t off,
+                                                int64_t d, sn_dtype_t dtype) {
+  if (dtype == SN_DTYPE_F32) {
+    float *s = (float *)sum_out + off;
+    sn__add_row(s, (const float *)x + off, (const float *)residual + off, d);
+    return s;
+  }
+  sn__to_f32(tmp, x, off, d, dtype);
+  sn__to_f32(tmp + d, residual, off, d, dtype);
+  sn__add_row(tmp, tmp, tmp + d, d);
+  sn__from_f32(sum_out, off, tmp, d, dtype);
+  sn__to_f32(tmp, sum_out, off, d, dtype); /* normalize the rounded values (cache-hot) */
+  return tmp;
 }
 
 /* Checks shared by every row-norm entry point, in this order: rows >= 0, d >= 1, rows·d fits
