@@ -269,6 +269,29 @@ START_TEST(test_beta_cancels) {
 }
 END_TEST
 
+/* x̂·gamma beyond the f32 range while x̂·gamma + beta is not: the f32 map gives ±inf there, and
+ * its block must be recomputed in fp64 (bf16 shares f32's range). x = [0, 0, 0, 0, 1] has
+ * x̂ ≈ [−0.5 ×4, 2]; gamma = 3e38 makes the last x̂·gamma 6e38, beta = −3e38 brings it back. */
+START_TEST(test_map_overflow) {
+  const int64_t d = 5;
+  const sn_dtype_t dt = SN_DTYPE_BF16;
+  void *x = tu_alloc(d, dt), *y = tu_alloc(d, dt);
+  float gamma[5], beta[5], mean, rstd;
+  for (int64_t i = 0; i < d; i++) {
+    tu_set(x, i, i == d - 1 ? 1.0 : 0.0, dt);
+    gamma[i] = 3e38f;
+    beta[i] = i == d - 1 ? -3e38f : 0.0f;
+  }
+  tu_poison(y, d, dt);
+  ck_assert_int_eq(sn_layernorm_fwd(y, &mean, &rstd, x, gamma, beta, 1, d, EPS, dt), SN_OK);
+  double *xd = load(x, d, dt), yr[5];
+  ref_fwd(yr, NULL, NULL, xd, gamma, beta, 1, d, EPS);
+  ck_assert(isfinite(yr[d - 1]) && fabs(yr[d - 1]) > 1e38);
+  tu_assert_fwd(y, dt, yr, d, "layernorm_fwd x̂·gamma overflows f32, y does not");
+  free(x), free(y), free(xd);
+}
+END_TEST
+
 /* bf16 rows take their own path in sn_layernorm_fwd (widen + sum in one pass, narrowing in the
  * map); the fused add kernel still takes the generic one (widen the row, normalize in f32,
  * narrow). With a zero residual both normalize the same values, so y, mean and rstd must be
@@ -786,6 +809,7 @@ int main(void) {
   tcase_add_test(tc, test_issue_example);
   tcase_add_test(tc, test_large_mean);
   tcase_add_loop_test(tc, test_beta_cancels, 0, 3);
+  tcase_add_test(tc, test_map_overflow);
   tcase_add_test(tc, test_bf16_path_matches_generic);
   tcase_add_loop_test(tc, test_constant_rows, 0, 3);
   tcase_add_loop_test(tc, test_near_half_max, 0, 2);

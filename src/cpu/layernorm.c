@@ -9,7 +9,8 @@
  * The row (4 KB at d = 1024 f32) stays in L1/L2 between passes, so x is read from DRAM once and
  * y written once. Pass 3 runs in f32, with the fp64 mean split into two floats hi + lo:
  * (x − hi) is exact when x is near the mean (Sterbenz), so |mean| ≫ σ loses nothing; for
- * bf16/f16 outputs with beta it runs in fp64 instead (beta can cancel x̂·gamma, see ln_map_f64).
+ * bf16/f16 outputs with beta, blocks where beta cancels x̂·gamma too deeply for the 1-ulp bound
+ * are recomputed in fp64 (ln_map_beta).
  * f16 rows (and the fused kernels' bf16 rows) are widened into per-thread f32 scratch rows
  * ([threads, 2, d] floats: x and y, allocated before the parallel region), computed there and
  * narrowed once, round-to-nearest-even. sn_layernorm_fwd's bf16 rows take a three-pass path
@@ -26,6 +27,7 @@
  * Threads: OpenMP over rows (or chunks of rows); the row functions below carry SN_CLONES and no
  * OpenMP pragmas.
  */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -40,7 +42,7 @@
  * error is ~5 f32 roundings (2^-24 each) of t·gamma (x − hi, − lo, rstd rounded to f32, · rstd,
  * · gamma) plus one of y: relative to y without beta, and far inside the 1-ulp bound of any
  * output dtype then. With beta, t·gamma + beta can cancel: fine for f32 outputs (1e-6
- * normwise), not for the 1-ulp bound of bf16/f16 outputs, which use ln_map_f64. */
+ * normwise), not for the 1-ulp bound of bf16/f16 outputs, which use ln_map_beta. */
 SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const float *beta,
                           int64_t d, double mean, double rstd, int has_g, int has_b) {
   const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
@@ -52,21 +54,55 @@ SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const fl
   }
 }
 
-/* y[i] = (x[i] − mean)·rstd·gamma[i] + beta[i] in fp64, rounded to f32: for bf16/f16 outputs
- * with beta. Before the final rounding the error is a few 2^-53 of |x̂·gamma|: unless beta
- * cancels x̂·gamma to below ~2^-35 of it, that is far below half an f32 ulp of y, and the f32
- * value narrowed to bf16/f16 lands within 1 ulp of the exactly rounded output. (The f32 map
- * followed by a scalar fp64 re-computation of the cancelling elements took 2.4 times as long
- * for bf16 [65536,4096]: with gamma and beta unrelated, ~2^-9 of the elements cancel, so nearly
- * every row of a few thousand elements needed that pass; vectorized, it was no faster than
- * this map.) */
-SN_INLINE void ln_map_f64(float *y, const float *x, const float *gamma, const float *beta,
-                          int64_t d, double mean, double rstd, int has_g) {
-  SN_IVDEP
-  for (int64_t i = 0; i < d; i++) {
-    double t = ((double)x[i] - mean) * rstd;
-    if (has_g) t = t * (double)gamma[i];
-    y[i] = (float)(t + (double)beta[i]);
+/* bf16/f16 outputs with beta: y = p + beta[i], p = x̂·gamma, must round to within 1 ulp of the
+ * exactly rounded output, but beta can cancel p to any depth. The f32 p carries ~5 roundings
+ * (x − hi, − lo, rstd to f32, · rstd, · gamma): |p̂ − p| < 2^-21·|p|, and y one more, 2^-24·|y|.
+ * Where |p| ≤ LN_CANCEL_LIM·|y| that is < (2^-21·LN_CANCEL_LIM + 2^-24)·|y|: below half an ulp
+ * of the output (2^-9·|y| for bf16, 2^-12·|y| for normal f16), so the f32 value narrows to
+ * within 1 ulp. Blocks of LN_MAP_BLOCK elements are computed in f32; a block with any element
+ * beyond the limit or not finite (p·gamma may overflow f32 where p·gamma + beta does not) is
+ * recomputed in fp64, where the error is a few 2^-53 of |p|. With gamma and beta unrelated about 2^-10 (bf16) of the elements cancel that deeply,
+ * so a few per cent of the blocks take the fp64 recomputation. */
+#define LN_MAP_BLOCK 128
+/* bf16: 2^-21·2^10 + 2^-24 < 2^-10, a quarter of the half ulp; f16: 2^-21·2^8 + 2^-24 < 2^-12. */
+#define LN_CANCEL_LIM_BF16 0x1p10f
+#define LN_CANCEL_LIM_F16 0x1p8f
+
+/* One block of m ≤ LN_MAP_BLOCK elements of the checked map into yb [m] (f32, not aliasing x). */
+SN_INLINE void ln_map_beta_block(float *yb, const float *x, const float *gamma,
+                                 const float *beta, int64_t m, double mean, double rstd, float hi,
+                                 float lo, float s, float lim, int has_g) {
+  int bad = 0;
+  for (int64_t k = 0; k < m; k++) {
+    float p = ((x[k] - hi) - lo) * s;
+    if (has_g) p = p * gamma[k];
+    const float v = p + beta[k], av = fabsf(v);
+    yb[k] = v;
+    bad |= (int)!(fabsf(p) <= lim * av) | (int)!(av <= FLT_MAX); /* NaN and ±inf are bad */
+  }
+  if (bad)
+    for (int64_t k = 0; k < m; k++) {
+      double t = ((double)x[k] - mean) * rstd;
+      if (has_g) t = t * (double)gamma[k];
+      yb[k] = (float)(t + (double)beta[k]);
+    }
+}
+
+/* The checked map of a whole row: y [d] f32 (may equal x) for f16 and the generic bf16 path. */
+SN_INLINE void ln_map_beta(float *y, const float *x, const float *gamma, const float *beta,
+                           int64_t d, double mean, double rstd, float lim, int has_g) {
+  const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
+  float yb[LN_MAP_BLOCK];
+  int64_t i = 0;
+  for (; i + LN_MAP_BLOCK <= d; i += LN_MAP_BLOCK) {
+    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, beta + i, LN_MAP_BLOCK, mean, rstd,
+                      hi, lo, s, lim, has_g);
+    memcpy(y + i, yb, sizeof yb);
+  }
+  if (i < d) {
+    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, beta + i, d - i, mean, rstd, hi, lo,
+                      s, lim, has_g);
+    memcpy(y + i, yb, (size_t)(d - i) * sizeof(float));
   }
 }
 
@@ -85,16 +121,17 @@ SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const 
     if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, 1, 0);
     else ln_map_f32(y, x, gamma, beta, d, mean, rstd, 0, 0);
   } else if (dtype != SN_DTYPE_F32) {
-    if (g) ln_map_f64(y, x, gamma, beta, d, mean, rstd, 1);
-    else ln_map_f64(y, x, gamma, beta, d, mean, rstd, 0);
+    const float lim = dtype == SN_DTYPE_BF16 ? LN_CANCEL_LIM_BF16 : LN_CANCEL_LIM_F16;
+    if (g) ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 1);
+    else ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 0);
   } else {
     if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, 1, 1);
     else ln_map_f32(y, x, gamma, beta, d, mean, rstd, 0, 1);
   }
 }
 
-/* The affine maps of ln_map_f32 / ln_map_f64, rounded to bf16 as they are stored: the same f32
- * values, narrowed by the same rounding, as ln_fwd_row followed by sn__from_f32. */
+/* The affine maps of ln_fwd_row rounded to bf16 as they are stored: the same f32 values,
+ * narrowed by the same rounding, as ln_fwd_row followed by sn__from_f32. Without beta: */
 SN_INLINE void ln_map_f32_bf16(uint16_t *y, const float *x, const float *gamma, int64_t d,
                                double mean, double rstd, int has_g) {
   const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
@@ -105,13 +142,24 @@ SN_INLINE void ln_map_f32_bf16(uint16_t *y, const float *x, const float *gamma, 
     y[i] = sn__f32_to_bf16(t);
   }
 }
-SN_INLINE void ln_map_f64_bf16(uint16_t *y, const float *x, const float *gamma,
-                               const float *beta, int64_t d, double mean, double rstd, int has_g) {
-  SN_IVDEP
-  for (int64_t i = 0; i < d; i++) {
-    double t = ((double)x[i] - mean) * rstd;
-    if (has_g) t = t * (double)gamma[i];
-    y[i] = sn__f32_to_bf16((float)(t + (double)beta[i]));
+
+/* With beta: ln_map_beta narrowed to bf16 block by block as it is stored, the same f32 values
+ * and the same rounding as ln_map_beta followed by sn__from_f32, without the f32 output row. */
+SN_INLINE void ln_map_beta_bf16(uint16_t *y, const float *x, const float *gamma,
+                                const float *beta, int64_t d, double mean, double rstd,
+                                int has_g) {
+  const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
+  float yb[LN_MAP_BLOCK];
+  int64_t i = 0;
+  for (; i + LN_MAP_BLOCK <= d; i += LN_MAP_BLOCK) {
+    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, beta + i, LN_MAP_BLOCK, mean, rstd,
+                      hi, lo, s, LN_CANCEL_LIM_BF16, has_g);
+    for (int k = 0; k < LN_MAP_BLOCK; k++) y[i + k] = sn__f32_to_bf16(yb[k]);
+  }
+  if (i < d) {
+    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, beta + i, d - i, mean, rstd, hi, lo,
+                      s, LN_CANCEL_LIM_BF16, has_g);
+    for (int64_t k = 0; k < d - i; k++) y[i + k] = sn__f32_to_bf16(yb[k]);
   }
 }
 
@@ -127,8 +175,8 @@ SN_CLONES static void ln_fwd_row_bf16(uint16_t *y, double *stats, const uint16_t
   stats[0] = mean;
   stats[1] = rstd;
   if (beta != NULL) {
-    if (gamma != NULL) ln_map_f64_bf16(y, tmp, gamma, beta, d, mean, rstd, 1);
-    else ln_map_f64_bf16(y, tmp, gamma, beta, d, mean, rstd, 0);
+    if (gamma != NULL) ln_map_beta_bf16(y, tmp, gamma, beta, d, mean, rstd, 1);
+    else ln_map_beta_bf16(y, tmp, gamma, beta, d, mean, rstd, 0);
   } else {
     if (gamma != NULL) ln_map_f32_bf16(y, tmp, gamma, d, mean, rstd, 1);
     else ln_map_f32_bf16(y, tmp, gamma, d, mean, rstd, 0);
