@@ -17,7 +17,7 @@
  * with the same results (ln_fwd_row_bf16): widening fused with Σx, narrowing with the map.
  *
  * Backward, per row, with g = dy·gamma and x̂ = (x − mean)·rstd from the saved f32 mean/rstd:
- *   pass A  Σx̂, Σg, Σg·x̂                     fp64
+ *   pass A  Σx̂, Σg, Σg·x̂                     fp64 (bf16/f16: f32 blocks added in fp64)
  *   pass B  x̂' = x̂ − mean(x̂) (re-centred), dx = rstd·(g − mean(g) − x̂'·mean(g·x̂'))
  * dgamma = Σ_rows dy·x̂', dbeta = Σ_rows dy: the rows are cut into the fixed chunks of cpu.h;
  * a thread sums its chunk's rows in order into its own fp64 partials ([threads, 2, d]), then adds
@@ -298,21 +298,49 @@ typedef struct {
   int esize;
 } ln_prefetch_t;
 
+/* Elements per f32 block of the lowp pass A: 16 per lane, so a block's f32 lane sums err by
+ * < 2^-20 of Σ|terms|. For bf16/f16 dx (checked to 2^-8 / 2^-11 normwise) that is nothing; the
+ * re-centring c = Σx̂/d it moves by < 2^-20·max|x̂| enters dgamma (checked to 2^-19 relative)
+ * only through Σ_rows dy·c, whose terms have random signs. */
+#define LN_BWD_BLOCK 256
+
 /* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x, the saved mean m and
- * rstd s. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy (this chunk's fp64 partials). */
-SN_INLINE void ln_bwd_row_impl(float *dx, double *dgp, double *dbp, const float *dy,
+ * rstd s. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy (f32 partials, see LN_PART_ROWS). lowp
+ * (bf16/f16 rows): pass A's sums in f32 blocks, see LN_BWD_BLOCK. */
+SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, const float *dy,
                                const float *x, const float *gamma, int64_t d, float m, float s,
-                               const ln_prefetch_t *pf, int has_g, int has_part) {
-  /* pass A: Σx̂, Σg, Σg·x̂ in fp64 lanes; one line of each prefetched stream per block */
+                               const ln_prefetch_t *pf, int has_g, int has_part, int lowp) {
+  /* pass A: Σx̂, Σg, Σg·x̂ in fp64 lanes (lowp: in f32 lanes over blocks of LN_BWD_BLOCK
+   * elements, each block then added into the fp64 lanes); one line of each prefetched stream
+   * per L elements */
   enum { L = SN_ROW_LANES3 };
   double a_xh[L] = {0}, a_g[L] = {0}, a_gxh[L] = {0};
   int64_t i = 0;
-  for (; i + L <= d; i += L) {
-    if (pf->x != NULL) __builtin_prefetch(pf->x + i * pf->esize, 0);
-    if (pf->dy != NULL) __builtin_prefetch(pf->dy + i * pf->esize, 0);
-    if (pf->dx != NULL) __builtin_prefetch(pf->dx + i * pf->esize, 1);
-    for (int k = 0; k < L; k++)
-      ln_bwd_acc(&a_xh[k], &a_g[k], &a_gxh[k], x[i + k], dy[i + k], gamma, i + k, m, s, has_g);
+  while (i + L <= d) {
+    const int64_t end = lowp && d - i > LN_BWD_BLOCK ? i + LN_BWD_BLOCK : d;
+    float b_xh[L] = {0}, b_g[L] = {0}, b_gxh[L] = {0};
+    for (; i + L <= end; i += L) {
+      if (pf->x != NULL) __builtin_prefetch(pf->x + i * pf->esize, 0);
+      if (pf->dy != NULL) __builtin_prefetch(pf->dy + i * pf->esize, 0);
+      if (pf->dx != NULL) __builtin_prefetch(pf->dx + i * pf->esize, 1);
+      if (lowp)
+        for (int k = 0; k < L; k++) {
+          const float xh = (x[i + k] - m) * s, g = has_g ? dy[i + k] * gamma[i + k] : dy[i + k];
+          b_xh[k] += xh;
+          b_g[k] += g;
+          b_gxh[k] += g * xh;
+        }
+      else
+        for (int k = 0; k < L; k++)
+          ln_bwd_acc(&a_xh[k], &a_g[k], &a_gxh[k], x[i + k], dy[i + k], gamma, i + k, m, s,
+                     has_g);
+    }
+    if (lowp)
+      for (int k = 0; k < L; k++) {
+        a_xh[k] += (double)b_xh[k];
+        a_g[k] += (double)b_g[k];
+        a_gxh[k] += (double)b_gxh[k];
+      }
   }
   for (int k = 0; k < L && i < d; i++, k++)
     ln_bwd_acc(&a_xh[k], &a_g[k], &a_gxh[k], x[i], dy[i], gamma, i, m, s, has_g);
@@ -332,26 +360,48 @@ SN_INLINE void ln_bwd_row_impl(float *dx, double *dgp, double *dbp, const float 
     const float xh = ((x[j] - m) * s) - cf;
     const float g = has_g ? dyj * gamma[j] : dyj;
     if (has_part) {
-      dgp[j] += (double)dyj * (double)xh;
-      dbp[j] += (double)dyj;
+      dgp[j] += dyj * xh;
+      dbp[j] += dyj;
     }
     dx[j] = s * ((g - mg) - xh * mgx);
   }
 }
 
-SN_CLONES static void ln_bwd_row(float *dx, double *dgp, double *dbp, const float *dy,
+SN_CLONES static void ln_bwd_row(float *dx, float *dgp, float *dbp, const float *dy,
                                  const float *x, const float *gamma, int64_t d, float m, float s,
-                                 const ln_prefetch_t *pf) {
+                                 const ln_prefetch_t *pf, int lowp) {
   const int g = gamma != NULL, p = dgp != NULL;
-  if (g && p) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 1, 1);
-  else if (g) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 1, 0);
-  else if (p) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 0, 1);
-  else ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 0, 0);
+  if (lowp) {
+    if (g && p) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 1, 1, 1);
+    else if (g) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 1, 0, 1);
+    else if (p) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 0, 1, 1);
+    else ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 0, 0, 1);
+  } else {
+    if (g && p) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 1, 1, 0);
+    else if (g) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 1, 0, 0);
+    else if (p) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 0, 1, 0);
+    else ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 0, 0, 0);
+  }
+}
+
+/* dgamma/dbeta partials: a row adds its terms dy·x̂', dy into f32 partials [2, d]; every
+ * LN_PART_ROWS rows (and at the end of a chunk) those are added into the chunk's fp64 partials
+ * and cleared. f32 then sums at most 8 terms per element: < 2^-21 of their magnitudes (dgamma
+ * is checked to 2^-19), and the row pass moves 8 bytes per element of partials instead of 16
+ * (the partials of d = 4096 stay in L1 with the rows). */
+#define LN_PART_ROWS 8
+
+/* p[j] += p32[j] (fp64), p32[j] = 0, for j < n. */
+SN_CLONES static void ln_flush_partial(double *p, float *p32, int64_t n) {
+  for (int64_t j = 0; j < n; j++) {
+    p[j] += (double)p32[j];
+    p32[j] = 0.0f;
+  }
 }
 
 /* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
  * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32. */
-static void ln_bwd_store(void *dx, double *dgp, double *dbp, const void *dy, const void *x,
+static void ln_bwd_store(void *dx, float *dgp, float *dbp, const void *dy, const void *x,
                          const float *mean, const float *rstd, const float *gamma, int64_t r,
                          int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
@@ -362,7 +412,7 @@ static void ln_bwd_store(void *dx, double *dgp, double *dbp, const void *dy, con
   const float *xr = sn__in_row(x, off, d, dtype, tmp);         /* [d] */
   const float *dyr = sn__in_row(dy, off, d, dtype, tmp_dy);    /* [d] */
   float *dxr = sn__out_row(dx, off, dtype, tmp_dy);          /* [d], may be dyr */
-  ln_bwd_row(dxr, dgp, dbp, dyr, xr, gamma, d, mean[r], rstd[r], &pf);
+  ln_bwd_row(dxr, dgp, dbp, dyr, xr, gamma, d, mean[r], rstd[r], &pf, dtype != SN_DTYPE_F32);
   sn__out_done(dx, off, d, dtype, tmp_dy);
 }
 
@@ -384,44 +434,52 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   }
 
   /* work: [threads + 1, 2, d] fp64: each thread's partials of its current chunk (dgamma, then
-   * dbeta), and last the running total; scratch: [threads, 2, d] f32 rows (see ln_bwd_store) */
+   * dbeta), and last the running total. scratch, per thread: for bf16/f16 2·d f32 (the rows of
+   * ln_bwd_store), then with dgamma/dbeta 2·d f32 (the partials of up to LN_PART_ROWS rows) */
   const int threads = sn__max_threads();
   const int chunked = dgamma != NULL || dbeta != NULL;
+  const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
+  const int64_t per_thread = rows_f32 + (chunked ? 2 * d : 0);
   sn_status_t st = SN_OK;
   double *work = NULL;
   float *scratch = NULL;
   if (chunked && (work = sn__alloc(fn, threads + 1, 2 * d, sizeof(double), &st)) == NULL)
     return st;
-  if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, threads, 2 * d, sizeof(float), &st)) == NULL) {
+  if (per_thread > 0 &&
+      (scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) {
     sn__free(work);
     return st;
   }
 
   /* Without dgamma/dbeta the rows are independent. With them, the rows are cut into the fixed
-   * chunks of cpu.h; a chunk's partials are summed over its rows in order, then added to the
-   * total in chunk order (the ordered region): the result never depends on the thread count.
-   * Chunks go round-robin, so the threads reach the ordered region one after the other and
-   * hardly wait. */
+   * chunks of cpu.h; a chunk's partials are summed over its rows in order (in f32 over runs of
+   * LN_PART_ROWS rows, each run then added in fp64), then added to the total in chunk order
+   * (the ordered region): the result never depends on the thread count. Chunks go round-robin,
+   * so the threads reach the ordered region one after the other and hardly wait. */
   const int64_t chunks = sn__chunks(rows);
   double *total = chunked ? work + (int64_t)threads * 2 * d : NULL; /* [2, d] */
   if (chunked) memset(total, 0, (size_t)(2 * d) * sizeof(double));
 #pragma omp parallel
   {
     const int64_t t = sn__thread_num();
-    float *tmp = scratch != NULL ? scratch + t * 2 * d : NULL;
+    float *tmp = scratch != NULL && rows_f32 > 0 ? scratch + t * per_thread : NULL;
     if (!chunked) {
 #pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < rows; r++)
         ln_bwd_store(dx, NULL, NULL, dy, x, mean, rstd, gamma, r, rows, d, dtype, tmp);
     } else {
-      double *p = work + t * 2 * d; /* [2, d] */
+      double *p = work + t * 2 * d;                     /* [2, d] fp64 */
+      float *p32 = scratch + t * per_thread + rows_f32; /* [2, d] f32 */
 #pragma omp for ordered schedule(static, 1) nowait
       for (int64_t k = 0; k < chunks; k++) {
         memset(p, 0, (size_t)(2 * d) * sizeof(double));
-        const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
-        for (int64_t r = sn__chunk_begin(k, rows, chunks); r < r1; r++)
-          ln_bwd_store(dx, p, p + d, dy, x, mean, rstd, gamma, r, rows, d, dtype, tmp);
+        memset(p32, 0, (size_t)(2 * d) * sizeof(float));
+        const int64_t r0 = sn__chunk_begin(k, rows, chunks), r1 = sn__chunk_begin(k + 1, rows, chunks);
+        for (int64_t r = r0; r < r1; r++) {
+          ln_bwd_store(dx, p32, p32 + d, dy, x, mean, rstd, gamma, r, rows, d, dtype, tmp);
+          if ((r - r0) % LN_PART_ROWS == LN_PART_ROWS - 1 || r + 1 == r1)
+            ln_flush_partial(p, p32, 2 * d);
+        }
 #pragma omp ordered
         sn__add_partial(total, p, 2 * d);
       }
