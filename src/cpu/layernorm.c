@@ -20,9 +20,10 @@
  *   pass A  Σx̂, Σg, Σg·x̂                     fp64 (bf16/f16: f32 blocks added in fp64)
  *   pass B  x̂' = x̂ − mean(x̂) (re-centred), dx = rstd·(g − mean(g) − x̂'·mean(g·x̂'))
  * dgamma = Σ_rows dy·x̂', dbeta = Σ_rows dy: the rows are cut into the fixed chunks of cpu.h;
- * a thread sums its chunk's rows in order into its own fp64 partials ([threads, 2, d]), then adds
- * them to the total in chunk order (an OpenMP ordered region): bitwise the same for any thread
- * count, with scratch O(threads·d) rather than O(chunks·d).
+ * a thread sums its chunk's rows in order into its own partials ([threads, 2, d]; f32 over runs
+ * of SN_PART_ROWS rows, added in fp64, see rownorm.h), then adds them to the total in chunk
+ * order (an OpenMP ordered region): bitwise the same for any thread count, with scratch
+ * O(threads·d) rather than O(chunks·d).
  *
  * Threads: OpenMP over rows (or chunks of rows); the row functions below carry SN_CLONES and no
  * OpenMP pragmas.
@@ -305,7 +306,7 @@ typedef struct {
 #define LN_BWD_BLOCK 256
 
 /* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x, the saved mean m and
- * rstd s. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy (f32 partials, see LN_PART_ROWS). lowp
+ * rstd s. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy (f32 partials, see SN_PART_ROWS). lowp
  * (bf16/f16 rows): pass A's sums in f32 blocks, see LN_BWD_BLOCK. */
 SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, const float *dy,
                                const float *x, const float *gamma, int64_t d, float m, float s,
@@ -384,21 +385,6 @@ SN_CLONES static void ln_bwd_row(float *dx, float *dgp, float *dbp, const float 
   }
 }
 
-/* dgamma/dbeta partials: a row adds its terms dy·x̂', dy into f32 partials [2, d]; every
- * LN_PART_ROWS rows (and at the end of a chunk) those are added into the chunk's fp64 partials
- * and cleared. f32 then sums at most 8 terms per element: < 2^-21 of their magnitudes (dgamma
- * is checked to 2^-19), and the row pass moves 8 bytes per element of partials instead of 16
- * (the partials of d = 4096 stay in L1 with the rows). */
-#define LN_PART_ROWS 8
-
-/* p[j] += p32[j] (fp64), p32[j] = 0, for j < n. */
-SN_CLONES static void ln_flush_partial(double *p, float *p32, int64_t n) {
-  for (int64_t j = 0; j < n; j++) {
-    p[j] += (double)p32[j];
-    p32[j] = 0.0f;
-  }
-}
-
 /* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
  * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32. */
 static void ln_bwd_store(void *dx, float *dgp, float *dbp, const void *dy, const void *x,
@@ -435,7 +421,7 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
 
   /* work: [threads + 1, 2, d] fp64: each thread's partials of its current chunk (dgamma, then
    * dbeta), and last the running total. scratch, per thread: for bf16/f16 2·d f32 (the rows of
-   * ln_bwd_store), then with dgamma/dbeta 2·d f32 (the partials of up to LN_PART_ROWS rows) */
+   * ln_bwd_store), then with dgamma/dbeta 2·d f32 (the partials of up to SN_PART_ROWS rows) */
   const int threads = sn__max_threads();
   const int chunked = dgamma != NULL || dbeta != NULL;
   const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
@@ -453,7 +439,7 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
 
   /* Without dgamma/dbeta the rows are independent. With them, the rows are cut into the fixed
    * chunks of cpu.h; a chunk's partials are summed over its rows in order (in f32 over runs of
-   * LN_PART_ROWS rows, each run then added in fp64), then added to the total in chunk order
+   * SN_PART_ROWS rows, each run then added in fp64), then added to the total in chunk order
    * (the ordered region): the result never depends on the thread count. Chunks go round-robin,
    * so the threads reach the ordered region one after the other and hardly wait. */
   const int64_t chunks = sn__chunks(rows);
@@ -477,8 +463,8 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
         const int64_t r0 = sn__chunk_begin(k, rows, chunks), r1 = sn__chunk_begin(k + 1, rows, chunks);
         for (int64_t r = r0; r < r1; r++) {
           ln_bwd_store(dx, p32, p32 + d, dy, x, mean, rstd, gamma, r, rows, d, dtype, tmp);
-          if ((r - r0) % LN_PART_ROWS == LN_PART_ROWS - 1 || r + 1 == r1)
-            ln_flush_partial(p, p32, 2 * d);
+          if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1)
+            sn__flush_partial(p, p32, 2 * d);
         }
 #pragma omp ordered
         sn__add_partial(total, p, 2 * d);

@@ -13,8 +13,9 @@
  * Backward, per row, with g = dy·gamma and the saved f32 rstd s:
  *   pass A  Σg·x                               fp64
  *   pass B  dx = s·g − (s³·Σg·x/d)·x,  dgamma partial += dy·x·s
- * dgamma = Σ_rows dy·x·rstd is summed in fp64 per fixed chunk of rows (cpu.h) and the chunk
- * partials are added in chunk order (see layernorm.c): bitwise the same for any thread count.
+ * dgamma = Σ_rows dy·x·rstd is summed per fixed chunk of rows (cpu.h), in f32 over runs of
+ * SN_PART_ROWS rows added in fp64 (rownorm.h), and the chunk partials are added in chunk order
+ * (see layernorm.c): bitwise the same for any thread count.
  *
  * Threads: OpenMP over rows (or chunks of rows); the row functions below carry SN_CLONES and no
  * OpenMP pragmas.
@@ -143,8 +144,8 @@ typedef struct {
 } rms_prefetch_t;
 
 /* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x and the saved rstd s.
- * With has_part, dgp[i] += dy·x·s (this chunk's fp64 partial of dgamma). */
-SN_INLINE void rms_bwd_row_impl(float *dx, double *dgp, const float *dy, const float *x,
+ * With has_part, dgp[i] += dy·x·s (f32 partial of dgamma, see SN_PART_ROWS). */
+SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, const float *dy, const float *x,
                                 const float *gamma, int64_t d, float s,
                                 const rms_prefetch_t *pf, int has_g, int has_part) {
   /* pass A: Σ g·x in fp64 lanes (the product of two floats is exact in fp64); each prefetched
@@ -171,12 +172,12 @@ SN_INLINE void rms_bwd_row_impl(float *dx, double *dgp, const float *dy, const f
   SN_IVDEP
   for (int64_t j = 0; j < d; j++) {
     const float dyj = dy[j], xj = x[j];
-    if (has_part) dgp[j] += (double)dyj * (double)xj * sd;
+    if (has_part) dgp[j] += dyj * xj * s;
     dx[j] = s * rms_g(dyj, gamma, j, has_g) - b * xj;
   }
 }
 
-SN_CLONES static void rms_bwd_row(float *dx, double *dgp, const float *dy, const float *x,
+SN_CLONES static void rms_bwd_row(float *dx, float *dgp, const float *dy, const float *x,
                                   const float *gamma, int64_t d, float s,
                                   const rms_prefetch_t *pf) {
   const int g = gamma != NULL, p = dgp != NULL;
@@ -188,7 +189,7 @@ SN_CLONES static void rms_bwd_row(float *dx, double *dgp, const float *dy, const
 
 /* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
  * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32. */
-static void rms_bwd_store(void *dx, double *dgp, const void *dy, const void *x,
+static void rms_bwd_store(void *dx, float *dgp, const void *dy, const void *x,
                           const float *rstd, const float *gamma, int64_t r, int64_t rows,
                           int64_t d, sn_dtype_t dtype, float *tmp) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
@@ -219,15 +220,18 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   }
 
   /* work: [threads + 1, d] fp64: each thread's dgamma partial of its current chunk, and last
-   * the running total; scratch: [threads, 2, d] f32 rows (see rms_bwd_store) */
+   * the running total. scratch, per thread: for bf16/f16 2·d f32 (the rows of rms_bwd_store),
+   * then with dgamma d f32 (the partials of up to SN_PART_ROWS rows) */
   const int threads = sn__max_threads();
+  const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
+  const int64_t per_thread = rows_f32 + (dgamma != NULL ? d : 0);
   sn_status_t st = SN_OK;
   double *work = NULL;
   float *scratch = NULL;
   if (dgamma != NULL && (work = sn__alloc(fn, threads + 1, d, sizeof(double), &st)) == NULL)
     return st;
-  if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, threads, 2 * d, sizeof(float), &st)) == NULL) {
+  if (per_thread > 0 &&
+      (scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) {
     sn__free(work);
     return st;
   }
@@ -240,19 +244,24 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
 #pragma omp parallel
   {
     const int64_t t = sn__thread_num();
-    float *tmp = scratch != NULL ? scratch + t * 2 * d : NULL;
+    float *tmp = scratch != NULL && rows_f32 > 0 ? scratch + t * per_thread : NULL;
     if (dgamma == NULL) {
 #pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < rows; r++)
         rms_bwd_store(dx, NULL, dy, x, rstd, gamma, r, rows, d, dtype, tmp);
     } else {
-      double *p = work + t * d; /* [d] */
+      double *p = work + t * d;                         /* [d] fp64 */
+      float *p32 = scratch + t * per_thread + rows_f32; /* [d] f32 */
 #pragma omp for ordered schedule(static, 1) nowait
       for (int64_t k = 0; k < chunks; k++) {
         memset(p, 0, (size_t)d * sizeof(double));
-        const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
-        for (int64_t r = sn__chunk_begin(k, rows, chunks); r < r1; r++)
-          rms_bwd_store(dx, p, dy, x, rstd, gamma, r, rows, d, dtype, tmp);
+        memset(p32, 0, (size_t)d * sizeof(float));
+        const int64_t r0 = sn__chunk_begin(k, rows, chunks), r1 = sn__chunk_begin(k + 1, rows, chunks);
+        for (int64_t r = r0; r < r1; r++) {
+          rms_bwd_store(dx, p32, dy, x, rstd, gamma, r, rows, d, dtype, tmp);
+          if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1)
+            sn__flush_partial(p, p32, d);
+        }
 #pragma omp ordered
         sn__add_partial(total, p, d);
       }

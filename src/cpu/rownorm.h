@@ -182,6 +182,23 @@ static inline sn_status_t sn__check_act(const char *fn, const char *name, const 
   return n > 0 ? sn__check_ptr(fn, name, p) : SN_OK;
 }
 
+/* dgamma/dbeta partials of the row-norm backwards: a row adds its terms (dy·x̂', dy; RMSNorm
+ * dy·x·rstd) into per-thread f32 partials [d]; every SN_PART_ROWS rows of a chunk, and at its
+ * end, sn__flush_partial adds those into the chunk's fp64 partials and clears them. f32 then
+ * sums at most 8 terms per element: < 2^-21 of their magnitudes (dgamma is checked to 2^-19),
+ * and the row pass moves 8 bytes of partials per element instead of 16, so the partials stay
+ * in L1 beside the rows up to d = 4096. The runs are fixed by the row index: the same sums for
+ * any thread count. */
+#define SN_PART_ROWS 8
+
+/* p[j] += p32[j] (fp64) and p32[j] = 0, for j < n. Cloned per ISA in each including file. */
+SN_CLONES static void sn__flush_partial(double *p, float *p32, int64_t n) {
+  for (int64_t j = 0; j < n; j++) {
+    p[j] += (double)p32[j];
+    p32[j] = 0.0f;
+  }
+}
+
 /* total[j] += part[j] for j < n (fp64): one chunk's partials added to the running total. */
 SN_INLINE void sn__add_partial(double *total, const double *part, int64_t n) {
   for (int64_t j = 0; j < n; j++) total[j] += part[j];
