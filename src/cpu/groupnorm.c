@@ -6,7 +6,9 @@
  *
  * Forward statistics are fp64 two-pass per group: mean = Σx/L, then var = Σ(x − mean)²/L.
  *   NCHW: a group is one contiguous run of L values. Tasks are the N·G groups; each does its two
- *         reductions (fixed-lane sums) and writes its Cg output planes while the group is in cache.
+ *         reductions (fixed-lane sums; f32: SN_ROW_LANES lanes, the second pass prefetching the
+ *         next group and this group's output) and writes its Cg output planes while the group is
+ *         in cache.
  *   NHWC: a group is strided inside each row. Tasks are the N samples; per-channel column sums
  *         over the S rows (vectorized across channels, fp64) are folded into groups in channel
  *         order, then the sample's rows are normalized.
@@ -25,6 +27,7 @@
 
 #include "cpu.h"
 #include "norm_kernels.h"
+#include "rownorm.h"
 
 /* ---- kernels ---------------------------------------------------------------------------------- */
 
@@ -207,6 +210,15 @@ static sn_status_t check_gn(const char *fn, int64_t n, int64_t c, int64_t s, int
 
 /* ---- forward ---------------------------------------------------------------------------------- */
 
+/* Mean and rstd of one f32 NCHW group x [L] (two-pass, SN_ROW_LANES fp64 lanes), prefetching
+ * the next group `next` (NULL for none) for reading and this group's output `out` for writing
+ * during the second pass, while the group itself is read from cache. */
+SN_CLONES static void gn_group_stats_f32(double *mu, double *rs, const float *x, int64_t L,
+                                         double eps, const char *next, char *out) {
+  *mu = sn__row_sum(x, L) / (double)L;
+  *rs = 1.0 / sqrt(sn__row_sumsq_pf(x, L, *mu, next, out, 4) / (double)L + eps);
+}
+
 static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const float *gamma,
                         const float *beta, int64_t N, int64_t C, int64_t S, int64_t G, double eps,
                         sn_dtype_t dtype) {
@@ -214,8 +226,15 @@ static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const 
 #pragma omp parallel for schedule(static) if (N * C * S >= SN_PAR_MIN)
   for (int64_t t = 0; t < N * G; t++) {
     const int64_t n = t / G, g = t % G, off = (n * C + g * Cg) * S;
-    const double mu = span_sum(x, off, L, dtype) / (double)L;
-    const double rs = 1.0 / sqrt(span_sumsq(x, off, L, mu, dtype) / (double)L + eps);
+    double mu, rs;
+    if (dtype == SN_DTYPE_F32) {
+      const char *next = t + 1 < N * G ? (const char *)((const float *)x + off + L) : NULL;
+      gn_group_stats_f32(&mu, &rs, (const float *)x + off, L, eps, next,
+                         (char *)((float *)y + off));
+    } else {
+      mu = span_sum(x, off, L, dtype) / (double)L;
+      rs = 1.0 / sqrt(span_sumsq(x, off, L, mu, dtype) / (double)L + eps);
+    }
     if (mean) mean[t] = (float)mu;
     if (rstd) rstd[t] = (float)rs;
     float hi, lo;

@@ -16,8 +16,11 @@
 
 #if defined(__GNUC__)
 #define SN_INLINE static inline __attribute__((always_inline))
+/* the cloned (not inline) helpers below: not every including file uses each */
+#define SN_UNUSED __attribute__((unused))
 #else
 #define SN_INLINE static inline
+#define SN_UNUSED
 #endif
 
 /* The element loops of the row functions read element i of one row and write element i of
@@ -138,7 +141,7 @@ SN_INLINE double sn__row_sumsq(const float *x, int64_t n, double shift) {
 
 /* s[i] = x[i] + r[i] in f32, one rounding; s may equal x or r. Cloned per ISA (each including
  * file gets its own copy; both use it). */
-SN_CLONES static void sn__add_row(float *s, const float *x, const float *r, int64_t n) {
+SN_CLONES SN_UNUSED static void sn__add_row(float *s, const float *x, const float *r, int64_t n) {
   SN_IVDEP
   for (int64_t i = 0; i < n; i++) s[i] = x[i] + r[i];
 }
@@ -192,7 +195,7 @@ static inline sn_status_t sn__check_act(const char *fn, const char *name, const 
 #define SN_PART_ROWS 8
 
 /* p[j] += p32[j] (fp64) and p32[j] = 0, for j < n. Cloned per ISA in each including file. */
-SN_CLONES static void sn__flush_partial(double *p, float *p32, int64_t n) {
+SN_CLONES SN_UNUSED static void sn__flush_partial(double *p, float *p32, int64_t n) {
   for (int64_t j = 0; j < n; j++) {
     p[j] += (double)p32[j];
     p32[j] = 0.0f;
