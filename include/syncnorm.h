@@ -8,16 +8,18 @@
  *    `dtype` (f32, bf16 or f16) and are dense row-major; gamma/beta, their gradients, mean, rstd
  *    and running statistics are f32; BatchNorm building-block sums and means are f64.
  *  - Sizes are int64_t element counts. rows == 0 or n·s == 0 is a valid empty batch: SN_OK,
- *    activations and per-row/per-sample statistics are not written (their pointers may be NULL),
+ *    activations and per-row/per-sample statistics (mean/rstd written by a forward or read by a
+ *    backward) are not accessed (their pointers may be NULL),
  *    and parameter gradients and per-channel sums (dgamma, dbeta, BatchNorm sums) are written as
  *    zeros, the gradient of an empty batch. Its other arguments are still validated.
  *  - Every output is overwritten (`=`); nothing accumulates. dgamma/dbeta in particular are
  *    written, not added to: sum them yourself when gradients come from several calls.
  *  - On any error nothing is written: every check happens before the first store, and the
  *    status names the problem (see sn_status_t) with a detail message in sn_last_error().
- *  - Statistics are computed in fp64 from fp32 (or widened bf16/f16) values, two-pass or with a
- *    pivot, never E[x²]−E[x]² in fp32; the output is rounded to `dtype` once, round-to-nearest-
- *    even. eps is added to the variance (PyTorch convention).
+ *  - Forward statistics are computed in fp64 from fp32 (or widened bf16/f16) values, two-pass
+ *    or shifted by a pivot, never E[x²]−E[x]² in fp32; the output is rounded to `dtype` once,
+ *    round-to-nearest-even. eps is added to the variance (PyTorch convention). Backward sums:
+ *    see each function.
  *  - OpenMP threads (omp_set_num_threads) split rows or channels; reductions across rows run in
  *    a fixed order, so results are bitwise identical for any thread count.
  *  - In-place: y may equal x, and dx may equal dy (the same pointer). No other overlap is allowed.
@@ -112,8 +114,10 @@ SN_API sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const voi
  *   dx = rstd·(g − mean(g) − x̂·mean(g·x̂)),  dgamma = Σ_rows dy·x̂,  dbeta = Σ_rows dy.
  * dx, dy, x: [rows, d] dtype; mean, rstd: [rows] f32 from sn_layernorm_fwd on this x;
  * gamma: [d] f32 or NULL (= 1). dgamma, dbeta: [d] f32, overwritten (=), either may be NULL (not
- * computed); summed over rows in a fixed order in fp64. dx may equal dy. Errors as
- * sn_layernorm_fwd (without eps), SN_ERR_NULL_POINTER also for mean/rstd. */
+ * computed); summed over rows in a fixed order (f32 within runs of 8 rows, the runs in fp64).
+ * The per-row sums are fp64 (bf16/f16: f32 within blocks of 16 terms, the blocks in fp64).
+ * dx may equal dy. Errors as
+ * sn_layernorm_fwd (without eps), SN_ERR_NULL_POINTER also for mean/rstd (NULL with rows·d > 0). */
 SN_API sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
                                     const void *x, const float *mean, const float *rstd,
                                     const float *gamma, int64_t rows, int64_t d,

@@ -514,9 +514,9 @@ START_TEST(test_bad_input) {
       CASE(dx, NULL, SN_ERR_NULL_POINTER);
       CASE(dy, NULL, SN_ERR_NULL_POINTER);
       CASE(srstd, NULL, SN_ERR_NULL_POINTER);
-      /* rstd is required even for an empty batch */
-      a = good(), a.rows = 0, a.srstd = NULL, pattern();
-      expect(call(f, a), SN_ERR_NULL_POINTER, fn, "rows = 0, rstd NULL");
+      /* per-row statistics, like activations, may be NULL in an empty batch (syncnorm.h) */
+      a = good(), a.rows = 0, a.srstd = NULL;
+      ck_assert_msg(call(f, a) == SN_OK, "%s: rows = 0, rstd NULL: %s", fn, sn_last_error());
     }
     /* a zero-sized batch still has its other arguments validated */
     a = good(), a.rows = 0, a.d = 0, pattern();

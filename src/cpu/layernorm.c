@@ -411,8 +411,8 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   SN_TRY(sn__check_act(fn, "dx", dx, n));
   SN_TRY(sn__check_act(fn, "dy", dy, n));
   SN_TRY(sn__check_act(fn, "x", x, n));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  SN_TRY(sn__check_act(fn, "mean", mean, n)); /* per-row: may be NULL in an empty batch */
+  SN_TRY(sn__check_act(fn, "rstd", rstd, n));
   if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
     if (dgamma != NULL) memset(dgamma, 0, (size_t)d * sizeof *dgamma);
     if (dbeta != NULL) memset(dbeta, 0, (size_t)d * sizeof *dbeta);

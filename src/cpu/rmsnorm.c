@@ -213,7 +213,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   SN_TRY(sn__check_act(fn, "dx", dx, n));
   SN_TRY(sn__check_act(fn, "dy", dy, n));
   SN_TRY(sn__check_act(fn, "x", x, n));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  SN_TRY(sn__check_act(fn, "rstd", rstd, n)); /* per-row: may be NULL in an empty batch */
   if (n == 0) { /* empty batch: the parameter gradient is zero, nothing else is written */
     if (dgamma != NULL) memset(dgamma, 0, (size_t)d * sizeof *dgamma);
     return SN_OK;

@@ -179,7 +179,8 @@ static inline sn_status_t sn__rownorm_check(const char *fn, int64_t rows, int64_
   return SN_OK;
 }
 
-/* An activation pointer may be NULL only for an empty batch (n == 0 elements). */
+/* An activation pointer, or a per-row statistic the backward reads (mean, rstd), may be NULL
+ * only for an empty batch (n == 0 elements). */
 static inline sn_status_t sn__check_act(const char *fn, const char *name, const void *p,
                                         int64_t n) {
   return n > 0 ? sn__check_ptr(fn, name, p) : SN_OK;

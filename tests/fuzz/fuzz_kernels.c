@@ -101,8 +101,9 @@ static void op_rownorm(fz_t *in, int which) {
     const int db = ln ? add_arg(&c, "dbeta", T_F32, R_OPT, OUT, r.d, 1) : -1;
     const int dy = add_arg(&c, "dy", T_ACT, R_NONEMPTY, IN, r.n, 0);
     const int x = add_arg(&c, "x", T_ACT, R_NONEMPTY, IN, r.n, 0);
-    const int mean = ln ? add_arg(&c, "mean", T_F32, R_REQ, IN, r.rows, 0) : -1;
-    const int rstd = add_arg(&c, "rstd", T_F32, R_REQ, IN, r.rows, 0);
+    /* per-row statistics: required for a non-empty batch only, as activations */
+    const int mean = ln ? add_arg(&c, "mean", T_F32, R_NONEMPTY, IN, r.rows, 0) : -1;
+    const int rstd = add_arg(&c, "rstd", T_F32, R_NONEMPTY, IN, r.rows, 0);
     const int g = add_arg(&c, "gamma", T_F32, R_OPT, IN, r.d, 0);
     choose_pointers(&c, in);
     maybe_alias(&c, in, dx, dy); /* dx may be dy */
@@ -303,8 +304,7 @@ static void op_groupnorm(fz_t *in, int bwd) {
     const int db = add_arg(&c, "dbeta", T_F32, R_OPT, OUT, v.c, 1);
     const int dy = add_arg(&c, "dy", T_ACT, R_NONEMPTY, IN, v.total, 0);
     const int x = add_arg(&c, "x", T_ACT, R_NONEMPTY, IN, v.total, 0);
-    /* mean/rstd are only required for a non-empty batch (the implementation returns before
-     * looking at them when N·S = 0, unlike sn_layernorm_bwd's mean/rstd) */
+    /* mean/rstd are only required for a non-empty batch (N·S > 0), as in sn_layernorm_bwd */
     const int mean = add_arg(&c, "mean", T_F32, R_NONEMPTY, IN, ng, 0);
     const int rstd = add_arg(&c, "rstd", T_F32, R_NONEMPTY, IN, ng, 0);
     const int g = add_arg(&c, "gamma", T_F32, R_OPT, IN, v.c, 0);
