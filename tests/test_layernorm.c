@@ -244,9 +244,9 @@ END_TEST
  * move). Rows 1 and 2 see the same beta as ordinary data. */
 START_TEST(test_beta_cancels) {
   static const double DELTA[] = {0.0, 0x1p-6, -0x1p-9, 0x1p-12, -0x1p-15, 0x1p-20, 1e-7};
-  static const int64_t D[] = {7, 65, 4096};
+  static const int64_t D[] = {7, 65, 300, 4096}; /* 300: two map blocks of 128 and a tail */
   const sn_dtype_t dt = (sn_dtype_t)_i;
-  for (int k = 0; k < 3; k++) {
+  for (int k = 0; k < 4; k++) {
     const int64_t rows = 3, d = D[k], n = rows * d;
     tu_rng_t rng;
     tu_rng_seed(&rng, 700 + (uint64_t)k);
@@ -292,13 +292,50 @@ START_TEST(test_map_overflow) {
 }
 END_TEST
 
+/* A mean so small that mean − (float)mean is below the normal f32 range (a review found 6 ulp
+ * here): x = [2^-133, 0, ..., 0], eps 1e-12 as BERT's, so x − mean matters at 2^-133. Every
+ * gamma/beta combination (beta = 0 exercises the checked map with no cancellation), bf16 and
+ * f32, bf16 through both its own path and the fused kernel's generic one. */
+START_TEST(test_tiny_mean) {
+  const int64_t d = 4000;
+  const float eps = 1e-12f;
+  for (int id = 0; id < 2; id++) {
+    const sn_dtype_t dt = id == 0 ? SN_DTYPE_BF16 : SN_DTYPE_F32;
+    void *x = tu_alloc(d, dt), *y = tu_alloc(d, dt), *zero = tu_alloc(d, dt), *sum = tu_alloc(d, dt);
+    float *gamma = malloc((size_t)d * sizeof(float)), *beta = malloc((size_t)d * sizeof(float));
+    for (int64_t i = 0; i < d; i++) {
+      tu_set(x, i, i == 0 ? 0x1p-133 : 0.0, dt);
+      tu_set(zero, i, 0.0, dt);
+      gamma[i] = 1.0f;
+      beta[i] = 0.0f;
+    }
+    double *xd = load(x, d, dt), *yr = malloc((size_t)d * sizeof(double));
+    for (int gb = 0; gb < 4; gb++) {
+      const float *g = gb & 1 ? gamma : NULL, *b = gb & 2 ? beta : NULL;
+      float mean, rstd;
+      ref_fwd(yr, NULL, NULL, xd, g, b, 1, d, eps);
+      char what[96];
+      snprintf(what, sizeof what, "tiny mean, gamma=%d beta=%d", g != NULL, b != NULL);
+      tu_poison(y, d, dt);
+      ck_assert_int_eq(sn_layernorm_fwd(y, &mean, &rstd, x, g, b, 1, d, eps, dt), SN_OK);
+      tu_assert_fwd(y, dt, yr, d, what);
+      tu_poison(y, d, dt);
+      ck_assert_int_eq(sn_add_layernorm_fwd(y, sum, &mean, &rstd, x, zero, g, b, 1, d, eps, dt),
+                       SN_OK);
+      tu_assert_fwd(y, dt, yr, d, what);
+    }
+    free(x), free(y), free(zero), free(sum), free(gamma), free(beta), free(xd), free(yr);
+  }
+}
+END_TEST
+
 /* bf16 rows take their own path in sn_layernorm_fwd (widen + sum in one pass, narrowing in the
  * map); the fused add kernel still takes the generic one (widen the row, normalize in f32,
  * narrow). With a zero residual both normalize the same values, so y, mean and rstd must be
  * bitwise equal, for every gamma/beta combination. */
 START_TEST(test_bf16_path_matches_generic) {
-  static const int64_t D[] = {1, 7, 65, 4096};
-  for (int k = 0; k < 4; k++)
+  static const int64_t D[] = {1, 7, 65, 300, 4096};
+  for (int k = 0; k < 5; k++)
     for (int gb = 0; gb < 4; gb++) {
       const int64_t rows = 5, d = D[k], n = rows * d;
       const sn_dtype_t dt = SN_DTYPE_BF16;
@@ -810,6 +847,7 @@ int main(void) {
   tcase_add_test(tc, test_large_mean);
   tcase_add_loop_test(tc, test_beta_cancels, 0, 3);
   tcase_add_test(tc, test_map_overflow);
+  tcase_add_test(tc, test_tiny_mean);
   tcase_add_test(tc, test_bf16_path_matches_generic);
   tcase_add_loop_test(tc, test_constant_rows, 0, 3);
   tcase_add_loop_test(tc, test_near_half_max, 0, 2);

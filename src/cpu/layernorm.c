@@ -42,7 +42,7 @@
  * has_g and has_b are constants after inlining: each combination is its own vector loop. Its
  * error is ~5 f32 roundings (2^-24 each) of t·gamma (x − hi, − lo, rstd rounded to f32, · rstd,
  * · gamma) plus one of y: relative to y without beta, and far inside the 1-ulp bound of any
- * output dtype then. With beta, t·gamma + beta can cancel: fine for f32 outputs (1e-6
+ * output dtype then (rows whose mean is below LN_SPLIT_MIN excepted: they take ln_map_beta). With beta, t·gamma + beta can cancel: fine for f32 outputs (1e-6
  * normwise), not for the 1-ulp bound of bf16/f16 outputs, which use ln_map_beta. */
 SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const float *beta,
                           int64_t d, double mean, double rstd, int has_g, int has_b) {
@@ -62,22 +62,32 @@ SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const fl
  * of the output (2^-9·|y| for bf16, 2^-12·|y| for normal f16), so the f32 value narrows to
  * within 1 ulp. Blocks of LN_MAP_BLOCK elements are computed in f32; a block with any element
  * beyond the limit or not finite (p·gamma may overflow f32 where p·gamma + beta does not) is
- * recomputed in fp64, where the error is a few 2^-53 of |p|. With gamma and beta unrelated about 2^-10 (bf16) of the elements cancel that deeply,
- * so a few per cent of the blocks take the fp64 recomputation. */
+ * recomputed in fp64, where the error is a few 2^-53 of |p|. With gamma and beta unrelated
+ * about 2^-10 (bf16) of the elements cancel that deeply, so a few per cent of the blocks take
+ * the fp64 recomputation. */
 #define LN_MAP_BLOCK 128
 /* bf16: 2^-21·2^10 + 2^-24 < 2^-10, a quarter of the half ulp; f16: 2^-21·2^8 + 2^-24 < 2^-12. */
 #define LN_CANCEL_LIM_BF16 0x1p10f
 #define LN_CANCEL_LIM_F16 0x1p8f
 
-/* One block of m ≤ LN_MAP_BLOCK elements of the checked map into yb [m] (f32, not aliasing x). */
+/* The f32 maps hold the fp64 mean as hi + lo (48 bits) only while lo = mean − hi is a normal
+ * float: |lo| ≤ 2^-24·|mean| must stay ≥ 2^-126. Below LN_SPLIT_MIN (nonzero) hi + lo can be
+ * off by ~2^-150 absolute, a large part of x − mean when the row's values are that small, so
+ * such rows take the checked map with limit 0: every block with a nonzero term in fp64. */
+#define LN_SPLIT_MIN 0x1p-100
+
+static inline int ln_tiny_mean(double mean) { return mean != 0.0 && fabs(mean) < LN_SPLIT_MIN; }
+
+/* One block of m ≤ LN_MAP_BLOCK elements of the checked map into yb [m] (f32, not aliasing x).
+ * has_b == 0 (no beta: only for tiny means, with lim 0) reads no beta. */
 SN_INLINE void ln_map_beta_block(float *yb, const float *x, const float *gamma,
                                  const float *beta, int64_t m, double mean, double rstd, float hi,
-                                 float lo, float s, float lim, int has_g) {
+                                 float lo, float s, float lim, int has_g, int has_b) {
   int bad = 0;
   for (int64_t k = 0; k < m; k++) {
     float p = ((x[k] - hi) - lo) * s;
     if (has_g) p = p * gamma[k];
-    const float v = p + beta[k], av = fabsf(v);
+    const float v = has_b ? p + beta[k] : p, av = fabsf(v);
     yb[k] = v;
     bad |= (int)!(fabsf(p) <= lim * av) | (int)!(av <= FLT_MAX); /* NaN and ±inf are bad */
   }
@@ -85,24 +95,24 @@ SN_INLINE void ln_map_beta_block(float *yb, const float *x, const float *gamma,
     for (int64_t k = 0; k < m; k++) {
       double t = ((double)x[k] - mean) * rstd;
       if (has_g) t = t * (double)gamma[k];
-      yb[k] = (float)(t + (double)beta[k]);
+      yb[k] = (float)(has_b ? t + (double)beta[k] : t);
     }
 }
 
 /* The checked map of a whole row: y [d] f32 (may equal x) for f16 and the generic bf16 path. */
 SN_INLINE void ln_map_beta(float *y, const float *x, const float *gamma, const float *beta,
-                           int64_t d, double mean, double rstd, float lim, int has_g) {
+                           int64_t d, double mean, double rstd, float lim, int has_g, int has_b) {
   const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
   float yb[LN_MAP_BLOCK];
   int64_t i = 0;
   for (; i + LN_MAP_BLOCK <= d; i += LN_MAP_BLOCK) {
-    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, beta + i, LN_MAP_BLOCK, mean, rstd,
-                      hi, lo, s, lim, has_g);
+    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL,
+                      LN_MAP_BLOCK, mean, rstd, hi, lo, s, lim, has_g, has_b);
     memcpy(y + i, yb, sizeof yb);
   }
   if (i < d) {
-    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, beta + i, d - i, mean, rstd, hi, lo,
-                      s, lim, has_g);
+    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL, d - i, mean,
+                      rstd, hi, lo, s, lim, has_g, has_b);
     memcpy(y + i, yb, (size_t)(d - i) * sizeof(float));
   }
 }
@@ -117,14 +127,18 @@ SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const 
   const double rstd = 1.0 / sqrt(var + (double)eps);
   stats[0] = mean;
   stats[1] = rstd;
-  const int g = gamma != NULL;
-  if (beta == NULL) {
+  const int g = gamma != NULL, b = beta != NULL;
+  if (ln_tiny_mean(mean) || (b && dtype != SN_DTYPE_F32)) {
+    const float lim = ln_tiny_mean(mean)         ? 0.0f
+                      : dtype == SN_DTYPE_BF16 ? LN_CANCEL_LIM_BF16
+                                               : LN_CANCEL_LIM_F16;
+    if (g && b) ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 1, 1);
+    else if (g) ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 1, 0);
+    else if (b) ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 0, 1);
+    else ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 0, 0);
+  } else if (!b) {
     if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, 1, 0);
     else ln_map_f32(y, x, gamma, beta, d, mean, rstd, 0, 0);
-  } else if (dtype != SN_DTYPE_F32) {
-    const float lim = dtype == SN_DTYPE_BF16 ? LN_CANCEL_LIM_BF16 : LN_CANCEL_LIM_F16;
-    if (g) ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 1);
-    else ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 0);
   } else {
     if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, 1, 1);
     else ln_map_f32(y, x, gamma, beta, d, mean, rstd, 0, 1);
@@ -147,19 +161,19 @@ SN_INLINE void ln_map_f32_bf16(uint16_t *y, const float *x, const float *gamma, 
 /* With beta: ln_map_beta narrowed to bf16 block by block as it is stored, the same f32 values
  * and the same rounding as ln_map_beta followed by sn__from_f32, without the f32 output row. */
 SN_INLINE void ln_map_beta_bf16(uint16_t *y, const float *x, const float *gamma,
-                                const float *beta, int64_t d, double mean, double rstd,
-                                int has_g) {
+                                const float *beta, int64_t d, double mean, double rstd, float lim,
+                                int has_g, int has_b) {
   const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
   float yb[LN_MAP_BLOCK];
   int64_t i = 0;
   for (; i + LN_MAP_BLOCK <= d; i += LN_MAP_BLOCK) {
-    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, beta + i, LN_MAP_BLOCK, mean, rstd,
-                      hi, lo, s, LN_CANCEL_LIM_BF16, has_g);
+    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL,
+                      LN_MAP_BLOCK, mean, rstd, hi, lo, s, lim, has_g, has_b);
     for (int k = 0; k < LN_MAP_BLOCK; k++) y[i + k] = sn__f32_to_bf16(yb[k]);
   }
   if (i < d) {
-    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, beta + i, d - i, mean, rstd, hi, lo,
-                      s, LN_CANCEL_LIM_BF16, has_g);
+    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL, d - i, mean,
+                      rstd, hi, lo, s, lim, has_g, has_b);
     for (int64_t k = 0; k < d - i; k++) y[i + k] = sn__f32_to_bf16(yb[k]);
   }
 }
@@ -175,11 +189,15 @@ SN_CLONES static void ln_fwd_row_bf16(uint16_t *y, double *stats, const uint16_t
   const double rstd = 1.0 / sqrt(var + (double)eps);
   stats[0] = mean;
   stats[1] = rstd;
-  if (beta != NULL) {
-    if (gamma != NULL) ln_map_beta_bf16(y, tmp, gamma, beta, d, mean, rstd, 1);
-    else ln_map_beta_bf16(y, tmp, gamma, beta, d, mean, rstd, 0);
+  const int g = gamma != NULL, b = beta != NULL;
+  if (ln_tiny_mean(mean) || b) { /* the choice of ln_fwd_row for bf16 */
+    const float lim = ln_tiny_mean(mean) ? 0.0f : LN_CANCEL_LIM_BF16;
+    if (g && b) ln_map_beta_bf16(y, tmp, gamma, beta, d, mean, rstd, lim, 1, 1);
+    else if (g) ln_map_beta_bf16(y, tmp, gamma, beta, d, mean, rstd, lim, 1, 0);
+    else if (b) ln_map_beta_bf16(y, tmp, gamma, beta, d, mean, rstd, lim, 0, 1);
+    else ln_map_beta_bf16(y, tmp, gamma, beta, d, mean, rstd, lim, 0, 0);
   } else {
-    if (gamma != NULL) ln_map_f32_bf16(y, tmp, gamma, d, mean, rstd, 1);
+    if (g) ln_map_f32_bf16(y, tmp, gamma, d, mean, rstd, 1);
     else ln_map_f32_bf16(y, tmp, gamma, d, mean, rstd, 0);
   }
 }
