@@ -301,7 +301,8 @@ START_TEST(test_tiny_mean) {
   const float eps = 1e-12f;
   for (int id = 0; id < 2; id++) {
     const sn_dtype_t dt = id == 0 ? SN_DTYPE_BF16 : SN_DTYPE_F32;
-    void *x = tu_alloc(d, dt), *y = tu_alloc(d, dt), *zero = tu_alloc(d, dt), *sum = tu_alloc(d, dt);
+    void *x = tu_alloc(d, dt), *y = tu_alloc(d, dt);
+    void *zero = tu_alloc(d, dt), *sum = tu_alloc(d, dt);
     float *gamma = malloc((size_t)d * sizeof(float)), *beta = malloc((size_t)d * sizeof(float));
     for (int64_t i = 0; i < d; i++) {
       tu_set(x, i, i == 0 ? 0x1p-133 : 0.0, dt);
@@ -545,6 +546,49 @@ START_TEST(test_bwd_shapes) {
 END_TEST
 
 /* The backward's re-centred x̂ keeps |mean| ≫ σ exact although the saved mean is f32. */
+/* Gradients near FLT_MAX that cancel: rows 0-3 (one reduction chunk of 256 rows) have
+ * dy[:, 0] = +3e38, +3e38, −3e38, −3e38, the rest small. The f32 partials of dgamma/dbeta would
+ * overflow to inf at the second row; such rows must go to the fp64 partials, and dgamma, dbeta
+ * and dx match the fp64 reference (a review found inf). x rows [1, −1]: x̂ = ±1. */
+START_TEST(test_bwd_huge_dy) {
+  const int64_t rows = 256, d = 2, n = rows * d;
+  for (int id = 0; id < 2; id++) {
+    const sn_dtype_t dt = id == 0 ? SN_DTYPE_F32 : SN_DTYPE_BF16;
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 950 + (uint64_t)id);
+    void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt);
+    tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+    for (int64_t r = 0; r < rows; r++) {
+      tu_set(x, r * d, 1.0, dt);
+      tu_set(x, r * d + 1, -1.0, dt);
+      if (r < 4) tu_set(dy, r * d, r < 2 ? 3e38 : -3e38, dt);
+    }
+    float *gamma = random_f32(d, 1.0, 0.5, &rng), mean[256], rstd[256], dg[2], db[2];
+    ck_assert_int_eq(sn_layernorm_fwd(dx, mean, rstd, x, NULL, NULL, rows, d, EPS, dt), SN_OK);
+    run_bwd(dx, dg, db, dy, x, mean, rstd, gamma, rows, d, dt, "layernorm_bwd, dy near FLT_MAX");
+    free(x), free(dy), free(dx), free(gamma);
+  }
+  /* bf16 rows sum Σg in f32 lanes: dy[0] = dy[16] = 3e38 (the same lane) overflow them, and the
+   * row's sums must be redone in fp64 (else mean(g) = inf and dx is not finite). */
+  const int64_t r2 = 3, d2 = 64, n2 = r2 * d2;
+  tu_rng_t rng;
+  tu_rng_seed(&rng, 960);
+  void *x = tu_alloc(n2, SN_DTYPE_BF16), *dy = tu_alloc(n2, SN_DTYPE_BF16);
+  void *dx = tu_alloc(n2, SN_DTYPE_BF16);
+  tu_fill_normal(x, n2, SN_DTYPE_BF16, 0.5, 2.0, &rng);
+  tu_fill_normal(dy, n2, SN_DTYPE_BF16, 0.0, 1.0, &rng);
+  tu_set(dy, 0, 3e38, SN_DTYPE_BF16);
+  tu_set(dy, 16, 3e38, SN_DTYPE_BF16);
+  float *gamma = random_f32(d2, 1.0, 0.1, &rng), mean[3], rstd[3];
+  float *dg = malloc((size_t)d2 * sizeof(float)), *db = malloc((size_t)d2 * sizeof(float));
+  ck_assert_int_eq(sn_layernorm_fwd(dx, mean, rstd, x, NULL, NULL, r2, d2, EPS, SN_DTYPE_BF16),
+                   SN_OK);
+  run_bwd(dx, dg, db, dy, x, mean, rstd, gamma, r2, d2, SN_DTYPE_BF16,
+          "layernorm_bwd bf16, f32 row sums overflow");
+  free(x), free(dy), free(dx), free(gamma), free(dg), free(db);
+}
+END_TEST
+
 START_TEST(test_bwd_large_mean) {
   for (int64_t b = 0; b < ND; b++) {
     check_bwd(3, DS[b], SN_DTYPE_F32, 1, 1e4, 1e-2, 800 + b);
@@ -854,6 +898,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_add_fwd, 0, 3);
   tcase_add_loop_test(tc, test_bwd_shapes, 0, 3);
   tcase_add_test(tc, test_bwd_large_mean);
+  tcase_add_test(tc, test_bwd_huge_dy);
   tcase_add_test(tc, test_fd);
   tcase_add_test(tc, test_bad_input);
   tcase_add_test(tc, test_empty_batch);

@@ -353,6 +353,38 @@ START_TEST(test_bwd_shapes) {
 }
 END_TEST
 
+/* Gradients near FLT_MAX that cancel: rows 0-3 (one reduction chunk of 256 rows) have
+ * dy[:, 0] = +3e38, +3e38, −3e38, −3e38, the rest small. The f32 partials of dgamma would
+ * overflow to inf at the second row; such rows must go to the fp64 partial, and dgamma and dx
+ * match the fp64 reference (a review found inf). x rows [1, −1]. */
+START_TEST(test_bwd_huge_dy) {
+  const int64_t rows = 256, d = 2, n = rows * d;
+  for (int id = 0; id < 2; id++) {
+    const sn_dtype_t dt = id == 0 ? SN_DTYPE_F32 : SN_DTYPE_BF16;
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 950 + (uint64_t)id);
+    void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt);
+    tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+    for (int64_t r = 0; r < rows; r++) {
+      tu_set(x, r * d, 1.0, dt);
+      tu_set(x, r * d + 1, -1.0, dt);
+      if (r < 4) tu_set(dy, r * d, r < 2 ? 3e38 : -3e38, dt);
+    }
+    float *gamma = random_f32(d, 1.0, 0.5, &rng), rstd[256], dg[2];
+    double *xd = load(x, n, dt), *dyd = load(dy, n, dt), *dxr = malloc((size_t)n * sizeof(double));
+    double dgr[2];
+    ck_assert_int_eq(sn_rmsnorm_fwd(dx, rstd, x, NULL, rows, d, EPS, dt), SN_OK);
+    tu_poison(dx, n, dt);
+    tu_poison_f32(dg, d);
+    ck_assert_int_eq(sn_rmsnorm_bwd(dx, dg, dy, x, rstd, gamma, rows, d, dt), SN_OK);
+    double scale = ref_bwd(dxr, dgr, dyd, xd, gamma, rows, d, EPS);
+    assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), "rmsnorm_bwd, dy near FLT_MAX");
+    tu_assert_rel(dg, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "dgamma, dy near FLT_MAX");
+    free(x), free(dy), free(dx), free(gamma), free(xd), free(dyd), free(dxr);
+  }
+}
+END_TEST
+
 START_TEST(test_bwd_large_mean) {
   for (int64_t b = 0; b < ND; b++) {
     check_bwd(3, DS[b], SN_DTYPE_F32, 1e4, 1e-2, 800 + b);
@@ -641,6 +673,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_add_fwd, 0, 3);
   tcase_add_loop_test(tc, test_bwd_shapes, 0, 3);
   tcase_add_test(tc, test_bwd_large_mean);
+  tcase_add_test(tc, test_bwd_huge_dy);
   tcase_add_test(tc, test_fd);
   tcase_add_test(tc, test_bad_input);
   tcase_add_test(tc, test_empty_batch);

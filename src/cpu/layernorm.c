@@ -42,8 +42,9 @@
  * has_g and has_b are constants after inlining: each combination is its own vector loop. Its
  * error is ~5 f32 roundings (2^-24 each) of t·gamma (x − hi, − lo, rstd rounded to f32, · rstd,
  * · gamma) plus one of y: relative to y without beta, and far inside the 1-ulp bound of any
- * output dtype then (rows whose mean is below LN_SPLIT_MIN excepted: they take ln_map_beta). With beta, t·gamma + beta can cancel: fine for f32 outputs (1e-6
- * normwise), not for the 1-ulp bound of bf16/f16 outputs, which use ln_map_beta. */
+ * output dtype then (rows whose mean is below LN_SPLIT_MIN excepted: they take ln_map_beta).
+ * With beta, t·gamma + beta can cancel: fine for f32 outputs (1e-6 normwise), not for the
+ * 1-ulp bound of bf16/f16 outputs, which use ln_map_beta. */
 SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const float *beta,
                           int64_t d, double mean, double rstd, int has_g, int has_b) {
   const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
@@ -323,36 +324,40 @@ typedef struct {
  * only through Σ_rows dy·c, whose terms have random signs. */
 #define LN_BWD_BLOCK 256
 
-/* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x, the saved mean m and
- * rstd s. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy (f32 partials, see SN_PART_ROWS). lowp
- * (bf16/f16 rows): pass A's sums in f32 blocks, see LN_BWD_BLOCK. */
-SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, const float *dy,
-                               const float *x, const float *gamma, int64_t d, float m, float s,
-                               const ln_prefetch_t *pf, int has_g, int has_part, int lowp) {
-  /* pass A: Σx̂, Σg, Σg·x̂ in fp64 lanes (lowp: in f32 lanes over blocks of LN_BWD_BLOCK
-   * elements, each block then added into the fp64 lanes); one line of each prefetched stream
-   * per L elements */
+/* Pass A of one row: sum[0..2] = Σx̂, Σg, Σg·x̂ in fp64 lanes (lowp: in f32 lanes over blocks
+ * of LN_BWD_BLOCK elements, each block then added into the fp64 lanes); big[0] = max|dy|,
+ * big[1] = max|dy|·max|x̂| (fp64; NaN inputs are skipped: they make the partials NaN in f32 as
+ * in fp64). One line of each prefetched stream per L elements. */
+SN_INLINE void ln_bwd_sums(double sum[3], double big[2], const float *dy, const float *x,
+                           const float *gamma, int64_t d, float m, float s,
+                           const ln_prefetch_t *pf, int has_g, int lowp) {
   enum { L = SN_ROW_LANES3 };
   double a_xh[L] = {0}, a_g[L] = {0}, a_gxh[L] = {0};
+  float mdy[L] = {0}, mxh[L] = {0};
   int64_t i = 0;
   while (i + L <= d) {
     const int64_t end = lowp && d - i > LN_BWD_BLOCK ? i + LN_BWD_BLOCK : d;
     float b_xh[L] = {0}, b_g[L] = {0}, b_gxh[L] = {0};
     for (; i + L <= end; i += L) {
-      if (pf->x != NULL) __builtin_prefetch(pf->x + i * pf->esize, 0);
-      if (pf->dy != NULL) __builtin_prefetch(pf->dy + i * pf->esize, 0);
-      if (pf->dx != NULL) __builtin_prefetch(pf->dx + i * pf->esize, 1);
+      if (pf != NULL && pf->x != NULL) __builtin_prefetch(pf->x + i * pf->esize, 0);
+      if (pf != NULL && pf->dy != NULL) __builtin_prefetch(pf->dy + i * pf->esize, 0);
+      if (pf != NULL && pf->dx != NULL) __builtin_prefetch(pf->dx + i * pf->esize, 1);
       if (lowp)
         for (int k = 0; k < L; k++) {
           const float xh = (x[i + k] - m) * s, g = has_g ? dy[i + k] * gamma[i + k] : dy[i + k];
           b_xh[k] += xh;
           b_g[k] += g;
           b_gxh[k] += g * xh;
+          mdy[k] = sn__max_abs(mdy[k], dy[i + k]);
+          mxh[k] = sn__max_abs(mxh[k], xh);
         }
       else
-        for (int k = 0; k < L; k++)
+        for (int k = 0; k < L; k++) {
           ln_bwd_acc(&a_xh[k], &a_g[k], &a_gxh[k], x[i + k], dy[i + k], gamma, i + k, m, s,
                      has_g);
+          mdy[k] = sn__max_abs(mdy[k], dy[i + k]);
+          mxh[k] = sn__max_abs(mxh[k], (x[i + k] - m) * s);
+        }
     }
     if (lowp)
       for (int k = 0; k < L; k++) {
@@ -361,10 +366,35 @@ SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, const float *d
         a_gxh[k] += (double)b_gxh[k];
       }
   }
-  for (int k = 0; k < L && i < d; i++, k++)
+  for (int k = 0; k < L && i < d; i++, k++) {
+    mdy[k] = sn__max_abs(mdy[k], dy[i]);
+    mxh[k] = sn__max_abs(mxh[k], (x[i] - m) * s);
     ln_bwd_acc(&a_xh[k], &a_g[k], &a_gxh[k], x[i], dy[i], gamma, i, m, s, has_g);
-  const double sum_xh = sn__lanes_total_n(a_xh, L), sum_g = sn__lanes_total_n(a_g, L);
-  const double sum_gxh = sn__lanes_total_n(a_gxh, L);
+  }
+  sum[0] = sn__lanes_total_n(a_xh, L);
+  sum[1] = sn__lanes_total_n(a_g, L);
+  sum[2] = sn__lanes_total_n(a_gxh, L);
+  float ma = 0.0f, mb = 0.0f;
+  for (int k = 0; k < L; k++) ma = sn__max_abs(ma, mdy[k]), mb = sn__max_abs(mb, mxh[k]);
+  big[0] = (double)ma;
+  big[1] = (double)ma * (double)mb;
+}
+
+/* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x, the saved mean m and
+ * rstd s. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy into the f32 partials (SN_PART_ROWS),
+ * or, for a row whose terms could overflow them (max|dy|·max|x̂| beyond SN_PART_F32_MAX, or not
+ * finite), into the chunk's fp64 partials dgp64/dbp64 directly, as the f32 sums would lose
+ * them. lowp (bf16/f16 rows): pass A's sums in f32 blocks (LN_BWD_BLOCK), in fp64 again where
+ * those came out non-finite. */
+SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64, double *dbp64,
+                               const float *dy, const float *x, const float *gamma, int64_t d,
+                               float m, float s, const ln_prefetch_t *pf, int has_g,
+                               int has_part, int lowp) {
+  double sum[3], big[2];
+  ln_bwd_sums(sum, big, dy, x, gamma, d, m, s, pf, has_g, lowp);
+  if (lowp && !(isfinite(sum[0]) && isfinite(sum[1]) && isfinite(sum[2])))
+    ln_bwd_sums(sum, big, dy, x, gamma, d, m, s, NULL, has_g, 0);
+  const double sum_xh = sum[0], sum_g = sum[1], sum_gxh = sum[2];
 
   /* x̂' = x̂ − c has mean 0 even when the saved f32 mean is off by up to half an ulp of a large
    * mean; Σg·x̂' = Σg·x̂ − c·Σg */
@@ -372,7 +402,21 @@ SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, const float *d
   const float cf = (float)c, mg = (float)(sum_g / (double)d);
   const float mgx = (float)((sum_gxh - c * sum_g) / (double)d);
 
-  /* pass B: dx = s·((g − mean(g)) − x̂'·mean(g·x̂')); dy[i] is read before dx[i] is written */
+  /* pass B: dx = s·((g − mean(g)) − x̂'·mean(g·x̂')); dy[i] is read before dx[i] is written.
+   * |x̂'| ≤ |x̂| + |c| ≤ 2·max|x̂|, so the terms are at most max|dy| and 2·max|dy|·max|x̂|. */
+  const int part64 = has_part && !(big[0] <= SN_PART_F32_MAX && 2.0 * big[1] <= SN_PART_F32_MAX);
+  if (part64) {
+    SN_IVDEP
+    for (int64_t j = 0; j < d; j++) {
+      const float dyj = dy[j];
+      const float xh = ((x[j] - m) * s) - cf;
+      const float g = has_g ? dyj * gamma[j] : dyj;
+      dgp64[j] += (double)dyj * (double)xh;
+      dbp64[j] += (double)dyj;
+      dx[j] = s * ((g - mg) - xh * mgx);
+    }
+    return;
+  }
   SN_IVDEP
   for (int64_t j = 0; j < d; j++) {
     const float dyj = dy[j];
@@ -386,28 +430,33 @@ SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, const float *d
   }
 }
 
-SN_CLONES static void ln_bwd_row(float *dx, float *dgp, float *dbp, const float *dy,
-                                 const float *x, const float *gamma, int64_t d, float m, float s,
+SN_CLONES static void ln_bwd_row(float *dx, float *dgp, float *dbp, double *dgp64,
+                                 double *dbp64, const float *dy, const float *x,
+                                 const float *gamma, int64_t d, float m, float s,
                                  const ln_prefetch_t *pf, int lowp) {
   const int g = gamma != NULL, p = dgp != NULL;
+#define LN_BWD_ROW(G, P, LOWP) \
+  ln_bwd_row_impl(dx, dgp, dbp, dgp64, dbp64, dy, x, gamma, d, m, s, pf, G, P, LOWP)
   if (lowp) {
-    if (g && p) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 1, 1, 1);
-    else if (g) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 1, 0, 1);
-    else if (p) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 0, 1, 1);
-    else ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 0, 0, 1);
+    if (g && p) LN_BWD_ROW(1, 1, 1);
+    else if (g) LN_BWD_ROW(1, 0, 1);
+    else if (p) LN_BWD_ROW(0, 1, 1);
+    else LN_BWD_ROW(0, 0, 1);
   } else {
-    if (g && p) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 1, 1, 0);
-    else if (g) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 1, 0, 0);
-    else if (p) ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 0, 1, 0);
-    else ln_bwd_row_impl(dx, dgp, dbp, dy, x, gamma, d, m, s, pf, 0, 0, 0);
+    if (g && p) LN_BWD_ROW(1, 1, 0);
+    else if (g) LN_BWD_ROW(1, 0, 0);
+    else if (p) LN_BWD_ROW(0, 1, 0);
+    else LN_BWD_ROW(0, 0, 0);
   }
+#undef LN_BWD_ROW
 }
 
 /* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
  * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32. */
-static void ln_bwd_store(void *dx, float *dgp, float *dbp, const void *dy, const void *x,
-                         const float *mean, const float *rstd, const float *gamma, int64_t r,
-                         int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp) {
+static void ln_bwd_store(void *dx, float *dgp, float *dbp, double *dgp64, double *dbp64,
+                         const void *dy, const void *x, const float *mean, const float *rstd,
+                         const float *gamma, int64_t r, int64_t rows, int64_t d,
+                         sn_dtype_t dtype, float *tmp) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
   const ln_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
                             next < 0 ? NULL : (const char *)dy + next * esize,
@@ -416,7 +465,8 @@ static void ln_bwd_store(void *dx, float *dgp, float *dbp, const void *dy, const
   const float *xr = sn__in_row(x, off, d, dtype, tmp);         /* [d] */
   const float *dyr = sn__in_row(dy, off, d, dtype, tmp_dy);    /* [d] */
   float *dxr = sn__out_row(dx, off, dtype, tmp_dy);          /* [d], may be dyr */
-  ln_bwd_row(dxr, dgp, dbp, dyr, xr, gamma, d, mean[r], rstd[r], &pf, dtype != SN_DTYPE_F32);
+  ln_bwd_row(dxr, dgp, dbp, dgp64, dbp64, dyr, xr, gamma, d, mean[r], rstd[r], &pf,
+             dtype != SN_DTYPE_F32);
   sn__out_done(dx, off, d, dtype, tmp_dy);
 }
 
@@ -470,7 +520,8 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
     if (!chunked) {
 #pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < rows; r++)
-        ln_bwd_store(dx, NULL, NULL, dy, x, mean, rstd, gamma, r, rows, d, dtype, tmp);
+        ln_bwd_store(dx, NULL, NULL, NULL, NULL, dy, x, mean, rstd, gamma, r, rows, d, dtype,
+                     tmp);
     } else {
       double *p = work + t * 2 * d;                     /* [2, d] fp64 */
       float *p32 = scratch + t * per_thread + rows_f32; /* [2, d] f32 */
@@ -478,9 +529,11 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
       for (int64_t k = 0; k < chunks; k++) {
         memset(p, 0, (size_t)(2 * d) * sizeof(double));
         memset(p32, 0, (size_t)(2 * d) * sizeof(float));
-        const int64_t r0 = sn__chunk_begin(k, rows, chunks), r1 = sn__chunk_begin(k + 1, rows, chunks);
+        const int64_t r0 = sn__chunk_begin(k, rows, chunks);
+        const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
         for (int64_t r = r0; r < r1; r++) {
-          ln_bwd_store(dx, p32, p32 + d, dy, x, mean, rstd, gamma, r, rows, d, dtype, tmp);
+          ln_bwd_store(dx, p32, p32 + d, p, p + d, dy, x, mean, rstd, gamma, r, rows, d, dtype,
+                       tmp);
           if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1)
             sn__flush_partial(p, p32, 2 * d);
         }

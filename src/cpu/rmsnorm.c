@@ -144,13 +144,16 @@ typedef struct {
 } rms_prefetch_t;
 
 /* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x and the saved rstd s.
- * With has_part, dgp[i] += dy·x·s (f32 partial of dgamma, see SN_PART_ROWS). */
-SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, const float *dy, const float *x,
-                                const float *gamma, int64_t d, float s,
+ * With has_part, dgp[i] += dy·x·s into the f32 partial of dgamma (SN_PART_ROWS), or, for a row
+ * whose products could overflow f32 (max|dy|·max|x|, or that times s, beyond SN_PART_F32_MAX),
+ * into the chunk's fp64 partial dgp64 directly, as before the f32 runs. */
+SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const float *dy,
+                                const float *x, const float *gamma, int64_t d, float s,
                                 const rms_prefetch_t *pf, int has_g, int has_part) {
-  /* pass A: Σ g·x in fp64 lanes (the product of two floats is exact in fp64); each prefetched
-   * stream advances by this block's bytes */
+  /* pass A: Σ g·x in fp64 lanes (the product of two floats is exact in fp64), and max|dy|,
+   * max|x|; each prefetched stream advances by this block's bytes */
   double acc[SN_ROW_LANES] = {0};
+  float mdy[SN_ROW_LANES] = {0}, mx[SN_ROW_LANES] = {0};
   int64_t i = 0;
   for (; i + SN_ROW_LANES <= d; i += SN_ROW_LANES) {
     for (int64_t o = i * pf->esize; o < (i + SN_ROW_LANES) * pf->esize; o += 64) {
@@ -158,17 +161,36 @@ SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, const float *dy, const fl
       if (pf->dy != NULL) __builtin_prefetch(pf->dy + o, 0);
       if (pf->dx != NULL) __builtin_prefetch(pf->dx + o, 1);
     }
-    for (int k = 0; k < SN_ROW_LANES; k++)
+    for (int k = 0; k < SN_ROW_LANES; k++) {
       acc[k] += (double)rms_g(dy[i + k], gamma, i + k, has_g) * (double)x[i + k];
+      if (has_part) mdy[k] = sn__max_abs(mdy[k], dy[i + k]), mx[k] = sn__max_abs(mx[k], x[i + k]);
+    }
   }
-  for (int k = 0; k < SN_ROW_LANES && i < d; i++, k++)
+  for (int k = 0; k < SN_ROW_LANES && i < d; i++, k++) {
     acc[k] += (double)rms_g(dy[i], gamma, i, has_g) * (double)x[i];
+    if (has_part) mdy[k] = sn__max_abs(mdy[k], dy[i]), mx[k] = sn__max_abs(mx[k], x[i]);
+  }
+  double big = 0.0; /* max|dy|·max|x| */
+  if (has_part) {
+    float a = 0.0f, bx = 0.0f;
+    for (int k = 0; k < SN_ROW_LANES; k++) a = sn__max_abs(a, mdy[k]), bx = sn__max_abs(bx, mx[k]);
+    big = (double)a * (double)bx;
+  }
 
   /* dx = s·g − b·x with b = s³·mean(g·x) */
   const double sd = (double)s;
   const float b = (float)(sd * sd * sd * (sn__lanes_total(acc) / (double)d));
 
   /* pass B: dy[j] is read before dx[j] is written */
+  if (has_part && !(big <= SN_PART_F32_MAX && big * fabs(sd) <= SN_PART_F32_MAX)) {
+    SN_IVDEP
+    for (int64_t j = 0; j < d; j++) {
+      const float dyj = dy[j], xj = x[j];
+      dgp64[j] += (double)dyj * (double)xj * sd;
+      dx[j] = s * rms_g(dyj, gamma, j, has_g) - b * xj;
+    }
+    return;
+  }
   SN_IVDEP
   for (int64_t j = 0; j < d; j++) {
     const float dyj = dy[j], xj = x[j];
@@ -177,19 +199,19 @@ SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, const float *dy, const fl
   }
 }
 
-SN_CLONES static void rms_bwd_row(float *dx, float *dgp, const float *dy, const float *x,
-                                  const float *gamma, int64_t d, float s,
+SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const float *dy,
+                                  const float *x, const float *gamma, int64_t d, float s,
                                   const rms_prefetch_t *pf) {
   const int g = gamma != NULL, p = dgp != NULL;
-  if (g && p) rms_bwd_row_impl(dx, dgp, dy, x, gamma, d, s, pf, 1, 1);
-  else if (g) rms_bwd_row_impl(dx, dgp, dy, x, gamma, d, s, pf, 1, 0);
-  else if (p) rms_bwd_row_impl(dx, dgp, dy, x, gamma, d, s, pf, 0, 1);
-  else rms_bwd_row_impl(dx, dgp, dy, x, gamma, d, s, pf, 0, 0);
+  if (g && p) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, d, s, pf, 1, 1);
+  else if (g) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, d, s, pf, 1, 0);
+  else if (p) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, d, s, pf, 0, 1);
+  else rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, d, s, pf, 0, 0);
 }
 
 /* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
  * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32. */
-static void rms_bwd_store(void *dx, float *dgp, const void *dy, const void *x,
+static void rms_bwd_store(void *dx, float *dgp, double *dgp64, const void *dy, const void *x,
                           const float *rstd, const float *gamma, int64_t r, int64_t rows,
                           int64_t d, sn_dtype_t dtype, float *tmp) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
@@ -200,7 +222,7 @@ static void rms_bwd_store(void *dx, float *dgp, const void *dy, const void *x,
   const float *xr = sn__in_row(x, off, d, dtype, tmp);         /* [d] */
   const float *dyr = sn__in_row(dy, off, d, dtype, tmp_dy);    /* [d] */
   float *dxr = sn__out_row(dx, off, dtype, tmp_dy);          /* [d], may be dyr */
-  rms_bwd_row(dxr, dgp, dyr, xr, gamma, d, rstd[r], &pf);
+  rms_bwd_row(dxr, dgp, dgp64, dyr, xr, gamma, d, rstd[r], &pf);
   sn__out_done(dx, off, d, dtype, tmp_dy);
 }
 
@@ -248,7 +270,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
     if (dgamma == NULL) {
 #pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < rows; r++)
-        rms_bwd_store(dx, NULL, dy, x, rstd, gamma, r, rows, d, dtype, tmp);
+        rms_bwd_store(dx, NULL, NULL, dy, x, rstd, gamma, r, rows, d, dtype, tmp);
     } else {
       double *p = work + t * d;                         /* [d] fp64 */
       float *p32 = scratch + t * per_thread + rows_f32; /* [d] f32 */
@@ -256,9 +278,10 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
       for (int64_t k = 0; k < chunks; k++) {
         memset(p, 0, (size_t)d * sizeof(double));
         memset(p32, 0, (size_t)d * sizeof(float));
-        const int64_t r0 = sn__chunk_begin(k, rows, chunks), r1 = sn__chunk_begin(k + 1, rows, chunks);
+        const int64_t r0 = sn__chunk_begin(k, rows, chunks);
+        const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
         for (int64_t r = r0; r < r1; r++) {
-          rms_bwd_store(dx, p32, dy, x, rstd, gamma, r, rows, d, dtype, tmp);
+          rms_bwd_store(dx, p32, p, dy, x, rstd, gamma, r, rows, d, dtype, tmp);
           if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1)
             sn__flush_partial(p, p32, d);
         }

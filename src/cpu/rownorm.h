@@ -10,6 +10,7 @@
 #ifndef SN_ROWNORM_H
 #define SN_ROWNORM_H
 
+#include <math.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -194,6 +195,16 @@ static inline sn_status_t sn__check_act(const char *fn, const char *name, const 
  * in L1 beside the rows up to d = 4096. The runs are fixed by the row index: the same sums for
  * any thread count. */
 #define SN_PART_ROWS 8
+/* Largest term a row may add to the f32 partials: SN_PART_ROWS of them sum to at most 2^126,
+ * below FLT_MAX (~2^128). A row with a larger (or non-finite) term adds into the fp64 partials
+ * directly instead; the choice depends on the row's data only. */
+#define SN_PART_F32_MAX 0x1p123
+
+/* max(m, |v|) as a plain vector max (a NaN v leaves m). */
+SN_INLINE float sn__max_abs(float m, float v) {
+  const float a = fabsf(v);
+  return a > m ? a : m;
+}
 
 /* p[j] += p32[j] (fp64) and p32[j] = 0, for j < n. Cloned per ISA in each including file. */
 SN_CLONES SN_UNUSED static void sn__flush_partial(double *p, float *p32, int64_t n) {
