@@ -115,9 +115,10 @@ SN_API sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const voi
  * dx, dy, x: [rows, d] dtype; mean, rstd: [rows] f32 from sn_layernorm_fwd on this x;
  * gamma: [d] f32 or NULL (= 1). dgamma, dbeta: [d] f32, overwritten (=), either may be NULL (not
  * computed); summed over rows in a fixed order (f32 within runs of 8 rows, the runs in fp64).
- * The per-row sums are fp64 (bf16/f16: f32 within blocks of 16 terms, the blocks in fp64).
- * dx may equal dy. Errors as
- * sn_layernorm_fwd (without eps), SN_ERR_NULL_POINTER also for mean/rstd (NULL with rows·d > 0). */
+ * The per-row sums are fp64 (bf16/f16: f32 lanes of 16 terms each per block, the blocks in
+ * fp64). Rows with terms near the f32 range go to the fp64 sums directly. dx may equal dy.
+ * Errors as sn_layernorm_fwd (without eps), SN_ERR_NULL_POINTER also for mean/rstd (NULL with
+ * rows·d > 0). */
 SN_API sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
                                     const void *x, const float *mean, const float *rstd,
                                     const float *gamma, int64_t rows, int64_t d,
@@ -146,7 +147,8 @@ SN_API sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const flo
 /* RMSNorm backward, with g = dy·gamma:
  *   dx = rstd·g − rstd³·x·mean(g·x),  dgamma = Σ_rows dy·x·rstd.
  * dx, dy, x: [rows, d] dtype; rstd: [rows] f32 from sn_rmsnorm_fwd; gamma: [d] f32 or NULL.
- * dgamma: [d] f32 (=) or NULL. dx may equal dy. Errors as sn_layernorm_bwd. */
+ * dgamma: [d] f32 (=) or NULL, summed over rows as sn_layernorm_bwd's; the per-row sum Σg·x is
+ * fp64. dx may equal dy. Errors as sn_layernorm_bwd. */
 SN_API sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *x,
                                   const float *rstd, const float *gamma, int64_t rows, int64_t d,
                                   sn_dtype_t dtype);
