@@ -382,9 +382,9 @@ SN_INLINE void ln_bwd_sums(double sum[3], double big[2], const float *dy, const 
 
 /* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x, the saved mean m and
  * rstd s. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy into the f32 partials (SN_PART_ROWS),
- * or, for a row whose terms could overflow them (max|dy|·max|x̂| beyond SN_PART_F32_MAX, or not
- * finite), into the chunk's fp64 partials dgp64/dbp64 directly, as the f32 sums would lose
- * them. lowp (bf16/f16 rows): pass A's sums in f32 blocks (LN_BWD_BLOCK), in fp64 again where
+ * or, for a row whose terms could overflow them (max|dy| or 2·max|dy|·max|x̂| beyond
+ * SN_PART_F32_MAX, infinities included), into the chunk's fp64 partials dgp64/dbp64 directly,
+ * as the f32 sums would lose them. lowp (bf16/f16 rows): pass A's sums in f32 blocks (LN_BWD_BLOCK), in fp64 again where
  * those came out non-finite. */
 SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64, double *dbp64,
                                const float *dy, const float *x, const float *gamma, int64_t d,
