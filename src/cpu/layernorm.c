@@ -100,22 +100,46 @@ SN_INLINE void ln_map_beta_block(float *yb, const float *x, const float *gamma,
     }
 }
 
-/* The checked map of a whole row: y [d] f32 (may equal x) for f16 and the generic bf16 path. */
-SN_INLINE void ln_map_beta(float *y, const float *x, const float *gamma, const float *beta,
-                           int64_t d, double mean, double rstd, float lim, int has_g, int has_b) {
+/* The checked map of a whole row into y [d]: f32 (may equal x; f16 and the generic bf16 path)
+ * or, with to_bf16, bf16 narrowed block by block as it is stored (the same f32 values and the
+ * same rounding as the f32 row followed by sn__from_f32, without the f32 output row). */
+SN_INLINE void ln_map_beta(void *y, const float *x, const float *gamma, const float *beta,
+                           int64_t d, double mean, double rstd, float lim, int has_g, int has_b,
+                           int to_bf16) {
   const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
   float yb[LN_MAP_BLOCK];
-  int64_t i = 0;
-  for (; i + LN_MAP_BLOCK <= d; i += LN_MAP_BLOCK) {
-    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL,
-                      LN_MAP_BLOCK, mean, rstd, hi, lo, s, lim, has_g, has_b);
-    memcpy(y + i, yb, sizeof yb);
+  for (int64_t i = 0; i < d; i += LN_MAP_BLOCK) {
+    const int64_t m = d - i < LN_MAP_BLOCK ? d - i : LN_MAP_BLOCK;
+    if (m == LN_MAP_BLOCK) /* a constant trip count for the vectorizer */
+      ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL,
+                        LN_MAP_BLOCK, mean, rstd, hi, lo, s, lim, has_g, has_b);
+    else
+      ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL, m, mean,
+                        rstd, hi, lo, s, lim, has_g, has_b);
+    if (to_bf16)
+      for (int64_t k = 0; k < m; k++) ((uint16_t *)y)[i + k] = sn__f32_to_bf16(yb[k]);
+    else
+      memcpy((float *)y + i, yb, (size_t)m * sizeof(float));
   }
-  if (i < d) {
-    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL, d - i, mean,
-                      rstd, hi, lo, s, lim, has_g, has_b);
-    memcpy(y + i, yb, (size_t)(d - i) * sizeof(float));
-  }
+}
+
+/* The limit of the checked map for a row (ln_map_beta), or a negative value where the plain f32
+ * map (ln_map_f32) is exact enough: f32 outputs, and bf16/f16 without beta, unless the mean is
+ * tiny (then limit 0: fp64). */
+static inline float ln_check_lim(double mean, int has_b, sn_dtype_t dtype) {
+  if (ln_tiny_mean(mean)) return 0.0f;
+  if (!has_b || dtype == SN_DTYPE_F32) return -1.0f;
+  return dtype == SN_DTYPE_BF16 ? LN_CANCEL_LIM_BF16 : LN_CANCEL_LIM_F16;
+}
+
+/* ln_map_beta with has_g, has_b as constants. */
+SN_INLINE void ln_map_checked(void *y, const float *x, const float *gamma, const float *beta,
+                              int64_t d, double mean, double rstd, float lim, int to_bf16) {
+  const int g = gamma != NULL, b = beta != NULL;
+  if (g && b) ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 1, 1, to_bf16);
+  else if (g) ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 1, 0, to_bf16);
+  else if (b) ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 0, 1, to_bf16);
+  else ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 0, 0, to_bf16);
 }
 
 /* One row: x [d] f32 → y [d] f32; stats[0] = mean, stats[1] = rstd (fp64). y may equal x.
@@ -129,14 +153,9 @@ SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const 
   stats[0] = mean;
   stats[1] = rstd;
   const int g = gamma != NULL, b = beta != NULL;
-  if (ln_tiny_mean(mean) || (b && dtype != SN_DTYPE_F32)) {
-    const float lim = ln_tiny_mean(mean)         ? 0.0f
-                      : dtype == SN_DTYPE_BF16 ? LN_CANCEL_LIM_BF16
-                                               : LN_CANCEL_LIM_F16;
-    if (g && b) ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 1, 1);
-    else if (g) ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 1, 0);
-    else if (b) ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 0, 1);
-    else ln_map_beta(y, x, gamma, beta, d, mean, rstd, lim, 0, 0);
+  const float lim = ln_check_lim(mean, b, dtype);
+  if (lim >= 0.0f) {
+    ln_map_checked(y, x, gamma, beta, d, mean, rstd, lim, 0);
   } else if (!b) {
     if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, 1, 0);
     else ln_map_f32(y, x, gamma, beta, d, mean, rstd, 0, 0);
@@ -147,7 +166,8 @@ SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const 
 }
 
 /* The affine maps of ln_fwd_row rounded to bf16 as they are stored: the same f32 values,
- * narrowed by the same rounding, as ln_fwd_row followed by sn__from_f32. Without beta: */
+ * narrowed by the same rounding, as ln_fwd_row followed by sn__from_f32 (with beta:
+ * ln_map_beta). */
 SN_INLINE void ln_map_f32_bf16(uint16_t *y, const float *x, const float *gamma, int64_t d,
                                double mean, double rstd, int has_g) {
   const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
@@ -156,26 +176,6 @@ SN_INLINE void ln_map_f32_bf16(uint16_t *y, const float *x, const float *gamma, 
     float t = ((x[i] - hi) - lo) * s;
     if (has_g) t = t * gamma[i];
     y[i] = sn__f32_to_bf16(t);
-  }
-}
-
-/* With beta: ln_map_beta narrowed to bf16 block by block as it is stored, the same f32 values
- * and the same rounding as ln_map_beta followed by sn__from_f32, without the f32 output row. */
-SN_INLINE void ln_map_beta_bf16(uint16_t *y, const float *x, const float *gamma,
-                                const float *beta, int64_t d, double mean, double rstd, float lim,
-                                int has_g, int has_b) {
-  const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
-  float yb[LN_MAP_BLOCK];
-  int64_t i = 0;
-  for (; i + LN_MAP_BLOCK <= d; i += LN_MAP_BLOCK) {
-    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL,
-                      LN_MAP_BLOCK, mean, rstd, hi, lo, s, lim, has_g, has_b);
-    for (int k = 0; k < LN_MAP_BLOCK; k++) y[i + k] = sn__f32_to_bf16(yb[k]);
-  }
-  if (i < d) {
-    ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL, d - i, mean,
-                      rstd, hi, lo, s, lim, has_g, has_b);
-    for (int64_t k = 0; k < d - i; k++) y[i + k] = sn__f32_to_bf16(yb[k]);
   }
 }
 
@@ -190,15 +190,11 @@ SN_CLONES static void ln_fwd_row_bf16(uint16_t *y, double *stats, const uint16_t
   const double rstd = 1.0 / sqrt(var + (double)eps);
   stats[0] = mean;
   stats[1] = rstd;
-  const int g = gamma != NULL, b = beta != NULL;
-  if (ln_tiny_mean(mean) || b) { /* the choice of ln_fwd_row for bf16 */
-    const float lim = ln_tiny_mean(mean) ? 0.0f : LN_CANCEL_LIM_BF16;
-    if (g && b) ln_map_beta_bf16(y, tmp, gamma, beta, d, mean, rstd, lim, 1, 1);
-    else if (g) ln_map_beta_bf16(y, tmp, gamma, beta, d, mean, rstd, lim, 1, 0);
-    else if (b) ln_map_beta_bf16(y, tmp, gamma, beta, d, mean, rstd, lim, 0, 1);
-    else ln_map_beta_bf16(y, tmp, gamma, beta, d, mean, rstd, lim, 0, 0);
+  const float lim = ln_check_lim(mean, beta != NULL, SN_DTYPE_BF16); /* as ln_fwd_row's */
+  if (lim >= 0.0f) {
+    ln_map_checked(y, tmp, gamma, beta, d, mean, rstd, lim, 1);
   } else {
-    if (g) ln_map_f32_bf16(y, tmp, gamma, d, mean, rstd, 1);
+    if (gamma != NULL) ln_map_f32_bf16(y, tmp, gamma, d, mean, rstd, 1);
     else ln_map_f32_bf16(y, tmp, gamma, d, mean, rstd, 0);
   }
 }
