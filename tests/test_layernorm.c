@@ -545,7 +545,6 @@ START_TEST(test_bwd_shapes) {
 }
 END_TEST
 
-/* The backward's re-centred x̂ keeps |mean| ≫ σ exact although the saved mean is f32. */
 /* Gradients near FLT_MAX that cancel: rows 0-3 (one reduction chunk of 256 rows) have
  * dy[:, 0] = +3e38, +3e38, −3e38, −3e38, the rest small. The f32 partials of dgamma/dbeta would
  * overflow to inf at the second row; such rows must go to the fp64 partials, and dgamma, dbeta
@@ -557,12 +556,7 @@ START_TEST(test_bwd_huge_dy) {
     tu_rng_t rng;
     tu_rng_seed(&rng, 950 + (uint64_t)id);
     void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt);
-    tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
-    for (int64_t r = 0; r < rows; r++) {
-      tu_set(x, r * d, 1.0, dt);
-      tu_set(x, r * d + 1, -1.0, dt);
-      if (r < 4) tu_set(dy, r * d, r < 2 ? 3e38 : -3e38, dt);
-    }
+    tu_fill_huge_dy(x, dy, rows, dt, &rng);
     float *gamma = random_f32(d, 1.0, 0.5, &rng), mean[256], rstd[256], dg[2], db[2];
     ck_assert_int_eq(sn_layernorm_fwd(dx, mean, rstd, x, NULL, NULL, rows, d, EPS, dt), SN_OK);
     run_bwd(dx, dg, db, dy, x, mean, rstd, gamma, rows, d, dt, "layernorm_bwd, dy near FLT_MAX");
@@ -589,6 +583,7 @@ START_TEST(test_bwd_huge_dy) {
 }
 END_TEST
 
+/* The backward's re-centred x̂ keeps |mean| ≫ σ exact although the saved mean is f32. */
 START_TEST(test_bwd_large_mean) {
   for (int64_t b = 0; b < ND; b++) {
     check_bwd(3, DS[b], SN_DTYPE_F32, 1, 1e4, 1e-2, 800 + b);

@@ -144,6 +144,15 @@ void tu_fill_normal(void *buf, int64_t n, sn_dtype_t dtype, double mean, double 
   for (int64_t i = 0; i < n; i++) tu_set(buf, i, mean + std * tu_rng_normal(r), dtype);
 }
 
+void tu_fill_huge_dy(void *x, void *dy, int64_t rows, sn_dtype_t dtype, tu_rng_t *r) {
+  tu_fill_normal(dy, rows * 2, dtype, 0.0, 1.0, r);
+  for (int64_t i = 0; i < rows; i++) {
+    tu_set(x, 2 * i, 1.0, dtype);
+    tu_set(x, 2 * i + 1, -1.0, dtype);
+    if (i < 4) tu_set(dy, 2 * i, i < 2 ? 3e38 : -3e38, dtype);
+  }
+}
+
 double tu_ulp_diff(double a, double b, sn_dtype_t dtype) {
   if (a == b) return 0.0;
   if (isnan(a) || isnan(b)) return INFINITY;

@@ -47,6 +47,10 @@ void tu_poison(void *buf, int64_t n, sn_dtype_t dtype);
 void tu_poison_f32(float *buf, int64_t n);
 /* Fill with mean + std·N(0,1), rounded to the dtype. */
 void tu_fill_normal(void *buf, int64_t n, sn_dtype_t dtype, double mean, double std, tu_rng_t *r);
+/* A row-norm backward batch x, dy [rows, 2] (rows >= 4) whose gradients near FLT_MAX cancel:
+ * every x row is [1, −1]; dy is N(0,1) except dy[0..3][0] = +3e38, +3e38, −3e38, −3e38 (one
+ * reduction chunk when rows >= 256), whose f32 running sums would overflow. */
+void tu_fill_huge_dy(void *x, void *dy, int64_t rows, sn_dtype_t dtype, tu_rng_t *r);
 /* Distance in units in the last place of the dtype between a and b (both representable). */
 double tu_ulp_diff(double a, double b, sn_dtype_t dtype);
 
