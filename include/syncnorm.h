@@ -103,6 +103,10 @@ SN_API int64_t sn_dtype_size(sn_dtype_t dtype);
  *   mean = Σx/d, var = Σ(x−mean)²/d (biased), rstd = 1/√(var+eps), y = (x−mean)·rstd·gamma + beta.
  * y, x: [rows, d] dtype. gamma, beta: [d] f32, NULL means 1 (no affine) / 0 (no bias).
  * mean, rstd: [rows] f32, written (=) for sn_layernorm_bwd; either may be NULL (not saved).
+ * The statistics take one fp64 pass over the row, summing t = x − x[0] and t² (shifted by the
+ * row's first element; mean = x[0] + Σt/d, d·var = Σt² − (Σt)²/d), or two fp64 passes (Σx, then
+ * Σ(x−mean)²) for a row whose first element lies more than 4σ from its mean, where the shifted
+ * sums would cancel, or that holds a non-finite value.
  * y may equal x. Errors: SN_ERR_NULL_POINTER (x or y NULL with rows·d > 0), SN_ERR_INVALID_SIZE
  * (rows < 0, d <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS, SN_ERR_INVALID_DTYPE, SN_ERR_ALLOC. */
 SN_API sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,

@@ -239,33 +239,56 @@ START_TEST(test_large_mean) {
 END_TEST
 
 /* beta cancelling x̂·gamma: beta[i] = −(x̂·gamma)[i]·(1 + δ) for row 0, with δ from exactly 0 to
- * 2^-6, so y of row 0 is 0 or many binades below its terms. bf16/f16 outputs must still be
- * within 1 ulp of the fp64 reference rounded (f32: the normwise bound, which the tiny y cannot
- * move). Rows 1 and 2 see the same beta as ordinary data. */
-START_TEST(test_beta_cancels) {
+ * 2^-6, so y of row 0 is 0 or many binades below its terms (~2^24 at δ = 0: beta is x̂·gamma
+ * rounded to f32), and its error is rstd's relative error times that. bf16/f16 outputs must
+ * still be within 1 ulp of the fp64 reference rounded (f32: the normwise bound, which the tiny y
+ * cannot move). Rows 1 and 2 see the same beta as ordinary data. x0, unless NaN, replaces the
+ * first element of row 0 (the shift of the one-pass statistics). */
+static void check_cancel(int64_t d, sn_dtype_t dt, double x0, uint64_t seed) {
   static const double DELTA[] = {0.0, 0x1p-6, -0x1p-9, 0x1p-12, -0x1p-15, 0x1p-20, 1e-7};
-  static const int64_t D[] = {7, 65, 300, 4096}; /* 300: two map blocks of 128 and a tail */
-  const sn_dtype_t dt = (sn_dtype_t)_i;
-  for (int k = 0; k < 4; k++) {
-    const int64_t rows = 3, d = D[k], n = rows * d;
-    tu_rng_t rng;
-    tu_rng_seed(&rng, 700 + (uint64_t)k);
-    void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt);
-    tu_fill_normal(x, n, dt, 0.5, 2.0, &rng);
-    float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = malloc((size_t)d * sizeof(float));
-    float mean[3], rstd[3];
-    double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double)), mr[3], rr[3];
-    ref_fwd(yr, mr, rr, xd, gamma, NULL, rows, d, EPS); /* row 0: x̂·gamma */
-    for (int64_t i = 0; i < d; i++)
-      beta[i] = (float)(-yr[i] * (1.0 + DELTA[i % (int64_t)(sizeof DELTA / sizeof DELTA[0])]));
-    tu_poison(y, n, dt);
-    ck_assert_int_eq(sn_layernorm_fwd(y, mean, rstd, x, gamma, beta, rows, d, EPS, dt), SN_OK);
-    ref_fwd(yr, mr, rr, xd, gamma, beta, rows, d, EPS);
-    char what[96];
-    snprintf(what, sizeof what, "layernorm_fwd beta cancels, d=%lld", (long long)d);
-    tu_assert_fwd(y, dt, yr, n, what);
-    free(x), free(y), free(gamma), free(beta), free(xd), free(yr);
+  const int64_t rows = 3, n = rows * d;
+  tu_rng_t rng;
+  tu_rng_seed(&rng, seed);
+  void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt);
+  tu_fill_normal(x, n, dt, 0.5, 2.0, &rng);
+  if (!isnan(x0)) tu_set(x, 0, x0, dt);
+  float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = malloc((size_t)d * sizeof(float));
+  float mean[3], rstd[3];
+  double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double)), mr[3], rr[3];
+  ref_fwd(yr, mr, rr, xd, gamma, NULL, rows, d, EPS); /* row 0: x̂·gamma */
+  for (int64_t i = 0; i < d; i++)
+    beta[i] = (float)(-yr[i] * (1.0 + DELTA[i % (int64_t)(sizeof DELTA / sizeof DELTA[0])]));
+  tu_poison(y, n, dt);
+  ck_assert_int_eq(sn_layernorm_fwd(y, mean, rstd, x, gamma, beta, rows, d, EPS, dt), SN_OK);
+  ref_fwd(yr, mr, rr, xd, gamma, beta, rows, d, EPS);
+  char what[96];
+  snprintf(what, sizeof what, "layernorm_fwd beta cancels, d=%lld, x0=%g", (long long)d, x0);
+  tu_assert_fwd(y, dt, yr, n, what);
+  for (int64_t r = 0; r < rows; r++) {
+    assert_stat(mean[r], mr[r], 1.0 / rr[r], "mean", r);
+    assert_stat(rstd[r], rr[r], 0.0, "rstd", r);
   }
+  free(x), free(y), free(gamma), free(beta), free(xd), free(yr);
+}
+
+START_TEST(test_beta_cancels) {
+  static const int64_t D[] = {7, 65, 300, 4096}; /* 300: two map blocks of 128 and a tail */
+  for (int k = 0; k < 4; k++) check_cancel(D[k], (sn_dtype_t)_i, NAN, 700 + (uint64_t)k);
+}
+END_TEST
+
+/* The one-pass statistics (shift K = the row's first element) cancel by ρ = (mean − K)²/var;
+ * rows with ρ > SN_SHIFT_RHO_MAX take the two fp64 passes. Here row 0's first element sits
+ * 2^8 σ out in a row of 2^16 (ρ ≈ 2^15): the one-pass variance would err by ~2^-30, which the
+ * 2^24-deep cancellation of test_beta_cancels turns into several bf16 ulps (checked to fail with
+ * the fallback off). Also first elements at 3σ and 6σ, both sides of the threshold (4σ), and a
+ * short row with the outlier (ρ ≤ d − 1). */
+START_TEST(test_shift_fallback) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  check_cancel(65536, dt, 0.5 + 2.0 * 256.0, 760);
+  check_cancel(65536, dt, 0.5 - 2.0 * 3.0, 761);
+  check_cancel(4096, dt, 0.5 + 2.0 * 6.0, 762);
+  check_cancel(7, dt, 1e4, 763);
 }
 END_TEST
 
@@ -885,6 +908,7 @@ int main(void) {
   tcase_add_test(tc, test_issue_example);
   tcase_add_test(tc, test_large_mean);
   tcase_add_loop_test(tc, test_beta_cancels, 0, 3);
+  tcase_add_loop_test(tc, test_shift_fallback, 0, 3);
   tcase_add_test(tc, test_map_overflow);
   tcase_add_test(tc, test_tiny_mean);
   tcase_add_test(tc, test_bf16_path_matches_generic);

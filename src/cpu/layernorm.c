@@ -3,9 +3,10 @@
  * on the CPU. Every tensor is row-major [rows, d]; one row is normalized over its d elements.
  *
  * Per row, forward:
- *   pass 1  mean = Σx/d                        fp64, SN_ROW_LANES fixed lanes
- *   pass 2  var  = Σ(x − mean)²/d              fp64, two-pass: no cancellation when |mean| ≫ σ
- *   pass 3  y = (x − mean)·rstd·gamma + beta
+ *   pass 1  Σt, Σt² with t = x − x[0]           fp64, SN_ROW_LANES fixed lanes (rownorm.h):
+ *           mean = x[0] + Σt/d, var = (Σt² − (Σt)²/d)/d, no cancellation when |mean| ≫ σ;
+ *           rows where x[0] is > 4σ from the mean: Σx, then Σ(x − mean)² (two fp64 passes)
+ *   pass 2  y = (x − mean)·rstd·gamma + beta
  * The row (4 KB at d = 1024 f32) stays in L1/L2 between passes, so x is read from DRAM once and
  * y written once. Pass 3 runs in f32, with the fp64 mean split into two floats hi + lo:
  * (x − hi) is exact when x is near the mean (Sterbenz), so |mean| ≫ σ loses nothing; for
@@ -13,8 +14,8 @@
  * are recomputed in fp64 (ln_map_beta).
  * f16 rows (and the fused kernels' bf16 rows) are widened into per-thread f32 scratch rows
  * ([threads, 2, d] floats: x and y, allocated before the parallel region), computed there and
- * narrowed once, round-to-nearest-even. sn_layernorm_fwd's bf16 rows take a three-pass path
- * with the same results (ln_fwd_row_bf16): widening fused with Σx, narrowing with the map.
+ * narrowed once, round-to-nearest-even. sn_layernorm_fwd's bf16 rows take a two-pass path
+ * with the same results (ln_fwd_row_bf16): widening fused with the sums, narrowing with the map.
  *
  * Backward, per row, with g = dy·gamma and x̂ = (x − mean)·rstd from the saved f32 mean/rstd:
  *   pass A  Σx̂, Σg, Σg·x̂                     fp64 (bf16/f16: f32 blocks added in fp64)
@@ -143,13 +144,15 @@ SN_INLINE void ln_map_checked(void *y, const float *x, const float *gamma, const
 }
 
 /* One row: x [d] f32 → y [d] f32; stats[0] = mean, stats[1] = rstd (fp64). y may equal x.
- * next, out, esize: the rows to prefetch (sn__row_sumsq_pf). */
+ * next, out, esize: the rows to prefetch (sn__row_shifted_sums). */
 SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const float *gamma,
                                  const float *beta, int64_t d, float eps, sn_dtype_t dtype,
                                  const char *next, char *out, int esize) {
-  const double mean = sn__row_sum(x, d) / (double)d;
-  const double var = sn__row_sumsq_pf(x, d, mean, next, out, esize) / (double)d;
-  const double rstd = 1.0 / sqrt(var + (double)eps);
+  const double K = (double)x[0];
+  double sums[2], mean, m2;
+  sn__row_shifted_sums(sums, NULL, x, 0, d, K, next, out, esize);
+  sn__row_stats(&mean, &m2, x, d, K, sums);
+  const double rstd = 1.0 / sqrt(m2 / (double)d + (double)eps);
   stats[0] = mean;
   stats[1] = rstd;
   const int g = gamma != NULL, b = beta != NULL;
@@ -179,15 +182,17 @@ SN_INLINE void ln_map_f32_bf16(uint16_t *y, const float *x, const float *gamma, 
   }
 }
 
-/* One bf16 row, bitwise as ln_fwd_row on the widened row, in three passes instead of five: widen
- * x into tmp [d] while summing it (x read from memory once), the squared deviations on tmp,
- * then the affine map narrowed as it is stored (y written once, no f32 output row). */
+/* One bf16 row, bitwise as ln_fwd_row on the widened row, in two passes instead of four: widen
+ * x into tmp [d] while summing it (x read from memory once), then the affine map narrowed as it
+ * is stored (y written once, no f32 output row). */
 SN_CLONES static void ln_fwd_row_bf16(uint16_t *y, double *stats, const uint16_t *x, float *tmp,
                                       const float *gamma, const float *beta, int64_t d,
                                       float eps, const char *next) {
-  const double mean = sn__row_widen_sum_bf16(tmp, x, d) / (double)d;
-  const double var = sn__row_sumsq_pf(tmp, d, mean, next, (char *)y, 2) / (double)d;
-  const double rstd = 1.0 / sqrt(var + (double)eps);
+  const double K = (double)sn__bf16_to_f32(x[0]);
+  double sums[2], mean, m2;
+  sn__row_shifted_sums(sums, tmp, x, 1, d, K, next, (char *)y, 2);
+  sn__row_stats(&mean, &m2, tmp, d, K, sums);
+  const double rstd = 1.0 / sqrt(m2 / (double)d + (double)eps);
   stats[0] = mean;
   stats[1] = rstd;
   const float lim = ln_check_lim(mean, beta != NULL, SN_DTYPE_BF16); /* as ln_fwd_row's */

@@ -86,23 +86,54 @@ SN_INLINE uint16_t sn__f32_to_bf16(float f) {
   return (uint16_t)(nan ? quiet : rounded);
 }
 
-/* dst[i] = (float)src[i] (bf16 → f32) and Σ src[i] in fp64, lanes and order as sn__row_sum: one
- * pass that reads a bf16 row from memory once. */
-SN_INLINE double sn__row_widen_sum_bf16(float *dst, const uint16_t *src, int64_t n) {
-  double acc[SN_ROW_LANES] = {0};
+/* The one-pass row statistics (sn__row_shifted_sums, sn__row_stats) sum t = x − K and t² for a
+ * shift K taken from the row (its first element): t is exact in fp64 (two floats within 2^29 of
+ * each other; else one rounding, 2^-53·|t|), and with d = n·(mean − K), M2 = Σ(x − mean)²:
+ *   mean = K + Σt/n,   M2 = Σt² − (Σt)²/n,
+ * where the subtraction cancels by ρ = (Σt)²/(n·M2) = (mean − K)²/var. Each lane adds n/32
+ * terms, so M2 errs by < 2^-53·(n/32 + 6)·(1 + 2ρ) relative (2^-43 at n = 4096 with ρ ≤
+ * SN_SHIFT_RHO_MAX, against 2^-46 for the two passes) and the mean by < 2^-53·(n/32 + 6)·
+ * mean|t| ≤ 2^-44·(1 + √ρ)·σ there. A row with ρ above it (its first element more than 4σ from
+ * the mean) or with anything not finite takes the two fp64 passes instead (sn__row_sum, then
+ * sn__row_sumsq around the mean). One pass over the row instead of two, and one conversion per
+ * element instead of two. */
+#define SN_SHIFT_RHO_MAX 16.0
+
+/* s[0] = Σ(x[i] − K), s[1] = Σ(x[i] − K)² in fp64, lanes and order as sn__row_sum. src is f32
+ * [n] or, with widen, bf16 [n], then also written widened into dst [n] (the same values, hence
+ * the same sums as on dst). Prefetches `next` and `out` as sn__row_sumsq_pf does. */
+SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, const void *src, int widen,
+                                    int64_t n, double K, const char *next, char *out,
+                                    int esize) {
+  double a[SN_ROW_LANES] = {0}, b[SN_ROW_LANES] = {0};
   int64_t i = 0;
-  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES)
-    for (int k = 0; k < SN_ROW_LANES; k++) {
-      const float v = sn__bf16_to_f32(src[i + k]);
-      dst[i + k] = v;
-      acc[k] += (double)v;
+  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES) {
+    if (next != NULL) {
+      __builtin_prefetch(next + i * esize, 0);
+      __builtin_prefetch(next + i * esize + 64, 0);
     }
-  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const float v = sn__bf16_to_f32(src[i]);
-    dst[i] = v;
-    acc[k] += (double)v;
+    if (out != NULL) {
+      __builtin_prefetch(out + i * esize, 1);
+      __builtin_prefetch(out + i * esize + 64, 1);
+    }
+    for (int k = 0; k < SN_ROW_LANES; k++) {
+      const float v = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i + k])
+                            : ((const float *)src)[i + k];
+      if (widen) dst[i + k] = v;
+      const double t = (double)v - K;
+      a[k] += t;
+      b[k] += t * t;
+    }
   }
-  return sn__lanes_total(acc);
+  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
+    const float v = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+    if (widen) dst[i] = v;
+    const double t = (double)v - K;
+    a[k] += t;
+    b[k] += t * t;
+  }
+  s[0] = sn__lanes_total(a);
+  s[1] = sn__lanes_total(b);
 }
 
 /* Σ (x[i] − shift)² in fp64, lanes as sn__row_sum (squares of f32, hence bf16/f16, values
@@ -138,6 +169,21 @@ SN_INLINE double sn__row_sumsq_pf(const float *x, int64_t n, double shift, const
 /* Σ (x[i] − shift)² without prefetching. */
 SN_INLINE double sn__row_sumsq(const float *x, int64_t n, double shift) {
   return sn__row_sumsq_pf(x, n, shift, NULL, NULL, 0);
+}
+
+/* mean and M2 = Σ(x − mean)² of the row x [n] (f32) from its shifted sums s (shift K; see
+ * SN_SHIFT_RHO_MAX), or from two fp64 passes over x where those cancel too much or are not
+ * finite. */
+SN_INLINE void sn__row_stats(double *mean, double *m2, const float *x, int64_t n, double K,
+                             const double s[2]) {
+  const double m2s = s[1] - s[0] * s[0] / (double)n;
+  if (s[0] * s[0] <= SN_SHIFT_RHO_MAX * (double)n * m2s) { /* false for NaN */
+    *mean = K + s[0] / (double)n;
+    *m2 = m2s;
+  } else {
+    *mean = sn__row_sum(x, n) / (double)n;
+    *m2 = sn__row_sumsq(x, n, *mean);
+  }
 }
 
 /* s[i] = x[i] + r[i] in f32, one rounding; s may equal x or r. Cloned per ISA (each including
