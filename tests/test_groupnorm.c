@@ -303,7 +303,7 @@ START_TEST(test_bwd_vs_fd) {
 END_TEST
 
 /* Adversarial: mean 1e4 with σ 1e-2 (the f32 saved mean is off by up to 5e-4 = 5% of σ; the
- * backward re-centres), constant groups (y == beta exactly, finite dx), bf16/f16 near 6e4. */
+ * backward re-centres), the same with an outlier first in each group, constant groups (y == beta exactly, finite dx), bf16/f16 near 6e4. */
 START_TEST(test_adversarial) {
   tu_rng_t r;
   tu_rng_seed(&r, 23);
@@ -327,6 +327,18 @@ START_TEST(test_adversarial) {
     ref_bwd(dxr, rg, rb, dyd, xd, gamma, N, C, S, G, lay, EPS);
     assert_dx(dx, SN_DTYPE_F32, dxr, dyd, gamma, rr, N, C, S, G, lay, TU_RTOL_F32_BWD, "mean 1e4 sigma 1e-2");
     check_dparams(dg, db, rg, rb, dyd, xd, N, C, S, G, lay, "mean 1e4 sigma 1e-2");
+    /* each group's first element 10 (10^3 σ) above the rest: the one-pass statistics, shifted
+     * by that element, would cancel by ρ ≈ L; such groups take the two-pass fallback */
+    for (int64_t nn = 0; nn < N; nn++)
+      for (int64_t g = 0; g < G; g++) {
+        const int64_t i = at(lay, nn, g * (C / G), 0, C, S); /* first element of the group (NCHW) */
+        x[i] = (float)(1e4 + 10.0);
+        xd[i] = (double)x[i];
+      }
+    ck_assert_int_eq(sn_groupnorm_fwd(y, mean, rstd, x, gamma, beta, N, C, S, G, EPS, lay, SN_DTYPE_F32), SN_OK);
+    ref_fwd(yr, rm, rr, xd, gamma, beta, N, C, S, G, lay, EPS);
+    check_stats(mean, rstd, rm, rr, N * G, "first element an outlier");
+    tu_assert_fwd(y, SN_DTYPE_F32, yr, T, "first element an outlier: y");
     /* constant groups */
     for (int64_t i = 0; i < T; i++) x[i] = -3.5f;
     ck_assert_int_eq(sn_groupnorm_fwd(y, mean, rstd, x, gamma, beta, N, C, S, G, EPS, lay, SN_DTYPE_F32), SN_OK);

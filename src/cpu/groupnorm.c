@@ -224,13 +224,17 @@ static sn_status_t check_gn(const char *fn, int64_t n, int64_t c, int64_t s, int
 
 /* ---- forward ---------------------------------------------------------------------------------- */
 
-/* Mean and rstd of one f32 NCHW group x [L] (two-pass, SN_ROW_LANES fp64 lanes), prefetching
- * the next group `next` (NULL for none) for reading and this group's output `out` for writing
- * during the second pass, while the group itself is read from cache. */
+/* Mean and rstd of one f32 NCHW group x [L]: one pass of sums shifted by its first element,
+ * SN_ROW_LANES fp64 lanes, or two passes where that shift is too far from the mean
+ * (sn__row_shifted_sums, sn__row_stats in rownorm.h), prefetching the next group `next` (NULL
+ * for none) for reading and this group's output `out` for writing as it goes. */
 SN_CLONES static void gn_group_stats_f32(double *mu, double *rs, const float *x, int64_t L,
                                          double eps, const char *next, char *out) {
-  *mu = sn__row_sum(x, L) / (double)L;
-  *rs = 1.0 / sqrt(sn__row_sumsq_pf(x, L, *mu, next, out, 4) / (double)L + eps);
+  const double K = (double)x[0];
+  double sums[2], m2;
+  sn__row_shifted_sums(sums, NULL, x, 0, L, K, next, out, 4);
+  sn__row_stats(mu, &m2, x, L, K, sums);
+  *rs = 1.0 / sqrt(m2 / (double)L + eps);
 }
 
 static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const float *gamma,
