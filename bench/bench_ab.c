@@ -10,7 +10,8 @@
  *   bench_ab LIB_A LIB_B KERNEL [options]
  *   KERNEL: layernorm_fwd layernorm_bwd rmsnorm_fwd rmsnorm_bwd batchnorm_stats
  *           batchnorm_apply batchnorm_bwd_reduce batchnorm_bwd_apply groupnorm_fwd
- *           groupnorm_bwd
+ *           groupnorm_bwd batchnorm_train_fwd (stats, finalize, apply) batchnorm_bwd
+ *           (bwd_reduce, bwd_apply): the last two as bench_cpu times them
  *   --rows R --d D          row norms (default 8192 × 1024)
  *   --n N --c C --s S       BatchNorm / GroupNorm [N, C, S] (default 32 × 64 × 3136), G = 32
  *   --nhwc                  NHWC instead of NCHW
@@ -73,11 +74,11 @@ static lib_t load(const char *path) {
 }
 
 enum { LN_FWD, LN_BWD, RMS_FWD, RMS_BWD, BN_STATS, BN_APPLY, BN_BWD_REDUCE, BN_BWD_APPLY, GN_FWD,
-       GN_BWD, NKERNELS };
+       GN_BWD, BN_TRAIN, BN_BWD, NKERNELS };
 static const char *const NAMES[NKERNELS] = {
     "layernorm_fwd",   "layernorm_bwd",        "rmsnorm_fwd",         "rmsnorm_bwd",
     "batchnorm_stats", "batchnorm_apply",      "batchnorm_bwd_reduce", "batchnorm_bwd_apply",
-    "groupnorm_fwd",   "groupnorm_bwd"};
+    "groupnorm_fwd",   "groupnorm_bwd",        "batchnorm_train_fwd", "batchnorm_bwd"};
 #define GROUPS 32
 
 /* Exits unless a call into library l returned SN_OK. */
@@ -123,6 +124,23 @@ static sn_status_t run(const lib_t *l, int k, bufs_t *b) {
     case GN_FWD:
       return l->gn_fwd(b->y, b->mean, b->rstd, b->x, b->gamma, b->beta, b->n, b->c, b->s, GROUPS,
                        1e-5f, b->layout, dt);
+    case BN_TRAIN: { /* stats → finalize → apply, as one training forward (bench_cpu's row) */
+      sn_status_t st = l->bn_stats(b->sum, b->sumsq, b->x, NULL, b->n, b->c, b->s, b->layout, dt);
+      if (st == SN_OK)
+        st = l->bn_finalize(b->bmean, b->var, b->brstd, b->sum, b->sumsq, NULL, b->n * b->s, b->c,
+                            1e-5f);
+      return st != SN_OK ? st
+                         : l->bn_apply(b->y, b->x, b->bmean, b->brstd, b->gamma, b->beta, b->n,
+                                       b->c, b->s, b->layout, dt);
+    }
+    case BN_BWD: { /* backward sums → dx, as one backward */
+      sn_status_t st = l->bn_bwd_reduce(b->sum, b->sumsq, b->dy, b->x, b->bmean, b->brstd, b->n,
+                                        b->c, b->s, b->layout, dt);
+      return st != SN_OK ? st
+                         : l->bn_bwd_apply(b->y, b->dy, b->x, b->bmean, b->brstd, b->gamma,
+                                           b->sum, b->sumsq, b->n * b->s, b->n, b->c, b->s,
+                                           b->layout, dt);
+    }
     default:
       return l->gn_bwd(b->y, b->dg, b->db, b->dy, b->x, b->mean, b->rstd, b->gamma, b->n, b->c,
                        b->s, GROUPS, b->layout, dt);
