@@ -114,23 +114,10 @@ SN_CLONES static void bwd_run(double *acc, const float *dy, const float *x, int6
   }
 }
 
-/* GCC/Clang vector types for the NHWC row kernels: 8 channels' accumulators as one value, the
- * same IEEE operation on each element as scalar code (-ffp-contract=off) in registers of
- * whatever width the clone has. Written out because the auto-vectorizer split the stores of the
- * accumulator rows into 32-, 16- and 8-byte pieces, which the next row's full-width loads of the
- * same lane row then could not take from the store buffer (a stall per load). Macros, not
- * functions: a function passing a 64-byte vector by value has a target-dependent ABI. */
-#define ROW_V 8
-typedef double row_vd __attribute__((vector_size(ROW_V * sizeof(double))));
-#define ROW_LOAD_F(dst, p)                                                                    \
-  do {                                                                                        \
-    const float *p_ = (p);                                                                    \
-    (dst) = (row_vd){(double)p_[0], (double)p_[1], (double)p_[2], (double)p_[3],              \
-                     (double)p_[4], (double)p_[5], (double)p_[6], (double)p_[7]};             \
-  } while (0)
-#define ROW_LOAD(dst, p) memcpy(&(dst), (p), sizeof(row_vd))
-#define ROW_STORE(p, v) memcpy((p), &(v), sizeof(row_vd))
-
+/* The NHWC row kernels hold 8 channels' accumulators as one sn__vd (norm_kernels.h), loaded
+ * and stored whole: left to the auto-vectorizer, GCC split the stores of a lane row into 32-,
+ * 16- and 8-byte pieces, which the next full-width loads of that lane row (8 rows later) could
+ * not take from the store buffer, a stall per load. */
 /* NHWC rows, x: [nr, ld], first ct channels; row r goes to lane (lane + r) mod SN_LANES.
  * l1, l2: [SN_LANES][ls] accumulators (ls >= ct); p: [ct] shifts. Returns the next row's lane. */
 SN_CLONES static int stats_rows(double *restrict l1, double *restrict l2, int64_t ls,
@@ -140,17 +127,17 @@ SN_CLONES static int stats_rows(double *restrict l1, double *restrict l2, int64_
     double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
     const float *xr = x + r * ld;
     int64_t c = 0;
-    for (; c + ROW_V <= ct; c += ROW_V) {
-      row_vd v, pc, a1, a2;
-      ROW_LOAD_F(v, xr + c);
-      ROW_LOAD(pc, p + c);
-      ROW_LOAD(a1, s1 + c);
-      ROW_LOAD(a2, s2 + c);
+    for (; c + SN_VD <= ct; c += SN_VD) {
+      sn__vd v, pc, a1, a2;
+      SN_VLOAD_WIDEN(v, xr + c);
+      SN_VLOAD(pc, p + c);
+      SN_VLOAD(a1, s1 + c);
+      SN_VLOAD(a2, s2 + c);
       v -= pc;
       a1 += v;
       a2 += v * v;
-      ROW_STORE(s1 + c, a1);
-      ROW_STORE(s2 + c, a2);
+      SN_VSTORE(s1 + c, a1);
+      SN_VSTORE(s2 + c, a2);
     }
     for (; c < ct; c++) {
       double v = (double)xr[c] - p[c];
@@ -169,17 +156,17 @@ SN_CLONES static int bwd_rows(double *restrict l1, double *restrict l2, int64_t 
     double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
     const float *gr = dy + r * ld, *xr = x + r * ld;
     int64_t c = 0;
-    for (; c + ROW_V <= ct; c += ROW_V) {
-      row_vd g, v, mc, a1, a2;
-      ROW_LOAD_F(g, gr + c);
-      ROW_LOAD_F(v, xr + c);
-      ROW_LOAD(mc, m + c);
-      ROW_LOAD(a1, s1 + c);
-      ROW_LOAD(a2, s2 + c);
+    for (; c + SN_VD <= ct; c += SN_VD) {
+      sn__vd g, v, mc, a1, a2;
+      SN_VLOAD_WIDEN(g, gr + c);
+      SN_VLOAD_WIDEN(v, xr + c);
+      SN_VLOAD(mc, m + c);
+      SN_VLOAD(a1, s1 + c);
+      SN_VLOAD(a2, s2 + c);
       a1 += g;
       a2 += g * (v - mc);
-      ROW_STORE(s1 + c, a1);
-      ROW_STORE(s2 + c, a2);
+      SN_VSTORE(s1 + c, a1);
+      SN_VSTORE(s2 + c, a2);
     }
     for (; c < ct; c++) {
       double g = (double)gr[c];

@@ -34,16 +34,22 @@
 /* How far ahead (in floats, 2 KiB) run_bwd prefetches dy and x: as batchnorm.c's NCHW runs. */
 #define GN_PF_FLOATS 512
 
+/* The column sums below keep SN_VD channels' sums in one sn__vd (norm_kernels.h), loaded and
+ * stored whole (as batchnorm.c's NHWC row kernels: the auto-vectorized local-array version
+ * stored them in pieces the next row's loads could not forward). */
+
 /* Column sums of rows: acc[c] += x[r·ld + c] for r < nr, c < ct (fp64). */
 SN_CLONES static void col_sum(double *restrict acc, const float *x, int64_t nr, int64_t ld,
                               int64_t ct) {
   for (int64_t r = 0; r < nr; r++) {
     const float *xr = x + r * ld;
     int64_t c = 0;
-    for (; c + SN_VB <= ct; c += SN_VB) {
-      double t[SN_VB];
-      for (int k = 0; k < SN_VB; k++) t[k] = acc[c + k] + (double)xr[c + k];
-      for (int k = 0; k < SN_VB; k++) acc[c + k] = t[k];
+    for (; c + SN_VD <= ct; c += SN_VD) {
+      sn__vd v, s;
+      SN_VLOAD_WIDEN(v, xr + c);
+      SN_VLOAD(s, acc + c);
+      s += v;
+      SN_VSTORE(acc + c, s);
     }
     for (; c < ct; c++) acc[c] += (double)xr[c];
   }
@@ -55,13 +61,14 @@ SN_CLONES static void col_sumsq(double *restrict acc, const float *x, int64_t nr
   for (int64_t r = 0; r < nr; r++) {
     const float *xr = x + r * ld;
     int64_t c = 0;
-    for (; c + SN_VB <= ct; c += SN_VB) {
-      double t[SN_VB];
-      for (int k = 0; k < SN_VB; k++) {
-        double v = (double)xr[c + k] - m[c + k];
-        t[k] = acc[c + k] + v * v;
-      }
-      for (int k = 0; k < SN_VB; k++) acc[c + k] = t[k];
+    for (; c + SN_VD <= ct; c += SN_VD) {
+      sn__vd v, mc, s;
+      SN_VLOAD_WIDEN(v, xr + c);
+      SN_VLOAD(mc, m + c);
+      SN_VLOAD(s, acc + c);
+      v -= mc;
+      s += v * v;
+      SN_VSTORE(acc + c, s);
     }
     for (; c < ct; c++) {
       double v = (double)xr[c] - m[c];
@@ -77,17 +84,21 @@ SN_CLONES static void col_bwd(double *restrict sd, double *restrict sg, double *
   for (int64_t r = 0; r < nr; r++) {
     const float *gr = dy + r * ld, *xr = x + r * ld;
     int64_t c = 0;
-    for (; c + SN_VB <= ct; c += SN_VB) {
-      double t1[SN_VB], t2[SN_VB], t3[SN_VB];
-      for (int k = 0; k < SN_VB; k++) {
-        double d = (double)xr[c + k] - m[c + k], g = (double)gr[c + k];
-        t1[k] = sd[c + k] + d;
-        t2[k] = sg[c + k] + g;
-        t3[k] = sgd[c + k] + g * d;
-      }
-      for (int k = 0; k < SN_VB; k++) sd[c + k] = t1[k];
-      for (int k = 0; k < SN_VB; k++) sg[c + k] = t2[k];
-      for (int k = 0; k < SN_VB; k++) sgd[c + k] = t3[k];
+    for (; c + SN_VD <= ct; c += SN_VD) {
+      sn__vd d, g, mc, a1, a2, a3;
+      SN_VLOAD_WIDEN(d, xr + c);
+      SN_VLOAD_WIDEN(g, gr + c);
+      SN_VLOAD(mc, m + c);
+      SN_VLOAD(a1, sd + c);
+      SN_VLOAD(a2, sg + c);
+      SN_VLOAD(a3, sgd + c);
+      d -= mc;
+      a1 += d;
+      a2 += g;
+      a3 += g * d;
+      SN_VSTORE(sd + c, a1);
+      SN_VSTORE(sg + c, a2);
+      SN_VSTORE(sgd + c, a3);
     }
     for (; c < ct; c++) {
       double d = (double)xr[c] - m[c], g = (double)gr[c];

@@ -10,12 +10,15 @@
  *   forward:   y  = xc·a + b                 (a = rstd·gamma, b = beta)
  *   backward:  dx = (dy·a − b) − xc·e        (a, b, e: per-channel constants of the formula)
  *
- * Loops run over blocks of SN_VB elements: the block is computed into a local array and then
- * stored. That makes y == x (in place) well defined without restrict and lets GCC vectorize at
- * -O2 too (no alias versioning, trip count a multiple of the vector length); the tail is scalar.
+ * Loops run over blocks of SN_VB elements held in one GCC vector value (sn__vf): each block is
+ * loaded whole, computed, then stored whole. That makes y == x (in place) well defined without
+ * restrict, vectorizes at -O2 too, and stores a block with one full-width store (GCC had turned
+ * the former local-array blocks into 32-, 16-, 8- and 4-byte stores); the tail is scalar.
  */
 #ifndef SN_NORM_KERNELS_H
 #define SN_NORM_KERNELS_H
+
+#include <string.h>
 
 #include "cpu.h"
 
@@ -28,6 +31,25 @@
 #define SN_TILE_C 256
 /* Below this many elements a kernel runs on the calling thread only (no parallel region). */
 #define SN_PAR_MIN 32768
+
+/* GCC/Clang vector values: SN_VB floats, or SN_VD doubles, operated on as a whole. Every
+ * operation is the IEEE operation of each element (-ffp-contract=off; a scalar operand is
+ * broadcast), so the results are those of the scalar loops, in registers of whatever width the
+ * target clone has (one AVX-512 register, two AVX2, four SSE2). Loaded and stored with memcpy
+ * (unaligned); macros rather than functions, since a function taking or returning a 64-byte
+ * vector has a target-dependent ABI. */
+#define SN_VD 8
+typedef float sn__vf __attribute__((vector_size(SN_VB * sizeof(float))));
+typedef double sn__vd __attribute__((vector_size(SN_VD * sizeof(double))));
+#define SN_VLOAD(dst, p) memcpy(&(dst), (p), sizeof(dst))
+#define SN_VSTORE(p, v) memcpy((p), &(v), sizeof(v))
+/* dst (sn__vd) = SN_VD floats from p, widened. */
+#define SN_VLOAD_WIDEN(dst, p)                                                                \
+  do {                                                                                        \
+    const float *p_ = (p);                                                                    \
+    (dst) = (sn__vd){(double)p_[0], (double)p_[1], (double)p_[2], (double)p_[3],              \
+                     (double)p_[4], (double)p_[5], (double)p_[6], (double)p_[7]};             \
+  } while (0)
 
 /* Per-channel constants of one NHWC channel tile (channel c0 + j at index j), each array
  * 64-byte aligned: the rows kernels load a vector of each per 16 elements, and misaligned
@@ -69,9 +91,10 @@ SN_CLONES static inline void sn__aff_run(float *y, const float *x, int64_t n, fl
                                          float a, float b) {
   int64_t i = 0;
   for (; i + SN_VB <= n; i += SN_VB) {
-    float t[SN_VB];
-    for (int k = 0; k < SN_VB; k++) t[k] = ((x[i + k] - hi) - lo) * a + b;
-    for (int k = 0; k < SN_VB; k++) y[i + k] = t[k];
+    sn__vf v;
+    SN_VLOAD(v, x + i);
+    v = ((v - hi) - lo) * a + b;
+    SN_VSTORE(y + i, v);
   }
   for (; i < n; i++) y[i] = ((x[i] - hi) - lo) * a + b;
 }
@@ -86,9 +109,14 @@ SN_CLONES static inline void sn__aff_rows(float *y, const float *x, int64_t nr, 
     const float *xr = x + r * ld;
     int64_t c = 0;
     for (; c + SN_VB <= ct; c += SN_VB) {
-      float t[SN_VB];
-      for (int k = 0; k < SN_VB; k++) t[k] = ((xr[c + k] - hi[c + k]) - lo[c + k]) * a[c + k] + b[c + k];
-      for (int k = 0; k < SN_VB; k++) yr[c + k] = t[k];
+      sn__vf v, h, l, va, vb;
+      SN_VLOAD(v, xr + c);
+      SN_VLOAD(h, hi + c);
+      SN_VLOAD(l, lo + c);
+      SN_VLOAD(va, a + c);
+      SN_VLOAD(vb, b + c);
+      v = ((v - h) - l) * va + vb;
+      SN_VSTORE(yr + c, v);
     }
     for (; c < ct; c++) yr[c] = ((xr[c] - hi[c]) - lo[c]) * a[c] + b[c];
   }
@@ -99,9 +127,11 @@ SN_CLONES static inline void sn__affbwd_run(float *dx, const float *dy, const fl
                                             float hi, float lo, float a, float b, float e) {
   int64_t i = 0;
   for (; i + SN_VB <= n; i += SN_VB) {
-    float t[SN_VB];
-    for (int k = 0; k < SN_VB; k++) t[k] = (dy[i + k] * a - b) - ((x[i + k] - hi) - lo) * e;
-    for (int k = 0; k < SN_VB; k++) dx[i + k] = t[k];
+    sn__vf g, v;
+    SN_VLOAD(g, dy + i);
+    SN_VLOAD(v, x + i);
+    g = (g * a - b) - ((v - hi) - lo) * e;
+    SN_VSTORE(dx + i, g);
   }
   for (; i < n; i++) dx[i] = (dy[i] * a - b) - ((x[i] - hi) - lo) * e;
 }
@@ -117,10 +147,16 @@ SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const f
     const float *dyr = dy + r * ld, *xr = x + r * ld;
     int64_t c = 0;
     for (; c + SN_VB <= ct; c += SN_VB) {
-      float t[SN_VB];
-      for (int k = 0; k < SN_VB; k++)
-        t[k] = (dyr[c + k] * a[c + k] - b[c + k]) - ((xr[c + k] - hi[c + k]) - lo[c + k]) * e[c + k];
-      for (int k = 0; k < SN_VB; k++) dxr[c + k] = t[k];
+      sn__vf g, v, h, l, va, vb, ve;
+      SN_VLOAD(g, dyr + c);
+      SN_VLOAD(v, xr + c);
+      SN_VLOAD(h, hi + c);
+      SN_VLOAD(l, lo + c);
+      SN_VLOAD(va, a + c);
+      SN_VLOAD(vb, b + c);
+      SN_VLOAD(ve, e + c);
+      g = (g * va - vb) - ((v - h) - l) * ve;
+      SN_VSTORE(dxr + c, g);
     }
     for (; c < ct; c++) dxr[c] = (dyr[c] * a[c] - b[c]) - ((xr[c] - hi[c]) - lo[c]) * e[c];
   }
