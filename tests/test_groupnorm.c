@@ -328,7 +328,8 @@ START_TEST(test_adversarial) {
     assert_dx(dx, SN_DTYPE_F32, dxr, dyd, gamma, rr, N, C, S, G, lay, TU_RTOL_F32_BWD, "mean 1e4 sigma 1e-2");
     check_dparams(dg, db, rg, rb, dyd, xd, N, C, S, G, lay, "mean 1e4 sigma 1e-2");
     /* each group's first element 10 (10^3 σ) above the rest: the one-pass statistics, shifted
-     * by that element, would cancel by ρ ≈ L; such groups take the two-pass fallback */
+     * by that element (NCHW) or by the sample's first row (NHWC: the outlier is channel g·Cg's
+     * shift), would cancel by ρ ≈ L; such groups (samples) take the two-pass fallback */
     for (int64_t nn = 0; nn < N; nn++)
       for (int64_t g = 0; g < G; g++) {
         const int64_t i = at(lay, nn, g * (C / G), 0, C, S); /* first element of the group (NCHW) */

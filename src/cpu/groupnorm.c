@@ -77,6 +77,32 @@ SN_CLONES static void col_sumsq(double *restrict acc, const float *x, int64_t nr
   }
 }
 
+/* Shifted column sums in one pass: s1[c] += x − k[c], s2[c] += (x − k[c])² (fp64). */
+SN_CLONES static void col_shifted(double *restrict s1, double *restrict s2, const float *x,
+                                  int64_t nr, int64_t ld, int64_t ct, const double *restrict k) {
+  for (int64_t r = 0; r < nr; r++) {
+    const float *xr = x + r * ld;
+    int64_t c = 0;
+    for (; c + SN_VD <= ct; c += SN_VD) {
+      sn__vd v, kc, a1, a2;
+      SN_VLOAD_WIDEN(v, xr + c);
+      SN_VLOAD(kc, k + c);
+      SN_VLOAD(a1, s1 + c);
+      SN_VLOAD(a2, s2 + c);
+      v -= kc;
+      a1 += v;
+      a2 += v * v;
+      SN_VSTORE(s1 + c, a1);
+      SN_VSTORE(s2 + c, a2);
+    }
+    for (; c < ct; c++) {
+      const double v = (double)xr[c] - k[c];
+      s1[c] += v;
+      s2[c] += v * v;
+    }
+  }
+}
+
 /* Backward column sums with d = x − m[c]: sd[c] += d, sg[c] += dy, sgd[c] += dy·d (fp64). */
 SN_CLONES static void col_bwd(double *restrict sd, double *restrict sg, double *restrict sgd,
                               const float *dy, const float *x, int64_t nr, int64_t ld, int64_t ct,
@@ -197,8 +223,9 @@ static void span_bwd(double out[3], const void *dy, const void *x, int64_t off, 
 /* ---- rows of any dtype (NHWC) ----------------------------------------------------------------- */
 
 /* Column reductions over rows [r0, r1) of an [rows, C] activation, channel tile by channel tile:
- * kind 0: acc[c] += x; kind 1: acc[c] += (x − m[c])²; kind 2: col_bwd into acc, acc+C, acc+2C.
- * acc: [C] (kind 0, 1) or [3][C] (kind 2), accumulated (+=). */
+ * kind 0: acc[c] += x; kind 1: acc[c] += (x − m[c])²; kind 2: col_bwd into acc, acc+C, acc+2C;
+ * kind 3: acc[c] += x − m[c], acc[C + c] += (x − m[c])² (col_shifted).
+ * acc: [C] (kind 0, 1), [2][C] (kind 3) or [3][C] (kind 2), accumulated (+=). */
 static void rows_reduce(int kind, double *acc, const void *dy, const void *x, const double *m,
                         int64_t r0, int64_t r1, int64_t C, sn_dtype_t dtype) {
   float tg[SN_TILE], tx[SN_TILE];
@@ -211,6 +238,8 @@ static void rows_reduce(int kind, double *acc, const void *dy, const void *x, co
         col_sum(acc + c0, xb, nr, C, ct);
       } else if (kind == 1) {
         col_sumsq(acc + c0, xb, nr, C, ct, m + c0);
+      } else if (kind == 3) {
+        col_shifted(acc + c0, acc + C + c0, xb, nr, C, ct, m + c0);
       } else {
         const float *gb = sn__in_row(dy, off, span, dtype, tg);
         col_bwd(acc + c0, acc + C + c0, acc + 2 * C + c0, gb, xb, nr, C, ct, m + c0);
@@ -278,33 +307,78 @@ static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const 
 /* Per-thread scratch of n doubles, rounded up to whole cache lines (8 doubles). */
 static int64_t per_thread(int64_t n) { return (n + 7) & ~(int64_t)7; }
 
-/* scratch: per thread per_thread(2·C + 2·G) doubles. */
+/* The NHWC group statistics of sample rows [r0, r1) (S rows of C channels) into gm, gr [G]:
+ * one pass of per-channel sums shifted by the sample's first row k[c] (col_shifted), giving each
+ * channel's mean μ_c = k_c + A_c/S and M2_c = B_c − A_c²/S (A, B: the shifted sums), combined
+ * per group without cancellation (Chan et al.): M2_g = Σ_c M2_c + S·(μ_c − μ_g)², μ_g the mean
+ * of the μ_c. A channel whose first value lies more than 4σ from its mean (ρ above
+ * SN_SHIFT_RHO_MAX, see rownorm.h), or with anything not finite, sends the sample to the two
+ * passes: Σx, then Σ(x − μ_g)². col: [2][C] scratch; k: [C]. */
+static void gn_nhwc_stats(double *gm, double *gr, double *col, double *k, const void *x,
+                          int64_t r0, int64_t r1, int64_t C, int64_t G, double eps,
+                          sn_dtype_t dtype) {
+  const int64_t Cg = C / G, S = r1 - r0, L = Cg * S;
+  float t[SN_TILE];
+  for (int64_t c0 = 0; c0 < C; c0 += SN_TILE) { /* k = the first row, widened */
+    const int64_t m = sn__min64(SN_TILE, C - c0);
+    const float *f = sn__in_row(x, r0 * C + c0, m, dtype, t);
+    for (int64_t j = 0; j < m; j++) k[c0 + j] = (double)f[j];
+  }
+  memset(col, 0, (size_t)(2 * C) * sizeof(double));
+  rows_reduce(3, col, NULL, x, k, r0, r1, C, dtype);
+  int ok = 1;
+  for (int64_t ch = 0; ch < C; ch++) { /* col[ch] = μ_c, col[C + ch] = M2_c */
+    const double a = col[ch], m2 = col[C + ch] - a * a / (double)S;
+    ok &= a * a <= SN_SHIFT_RHO_MAX * (double)S * m2; /* false for NaN */
+    col[ch] = k[ch] + a / (double)S;
+    col[C + ch] = m2;
+  }
+  if (ok) {
+    for (int64_t g = 0; g < G; g++) {
+      double mu = 0.0, m2 = 0.0;
+      for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) mu += col[ch];
+      mu /= (double)Cg;
+      for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
+        const double dm = col[ch] - mu;
+        m2 += col[C + ch] + (double)S * dm * dm;
+      }
+      gm[g] = mu;
+      gr[g] = 1.0 / sqrt(m2 / (double)L + eps);
+    }
+    return;
+  }
+  memset(col, 0, (size_t)C * sizeof(double));
+  rows_reduce(0, col, NULL, x, NULL, r0, r1, C, dtype);
+  for (int64_t g = 0; g < G; g++) {
+    double s = 0.0;
+    for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) s += col[ch];
+    gm[g] = s / (double)L;
+    for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) k[ch] = gm[g];
+  }
+  memset(col, 0, (size_t)C * sizeof(double));
+  rows_reduce(1, col, NULL, x, k, r0, r1, C, dtype);
+  for (int64_t g = 0; g < G; g++) {
+    double s = 0.0;
+    for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) s += col[ch];
+    gr[g] = 1.0 / sqrt(s / (double)L + eps);
+  }
+}
+
+/* scratch: per thread per_thread(3·C + 2·G) doubles. */
 static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const float *gamma,
                         const float *beta, int64_t N, int64_t C, int64_t S, int64_t G, double eps,
                         sn_dtype_t dtype, double *scratch, int nt) {
-  const int64_t Cg = C / G, L = Cg * S;
+  const int64_t Cg = C / G;
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
-    double *col = scratch + (int64_t)sn__thread_num() * per_thread(2 * C + 2 * G);
-    double *shift = col + C, *gm = shift + C, *gr = gm + G; /* [C], [C], [G], [G] */
+    double *col = scratch + (int64_t)sn__thread_num() * per_thread(3 * C + 2 * G);
+    double *k = col + 2 * C, *gm = k + C, *gr = gm + G; /* [2][C], [C], [G], [G] */
     sn__chan_tile_t p;
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; n++) {
       const int64_t r0 = n * S, r1 = r0 + S;
-      memset(col, 0, (size_t)C * sizeof(double));
-      rows_reduce(0, col, NULL, x, NULL, r0, r1, C, dtype);
+      gn_nhwc_stats(gm, gr, col, k, x, r0, r1, C, G, eps, dtype);
       for (int64_t g = 0; g < G; g++) {
-        double s = 0.0;
-        for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) s += col[ch];
-        gm[g] = s / (double)L;
-        for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) shift[ch] = gm[g];
-      }
-      memset(col, 0, (size_t)C * sizeof(double));
-      rows_reduce(1, col, NULL, x, shift, r0, r1, C, dtype);
-      for (int64_t g = 0; g < G; g++) {
-        double s = 0.0;
-        for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) s += col[ch];
-        gr[g] = 1.0 / sqrt(s / (double)L + eps);
         if (mean) mean[n * G + g] = (float)gm[g];
         if (rstd) rstd[n * G + g] = (float)gr[g];
       }
@@ -338,7 +412,7 @@ sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x, c
   }
   const int nt = sn__max_threads();
   sn_status_t st;
-  double *scratch = sn__alloc(fn, nt, per_thread(2 * c + 2 * groups), (int64_t)sizeof(double), &st);
+  double *scratch = sn__alloc(fn, nt, per_thread(3 * c + 2 * groups), (int64_t)sizeof(double), &st);
   if (scratch == NULL) return st;
   gn_fwd_nhwc(y, mean, rstd, x, gamma, beta, n, c, s, groups, (double)eps, dtype, scratch, nt);
   sn__free(scratch);
