@@ -248,7 +248,11 @@ SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *
 /* GroupNorm forward: for each sample n and group g of C/G channels, over its (C/G)·S values:
  *   mean, var (biased), rstd = 1/√(var+eps); y = (x − mean)·rstd·gamma_c + beta_c.
  * y, x: [N, C, S] or [N, S, C] dtype; gamma, beta: [C] f32 or NULL; mean, rstd: [N, G] f32 (=)
- * or NULL. y may equal x. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C, G <= 0, N, S < 0),
+ * or NULL. y may equal x. Statistics in fp64, one pass of sums shifted by the group's first
+ * value (NCHW) or by each channel's value in the sample's first row (NHWC, channels combined as
+ * M2 = Σ_c M2_c + S·(mean_c − mean)²), as sn_layernorm_fwd: two passes (Σx, then Σ(x − mean)²)
+ * where a shift lies more than 4σ from its mean or a value is not finite.
+ * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C, G <= 0, N, S < 0),
  * SN_ERR_INVALID_GROUPS (C % G != 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_ALLOC. */
 SN_API sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x,

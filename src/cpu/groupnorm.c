@@ -4,14 +4,17 @@
  * x is [N, C, S] (NCHW) or [N, S, C] (NHWC), S = H·W; G groups of Cg = C/G consecutive
  * channels; group (n, g) holds L = Cg·S values. mean, rstd: [N, G] f32.
  *
- * Forward statistics are fp64 two-pass per group: mean = Σx/L, then var = Σ(x − mean)²/L.
- *   NCHW: a group is one contiguous run of L values. Tasks are the N·G groups; each does its two
- *         reductions (fixed-lane sums; f32: SN_ROW_LANES lanes, the second pass prefetching the
- *         next group and this group's output) and writes its Cg output planes while the group is
- *         in cache.
+ * Forward statistics are fp64, one pass of shifted sums (Σ(x − k), Σ(x − k)², see
+ * SN_SHIFT_RHO_MAX in rownorm.h), or two passes (mean = Σx/L, then var = Σ(x − mean)²/L) where
+ * the shift k lies too far from the mean.
+ *   NCHW: a group is one contiguous run of L values, k its first value. Tasks are the N·G
+ *         groups; each does its reductions (f32: SN_ROW_LANES fixed lanes, prefetching the next
+ *         group and this group's output; bf16/f16: two passes over converted tiles) and writes
+ *         its Cg output planes while the group is in cache.
  *   NHWC: a group is strided inside each row. Tasks are the N samples; per-channel column sums
- *         over the S rows (vectorized across channels, fp64) are folded into groups in channel
- *         order, then the sample's rows are normalized.
+ *         over the S rows (vectorized across channels, fp64), shifted by the sample's first row,
+ *         give each channel's mean and M2, combined into groups in channel order
+ *         (gn_nhwc_stats); then the sample's rows are normalized.
  * Backward, per group, with d = x − mean_saved (mean_saved the f32 mean from the forward):
  *   one pass gathers per channel Σd, Σdy and Σdy·d (fp64); μ_d = Σd/L re-centres
  *   x̂ = (d − μ_d)·rstd, so a rounded saved mean costs nothing; with g = dy·gamma_c,
