@@ -180,11 +180,11 @@ SN_CLONES static int bwd_rows(double *restrict l1, double *restrict l2, int64_t 
 /* The NHWC kernels above load and store a lane row of accumulators for every input row; with a
  * wide channel tile the [2][SN_LANES][ls] accumulators (32 KiB for 256 channels) do not stay in
  * L1 next to the streamed rows. The grouped kernels below take GROUP_ROWS rows at a time,
- * starting at lane 0: lane l gets rows l, l + 8, l + 16, l + 24 of the group in that order, so
- * the sums and their order are those of stats_rows/bwd_rows, with one load and store of each
- * accumulator per GROUP_K rows. (The m/j loops are unrolled so that GCC vectorizes the k loops;
- * left to itself it tries the m loop and gives up.) */
-#define GROUP_K 4
+ * starting at lane 0: lane l gets rows l, l + 8, ..., l + 8·(GROUP_K − 1) of the group in that
+ * order, so the sums and their order are those of stats_rows/bwd_rows, with one load and store
+ * of each accumulator (an sn__vd of 8 channels) per GROUP_K rows. GROUP_K 8 against 4: statistics
+ * 0.79-0.85x, backward sums 0.91-1.06x at 128 and 256 channels; 16 was slower. */
+#define GROUP_K 8
 #define GROUP_ROWS (GROUP_K * SN_LANES)
 
 /* ng groups of GROUP_ROWS rows of x: [ng·GROUP_ROWS, ld], first ct channels (as stats_rows). */
@@ -196,20 +196,20 @@ SN_CLONES static void stats_groups(double *restrict l1, double *restrict l2, int
     for (int lane = 0; lane < SN_LANES; lane++) {
       double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
       int64_t c = 0;
-      for (; c + SN_VB <= ct; c += SN_VB) {
-        double t1[SN_VB], t2[SN_VB];
-        for (int k = 0; k < SN_VB; k++) t1[k] = s1[c + k], t2[k] = s2[c + k];
-#pragma GCC unroll 4
+      for (; c + SN_VD <= ct; c += SN_VD) {
+        sn__vd a1, a2, pc, v;
+        SN_VLOAD(a1, s1 + c);
+        SN_VLOAD(a2, s2 + c);
+        SN_VLOAD(pc, p + c);
+#pragma GCC unroll 8
         for (int m = 0; m < GROUP_K; m++) {
-          const float *xr = xg + (m * SN_LANES + lane) * ld + c;
-          for (int k = 0; k < SN_VB; k++) {
-            double v = (double)xr[k] - p[c + k];
-            t1[k] += v;
-            t2[k] += v * v;
-          }
+          SN_VLOAD_WIDEN(v, xg + (m * SN_LANES + lane) * ld + c);
+          v -= pc;
+          a1 += v;
+          a2 += v * v;
         }
-        for (int k = 0; k < SN_VB; k++) s1[c + k] = t1[k];
-        for (int k = 0; k < SN_VB; k++) s2[c + k] = t2[k];
+        SN_VSTORE(s1 + c, a1);
+        SN_VSTORE(s2 + c, a2);
       }
       for (; c < ct; c++) {
         double a1 = s1[c], a2 = s2[c];
@@ -233,20 +233,21 @@ SN_CLONES static void bwd_groups(double *restrict l1, double *restrict l2, int64
     for (int lane = 0; lane < SN_LANES; lane++) {
       double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
       int64_t c = 0;
-      for (; c + SN_VB <= ct; c += SN_VB) {
-        double t1[SN_VB], t2[SN_VB];
-        for (int k = 0; k < SN_VB; k++) t1[k] = s1[c + k], t2[k] = s2[c + k];
-#pragma GCC unroll 4
+      for (; c + SN_VD <= ct; c += SN_VD) {
+        sn__vd a1, a2, mc, g, v;
+        SN_VLOAD(a1, s1 + c);
+        SN_VLOAD(a2, s2 + c);
+        SN_VLOAD(mc, m + c);
+#pragma GCC unroll 8
         for (int j = 0; j < GROUP_K; j++) {
           const int64_t o = (j * SN_LANES + lane) * ld + c;
-          for (int k = 0; k < SN_VB; k++) {
-            double g = (double)gg[o + k];
-            t1[k] += g;
-            t2[k] += g * ((double)xg[o + k] - m[c + k]);
-          }
+          SN_VLOAD_WIDEN(g, gg + o);
+          SN_VLOAD_WIDEN(v, xg + o);
+          a1 += g;
+          a2 += g * (v - mc);
         }
-        for (int k = 0; k < SN_VB; k++) s1[c + k] = t1[k];
-        for (int k = 0; k < SN_VB; k++) s2[c + k] = t2[k];
+        SN_VSTORE(s1 + c, a1);
+        SN_VSTORE(s2 + c, a2);
       }
       for (; c < ct; c++) {
         double a1 = s1[c], a2 = s2[c];
@@ -374,9 +375,9 @@ static void reduce_nhwc(const red_t *op, double *part, double *scratch, int nt,
       const int64_t b = red_begin(ch, k), e = red_begin(ch, k + 1);
       memset(l1, 0, (size_t)(2 * SN_LANES * ls) * sizeof(double)); /* l1 and l2 */
       for (int64_t j = 0; j < ct; j++) shift[j] = red_shift(op, c0 + j);
-      /* grouped kernels from 128 channels on (A/B in one process, f32: at 128 channels stats
-       * 0.81-0.90x and bwd sums 0.73-0.76x the time of the row kernels; below, mixed: faster
-       * or slower by up to 30 % depending on C and on which sums) */
+      /* grouped kernels from 128 channels on (A/B in one process, f32, against the row
+       * kernels: at 128 channels statistics 0.81-0.90x, backward sums 0.73-0.76x; at 64 warm
+       * statistics 0.90x but cold 1.2-1.4x, backward sums 1.7x) */
       const int grouped = ls >= 128;
       int64_t per = sn__rows_per_block(e - b, C, ct, dtype);
       if (per > GROUP_ROWS && per < e - b) per -= per % GROUP_ROWS; /* blocks of whole groups */
