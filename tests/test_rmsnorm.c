@@ -245,8 +245,9 @@ END_TEST
 /* ---- fused residual add --------------------------------------------------------------------- */
 
 /* sum_out == round_dtype(x + residual) with the add in f32; y == RMSNorm(sum_out) within the
- * forward bound; (y, rstd) bitwise equal to sn_rmsnorm_fwd on sum_out; sum_out == x and
- * sum_out == residual give the same bits. */
+ * forward bound; (y, rstd) bitwise equal to sn_rmsnorm_fwd on sum_out (for bf16 that compares
+ * sn_rmsnorm_fwd's own two-pass bf16 rows with the generic widen/compute/narrow path); sum_out
+ * == x and sum_out == residual give the same bits. */
 static void check_add(int64_t rows, int64_t d, sn_dtype_t dt, int has_g, uint64_t seed) {
   char what[160];
   snprintf(what, sizeof what, "add_rmsnorm_fwd rows=%lld d=%lld gamma=%d", (long long)rows,

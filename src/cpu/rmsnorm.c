@@ -9,6 +9,8 @@
  * The row stays in L1/L2 between the passes: x is read from DRAM once and y written once.
  * bf16/f16 rows are widened into per-thread f32 scratch rows ([threads, d] floats, allocated
  * before the parallel region), computed there and narrowed once, round-to-nearest-even.
+ * sn_rmsnorm_fwd's bf16 rows take a two-pass path with the same results (rms_fwd_row_bf16):
+ * widening fused with the sum of squares, narrowing with the map.
  *
  * Backward, per row, with g = dy·gamma and the saved f32 rstd s:
  *   pass A  Σg·x                               fp64
@@ -52,6 +54,29 @@ SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *gamma
   return rstd;
 }
 
+/* rms_map narrowed to bf16 as it is stored: the same f32 values and rounding as rms_map into an
+ * f32 row followed by sn__from_f32. */
+SN_INLINE void rms_map_bf16(uint16_t *y, const float *x, const float *gamma, int64_t d, float s,
+                            int has_g) {
+  SN_IVDEP
+  for (int64_t i = 0; i < d; i++) {
+    float t = x[i] * s;
+    if (has_g) t = t * gamma[i];
+    y[i] = sn__f32_to_bf16(t);
+  }
+}
+
+/* One bf16 row, bitwise as rms_fwd_row on the widened row, in two passes instead of four: x
+ * widened into tmp [d] while its squares are summed (x read from memory once), then the map
+ * narrowed as it is stored (y written once, no f32 output row). Returns rstd. */
+SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, float *tmp,
+                                         const float *gamma, int64_t d, float eps) {
+  const double ms = sn__row_widen_sumsq_bf16(tmp, x, d) / (double)d;
+  const double rstd = 1.0 / sqrt(ms + (double)eps);
+  if (gamma != NULL) rms_map_bf16(y, tmp, gamma, d, (float)rstd, 1);
+  else rms_map_bf16(y, tmp, gamma, d, (float)rstd, 0);
+  return rstd;
+}
 
 /* Row r of the forward from its f32 view xr: writes y row r and rstd[r] when given. tmp: this
  * thread's d floats of scratch for bf16/f16 (the row is computed there; it may be xr), NULL
@@ -86,6 +111,12 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
     float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * d : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
+      if (dtype == SN_DTYPE_BF16) {
+        const double rs = rms_fwd_row_bf16((uint16_t *)y + r * d, (const uint16_t *)x + r * d,
+                                           tmp, gamma, d, eps);
+        if (rstd != NULL) rstd[r] = (float)rs;
+        continue;
+      }
       const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
       rms_fwd_store(y, rstd, xr, tmp, gamma, r, d, eps, dtype);
     }

@@ -99,6 +99,27 @@ SN_INLINE uint16_t sn__f32_to_bf16(float f) {
  * element instead of two. */
 #define SN_SHIFT_RHO_MAX 16.0
 
+/* dst[i] = (float)src[i] (bf16 → f32) and Σ dst[i]² in fp64, lanes and order as sn__row_sumsq
+ * with shift 0 (so bitwise its value on dst): one pass that reads a bf16 row from memory once. */
+SN_INLINE double sn__row_widen_sumsq_bf16(float *dst, const uint16_t *src, int64_t n) {
+  double acc[SN_ROW_LANES] = {0};
+  int64_t i = 0;
+  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES)
+    for (int k = 0; k < SN_ROW_LANES; k++) {
+      const float v = sn__bf16_to_f32(src[i + k]);
+      dst[i + k] = v;
+      const double t = (double)v - 0.0;
+      acc[k] += t * t;
+    }
+  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
+    const float v = sn__bf16_to_f32(src[i]);
+    dst[i] = v;
+    const double t = (double)v - 0.0;
+    acc[k] += t * t;
+  }
+  return sn__lanes_total(acc);
+}
+
 /* s[0] = Σ(x[i] − K), s[1] = Σ(x[i] − K)² in fp64, lanes and order as sn__row_sum. src is f32
  * [n] or, with widen, bf16 [n], then also written widened into dst [n] (the same values, hence
  * the same sums as on dst). Prefetches `next` and `out` as sn__row_sumsq_pf does. */
