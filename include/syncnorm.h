@@ -16,10 +16,11 @@
  *    written, not added to: sum them yourself when gradients come from several calls.
  *  - On any error nothing is written: every check happens before the first store, and the
  *    status names the problem (see sn_status_t) with a detail message in sn_last_error().
- *  - Forward statistics are computed in fp64 from fp32 (or widened bf16/f16) values, two-pass
- *    or shifted by a pivot, never E[x²]−E[x]² in fp32; the output is rounded to `dtype` once,
- *    round-to-nearest-even. eps is added to the variance (PyTorch convention). Backward sums:
- *    see each function.
+ *  - Forward statistics are computed in fp64 from fp32 (or widened bf16/f16) values, as sums
+ *    shifted by a pivot taken from the data (with a two-pass fallback where the pivot is far
+ *    from the mean) or in two passes, never E[x²]−E[x]² in fp32; the output is rounded to
+ *    `dtype` once, round-to-nearest-even. eps is added to the variance (PyTorch convention).
+ *    Backward sums: see each function.
  *  - OpenMP threads (omp_set_num_threads) split rows or channels; reductions across rows run in
  *    a fixed order, so results are bitwise identical for any thread count.
  *  - In-place: y may equal x, and dx may equal dy (the same pointer). No other overlap is allowed.
