@@ -104,10 +104,10 @@ SN_API int64_t sn_dtype_size(sn_dtype_t dtype);
  *   mean = Σx/d, var = Σ(x−mean)²/d (biased), rstd = 1/√(var+eps), y = (x−mean)·rstd·gamma + beta.
  * y, x: [rows, d] dtype. gamma, beta: [d] f32, NULL means 1 (no affine) / 0 (no bias).
  * mean, rstd: [rows] f32, written (=) for sn_layernorm_bwd; either may be NULL (not saved).
- * The statistics take one fp64 pass over the row, summing t = x − x[0] and t² (shifted by the
- * row's first element; mean = x[0] + Σt/d, d·var = Σt² − (Σt)²/d), or two fp64 passes (Σx, then
- * Σ(x−mean)²) for a row whose first element lies more than 4σ from its mean, where the shifted
- * sums would cancel, or that holds a non-finite value.
+ * The statistics take one fp64 pass over the row, summing t = x − K and t², K the mean of the
+ * row's first 32 values (rounded to f32; mean = K + Σt/d, d·var = Σt² − (Σt)²/d), or two fp64
+ * passes (Σx, then Σ(x−mean)²) for a row whose K lies more than σ/2 from its mean, where the
+ * shifted sums would cancel, or that holds a non-finite value.
  * y may equal x. Errors: SN_ERR_NULL_POINTER (x or y NULL with rows·d > 0), SN_ERR_INVALID_SIZE
  * (rows < 0, d <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS, SN_ERR_INVALID_DTYPE, SN_ERR_ALLOC. */
 SN_API sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
@@ -249,10 +249,11 @@ SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *
 /* GroupNorm forward: for each sample n and group g of C/G channels, over its (C/G)·S values:
  *   mean, var (biased), rstd = 1/√(var+eps); y = (x − mean)·rstd·gamma_c + beta_c.
  * y, x: [N, C, S] or [N, S, C] dtype; gamma, beta: [C] f32 or NULL; mean, rstd: [N, G] f32 (=)
- * or NULL. y may equal x. Statistics in fp64, one pass of sums shifted by the group's first
- * value (NCHW) or by each channel's value in the sample's first row (NHWC, channels combined as
- * M2 = Σ_c M2_c + S·(mean_c − mean)²), as sn_layernorm_fwd: two passes (Σx, then Σ(x − mean)²)
- * where a shift lies more than 4σ from its mean or a value is not finite.
+ * or NULL. y may equal x. Statistics in fp64: for f32 NCHW and for NHWC one pass of sums
+ * shifted by a pivot, the mean of the group's first 32 values (NCHW) or of each channel's first
+ * 128 rows in the sample (NHWC, channels combined as M2 = Σ_c M2_c + S·(mean_c − mean)²), as
+ * sn_layernorm_fwd, with two passes (Σx, then Σ(x − mean)²) where a pivot lies more than σ/2
+ * from its mean or a value is not finite; bf16/f16 NCHW always two passes.
  * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C, G <= 0, N, S < 0),
  * SN_ERR_INVALID_GROUPS (C % G != 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_ALLOC. */

@@ -327,9 +327,10 @@ START_TEST(test_adversarial) {
     ref_bwd(dxr, rg, rb, dyd, xd, gamma, N, C, S, G, lay, EPS);
     assert_dx(dx, SN_DTYPE_F32, dxr, dyd, gamma, rr, N, C, S, G, lay, TU_RTOL_F32_BWD, "mean 1e4 sigma 1e-2");
     check_dparams(dg, db, rg, rb, dyd, xd, N, C, S, G, lay, "mean 1e4 sigma 1e-2");
-    /* each group's first element 10 (10^3 σ) above the rest: the one-pass statistics, shifted
-     * by that element (NCHW) or by the sample's first row (NHWC: the outlier is channel g·Cg's
-     * shift), would cancel by ρ ≈ L; such groups (samples) take the two-pass fallback */
+    /* each group's first element 10 (10^3 σ) above the rest: it moves the pivot of the
+     * one-pass statistics (the mean of the group's first 32 values, NCHW, or of each channel's
+     * first 128 rows, NHWC) far from the mean; such groups (samples) take the two-pass
+     * fallback (where that matters: test_shift_fallback) */
     for (int64_t nn = 0; nn < N; nn++)
       for (int64_t g = 0; g < G; g++) {
         const int64_t i = at(lay, nn, g * (C / G), 0, C, S); /* first element of the group (NCHW) */
@@ -375,6 +376,37 @@ START_TEST(test_adversarial) {
     free(dg), free(db), free(yr), free(dxr), free(rm), free(rr), free(rg), free(rb), free(xd);
     free(dyd);
   }
+}
+END_TEST
+
+/* The one-pass statistics' fallback on a large group: 2^21 values (N = 1, C = 2, G = 1,
+ * S = 2^20), constant but for 32 values at 1.7 that pull the pivots (NCHW: the mean of the
+ * group's first 32 values; NHWC: of each channel's first 128 rows) far off the mean (ρ ≈ 2^15
+ * and 2^13), so both layouts take the two passes; statistics to TOL_STAT_F32 and y to the f32
+ * bound. (The one-pass sums alone, fallback off,
+ * also met these bounds here: the test covers the fallback path, the error analysis in rownorm.h
+ * says why it is there.) */
+START_TEST(test_shift_fallback) {
+  const int64_t N = 1, C = 2, G = 1, S = (int64_t)1 << 20, T = N * C * S;
+  tu_rng_t r;
+  tu_rng_seed(&r, 31);
+  float *x = falloc(T), *y = falloc(T), *mean = falloc(N * G), *rstd = falloc(N * G);
+  double *yr = dalloc(T), *rm = dalloc(N * G), *rr = dalloc(N * G);
+  for (int il = 0; il < 2; il++) {
+    const sn_layout_t lay = LAYOUTS[il];
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t s = 0; s < S; s++)
+        x[at(lay, 0, c, s, C, S)] = s < 32 ? (float)(1.7 + 1e-3 * tu_rng_normal(&r)) : 1.0009765625f;
+    double *xd = as_f64(x, T, SN_DTYPE_F32);
+    tu_poison_f32(y, T);
+    ck_assert_int_eq(sn_groupnorm_fwd(y, mean, rstd, x, NULL, NULL, N, C, S, G, EPS, lay,
+                                      SN_DTYPE_F32), SN_OK);
+    ref_fwd(yr, rm, rr, xd, NULL, NULL, N, C, S, G, lay, EPS);
+    check_stats(mean, rstd, rm, rr, N * G, LNAME[il]);
+    tu_assert_fwd(y, SN_DTYPE_F32, yr, T, LNAME[il]);
+    free(xd);
+  }
+  free(x), free(y), free(mean), free(rstd), free(yr), free(rm), free(rr);
 }
 END_TEST
 
@@ -524,6 +556,7 @@ int main(void) {
   tcase_add_test(tc, test_fwd_bwd_vs_ref);
   tcase_add_test(tc, test_bwd_vs_fd);
   tcase_add_test(tc, test_adversarial);
+  tcase_add_test(tc, test_shift_fallback);
   tcase_add_test(tc, test_layouts_inplace_threads);
   tcase_add_test(tc, test_empty_batch);
   tcase_add_test(tc, test_bad_inputs);

@@ -4,17 +4,18 @@
  * x is [N, C, S] (NCHW) or [N, S, C] (NHWC), S = H·W; G groups of Cg = C/G consecutive
  * channels; group (n, g) holds L = Cg·S values. mean, rstd: [N, G] f32.
  *
- * Forward statistics are fp64, one pass of shifted sums (Σ(x − k), Σ(x − k)², see
+ * Forward statistics are fp64, one pass of sums shifted by a pivot k (Σ(x − k), Σ(x − k)², see
  * SN_SHIFT_RHO_MAX in rownorm.h), or two passes (mean = Σx/L, then var = Σ(x − mean)²/L) where
- * the shift k lies too far from the mean.
- *   NCHW: a group is one contiguous run of L values, k its first value. Tasks are the N·G
- *         groups; each does its reductions (f32: SN_ROW_LANES fixed lanes, prefetching the next
- *         group and this group's output; bf16/f16: two passes over converted tiles) and writes
- *         its Cg output planes while the group is in cache.
+ * k lies too far from the mean.
+ *   NCHW: a group is one contiguous run of L values. Tasks are the N·G groups; each does its
+ *         reductions (f32: one shifted pass, k the mean of the group's first 32 values,
+ *         SN_ROW_LANES fixed lanes, prefetching the next group and this group's output;
+ *         bf16/f16: two passes over converted tiles) and writes its Cg output planes while the
+ *         group is in cache.
  *   NHWC: a group is strided inside each row. Tasks are the N samples; per-channel column sums
- *         over the S rows (vectorized across channels, fp64), shifted by the sample's first row,
- *         give each channel's mean and M2, combined into groups in channel order
- *         (gn_nhwc_stats); then the sample's rows are normalized.
+ *         over the S rows (vectorized across channels, fp64), shifted by each channel's mean
+ *         over the sample's first 128 rows, give each channel's mean and M2, combined into
+ *         groups in channel order (gn_nhwc_stats); then the sample's rows are normalized.
  * Backward, per group, with d = x − mean_saved (mean_saved the f32 mean from the forward):
  *   one pass gathers per channel Σd, Σdy and Σdy·d (fp64); μ_d = Σd/L re-centres
  *   x̂ = (d − μ_d)·rstd, so a rounded saved mean costs nothing; with g = dy·gamma_c,
@@ -267,13 +268,13 @@ static sn_status_t check_gn(const char *fn, int64_t n, int64_t c, int64_t s, int
 
 /* ---- forward ---------------------------------------------------------------------------------- */
 
-/* Mean and rstd of one f32 NCHW group x [L]: one pass of sums shifted by its first element,
- * SN_ROW_LANES fp64 lanes, or two passes where that shift is too far from the mean
+/* Mean and rstd of one f32 NCHW group x [L]: one pass of sums shifted by the mean of its first
+ * values, SN_ROW_LANES fp64 lanes, or two passes where that pivot is too far from the mean
  * (sn__row_shifted_sums, sn__row_stats in rownorm.h), prefetching the next group `next` (NULL
  * for none) for reading and this group's output `out` for writing as it goes. */
 SN_CLONES static void gn_group_stats_f32(double *mu, double *rs, const float *x, int64_t L,
                                          double eps, const char *next, char *out) {
-  const double K = (double)x[0];
+  const double K = sn__row_pivot(x, 0, L);
   double sums[2], m2;
   sn__row_shifted_sums(sums, NULL, x, 0, L, K, next, out, 4);
   sn__row_stats(mu, &m2, x, L, K, sums);
@@ -310,23 +311,34 @@ static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const 
 /* Per-thread scratch of n doubles, rounded up to whole cache lines (8 doubles). */
 static int64_t per_thread(int64_t n) { return (n + 7) & ~(int64_t)7; }
 
+/* Rows the NHWC pivots average: a sample falls back to two passes when any of its C channels
+ * has ρ > SN_SHIFT_RHO_MAX; with the mean of m shuffled rows as pivot, ρ ~ χ²(1)/m, so each
+ * channel does with probability P(χ²(1) > m/4): 0.5 % at m = 32 (a quarter of 64-channel
+ * samples), 1e-8 at m = 128. */
+#define GN_PIVOT_ROWS 128
+
 /* The NHWC group statistics of sample rows [r0, r1) (S rows of C channels) into gm, gr [G]:
- * one pass of per-channel sums shifted by the sample's first row k[c] (col_shifted), giving each
- * channel's mean μ_c = k_c + A_c/S and M2_c = B_c − A_c²/S (A, B: the shifted sums), combined
- * per group without cancellation (Chan et al.): M2_g = Σ_c M2_c + S·(μ_c − μ_g)², μ_g the mean
- * of the μ_c. A channel whose first value lies more than 4σ from its mean (ρ above
- * SN_SHIFT_RHO_MAX, see rownorm.h), or with anything not finite, sends the sample to the two
- * passes: Σx, then Σ(x − μ_g)². col: [2][C] scratch; k: [C]. */
+ * one pass of per-channel sums shifted by a pivot k[c], the channel's mean over the sample's
+ * first GN_PIVOT_ROWS rows rounded to f32 (col_shifted), giving each channel's mean
+ * μ_c = k_c + A_c/S and M2_c = B_c − A_c²/S (A, B: the shifted sums), combined per group without
+ * cancellation (Chan et al.): M2_g = Σ_c M2_c + S·(μ_c − μ_g)², μ_g the mean of the μ_c. A
+ * channel whose pivot lies more than σ_c/2 from its mean (ρ above SN_SHIFT_RHO_MAX, see
+ * rownorm.h), or with anything not finite, sends the sample to the two passes: Σx, then
+ * Σ(x − μ_g)². col: [2][C] scratch; k: [C]. */
 static void gn_nhwc_stats(double *gm, double *gr, double *col, double *k, const void *x,
                           int64_t r0, int64_t r1, int64_t C, int64_t G, double eps,
                           sn_dtype_t dtype) {
   const int64_t Cg = C / G, S = r1 - r0, L = Cg * S;
   float t[SN_TILE];
-  for (int64_t c0 = 0; c0 < C; c0 += SN_TILE) { /* k = the first row, widened */
-    const int64_t m = sn__min64(SN_TILE, C - c0);
-    const float *f = sn__in_row(x, r0 * C + c0, m, dtype, t);
-    for (int64_t j = 0; j < m; j++) k[c0 + j] = (double)f[j];
-  }
+  const int64_t pr = sn__min64(S, GN_PIVOT_ROWS); /* k = the mean of the first pr rows, as f32 */
+  memset(k, 0, (size_t)C * sizeof(double));
+  for (int64_t r = r0; r < r0 + pr; r++)
+    for (int64_t c0 = 0; c0 < C; c0 += SN_TILE) {
+      const int64_t m = sn__min64(SN_TILE, C - c0);
+      const float *f = sn__in_row(x, r * C + c0, m, dtype, t);
+      for (int64_t j = 0; j < m; j++) k[c0 + j] += (double)f[j];
+    }
+  for (int64_t ch = 0; ch < C; ch++) k[ch] = (double)(float)(k[ch] / (double)pr);
   memset(col, 0, (size_t)(2 * C) * sizeof(double));
   rows_reduce(3, col, NULL, x, k, r0, r1, C, dtype);
   int ok = 1;

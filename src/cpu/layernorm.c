@@ -3,12 +3,13 @@
  * on the CPU. Every tensor is row-major [rows, d]; one row is normalized over its d elements.
  *
  * Per row, forward:
- *   pass 1  Σt, Σt² with t = x − x[0]           fp64, SN_ROW_LANES fixed lanes (rownorm.h):
- *           mean = x[0] + Σt/d, var = (Σt² − (Σt)²/d)/d, no cancellation when |mean| ≫ σ;
- *           rows where x[0] is > 4σ from the mean: Σx, then Σ(x − mean)² (two fp64 passes)
+ *   pass 1  Σt, Σt² with t = x − K, K the mean of the first 32 values (rounded to f32): fp64,
+ *           SN_ROW_LANES fixed lanes (rownorm.h); mean = K + Σt/d, var = (Σt² − (Σt)²/d)/d, no
+ *           cancellation when |mean| ≫ σ; rows where K is more than σ/2 from the mean: Σx,
+ *           then Σ(x − mean)² (two fp64 passes)
  *   pass 2  y = (x − mean)·rstd·gamma + beta
  * The row (4 KB at d = 1024 f32) stays in L1/L2 between passes, so x is read from DRAM once and
- * y written once. Pass 3 runs in f32, with the fp64 mean split into two floats hi + lo:
+ * y written once. Pass 2 runs in f32, with the fp64 mean split into two floats hi + lo:
  * (x − hi) is exact when x is near the mean (Sterbenz), so |mean| ≫ σ loses nothing; for
  * bf16/f16 outputs with beta, blocks where beta cancels x̂·gamma too deeply for the 1-ulp bound
  * are recomputed in fp64 (ln_map_beta).
@@ -148,7 +149,7 @@ SN_INLINE void ln_map_checked(void *y, const float *x, const float *gamma, const
 SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const float *gamma,
                                  const float *beta, int64_t d, float eps, sn_dtype_t dtype,
                                  const char *next, char *out, int esize) {
-  const double K = (double)x[0];
+  const double K = sn__row_pivot(x, 0, d);
   double sums[2], mean, m2;
   sn__row_shifted_sums(sums, NULL, x, 0, d, K, next, out, esize);
   sn__row_stats(&mean, &m2, x, d, K, sums);
@@ -188,7 +189,7 @@ SN_INLINE void ln_map_f32_bf16(uint16_t *y, const float *x, const float *gamma, 
 SN_CLONES static void ln_fwd_row_bf16(uint16_t *y, double *stats, const uint16_t *x, float *tmp,
                                       const float *gamma, const float *beta, int64_t d,
                                       float eps, const char *next) {
-  const double K = (double)sn__bf16_to_f32(x[0]);
+  const double K = sn__row_pivot(x, 1, d);
   double sums[2], mean, m2;
   sn__row_shifted_sums(sums, tmp, x, 1, d, K, next, (char *)y, 2);
   sn__row_stats(&mean, &m2, tmp, d, K, sums);
@@ -385,8 +386,8 @@ SN_INLINE void ln_bwd_sums(double sum[3], double big[2], const float *dy, const 
  * rstd s. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy into the f32 partials (SN_PART_ROWS),
  * or, for a row whose terms could overflow them (max|dy| or 2·max|dy|·max|x̂| beyond
  * SN_PART_F32_MAX, infinities included), into the chunk's fp64 partials dgp64/dbp64 directly,
- * as the f32 sums would lose them. lowp (bf16/f16 rows): pass A's sums in f32 blocks (LN_BWD_BLOCK), in fp64 again where
- * those came out non-finite. */
+ * as the f32 sums would lose them. lowp (bf16/f16 rows): pass A's sums in f32 blocks
+ * (LN_BWD_BLOCK), in fp64 again where those came out non-finite. */
 SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64, double *dbp64,
                                const float *dy, const float *x, const float *gamma, int64_t d,
                                float m, float s, const ln_prefetch_t *pf, int has_g,

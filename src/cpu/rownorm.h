@@ -86,18 +86,37 @@ SN_INLINE uint16_t sn__f32_to_bf16(float f) {
   return (uint16_t)(nan ? quiet : rounded);
 }
 
-/* The one-pass row statistics (sn__row_shifted_sums, sn__row_stats) sum t = x − K and t² for a
- * shift K taken from the row (its first element): t is exact in fp64 (two floats within 2^29 of
- * each other; else one rounding, 2^-53·|t|), and with d = n·(mean − K), M2 = Σ(x − mean)²:
- *   mean = K + Σt/n,   M2 = Σt² − (Σt)²/n,
- * where the subtraction cancels by ρ = (Σt)²/(n·M2) = (mean − K)²/var. Each lane adds n/32
- * terms, so M2 errs by < 2^-53·(n/32 + 6)·(1 + 2ρ) relative (2^-43 at n = 4096 with ρ ≤
- * SN_SHIFT_RHO_MAX, against 2^-46 for the two passes) and the mean by < 2^-53·(n/32 + 6)·
- * mean|t| ≤ 2^-44·(1 + √ρ)·σ there. A row with ρ above it (its first element more than 4σ from
- * the mean) or with anything not finite takes the two fp64 passes instead (sn__row_sum, then
- * sn__row_sumsq around the mean). One pass over the row instead of two, and one conversion per
+/* The one-pass row statistics (sn__row_shifted_sums, sn__row_stats) sum t = x − K and t² in
+ * fp64 for a pivot K near the mean, taken from the data: the mean of the row's first
+ * SN_PIVOT_N values, rounded to f32 (sn__row_pivot). t is then exact in fp64 (two floats within
+ * 2^29 of each other; else one rounding, 2^-53·|t|), and
+ *   mean = K + S1/n,   M2 = Σ(x − mean)² = S2 − S1²/n,   S1 = Σt, S2 = Σt²,
+ * where the subtraction cancels: S2 = M2·(1 + ρ) with ρ = (mean − K)²/var. Each of the fixed
+ * lanes adds n/32 terms, so with ε = 2^-53·(n/32 + 6) the computed S2 errs by ε·S2 and S1 by
+ * ε·Σ|t|, and M2 by about ε·(1 + ρ + 2·√(ρ(1 + ρ)))·M2 (the two passes: about ε·M2), the mean by
+ * ε·√(1 + ρ)·σ. Rows with ρ above SN_SHIFT_RHO_MAX (K more than σ/2 from the mean: a factor up
+ * to 2.4, 1.25 bits, over the two passes) or with anything not finite take the two fp64 passes
+ * instead (sn__row_sum, then sn__row_sumsq around the mean). With K the mean of 32 values of a
+ * shuffled row, ρ > 1/4 needs those 32 to sit 2.8 of their standard errors off: about 0.5 % of
+ * normal rows; a row whose first values are not typical of it (sorted, a block of outliers
+ * first) takes the two passes. One pass over the row instead of two, and one conversion per
  * element instead of two. */
-#define SN_SHIFT_RHO_MAX 16.0
+#define SN_SHIFT_RHO_MAX 0.25
+/* Values the pivot K of the one-pass statistics averages (the first ones of the row). */
+#define SN_PIVOT_N 32
+_Static_assert(SN_PIVOT_N == 32, "sn__row_pivot adds its values with sn__lanes_total_n");
+
+/* The pivot of the one-pass statistics of x [n] (f32, or with widen bf16): the fp64 mean of its
+ * first min(n, SN_PIVOT_N) values, rounded to f32 (so that x − K is exact in fp64), in fp64. The
+ * same value for a bf16 row and for its widened f32 copy. */
+SN_INLINE double sn__row_pivot(const void *x, int widen, int64_t n) {
+  const int64_t m = n < SN_PIVOT_N ? n : SN_PIVOT_N;
+  double acc[SN_PIVOT_N] = {0}; /* one value per lane, added pairwise: a few vector steps */
+  for (int64_t i = 0; i < m; i++)
+    acc[i] = widen ? (double)sn__bf16_to_f32(((const uint16_t *)x)[i])
+                   : (double)((const float *)x)[i];
+  return (double)(float)(sn__lanes_total_n(acc, SN_PIVOT_N) / (double)m);
+}
 
 /* dst[i] = (float)src[i] (bf16 → f32) and Σ dst[i]² in fp64, lanes and order as sn__row_sumsq
  * with shift 0 (so bitwise its value on dst): one pass that reads a bf16 row from memory once. */
