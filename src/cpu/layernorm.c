@@ -65,9 +65,12 @@ SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const fl
  * of the output (2^-9·|y| for bf16, 2^-12·|y| for normal f16), so the f32 value narrows to
  * within 1 ulp. Blocks of LN_MAP_BLOCK elements are computed in f32; a block with any element
  * beyond the limit or not finite (p·gamma may overflow f32 where p·gamma + beta does not) is
- * recomputed in fp64, where the error is a few 2^-53 of |p|. With gamma and beta unrelated
- * about 2^-10 (bf16) of the elements cancel that deeply, so a few per cent of the blocks take
- * the fp64 recomputation. */
+ * recomputed in fp64. With gamma and beta unrelated about 2^-10 (bf16) of the elements are
+ * beyond the limit, so a few per cent of the blocks take the recomputation. Its error is that
+ * of the fp64 mean and rstd (rownorm.h: about 2^-45 of |p| at d = 4096), so it holds the 1-ulp
+ * bound for cancellations down to about |y| = 2^-35·|p|; deeper ones (beta = −round_f32(x̂·gamma)
+ * reaches ~2^-24·7/d·|p| at the worst element of a row) can miss it by a few ulp at large d, as
+ * any fp64 statistics would. */
 #define LN_MAP_BLOCK 128
 /* bf16: 2^-21·2^10 + 2^-24 < 2^-10, a quarter of the half ulp; f16: 2^-21·2^8 + 2^-24 < 2^-12. */
 #define LN_CANCEL_LIM_BF16 0x1p10f
