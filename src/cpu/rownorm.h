@@ -94,9 +94,13 @@ SN_INLINE uint16_t sn__f32_to_bf16(float f) {
  * where the subtraction cancels: S2 = M2·(1 + ρ) with ρ = (mean − K)²/var. Each of the fixed
  * lanes adds n/32 terms, so with ε = 2^-53·(n/32 + 6) the computed S2 errs by ε·S2 and S1 by
  * ε·Σ|t|, and M2 by about ε·(1 + ρ + 2·√(ρ(1 + ρ)))·M2 (the two passes: about ε·M2), the mean by
- * ε·√(1 + ρ)·σ. Rows with ρ above SN_SHIFT_RHO_MAX (K more than σ/2 from the mean: a factor up
- * to 2.4, 1.25 bits, over the two passes) or with anything not finite take the two fp64 passes
- * instead (sn__row_sum, then sn__row_sumsq around the mean). With K the mean of 32 values of a
+ * ε·√(1 + ρ)·σ. Rows with ρ above SN_SHIFT_RHO_MAX (K more than σ/2 from the mean; below it
+ * the cancellation factor is at most 2.4) or with anything not finite take the two fp64 passes
+ * instead (sn__row_sum, then sn__row_sumsq around the mean). The two passes' mean errs in
+ * proportion to |mean| rather than σ, so where |mean| ≪ σ and the values are heavy-tailed the
+ * one-pass statistics measured 2-3 bits less accurate (a review, lognormal rows of 65536):
+ * invisible in every output but bf16/f16 under a beta that cancels x̂·gamma deeper than the
+ * bound stated at ln_map_beta (layernorm.c). With K the mean of 32 values of a
  * shuffled row, ρ > 1/4 needs those 32 to sit 2.8 of their standard errors off: about 0.5 % of
  * normal rows; a row whose first values are not typical of it (sorted, a block of outliers
  * first) takes the two passes. One pass over the row instead of two, and one conversion per
