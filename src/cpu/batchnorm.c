@@ -123,28 +123,8 @@ SN_CLONES static void bwd_run(double *acc, const float *dy, const float *x, int6
 SN_CLONES static int stats_rows(double *restrict l1, double *restrict l2, int64_t ls,
                                 const float *x, int64_t nr, int64_t ld, int64_t ct,
                                 const double *restrict p, int lane) {
-  for (int64_t r = 0; r < nr; r++, lane = (lane + 1) & LANE_MASK) {
-    double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
-    const float *xr = x + r * ld;
-    int64_t c = 0;
-    for (; c + SN_VD <= ct; c += SN_VD) {
-      sn__vd v, pc, a1, a2;
-      SN_VLOAD_WIDEN(v, xr + c);
-      SN_VLOAD(pc, p + c);
-      SN_VLOAD(a1, s1 + c);
-      SN_VLOAD(a2, s2 + c);
-      v -= pc;
-      a1 += v;
-      a2 += v * v;
-      SN_VSTORE(s1 + c, a1);
-      SN_VSTORE(s2 + c, a2);
-    }
-    for (; c < ct; c++) {
-      double v = (double)xr[c] - p[c];
-      s1[c] += v;
-      s2[c] += v * v;
-    }
-  }
+  for (int64_t r = 0; r < nr; r++, lane = (lane + 1) & LANE_MASK)
+    sn__shifted_row(l1 + lane * ls, l2 + lane * ls, x + r * ld, ct, p);
   return lane;
 }
 

@@ -84,27 +84,7 @@ SN_CLONES static void col_sumsq(double *restrict acc, const float *x, int64_t nr
 /* Shifted column sums in one pass: s1[c] += x − k[c], s2[c] += (x − k[c])² (fp64). */
 SN_CLONES static void col_shifted(double *restrict s1, double *restrict s2, const float *x,
                                   int64_t nr, int64_t ld, int64_t ct, const double *restrict k) {
-  for (int64_t r = 0; r < nr; r++) {
-    const float *xr = x + r * ld;
-    int64_t c = 0;
-    for (; c + SN_VD <= ct; c += SN_VD) {
-      sn__vd v, kc, a1, a2;
-      SN_VLOAD_WIDEN(v, xr + c);
-      SN_VLOAD(kc, k + c);
-      SN_VLOAD(a1, s1 + c);
-      SN_VLOAD(a2, s2 + c);
-      v -= kc;
-      a1 += v;
-      a2 += v * v;
-      SN_VSTORE(s1 + c, a1);
-      SN_VSTORE(s2 + c, a2);
-    }
-    for (; c < ct; c++) {
-      const double v = (double)xr[c] - k[c];
-      s1[c] += v;
-      s2[c] += v * v;
-    }
-  }
+  for (int64_t r = 0; r < nr; r++) sn__shifted_row(s1, s2, x + r * ld, ct, k);
 }
 
 /* Backward column sums with d = x − m[c]: sd[c] += d, sg[c] += dy, sgd[c] += dy·d (fp64). */

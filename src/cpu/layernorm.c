@@ -316,7 +316,7 @@ SN_INLINE void ln_bwd_acc(double *a_xh, double *a_g, double *a_gxh, float x, flo
   *a_gxh += (double)g * (double)xh;
 }
 
-/* Memory the backward row function prefetches during its first pass (see sn__row_sumsq_pf):
+/* Memory the backward row function prefetches during its first pass (see sn__row_shifted_sums):
  * the next row's x and dy for reading, this row's dx for writing; NULL for none. */
 typedef struct {
   const char *x, *dy;

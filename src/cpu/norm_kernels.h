@@ -51,6 +51,34 @@ typedef double sn__vd __attribute__((vector_size(SN_VD * sizeof(double))));
                      (double)p_[4], (double)p_[5], (double)p_[6], (double)p_[7]};             \
   } while (0)
 
+/* One row of per-channel shifted sums: s1[c] += x[c] − k[c], s2[c] += (x[c] − k[c])² (fp64),
+ * c < ct; the accumulators an sn__vd at a time, loaded and stored whole. The row step of the
+ * BatchNorm NHWC statistics (one lane row per input row) and of the GroupNorm NHWC one-pass
+ * sums. Always inlined, so it vectorizes for the target clone that calls it. */
+static inline __attribute__((always_inline)) void sn__shifted_row(double *restrict s1,
+                                                                  double *restrict s2,
+                                                                  const float *x, int64_t ct,
+                                                                  const double *restrict k) {
+  int64_t c = 0;
+  for (; c + SN_VD <= ct; c += SN_VD) {
+    sn__vd v, kc, a1, a2;
+    SN_VLOAD_WIDEN(v, x + c);
+    SN_VLOAD(kc, k + c);
+    SN_VLOAD(a1, s1 + c);
+    SN_VLOAD(a2, s2 + c);
+    v -= kc;
+    a1 += v;
+    a2 += v * v;
+    SN_VSTORE(s1 + c, a1);
+    SN_VSTORE(s2 + c, a2);
+  }
+  for (; c < ct; c++) {
+    const double v = (double)x[c] - k[c];
+    s1[c] += v;
+    s2[c] += v * v;
+  }
+}
+
 /* Per-channel constants of one NHWC channel tile (channel c0 + j at index j), each array
  * 64-byte aligned: the rows kernels load a vector of each per 16 elements, and misaligned
  * loads (split cache lines) made NHWC run at half the speed of NCHW on DRAM-sized tensors. */

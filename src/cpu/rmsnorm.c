@@ -71,7 +71,7 @@ SN_INLINE void rms_map_bf16(uint16_t *y, const float *x, const float *gamma, int
  * narrowed as it is stored (y written once, no f32 output row). Returns rstd. */
 SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, float *tmp,
                                          const float *gamma, int64_t d, float eps) {
-  const double ms = sn__row_widen_sumsq_bf16(tmp, x, d) / (double)d;
+  const double ms = sn__row_sumsq_w(tmp, x, 1, d, 0.0) / (double)d;
   const double rstd = 1.0 / sqrt(ms + (double)eps);
   if (gamma != NULL) rms_map_bf16(y, tmp, gamma, d, (float)rstd, 1);
   else rms_map_bf16(y, tmp, gamma, d, (float)rstd, 0);
@@ -166,7 +166,7 @@ SN_INLINE float rms_g(float dy, const float *gamma, int64_t i, int has_g) {
   return has_g ? dy * gamma[i] : dy;
 }
 
-/* Memory the backward row function prefetches during its first pass (see sn__row_sumsq_pf):
+/* Memory the backward row function prefetches during its first pass (see sn__row_shifted_sums):
  * the next row's x and dy for reading, this row's dx for writing; NULL for none. */
 typedef struct {
   const char *x, *dy;

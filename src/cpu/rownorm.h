@@ -122,30 +122,14 @@ SN_INLINE double sn__row_pivot(const void *x, int widen, int64_t n) {
   return (double)(float)(sn__lanes_total_n(acc, SN_PIVOT_N) / (double)m);
 }
 
-/* dst[i] = (float)src[i] (bf16 → f32) and Σ dst[i]² in fp64, lanes and order as sn__row_sumsq
- * with shift 0 (so bitwise its value on dst): one pass that reads a bf16 row from memory once. */
-SN_INLINE double sn__row_widen_sumsq_bf16(float *dst, const uint16_t *src, int64_t n) {
-  double acc[SN_ROW_LANES] = {0};
-  int64_t i = 0;
-  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES)
-    for (int k = 0; k < SN_ROW_LANES; k++) {
-      const float v = sn__bf16_to_f32(src[i + k]);
-      dst[i + k] = v;
-      const double t = (double)v - 0.0;
-      acc[k] += t * t;
-    }
-  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const float v = sn__bf16_to_f32(src[i]);
-    dst[i] = v;
-    const double t = (double)v - 0.0;
-    acc[k] += t * t;
-  }
-  return sn__lanes_total(acc);
-}
-
-/* s[0] = Σ(x[i] − K), s[1] = Σ(x[i] − K)² in fp64, lanes and order as sn__row_sum. src is f32
- * [n] or, with widen, bf16 [n], then also written widened into dst [n] (the same values, hence
- * the same sums as on dst). Prefetches `next` and `out` as sn__row_sumsq_pf does. */
+/* s[0] = Σ(x[i] − K), s[1] = Σ(x[i] − K)² in fp64, lanes and order as sn__row_sum (s[1] with
+ * K = 0 is bitwise sn__row_sumsq's Σx²; squares of f32, hence bf16/f16, values never overflow
+ * in fp64). src is f32 [n] or, with widen, bf16 [n], then also written widened into dst [n] (the
+ * same values, hence the same sums as on dst). Prefetches two rows a block at a time as it
+ * goes: `next`, the next input row, for reading, and `out`, this row's output, for writing (each
+ * `esize` bytes per element, NULL for none). The memory system then fetches them while this row
+ * is in its cache-bound passes instead of stalling the passes that touch them. Prefetches never
+ * fault. */
 SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, const void *src, int widen,
                                     int64_t n, double K, const char *next, char *out,
                                     int esize) {
@@ -181,38 +165,33 @@ SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, const void *src, in
 }
 
 /* Σ (x[i] − shift)² in fp64, lanes as sn__row_sum (squares of f32, hence bf16/f16, values
- * never overflow in fp64), prefetching two rows a block at a time as it goes: `next`, the next
- * input row, for reading, and `out`, this row's output, for writing (each `esize` bytes per
- * element, NULL for none). The memory system then fetches them while this row is in its
- * cache-bound passes instead of stalling the passes that touch them. Prefetches never fault. */
-SN_INLINE double sn__row_sumsq_pf(const float *x, int64_t n, double shift, const char *next,
-                                  char *out, int esize) {
+ * never overflow in fp64). src is f32 [n] or, with widen, bf16 [n], then also written widened
+ * into dst [n] (the same values, hence bitwise the same sum as on dst: RMSNorm's bf16 rows read
+ * memory once). */
+SN_INLINE double sn__row_sumsq_w(float *dst, const void *src, int widen, int64_t n,
+                                 double shift) {
   double acc[SN_ROW_LANES] = {0};
   int64_t i = 0;
-  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES) {
-    if (next != NULL) {
-      __builtin_prefetch(next + i * esize, 0);
-      __builtin_prefetch(next + i * esize + 64, 0);
-    }
-    if (out != NULL) {
-      __builtin_prefetch(out + i * esize, 1);
-      __builtin_prefetch(out + i * esize + 64, 1);
-    }
+  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES)
     for (int k = 0; k < SN_ROW_LANES; k++) {
-      double v = (double)x[i + k] - shift;
+      const float x = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i + k])
+                            : ((const float *)src)[i + k];
+      if (widen) dst[i + k] = x;
+      const double v = (double)x - shift;
       acc[k] += v * v;
     }
-  }
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    double v = (double)x[i] - shift;
+    const float x = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+    if (widen) dst[i] = x;
+    const double v = (double)x - shift;
     acc[k] += v * v;
   }
   return sn__lanes_total(acc);
 }
 
-/* Σ (x[i] − shift)² without prefetching. */
+/* Σ (x[i] − shift)² of an f32 row (sn__row_sumsq_w without widening). */
 SN_INLINE double sn__row_sumsq(const float *x, int64_t n, double shift) {
-  return sn__row_sumsq_pf(x, n, shift, NULL, NULL, 0);
+  return sn__row_sumsq_w(NULL, x, 0, n, shift);
 }
 
 /* mean and M2 = Σ(x − mean)² of the row x [n] (f32) from its shifted sums s (shift K; see
