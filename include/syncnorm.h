@@ -107,7 +107,9 @@ SN_API int64_t sn_dtype_size(sn_dtype_t dtype);
  * The statistics take one fp64 pass over the row, summing t = x − K and t², K the mean of the
  * row's first 32 values (rounded to f32; mean = K + Σt/d, d·var = Σt² − (Σt)²/d), or two fp64
  * passes (Σx, then Σ(x−mean)²) for a row whose K lies more than σ/2 from its mean, where the
- * shifted sums would cancel, or that holds a non-finite value.
+ * shifted sums would cancel, or that holds a non-finite value. y is computed in f32 from the
+ * fp64 statistics, in fp64 where f32 is not exact enough: bf16/f16 outputs where beta cancels
+ * x̂·gamma, and rows whose mean is 2^103 or more (values near the f32 range).
  * y may equal x. Errors: SN_ERR_NULL_POINTER (x or y NULL with rows·d > 0), SN_ERR_INVALID_SIZE
  * (rows < 0, d <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS, SN_ERR_INVALID_DTYPE, SN_ERR_ALLOC. */
 SN_API sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
@@ -121,7 +123,8 @@ SN_API sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const voi
  * gamma: [d] f32 or NULL (= 1). dgamma, dbeta: [d] f32, overwritten (=), either may be NULL (not
  * computed); summed over rows in a fixed order (f32 within runs of 8 rows, the runs in fp64).
  * The per-row sums are fp64 (bf16/f16: f32 lanes of 16 terms each per block, the blocks in
- * fp64). Rows with terms near the f32 range go to the fp64 sums directly. dx may equal dy.
+ * fp64). Rows with terms near the f32 range go to the fp64 sums directly; rows whose saved mean
+ * is 2^103 or more are computed in fp64 throughout. dx may equal dy.
  * Errors as sn_layernorm_fwd (without eps), SN_ERR_NULL_POINTER also for mean/rstd (NULL with
  * rows·d > 0). */
 SN_API sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
@@ -198,7 +201,9 @@ SN_API sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, 
 
 /* Normalize with given per-channel statistics:  y = (x − mean_c)·rstd_c·gamma_c + beta_c.
  * y, x: [N, C, S] or [N, S, C] dtype; mean: [C] f64; rstd: [C] f32; gamma, beta: [C] f32 or NULL
- * (1 / 0). y may equal x. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
+ * (1 / 0). Computed in f32 with the mean as two floats (exact when |mean| ≫ σ), in fp64 for a
+ * channel whose mean is 2^103 or more (there x − mean can overflow f32; the same holds for
+ * sn_batchnorm_infer, sn_batchnorm_bwd_apply and GroupNorm). y may equal x. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE. */
 SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean,
                                       const float *rstd, const float *gamma, const float *beta,

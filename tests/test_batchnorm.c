@@ -6,6 +6,7 @@
  * Layouts: NCHW = [N, C, S], NHWC = [N, S, C]. References read the activations as doubles from
  * the dtype buffers, so bf16/f16 tests compare against the exact function of the rounded inputs.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -370,6 +371,76 @@ START_TEST(test_infer_vs_ref) {
             tu_assert_fwd(y, dt, yr, T, "infer");
             free(x), free(y), free(gamma), free(beta), free(rm), free(rv), free(yr);
           }
+}
+END_TEST
+
+/* Channels of values of both signs near the f32 range (tu_fill_near_max; a channel's mean is
+ * beyond 2^103): x − mean exceeds FLT_MAX for some elements although y is O(1) (a review found
+ * ±inf in y and NaN in dx: the maps took x − mean in f32). Training forward and backward and
+ * inference (running_mean 1e38 and running_var FLT_MAX/2: y ~ 1e19, finite), f32 and bf16, both
+ * layouts, C = 3 and 65 (NHWC tiles with and without such channels: every other channel is
+ * ordinary). var (~1e76) overflows its f32 output to +inf, as the f32 value of a variance that
+ * large must; it is not checked. rstd (~2^-127) is a subnormal f32: a = gamma·rstd keeps 22 bits
+ * (2^-22 relative), within the forward's bound. dy is scaled by 2^100 so that dx is a normal
+ * number. */
+START_TEST(test_near_f32_max) {
+  static const int64_t NSS[][2] = {{8, 125}, {1, 3}};
+  static const int64_t CC[] = {3, 65};
+  tu_rng_t r;
+  tu_rng_seed(&r, 41);
+  for (size_t ins = 0; ins < 2; ins++)
+    for (size_t ic = 0; ic < 2; ic++)
+      for (int il = 0; il < 2; il++)
+        for (int id = 0; id < 2; id++) {
+          const int64_t N = NSS[ins][0], S = NSS[ins][1], C = CC[ic], T = N * C * S;
+          const sn_layout_t lay = LAYOUTS[il];
+          const sn_dtype_t dt = DTYPES[id];
+          void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dy = tu_alloc(T, dt);
+          void *dx = tu_alloc(T, dt);
+          float *gamma = falloc(C), *beta = falloc(C), *var = falloc(C), *rstd = falloc(C);
+          float *rm = falloc(C), *rv = falloc(C);
+          double *mean = dalloc(C), *g64 = dalloc(C), *b64 = dalloc(C), *yr = dalloc(T);
+          double *sdy = dalloc(C), *sdx = dalloc(C), *dxr = dalloc(T), *dgr = dalloc(C);
+          double *dbr = dalloc(C);
+          fill_bn(x, N, C, S, lay, dt, 0.0, 1.0, &r);
+          for (int64_t n = 0; n < N; n++) /* even channels near the f32 range */
+            for (int64_t c = 0; c < C; c += 2)
+              for (int64_t ss = 0; ss < S; ss++) {
+                float v;
+                tu_fill_near_max(&v, 1, SN_DTYPE_F32, 0.75, &r);
+                tu_set(x, at(lay, n, c, ss, C, S), (double)v, dt);
+              }
+          tu_fill_normal(dy, T, dt, 0.0, 0x1p100, &r);
+          fill_params(gamma, beta, C, &r);
+          for (int64_t c = 0; c < C; c++) g64[c] = gamma[c], b64[c] = beta[c];
+          double *xd = as_f64(x, T, dt), *dyd = as_f64(dy, T, dt);
+          char what[128];
+          snprintf(what, sizeof what, "near FLT_MAX N=%lld C=%lld S=%lld %s %s", (long long)N,
+                   (long long)C, (long long)S, LNAME[il], tu_dtype_name[dt]);
+          lib_train_fwd(y, mean, var, rstd, x, NULL, gamma, beta, N, C, S, lay, dt);
+          ref_train_fwd(yr, xd, g64, b64, N, C, S, lay, EPS);
+          tu_assert_fwd(y, dt, yr, T, what);
+          lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, lay, dt);
+          ref_train_bwd(dxr, dgr, dbr, dyd, xd, g64, N, C, S, lay, EPS);
+          assert_dx(dx, dt, dxr, dyd, gamma, rstd, N, C, S, lay, what);
+          for (int64_t c = 0; c < C; c++) {
+            rm[c] = c % 2 == 0 ? 1e38f : 0.5f;
+            rv[c] = c % 2 == 0 ? FLT_MAX / 2 : 2.0f;
+          }
+          for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++)
+              for (int64_t ss = 0; ss < S; ss++) {
+                int64_t i = at(lay, n, c, ss, C, S);
+                yr[i] = (xd[i] - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c] + beta[c];
+              }
+          tu_poison(y, T, dt);
+          ck_assert_int_eq(sn_batchnorm_infer(y, x, rm, rv, gamma, beta, N, C, S, EPS, lay, dt),
+                           SN_OK);
+          tu_assert_fwd(y, dt, yr, T, what);
+          free(x), free(y), free(dy), free(dx), free(gamma), free(beta), free(var), free(rstd);
+          free(rm), free(rv), free(mean), free(g64), free(b64), free(yr), free(sdy), free(sdx);
+          free(dxr), free(dgr), free(dbr), free(xd), free(dyd);
+        }
 }
 END_TEST
 
@@ -993,6 +1064,7 @@ int main(void) {
   tcase_add_test(tc, test_finalize_count);
   tcase_add_test(tc, test_bad_inputs);
   tcase_add_test(tc, test_adversarial);
+  tcase_add_test(tc, test_near_f32_max);
   tcase_add_test(tc, test_in_place);
   tcase_add_test(tc, test_threads_bitwise);
   suite_add_tcase(s, tc);

@@ -379,6 +379,62 @@ START_TEST(test_adversarial) {
 }
 END_TEST
 
+/* Groups of values of both signs near the f32 range (tu_fill_near_max; the group mean is beyond
+ * 2^103): x − mean exceeds FLT_MAX for some elements although y is O(1). The first group of
+ * each sample is such a group, the others ordinary (NHWC tiles mixing both). Forward and
+ * backward, f32 and bf16, both layouts. rstd (~2^-127) is a subnormal f32: the backward starts
+ * from it (2^-22 relative, inside TOL_DPARAM and the dx bounds); dy is scaled by 2^100 so that
+ * dx is a normal number. */
+START_TEST(test_near_f32_max) {
+  static const int64_t NSS[][2] = {{2, 200}, {1, 3}};
+  const int64_t C = 6, G = 3;
+  tu_rng_t r;
+  tu_rng_seed(&r, 29);
+  for (size_t ins = 0; ins < 2; ins++)
+    for (int il = 0; il < 2; il++)
+      for (int id = 0; id < 2; id++) {
+        const int64_t N = NSS[ins][0], S = NSS[ins][1], T = N * C * S;
+        const sn_layout_t lay = LAYOUTS[il];
+        const sn_dtype_t dt = DTYPES[id];
+        void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dy = tu_alloc(T, dt);
+        void *dx = tu_alloc(T, dt);
+        float *gamma = falloc(C), *beta = falloc(C), *mean = falloc(N * G), *rstd = falloc(N * G);
+        float *dg = falloc(C), *db = falloc(C);
+        double *yr = dalloc(T), *rm = dalloc(N * G), *rr = dalloc(N * G), *dxr = dalloc(T);
+        double *rg = dalloc(C), *rb = dalloc(C);
+        fill_gn(x, N, C, S, lay, dt, 1.0, 1.5, &r);
+        for (int64_t n = 0; n < N; n++)
+          for (int64_t c = 0; c < C / G; c++) /* group 0 */
+            for (int64_t ss = 0; ss < S; ss++) {
+              float v;
+              tu_fill_near_max(&v, 1, SN_DTYPE_F32, 0.75, &r);
+              tu_set(x, at(lay, n, c, ss, C, S), (double)v, dt);
+            }
+        tu_fill_normal(dy, T, dt, 0.0, 0x1p100, &r);
+        fill_params(gamma, beta, C, &r);
+        double *xd = as_f64(x, T, dt), *dyd = as_f64(dy, T, dt);
+        char what[128];
+        snprintf(what, sizeof what, "near FLT_MAX N=%lld S=%lld %s %s", (long long)N,
+                 (long long)S, LNAME[il], tu_dtype_name[dt]);
+        tu_poison(y, T, dt);
+        ck_assert_int_eq(
+            sn_groupnorm_fwd(y, mean, rstd, x, gamma, beta, N, C, S, G, EPS, lay, dt), SN_OK);
+        ref_fwd(yr, rm, rr, xd, gamma, beta, N, C, S, G, lay, EPS);
+        tu_assert_fwd(y, dt, yr, T, what);
+        tu_poison(dx, T, dt), tu_poison_f32(dg, C), tu_poison_f32(db, C);
+        ck_assert_int_eq(
+            sn_groupnorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, N, C, S, G, lay, dt), SN_OK);
+        ref_bwd(dxr, rg, rb, dyd, xd, gamma, N, C, S, G, lay, EPS);
+        assert_dx(dx, dt, dxr, dyd, gamma, rr, N, C, S, G, lay,
+                  dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : tol_half_normwise(dt), what);
+        check_dparams(dg, db, rg, rb, dyd, xd, N, C, S, G, lay, what);
+        free(x), free(y), free(dy), free(dx), free(gamma), free(beta), free(mean), free(rstd);
+        free(dg), free(db), free(yr), free(rm), free(rr), free(dxr), free(rg), free(rb);
+        free(xd), free(dyd);
+      }
+}
+END_TEST
+
 /* The one-pass statistics' fallback on a large group: 2^21 values (N = 1, C = 2, G = 1,
  * S = 2^20), constant but for 32 values at 1.7 that pull the pivots (NCHW: the mean of the
  * group's first 32 values; NHWC: of each channel's first 128 rows) far off the mean (ρ ≈ 2^15
@@ -556,6 +612,7 @@ int main(void) {
   tcase_add_test(tc, test_fwd_bwd_vs_ref);
   tcase_add_test(tc, test_bwd_vs_fd);
   tcase_add_test(tc, test_adversarial);
+  tcase_add_test(tc, test_near_f32_max);
   tcase_add_test(tc, test_shift_fallback);
   tcase_add_test(tc, test_layouts_inplace_threads);
   tcase_add_test(tc, test_empty_batch);

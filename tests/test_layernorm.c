@@ -320,6 +320,53 @@ START_TEST(test_map_overflow) {
 }
 END_TEST
 
+/* Rows of values of both signs near the f32 range (tu_fill_near_max): x − mean exceeds FLT_MAX
+ * for some elements although y and dx are O(1) and O(rstd) (a review found y = ±inf and dx NaN:
+ * x − mean was taken in f32). f32 and bf16 (f16 cannot hold such values), every gamma/beta
+ * combination, d from 2 to 4096. rstd (~2^-127) is a subnormal f32: one rounding of it errs by
+ * up to 2^-150 absolute, which its check allows; the backward starts from that saved rstd
+ * (2^-22 relative), inside its tolerances; dy is scaled by 2^100 so that dx is a normal number
+ * (bf16 subnormals near 2^-128 would keep only a few bits). */
+START_TEST(test_near_f32_max) {
+  static const int64_t dims[] = {2, 3, 7, 65, 4096};
+  const int64_t rows = 3;
+  for (int id = 0; id < 2; id++)
+    for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++) {
+      const sn_dtype_t dt = id == 0 ? SN_DTYPE_F32 : SN_DTYPE_BF16;
+      const int64_t d = dims[k], n = rows * d;
+      tu_rng_t rng;
+      tu_rng_seed(&rng, 1300 + 10 * (uint64_t)id + k);
+      void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt);
+      tu_fill_near_max(x, n, dt, 0.75, &rng);
+      tu_fill_normal(dy, n, dt, 0.0, 0x1p100, &rng); /* dx ~ rstd·dy: normal, not subnormal */
+      float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+      float *dg = malloc((size_t)d * sizeof(float)), *db = malloc((size_t)d * sizeof(float));
+      float mean[3], rstd[3];
+      double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double)), mr[3], rr[3];
+      for (int gb = 0; gb < 4; gb++) {
+        const float *g = gb & 1 ? gamma : NULL, *b = gb & 2 ? beta : NULL;
+        char what[128];
+        snprintf(what, sizeof what, "layernorm near FLT_MAX d=%lld gamma=%d beta=%d",
+                 (long long)d, g != NULL, b != NULL);
+        tu_poison(y, n, dt);
+        tu_poison_f32(mean, rows);
+        tu_poison_f32(rstd, rows);
+        ck_assert_int_eq(sn_layernorm_fwd(y, mean, rstd, x, g, b, rows, d, EPS, dt), SN_OK);
+        ref_fwd(yr, mr, rr, xd, g, b, rows, d, EPS);
+        tu_assert_fwd(y, dt, yr, n, what);
+        for (int64_t r = 0; r < rows; r++) {
+          assert_stat(mean[r], mr[r], 1.0 / rr[r], "mean", r);
+          TU_CHECK(fabs((double)rstd[r] - rr[r]) <= 0x1p-24 * rr[r] + 0x1p-150,
+                   "%s: rstd row %lld %.9g vs %.17g", what, (long long)r, (double)rstd[r], rr[r]);
+        }
+        run_bwd(dx, dg, db, dy, x, mean, rstd, g, rows, d, dt, what);
+      }
+      free(x), free(y), free(dy), free(dx), free(gamma), free(beta), free(dg), free(db);
+      free(xd), free(yr);
+    }
+}
+END_TEST
+
 /* A mean so small that mean − (float)mean is below the normal f32 range (a review found 6 ulp
  * here): x = [2^-133, 0, ..., 0], eps 1e-12 as BERT's, so x − mean matters at 2^-133. Every
  * gamma/beta combination (beta = 0 exercises the checked map with no cancellation), bf16 and
@@ -916,6 +963,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_shift_fallback, 0, 3);
   tcase_add_test(tc, test_map_overflow);
   tcase_add_test(tc, test_tiny_mean);
+  tcase_add_test(tc, test_near_f32_max);
   tcase_add_test(tc, test_bf16_path_matches_generic);
   tcase_add_loop_test(tc, test_constant_rows, 0, 3);
   tcase_add_loop_test(tc, test_near_half_max, 0, 2);

@@ -153,6 +153,13 @@ void tu_fill_huge_dy(void *x, void *dy, int64_t rows, sn_dtype_t dtype, tu_rng_t
   }
 }
 
+void tu_fill_near_max(void *buf, int64_t n, sn_dtype_t dtype, double p_pos, tu_rng_t *r) {
+  for (int64_t i = 0; i < n; i++) {
+    const double m = (0.75 + 0.25 * tu_rng_uniform(r)) * TU_BF16_MAX;
+    tu_set(buf, i, tu_rng_uniform(r) < p_pos ? m : -m, dtype);
+  }
+}
+
 double tu_ulp_diff(double a, double b, sn_dtype_t dtype) {
   if (a == b) return 0.0;
   if (isnan(a) || isnan(b)) return INFINITY;

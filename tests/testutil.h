@@ -51,6 +51,14 @@ void tu_fill_normal(void *buf, int64_t n, sn_dtype_t dtype, double mean, double 
  * every x row is [1, −1]; dy is N(0,1) except dy[0..3][0] = +3e38, +3e38, −3e38, −3e38 (one
  * reduction chunk when rows >= 256), whose f32 running sums would overflow. */
 void tu_fill_huge_dy(void *x, void *dy, int64_t rows, sn_dtype_t dtype, tu_rng_t *r);
+/* The largest finite bf16, 0x1.fep127 (3.39e38): every value of magnitude ≤ it is a finite bf16
+ * and f32 after rounding. */
+#define TU_BF16_MAX 0x1.fep127
+/* Fill with ±U[0.75, 1)·TU_BF16_MAX rounded to the dtype (f32 or bf16), + with probability
+ * p_pos: values of both signs near the f32 range, whose differences from the mean (about
+ * (2·p_pos − 1)·0.9·TU_BF16_MAX, well beyond 2^103) exceed FLT_MAX although every normalized
+ * output is O(1). */
+void tu_fill_near_max(void *buf, int64_t n, sn_dtype_t dtype, double p_pos, tu_rng_t *r);
 /* Distance in units in the last place of the dtype between a and b (both representable). */
 double tu_ulp_diff(double a, double b, sn_dtype_t dtype);
 

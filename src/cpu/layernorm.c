@@ -12,7 +12,9 @@
  * y written once. Pass 2 runs in f32, with the fp64 mean split into two floats hi + lo:
  * (x − hi) is exact when x is near the mean (Sterbenz), so |mean| ≫ σ loses nothing; for
  * bf16/f16 outputs with beta, blocks where beta cancels x̂·gamma too deeply for the 1-ulp bound
- * are recomputed in fp64 (ln_map_beta).
+ * are recomputed in fp64 (ln_map_beta), and so is every block of a row whose mean is 2^103 or
+ * more, where x − hi itself can overflow f32 (LN_CENTRE_F32_MAX; the backward's such rows are
+ * computed in fp64 throughout).
  * f16 rows (and the fused kernels' bf16 rows) are widened into per-thread f32 scratch rows
  * ([threads, 2, d] floats: x and y, allocated before the parallel region), computed there and
  * narrowed once, round-to-nearest-even. sn_layernorm_fwd's bf16 rows take a two-pass path
@@ -85,6 +87,15 @@ SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const fl
 
 static inline int ln_tiny_mean(double mean) { return mean != 0.0 && fabs(mean) < LN_SPLIT_MIN; }
 
+/* x − mean of an f32 map cannot overflow while |mean| < 2^103 (rounded to f32; the bound of
+ * norm_kernels.h's SN_CENTRE_F32_MAX, whose argument this is): rows with a larger mean can hold
+ * values of both signs near FLT_MAX, whose difference is beyond the f32 range although the
+ * output is not. They take the checked map with limit 0 (every block with a nonzero term in
+ * fp64), the backward its fp64 row (ln_bwd_row_f64). */
+#define LN_CENTRE_F32_MAX 0x1p103f
+
+static inline int ln_wide_mean(float mean) { return fabsf(mean) >= LN_CENTRE_F32_MAX; }
+
 /* One block of m ≤ LN_MAP_BLOCK elements of the checked map into yb [m] (f32, not aliasing x).
  * has_b == 0 (no beta: only for tiny means, with lim 0) reads no beta. */
 SN_INLINE void ln_map_beta_block(float *yb, const float *x, const float *gamma,
@@ -131,9 +142,9 @@ SN_INLINE void ln_map_beta(void *y, const float *x, const float *gamma, const fl
 
 /* The limit of the checked map for a row (ln_map_beta), or a negative value where the plain f32
  * map (ln_map_f32) is exact enough: f32 outputs, and bf16/f16 without beta, unless the mean is
- * tiny (then limit 0: fp64). */
+ * tiny or wide (then limit 0: fp64). */
 static inline float ln_check_lim(double mean, int has_b, sn_dtype_t dtype) {
-  if (ln_tiny_mean(mean)) return 0.0f;
+  if (ln_tiny_mean(mean) || ln_wide_mean((float)mean)) return 0.0f;
   if (!has_b || dtype == SN_DTYPE_F32) return -1.0f;
   return dtype == SN_DTYPE_BF16 ? LN_CANCEL_LIM_BF16 : LN_CANCEL_LIM_F16;
 }
@@ -457,6 +468,33 @@ SN_CLONES static void ln_bwd_row(float *dx, float *dgp, float *dbp, double *dgp6
 #undef LN_BWD_ROW
 }
 
+/* One row of the backward in fp64 throughout, for a saved mean beyond LN_CENTRE_F32_MAX, where
+ * the f32 x − m of ln_bwd_row can overflow: x̂ = (x − m)·s, the sums Σx̂, Σg, Σg·x̂ (one fp64
+ * accumulator each), dx = s·((g − mean(g)) − x̂'·mean(g·x̂')) rounded once to f32; with dgp64
+ * (then dbp64 too) the parameter terms dy·x̂', dy go to the chunk's fp64 partials. dx may equal
+ * dy. Scalar: only data near the f32 range gets here. */
+static void ln_bwd_row_f64(float *dx, double *dgp64, double *dbp64, const float *dy,
+                           const float *x, const float *gamma, int64_t d, float m, float s) {
+  double sum_xh = 0.0, sum_g = 0.0, sum_gxh = 0.0;
+  for (int64_t i = 0; i < d; i++) {
+    const double xh = ((double)x[i] - m) * s, g = (double)dy[i] * (gamma ? gamma[i] : 1.0f);
+    sum_xh += xh;
+    sum_g += g;
+    sum_gxh += g * xh;
+  }
+  const double c = sum_xh / (double)d, mg = sum_g / (double)d;
+  const double mgx = (sum_gxh - c * sum_g) / (double)d;
+  for (int64_t i = 0; i < d; i++) {
+    const double dyi = dy[i], xh = ((double)x[i] - m) * s - c;
+    const double g = dyi * (gamma ? gamma[i] : 1.0f);
+    if (dgp64 != NULL) {
+      dgp64[i] += dyi * xh;
+      dbp64[i] += dyi;
+    }
+    dx[i] = (float)(s * ((g - mg) - xh * mgx));
+  }
+}
+
 /* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
  * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32. */
 static void ln_bwd_store(void *dx, float *dgp, float *dbp, double *dgp64, double *dbp64,
@@ -471,8 +509,11 @@ static void ln_bwd_store(void *dx, float *dgp, float *dbp, double *dgp64, double
   const float *xr = sn__in_row(x, off, d, dtype, tmp);         /* [d] */
   const float *dyr = sn__in_row(dy, off, d, dtype, tmp_dy);    /* [d] */
   float *dxr = sn__out_row(dx, off, dtype, tmp_dy);          /* [d], may be dyr */
-  ln_bwd_row(dxr, dgp, dbp, dgp64, dbp64, dyr, xr, gamma, d, mean[r], rstd[r], &pf,
-             dtype != SN_DTYPE_F32);
+  if (ln_wide_mean(mean[r]))
+    ln_bwd_row_f64(dxr, dgp64, dbp64, dyr, xr, gamma, d, mean[r], rstd[r]);
+  else
+    ln_bwd_row(dxr, dgp, dbp, dgp64, dbp64, dyr, xr, gamma, d, mean[r], rstd[r], &pf,
+               dtype != SN_DTYPE_F32);
   sn__out_done(dx, off, d, dtype, tmp_dy);
 }
 

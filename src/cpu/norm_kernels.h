@@ -9,6 +9,8 @@
  * of two of the mean (Sterbenz), so |mean| ≫ σ keeps full f32 accuracy in xc.
  *   forward:   y  = xc·a + b                 (a = rstd·gamma, b = beta)
  *   backward:  dx = (dy·a − b) − xc·e        (a, b, e: per-channel constants of the formula)
+ * A channel whose centre is 2^103 or more (values near the f32 range, where x − hi itself can
+ * overflow) is mapped in fp64 instead (SN_CENTRE_F32_MAX).
  *
  * Loops run over blocks of SN_VB elements held in one GCC vector value (sn__vf): each block is
  * loaded whole, computed, then stored whole. That makes y == x (in place) well defined without
@@ -18,6 +20,7 @@
 #ifndef SN_NORM_KERNELS_H
 #define SN_NORM_KERNELS_H
 
+#include <math.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -190,20 +193,78 @@ SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const f
   }
 }
 
+/* ---- fp64 maps for centres where x − hi can overflow f32 ------------------------------------- */
+
+/* x − hi rounds to at most FLT_MAX for every finite f32 x while |hi| < SN_CENTRE_F32_MAX:
+ * |x − hi| < (2^128 − 2^104) + 2^103 = 2^128 − 2^103, the midpoint between FLT_MAX and 2^128, so
+ * it rounds down; − lo (|lo| ≤ 2^-24·|hi|) keeps it below. From 2^103 on, values of opposite
+ * signs near FLT_MAX give ±inf in f32 where (x − mean)·a is finite: a channel whose centre is
+ * that large is mapped in fp64 instead (the same f32 constants, one rounding at the end). Only
+ * data near the f32 range gets there; the channels' other maps are unchanged. */
+#define SN_CENTRE_F32_MAX 0x1p103f
+
+static inline int sn__centre_wide(float hi) { return fabsf(hi) >= SN_CENTRE_F32_MAX; }
+
+/* The fp64 maps are kept out of line and out of the hot code (only such data gets there). */
+#if defined(__GNUC__)
+#define SN_COLD __attribute__((noinline, cold, unused))
+#else
+#define SN_COLD
+#endif
+
+/* Any channel of a tile's first ct centres wide (sn__centre_wide). */
+static inline int sn__tile_wide(const sn__chan_tile_t *p, int64_t ct) {
+  int wide = 0;
+  for (int64_t j = 0; j < ct; j++) wide |= sn__centre_wide(p->hi[j]);
+  return wide;
+}
+
+/* sn__aff_run in fp64: y[i] = (float)((((double)x[i] − hi) − lo)·a + b). y may equal x. */
+SN_COLD static void sn__aff_run_f64(float *y, const float *x, int64_t n, float hi, float lo,
+                                   float a, float b) {
+  for (int64_t i = 0; i < n; i++)
+    y[i] = (float)((((double)x[i] - hi) - lo) * a + b);
+}
+
+/* sn__affbwd_run in fp64: dx[i] = (float)((dy[i]·a − b) − ((x[i] − hi) − lo)·e). */
+SN_COLD static void sn__affbwd_run_f64(float *dx, const float *dy, const float *x, int64_t n,
+                                      float hi, float lo, float a, float b, float e) {
+  for (int64_t i = 0; i < n; i++)
+    dx[i] = (float)(((double)dy[i] * a - b) - (((double)x[i] - hi) - lo) * e);
+}
+
+/* sn__aff_rows / sn__affbwd_rows in fp64, channel by channel along the rows (stride ld). */
+SN_COLD static void sn__aff_rows_f64(float *y, const float *x, int64_t nr, int64_t ld, int64_t ct,
+                                    const sn__chan_tile_t *p) {
+  for (int64_t r = 0; r < nr; r++)
+    for (int64_t c = 0; c < ct; c++)
+      sn__aff_run_f64(y + r * ld + c, x + r * ld + c, 1, p->hi[c], p->lo[c], p->a[c], p->b[c]);
+}
+SN_COLD static void sn__affbwd_rows_f64(float *dx, const float *dy, const float *x, int64_t nr,
+                                       int64_t ld, int64_t ct, const sn__chan_tile_t *p) {
+  for (int64_t r = 0; r < nr; r++)
+    for (int64_t c = 0; c < ct; c++)
+      sn__affbwd_run_f64(dx + r * ld + c, dy + r * ld + c, x + r * ld + c, 1, p->hi[c], p->lo[c],
+                         p->a[c], p->b[c], p->e[c]);
+}
+
 /* ---- any activation dtype: f32 in place, bf16/f16 through stack tiles ------------------------ */
 
 /* Elements [off, off+n) of one channel's run: y = ((x − hi) − lo)·a + b. y may equal x. */
 static inline void sn__aff_span(void *y, const void *x, int64_t off, int64_t n, float hi,
                                 float lo, float a, float b, sn_dtype_t dtype) {
+  const int wide = sn__centre_wide(hi);
   if (dtype == SN_DTYPE_F32) {
-    sn__aff_run((float *)y + off, (const float *)x + off, n, hi, lo, a, b);
+    if (wide) sn__aff_run_f64((float *)y + off, (const float *)x + off, n, hi, lo, a, b);
+    else sn__aff_run((float *)y + off, (const float *)x + off, n, hi, lo, a, b);
     return;
   }
   float t[SN_TILE];
   for (int64_t i = 0; i < n; i += SN_TILE) {
     int64_t m = sn__min64(SN_TILE, n - i);
     sn__to_f32(t, x, off + i, m, dtype);
-    sn__aff_run(t, t, m, hi, lo, a, b);
+    if (wide) sn__aff_run_f64(t, t, m, hi, lo, a, b);
+    else sn__aff_run(t, t, m, hi, lo, a, b);
     sn__from_f32(y, off + i, t, m, dtype);
   }
 }
@@ -212,9 +273,12 @@ static inline void sn__aff_span(void *y, const void *x, int64_t off, int64_t n, 
 static inline void sn__affbwd_span(void *dx, const void *dy, const void *x, int64_t off, int64_t n,
                                    float hi, float lo, float a, float b, float e,
                                    sn_dtype_t dtype) {
+  const int wide = sn__centre_wide(hi);
   if (dtype == SN_DTYPE_F32) {
-    sn__affbwd_run((float *)dx + off, (const float *)dy + off, (const float *)x + off, n, hi, lo,
-                   a, b, e);
+    float *o = (float *)dx + off;
+    const float *g = (const float *)dy + off, *v = (const float *)x + off;
+    if (wide) sn__affbwd_run_f64(o, g, v, n, hi, lo, a, b, e);
+    else sn__affbwd_run(o, g, v, n, hi, lo, a, b, e);
     return;
   }
   float tg[SN_TILE], tx[SN_TILE];
@@ -222,7 +286,8 @@ static inline void sn__affbwd_span(void *dx, const void *dy, const void *x, int6
     int64_t m = sn__min64(SN_TILE, n - i);
     sn__to_f32(tg, dy, off + i, m, dtype);
     sn__to_f32(tx, x, off + i, m, dtype);
-    sn__affbwd_run(tg, tg, tx, m, hi, lo, a, b, e);
+    if (wide) sn__affbwd_run_f64(tg, tg, tx, m, hi, lo, a, b, e);
+    else sn__affbwd_run(tg, tg, tx, m, hi, lo, a, b, e);
     sn__from_f32(dx, off + i, tg, m, dtype);
   }
 }
@@ -242,12 +307,14 @@ static inline void sn__aff_rowspan(void *y, const void *x, int64_t r0, int64_t r
                                    int64_t c0, int64_t ct, const sn__chan_tile_t *p,
                                    sn_dtype_t dtype) {
   float t[SN_TILE];
+  const int wide = sn__tile_wide(p, ct);
   int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
   for (int64_t r = r0; r < r1; r += per) {
     int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
     const float *xb = sn__in_row(x, off, span, dtype, t);
     float *yb = sn__out_row(y, off, dtype, t);
-    sn__aff_rows(yb, xb, nr, ld, ct, p);
+    if (wide) sn__aff_rows_f64(yb, xb, nr, ld, ct, p);
+    else sn__aff_rows(yb, xb, nr, ld, ct, p);
     sn__out_done(y, off, span, dtype, yb);
   }
 }
@@ -258,13 +325,15 @@ static inline void sn__affbwd_rowspan(void *dx, const void *dy, const void *x, i
                                       int64_t r1, int64_t ld, int64_t c0, int64_t ct,
                                       const sn__chan_tile_t *p, sn_dtype_t dtype) {
   float tg[SN_TILE], tx[SN_TILE];
+  const int wide = sn__tile_wide(p, ct);
   int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
   for (int64_t r = r0; r < r1; r += per) {
     int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
     const float *gb = sn__in_row(dy, off, span, dtype, tg);
     const float *xb = sn__in_row(x, off, span, dtype, tx);
     float *ob = sn__out_row(dx, off, dtype, tg);
-    sn__affbwd_rows(ob, gb, xb, nr, ld, ct, p);
+    if (wide) sn__affbwd_rows_f64(ob, gb, xb, nr, ld, ct, p);
+    else sn__affbwd_rows(ob, gb, xb, nr, ld, ct, p);
     sn__out_done(dx, off, span, dtype, ob);
   }
 }
