@@ -258,7 +258,9 @@ SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *
  * shifted by a pivot, the mean of the group's first 32 values (NCHW) or of each channel's first
  * 128 rows in the sample (NHWC, channels combined as M2 = Σ_c M2_c + S·(mean_c − mean)²), as
  * sn_layernorm_fwd, with two passes (Σx, then Σ(x − mean)²) where a pivot lies more than σ/2
- * from its mean or a value is not finite; bf16/f16 NCHW always two passes.
+ * from its mean or a value is not finite; bf16/f16 NCHW always two passes. y in f32 from them,
+ * in fp64 where f32 is not exact enough: bf16/f16 outputs where beta cancels x̂·gamma (each
+ * output within 1 ulp of the exactly rounded value), groups whose mean is 2^103 or more.
  * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C, G <= 0, N, S < 0),
  * SN_ERR_INVALID_GROUPS (C % G != 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_ALLOC. */

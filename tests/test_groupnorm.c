@@ -379,6 +379,40 @@ START_TEST(test_adversarial) {
 }
 END_TEST
 
+/* bf16/f16 outputs where beta cancels x̂·gamma: beta_c = −round_f32(x̂·gamma_c) of one element of
+ * each channel (sample 0), so that element's y is ~2^-24 of its terms; every other element of
+ * the same value cancels as deeply (a review found up to 253 ulp with the f32 map: its error is
+ * relative to x̂·gamma, not to y). Each element within 1 ulp of the fp64 reference, both
+ * layouts, N·S large enough that NHWC uses whole-row tiles; gamma random. */
+START_TEST(test_beta_cancels) {
+  const int64_t N = 2, C = 8, G = 4, S = 300, T = N * C * S;
+  tu_rng_t r;
+  tu_rng_seed(&r, 31);
+  for (int il = 0; il < 2; il++)
+    for (int id = 1; id < 3; id++) {
+      const sn_layout_t lay = LAYOUTS[il];
+      const sn_dtype_t dt = DTYPES[id];
+      void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
+      float *gamma = falloc(C), *beta = falloc(C);
+      double *yr = dalloc(T), *rm = dalloc(N * G), *rr = dalloc(N * G);
+      fill_gn(x, N, C, S, lay, dt, 0.5, 2.0, &r);
+      fill_params(gamma, beta, C, &r);
+      double *xd = as_f64(x, T, dt);
+      ref_fwd(yr, rm, rr, xd, NULL, NULL, N, C, S, G, lay, EPS); /* x̂ */
+      for (int64_t c = 0; c < C; c++)
+        beta[c] = -(float)(yr[at(lay, 0, c, 7 * c + 3, C, S)] * gamma[c]);
+      ref_fwd(yr, rm, rr, xd, gamma, beta, N, C, S, G, lay, EPS);
+      char what[96];
+      snprintf(what, sizeof what, "beta cancels %s %s", LNAME[il], tu_dtype_name[dt]);
+      tu_poison(y, T, dt);
+      ck_assert_int_eq(sn_groupnorm_fwd(y, NULL, NULL, x, gamma, beta, N, C, S, G, EPS, lay, dt),
+                       SN_OK);
+      tu_assert_fwd(y, dt, yr, T, what);
+      free(x), free(y), free(gamma), free(beta), free(yr), free(rm), free(rr), free(xd);
+    }
+}
+END_TEST
+
 /* Groups of values of both signs near the f32 range (tu_fill_near_max; the group mean is beyond
  * 2^103): x − mean exceeds FLT_MAX for some elements although y is O(1). The first group of
  * each sample is such a group, the others ordinary (NHWC tiles mixing both). Forward and
@@ -613,6 +647,7 @@ int main(void) {
   tcase_add_test(tc, test_bwd_vs_fd);
   tcase_add_test(tc, test_adversarial);
   tcase_add_test(tc, test_near_f32_max);
+  tcase_add_test(tc, test_beta_cancels);
   tcase_add_test(tc, test_shift_fallback);
   tcase_add_test(tc, test_layouts_inplace_threads);
   tcase_add_test(tc, test_empty_batch);

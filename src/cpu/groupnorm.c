@@ -16,6 +16,9 @@
  *         over the S rows (vectorized across channels, fp64), shifted by each channel's mean
  *         over the sample's first 128 rows, give each channel's mean and M2, combined into
  *         groups in channel order (gn_nhwc_stats); then the sample's rows are normalized.
+ * The normalization is norm_kernels.h's f32 map y = ((x − hi) − lo)·a + b; for bf16/f16 outputs
+ * with beta its checked variant (SN_CANCEL_LIM_BF16), which recomputes in fp64 the blocks where
+ * beta cancels x̂·gamma too deeply for the 1-ulp bound.
  * Backward, per group, with d = x − mean_saved (mean_saved the f32 mean from the forward):
  *   one pass gathers per channel Σd, Σdy and Σdy·d (fp64); μ_d = Σd/L re-centres
  *   x̂ = (d − μ_d)·rstd, so a rounded saved mean costs nothing; with g = dy·gamma_c,
@@ -282,8 +285,12 @@ static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const 
     float hi, lo;
     sn__split_f64(mu, &hi, &lo);
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
-      const float a = (float)(rs * (gamma ? (double)gamma[ch] : 1.0));
-      sn__aff_span(y, x, (n * C + ch) * S, S, hi, lo, a, beta ? beta[ch] : 0.0f, dtype);
+      const double ad = rs * (gamma ? (double)gamma[ch] : 1.0);
+      const float a = (float)ad, b = beta ? beta[ch] : 0.0f;
+      if (beta != NULL && dtype != SN_DTYPE_F32) /* beta may cancel: the checked map */
+        sn__aff_span_chk(y, x, (n * C + ch) * S, S, hi, lo, a, b, mu, ad, dtype);
+      else
+        sn__aff_span(y, x, (n * C + ch) * S, S, hi, lo, a, b, dtype);
     }
   }
 }
@@ -369,6 +376,8 @@ static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const 
     double *col = scratch + (int64_t)sn__thread_num() * per_thread(3 * C + 2 * G);
     double *k = col + 2 * C, *gm = k + C, *gr = gm + G; /* [2][C], [C], [G], [G] */
     sn__chan_tile_t p;
+    sn__chan_exact_t q;
+    const int checked = beta != NULL && dtype != SN_DTYPE_F32; /* beta may cancel */
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; n++) {
       const int64_t r0 = n * S, r1 = r0 + S;
@@ -382,10 +391,13 @@ static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const 
         for (int64_t j = 0; j < ct; j++) {
           const int64_t ch = c0 + j, g = ch / Cg;
           sn__split_f64(gm[g], &p.hi[j], &p.lo[j]);
-          p.a[j] = (float)(gr[g] * (gamma ? (double)gamma[ch] : 1.0));
+          q.md[j] = gm[g];
+          q.ad[j] = gr[g] * (gamma ? (double)gamma[ch] : 1.0);
+          p.a[j] = (float)q.ad[j];
           p.b[j] = beta ? beta[ch] : 0.0f;
         }
-        sn__aff_rowspan(y, x, r0, r1, C, c0, ct, &p, dtype);
+        if (checked) sn__aff_rowspan_chk(y, x, r0, r1, C, c0, ct, &p, &q, dtype);
+        else sn__aff_rowspan(y, x, r0, r1, C, c0, ct, &p, dtype);
       }
     }
   }
