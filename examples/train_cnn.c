@@ -331,6 +331,11 @@ static int64_t load_checkpoint(trainer_t *t) {
              (long long)t->train_n);
     failed = 1;
   }
+  double lr = t->o.lr; /* absent from checkpoints of older builds: no note then */
+  sn_tensor_t lt;
+  if (!failed && sn_safetensors_get(f, "trainer.lr", &lt) == SN_OK && !lt.is_i64 &&
+      lt.dtype == SN_DTYPE_F64 && lt.ndim == 0)
+    memcpy(&lr, lt.data, sizeof lr);
   char detail[1024] = "";
   if (!failed && cnn_model_load(t->model, f, 1, detail, sizeof detail) != 0) {
     snprintf(err, sizeof err, "--resume %s: %s", t->o.resume, detail);
@@ -341,11 +346,13 @@ static int64_t load_checkpoint(trainer_t *t) {
   if (t->rank == 0) {
     printf("resumed from %s at step %lld (epoch %lld)\n", t->o.resume, (long long)v[TS_STEP],
            (long long)(v[TS_STEP] / t->steps_per_epoch + 1));
-    if (v[TS_EPOCHS] != t->o.epochs || v[TS_WORLD] != t->size || v[TS_SYNC] != t->o.sync_bn)
-      printf("note: the checkpoint was made with --epochs %lld on %lld ranks%s; this run uses "
-             "--epochs %lld on %d ranks%s (the learning-rate schedule follows this run)\n",
-             (long long)v[TS_EPOCHS], (long long)v[TS_WORLD], v[TS_SYNC] ? "" : " --no-sync-bn",
-             (long long)t->o.epochs, t->size, t->o.sync_bn ? "" : " --no-sync-bn");
+    if (v[TS_EPOCHS] != t->o.epochs || v[TS_WORLD] != t->size || v[TS_SYNC] != t->o.sync_bn ||
+        lr != t->o.lr)
+      printf("note: the checkpoint was made with --epochs %lld --lr %g on %lld ranks%s; this run "
+             "uses --epochs %lld --lr %g on %d ranks%s (the learning-rate schedule follows this "
+             "run)\n",
+             (long long)v[TS_EPOCHS], lr, (long long)v[TS_WORLD], v[TS_SYNC] ? "" : " --no-sync-bn",
+             (long long)t->o.epochs, t->o.lr, t->size, t->o.sync_bn ? "" : " --no-sync-bn");
   }
   return v[TS_STEP];
 }

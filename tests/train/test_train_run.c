@@ -303,12 +303,23 @@ START_TEST(test_resume_is_exact) {
   st = run("part2", 2, COMMON, "--out", part, "--resume", ck, NULL);
   ASSERT_RUN(st, 0, "resumed run");
   ck_assert_msg(strstr(g_out, "resumed from") && strstr(g_out, "at step 50"), "%s", g_out);
+  ck_assert_msg(strstr(g_out, "note:") == NULL, "same settings, yet a note: %s", g_out);
   snprintf(a, sizeof a, "%s/checkpoint.safetensors", full);
   snprintf(b, sizeof b, "%s/checkpoint.safetensors", part);
   ck_assert_msg(files_equal(a, b), "the resumed run ends differently from the uninterrupted one");
   snprintf(a, sizeof a, "%s/model.safetensors", full);
   snprintf(b, sizeof b, "%s/model.safetensors", part);
   ck_assert_msg(files_equal(a, b), "model.safetensors differ");
+  /* another --lr: allowed (the schedule follows this run), but said */
+  snprintf(ck, sizeof ck, "%s/checkpoint.safetensors", full);
+  wpath(b, sizeof b, "other_lr");
+  st = run("other_lr", 2, "--data", g_data, "--epochs", "3", "--train-subset", "640",
+           "--test-subset", "200", "--threads", "1", "--seed", "9", "--batch", "8", "--lr",
+           "0.02", "--max-steps", "81", "--out", b, "--resume", ck, NULL);
+  ASSERT_RUN(st, 0, "resume with another --lr");
+  ck_assert_msg(strstr(g_out, "made with --epochs 2 --lr 0.01") &&
+                    strstr(g_out, "uses --epochs 3 --lr 0.02"),
+                "%s", g_out);
   /* refused: another global batch; a model-only file */
   snprintf(ck, sizeof ck, "%s/checkpoint.safetensors", full);
   st = run("wrong_batch", 2, "--data", g_data, "--epochs", "2", "--train-subset", "640",
