@@ -367,6 +367,36 @@ START_TEST(test_near_f32_max) {
 }
 END_TEST
 
+/* Non-finite inputs propagate as in PyTorch: a row holding a NaN or an infinity normalizes to
+ * NaN throughout (its mean or x − mean is NaN), the other rows are unaffected. f32 and bf16
+ * (bf16 with beta goes through the checked map, whose finite blocks skip the NaN case of the
+ * narrowing: the NaN rows must still narrow to NaN, not to ±inf). */
+START_TEST(test_nonfinite_rows) {
+  const int64_t rows = 3, d = 200, n = rows * d;
+  for (int id = 0; id < 2; id++)
+    for (int gb = 0; gb < 4; gb++) {
+      const sn_dtype_t dt = id == 0 ? SN_DTYPE_F32 : SN_DTYPE_BF16;
+      tu_rng_t rng;
+      tu_rng_seed(&rng, 1400 + 4 * (uint64_t)id + (uint64_t)gb);
+      void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt);
+      tu_fill_normal(x, n, dt, 0.5, 2.0, &rng);
+      tu_set(x, 5, NAN, dt);
+      tu_set(x, d + 150, INFINITY, dt);
+      float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+      const float *g = gb & 1 ? gamma : NULL, *b = gb & 2 ? beta : NULL;
+      tu_poison(y, n, dt);
+      ck_assert_int_eq(sn_layernorm_fwd(y, NULL, NULL, x, g, b, rows, d, EPS, dt), SN_OK);
+      for (int64_t i = 0; i < 2 * d; i++)
+        TU_CHECK(isnan(tu_get(y, i, dt)), "%s gamma=%d beta=%d: y[%lld] = %g, not NaN",
+                 tu_dtype_name[dt], g != NULL, b != NULL, (long long)i, tu_get(y, i, dt));
+      double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
+      ref_fwd(yr, NULL, NULL, xd + 2 * d, g, b, 1, d, EPS);
+      tu_assert_fwd((char *)y + 2 * d * sn_dtype_size(dt), dt, yr, d, "finite row beside NaN rows");
+      free(x), free(y), free(gamma), free(beta), free(xd), free(yr);
+    }
+}
+END_TEST
+
 /* A mean so small that mean − (float)mean is below the normal f32 range (a review found 6 ulp
  * here): x = [2^-133, 0, ..., 0], eps 1e-12 as BERT's, so x − mean matters at 2^-133. Every
  * gamma/beta combination (beta = 0 exercises the checked map with no cancellation), bf16 and
@@ -964,6 +994,7 @@ int main(void) {
   tcase_add_test(tc, test_map_overflow);
   tcase_add_test(tc, test_tiny_mean);
   tcase_add_test(tc, test_near_f32_max);
+  tcase_add_test(tc, test_nonfinite_rows);
   tcase_add_test(tc, test_bf16_path_matches_generic);
   tcase_add_loop_test(tc, test_constant_rows, 0, 3);
   tcase_add_loop_test(tc, test_near_half_max, 0, 2);

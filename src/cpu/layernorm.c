@@ -97,8 +97,9 @@ static inline int ln_tiny_mean(double mean) { return mean != 0.0 && fabs(mean) <
 static inline int ln_wide_mean(float mean) { return fabsf(mean) >= LN_CENTRE_F32_MAX; }
 
 /* One block of m ≤ LN_MAP_BLOCK elements of the checked map into yb [m] (f32, not aliasing x).
- * has_b == 0 (no beta: only for tiny means, with lim 0) reads no beta. */
-SN_INLINE void ln_map_beta_block(float *yb, const float *x, const float *gamma,
+ * has_b == 0 (no beta: only for tiny means, with lim 0) reads no beta. Returns whether the block
+ * was recomputed in fp64: if not, every value in yb is finite. */
+SN_INLINE int ln_map_beta_block(float *yb, const float *x, const float *gamma,
                                  const float *beta, int64_t m, double mean, double rstd, float hi,
                                  float lo, float s, float lim, int has_g, int has_b) {
   int bad = 0;
@@ -115,6 +116,7 @@ SN_INLINE void ln_map_beta_block(float *yb, const float *x, const float *gamma,
       if (has_g) t = t * (double)gamma[k];
       yb[k] = (float)(has_b ? t + (double)beta[k] : t);
     }
+  return bad;
 }
 
 /* The checked map of a whole row into y [d]: f32 (may equal x; f16 and the generic bf16 path)
@@ -127,13 +129,16 @@ SN_INLINE void ln_map_beta(void *y, const float *x, const float *gamma, const fl
   float yb[LN_MAP_BLOCK];
   for (int64_t i = 0; i < d; i += LN_MAP_BLOCK) {
     const int64_t m = d - i < LN_MAP_BLOCK ? d - i : LN_MAP_BLOCK;
+    int redone;
     if (m == LN_MAP_BLOCK) /* a constant trip count for the vectorizer */
-      ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL,
-                        LN_MAP_BLOCK, mean, rstd, hi, lo, s, lim, has_g, has_b);
+      redone = ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL,
+                                 LN_MAP_BLOCK, mean, rstd, hi, lo, s, lim, has_g, has_b);
     else
-      ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL, m, mean,
-                        rstd, hi, lo, s, lim, has_g, has_b);
-    if (to_bf16)
+      redone = ln_map_beta_block(yb, x + i, has_g ? gamma + i : NULL, has_b ? beta + i : NULL,
+                                 m, mean, rstd, hi, lo, s, lim, has_g, has_b);
+    if (to_bf16 && !redone) /* all finite: the rounding without the NaN case */
+      for (int64_t k = 0; k < m; k++) ((uint16_t *)y)[i + k] = sn__f32_to_bf16_finite(yb[k]);
+    else if (to_bf16)
       for (int64_t k = 0; k < m; k++) ((uint16_t *)y)[i + k] = sn__f32_to_bf16(yb[k]);
     else
       memcpy((float *)y + i, yb, (size_t)m * sizeof(float));

@@ -85,6 +85,12 @@ SN_INLINE uint16_t sn__f32_to_bf16(float f) {
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x0040u;
   return (uint16_t)(nan ? quiet : rounded);
 }
+/* sn__f32_to_bf16 of a finite f (±inf too): the same bits, without the NaN case. */
+SN_INLINE uint16_t sn__f32_to_bf16_finite(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 /* The one-pass row statistics (sn__row_shifted_sums, sn__row_stats) sum t = x − K and t² in
  * fp64 for a pivot K near the mean, taken from the data: the mean of the row's first
