@@ -203,7 +203,9 @@ SN_API sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, 
  * y, x: [N, C, S] or [N, S, C] dtype; mean: [C] f64; rstd: [C] f32; gamma, beta: [C] f32 or NULL
  * (1 / 0). Computed in f32 with the mean as two floats (exact when |mean| ≫ σ), in fp64 for a
  * channel whose mean is 2^103 or more (there x − mean can overflow f32; the same holds for
- * sn_batchnorm_infer, sn_batchnorm_bwd_apply and GroupNorm). y may equal x. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
+ * sn_batchnorm_infer, sn_batchnorm_bwd_apply and GroupNorm) and, for bf16/f16 y with beta, for
+ * the elements where beta cancels x̂·gamma: each bf16/f16 output is within 1 ulp of the exact
+ * formula applied to the given mean and rstd (the same for sn_batchnorm_infer). y may equal x. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE. */
 SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean,
                                       const float *rstd, const float *gamma, const float *beta,

@@ -374,6 +374,71 @@ START_TEST(test_infer_vs_ref) {
 }
 END_TEST
 
+/* bf16/f16 outputs where beta cancels x̂·gamma: beta_c = −round_f32(x̂·gamma_c) of one element
+ * of each channel, so that y is ~2^-24 of its terms there (and wherever x repeats that value; an
+ * f32 map was 254 ulp off). apply against y = (x − mean)·rstd·gamma + beta in fp64 with the
+ * statistics it was given (the f32 rstd: the bound is relative to its inputs), infer against
+ * the fp64 formula of the running statistics; each element within 1 ulp, both layouts, C = 3
+ * and 65. */
+START_TEST(test_beta_cancels) {
+  const int64_t N = 4, S = 250;
+  static const int64_t CC[] = {3, 65};
+  tu_rng_t r;
+  tu_rng_seed(&r, 43);
+  for (size_t ic = 0; ic < 2; ic++)
+    for (int il = 0; il < 2; il++)
+      for (int id = 1; id < 3; id++) {
+        const int64_t C = CC[ic], T = N * C * S;
+        const sn_layout_t lay = LAYOUTS[il];
+        const sn_dtype_t dt = DTYPES[id];
+        void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
+        float *gamma = falloc(C), *beta = falloc(C), *rstd = falloc(C), *rm = falloc(C);
+        float *rv = falloc(C);
+        double *mean = dalloc(C), *yr = dalloc(T);
+        fill_bn(x, N, C, S, lay, dt, 0.5, 2.0, &r);
+        fill_params(gamma, beta, C, &r);
+        double *xd = as_f64(x, T, dt);
+        char what[96];
+        snprintf(what, sizeof what, "beta cancels C=%lld %s %s", (long long)C, LNAME[il],
+                 tu_dtype_name[dt]);
+        lib_train_fwd(y, mean, NULL, rstd, x, NULL, gamma, beta, N, C, S, lay, dt);
+        for (int64_t c = 0; c < C; c++) {
+          const int64_t i = at(lay, 1, c, 5 * c + 2, C, S);
+          beta[c] = -(float)((xd[i] - mean[c]) * (double)rstd[c] * gamma[c]);
+        }
+        for (int64_t i = 0; i < T; i++) yr[i] = NAN;
+        for (int64_t n = 0; n < N; n++)
+          for (int64_t c = 0; c < C; c++)
+            for (int64_t ss = 0; ss < S; ss++) {
+              const int64_t i = at(lay, n, c, ss, C, S);
+              yr[i] = (xd[i] - mean[c]) * (double)rstd[c] * gamma[c] + beta[c];
+            }
+        tu_poison(y, T, dt);
+        ck_assert_int_eq(sn_batchnorm_apply(y, x, mean, rstd, gamma, beta, N, C, S, lay, dt),
+                         SN_OK);
+        tu_assert_fwd(y, dt, yr, T, what);
+        for (int64_t c = 0; c < C; c++) { /* running statistics near the batch's */
+          rm[c] = (float)mean[c];
+          rv[c] = (float)(1.0 / ((double)rstd[c] * rstd[c]));
+          const int64_t i = at(lay, 2, c, 3 * c + 1, C, S);
+          beta[c] = -(float)((xd[i] - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c]);
+        }
+        for (int64_t n = 0; n < N; n++)
+          for (int64_t c = 0; c < C; c++)
+            for (int64_t ss = 0; ss < S; ss++) {
+              const int64_t i = at(lay, n, c, ss, C, S);
+              yr[i] = (xd[i] - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c] + beta[c];
+            }
+        tu_poison(y, T, dt);
+        ck_assert_int_eq(sn_batchnorm_infer(y, x, rm, rv, gamma, beta, N, C, S, EPS, lay, dt),
+                         SN_OK);
+        tu_assert_fwd(y, dt, yr, T, what);
+        free(x), free(y), free(gamma), free(beta), free(rstd), free(rm), free(rv), free(mean);
+        free(yr), free(xd);
+      }
+}
+END_TEST
+
 /* Channels of values of both signs near the f32 range (tu_fill_near_max; a channel's mean is
  * beyond 2^103): x − mean exceeds FLT_MAX for some elements although y is O(1) (a review found
  * ±inf in y and NaN in dx: the maps took x − mean in f32). Training forward and backward and
@@ -1065,6 +1130,7 @@ int main(void) {
   tcase_add_test(tc, test_bad_inputs);
   tcase_add_test(tc, test_adversarial);
   tcase_add_test(tc, test_near_f32_max);
+  tcase_add_test(tc, test_beta_cancels);
   tcase_add_test(tc, test_in_place);
   tcase_add_test(tc, test_threads_bitwise);
   suite_add_tcase(s, tc);

@@ -468,6 +468,27 @@ static void ew_consts(const ew_t *op, int64_t c, float *hi, float *lo, float *a,
   }
 }
 
+/* The fp64 constants of channel c for the checked forward map (norm_kernels.h): md the mean
+ * (apply: the fp64 batch mean; infer: running_mean), ad = gamma·rstd exactly (apply: with the
+ * given f32 rstd; infer: gamma/√(running_var + eps) in fp64). */
+static void ew_exact(const ew_t *op, int64_t c, double *md, double *ad) {
+  const double g = op->gamma ? (double)op->gamma[c] : 1.0;
+  if (op->kind == EW_APPLY) {
+    *md = op->mean[c];
+    *ad = g * (double)op->rstd[c];
+  } else {
+    *md = (double)op->rmean[c];
+    *ad = g / sqrt((double)op->rvar[c] + op->eps);
+  }
+}
+
+/* Whether the forward map of op must be checked: bf16/f16 outputs with beta, where beta can
+ * cancel x̂·gamma deeper than an f32 map keeps within 1 ulp (SN_CANCEL_LOG2_BF16). */
+static int ew_checked(const ew_t *op, sn_dtype_t dtype) {
+  return (op->kind == EW_APPLY || op->kind == EW_INFER) && op->beta != NULL &&
+         dtype != SN_DTYPE_F32;
+}
+
 /* NCHW: tasks are planes (n, c), cut into pieces when there are fewer than 4 per thread (any
  * split gives the same bits: the map is elementwise). */
 static void ew_nchw(const ew_t *op, void *out, const void *in, const void *x, int64_t N,
@@ -478,16 +499,22 @@ static void ew_nchw(const ew_t *op, void *out, const void *in, const void *x, in
     const int64_t most = S / 4096 > 1 ? S / 4096 : 1; /* pieces of at least 4096 elements */
     pieces = sn__min64((want + planes - 1) / planes, most);
   }
+  const int checked = ew_checked(op, dtype);
 #pragma omp parallel for schedule(static) if (planes * S >= SN_PAR_MIN)
   for (int64_t t = 0; t < planes * pieces; t++) {
     const int64_t plane = t / pieces, piece = t % pieces;
     const int64_t b = sn__chunk_begin(piece, S, pieces), e = sn__chunk_begin(piece + 1, S, pieces);
     float hi, lo, a, bb, ee;
     ew_consts(op, plane % C, &hi, &lo, &a, &bb, &ee);
-    if (op->kind == EW_BWD)
+    if (op->kind == EW_BWD) {
       sn__affbwd_span(out, in, x, plane * S + b, e - b, hi, lo, a, bb, ee, dtype);
-    else
+    } else if (checked) {
+      double md, ad;
+      ew_exact(op, plane % C, &md, &ad);
+      sn__aff_span_chk(out, in, plane * S + b, e - b, hi, lo, a, bb, md, ad, dtype);
+    } else {
       sn__aff_span(out, in, plane * S + b, e - b, hi, lo, a, bb, dtype);
+    }
   }
 }
 
@@ -500,15 +527,21 @@ static void ew_nhwc(const ew_t *op, void *out, const void *in, const void *x, in
 #pragma omp parallel if (rows * C >= SN_PAR_MIN)
   {
     sn__chan_tile_t p;
+    sn__chan_exact_t q;
+    const int checked = ew_checked(op, dtype);
     for (int64_t c0 = 0; c0 < C; c0 += SN_TILE_C) {
       const int64_t ct = sn__min64(SN_TILE_C, C - c0);
-      for (int64_t j = 0; j < ct; j++)
+      for (int64_t j = 0; j < ct; j++) {
         ew_consts(op, c0 + j, &p.hi[j], &p.lo[j], &p.a[j], &p.b[j], &p.e[j]);
+        if (checked) ew_exact(op, c0 + j, &q.md[j], &q.ad[j]);
+      }
 #pragma omp for schedule(static)
       for (int64_t blk = 0; blk < blocks; blk++) {
         const int64_t r0 = blk * rb, r1 = sn__min64(rows, r0 + rb);
         if (op->kind == EW_BWD)
           sn__affbwd_rowspan(out, in, x, r0, r1, C, c0, ct, &p, dtype);
+        else if (checked)
+          sn__aff_rowspan_chk(out, in, r0, r1, C, c0, ct, &p, &q, dtype);
         else
           sn__aff_rowspan(out, in, r0, r1, C, c0, ct, &p, dtype);
       }

@@ -17,8 +17,8 @@
  *         over the sample's first 128 rows, give each channel's mean and M2, combined into
  *         groups in channel order (gn_nhwc_stats); then the sample's rows are normalized.
  * The normalization is norm_kernels.h's f32 map y = ((x − hi) − lo)·a + b; for bf16/f16 outputs
- * with beta its checked variant (SN_CANCEL_LIM_BF16), which recomputes in fp64 the blocks where
- * beta cancels x̂·gamma too deeply for the 1-ulp bound.
+ * with beta its checked variant (SN_CANCEL_LOG2_BF16), which recomputes in fp64 the elements
+ * where beta cancels x̂·gamma too deeply for the 1-ulp bound.
  * Backward, per group, with d = x − mean_saved (mean_saved the f32 mean from the forward):
  *   one pass gathers per channel Σd, Σdy and Σdy·d (fp64); μ_d = Σd/L re-centres
  *   x̂ = (d − μ_d)·rstd, so a rounded saved mean costs nothing; with g = dy·gamma_c,

@@ -343,19 +343,23 @@ static inline void sn__affbwd_rowspan(void *dx, const void *dy, const void *x, i
 
 /* With beta, y = p + b (p = xc·a) can cancel to any depth, while a bf16/f16 output must round to
  * within 1 ulp of the exactly rounded value. The f32 p carries 4 roundings (x − hi, − lo, a
- * rounded to f32, · a): |p̂ − p| < 2^-22·|p|, and y one more, 2^-24·|y|. Where
- * |p| ≤ SN_CANCEL_LIM·|y| that is < (2^-22·SN_CANCEL_LIM + 2^-24)·|y|, below half an ulp of
- * the output (2^-9·|y| for bf16, 2^-12·|y| for normal f16), so the f32 value narrows to within
- * 1 ulp. A block holding any other element (or one not finite) is recomputed in fp64 from the
- * exact constants: the fp64 mean md and ad = gamma·rstd in fp64, y = (x − md)·ad + b, good to
- * the statistics' accuracy. With gamma and beta unrelated about 2^-10 (bf16) of the elements
- * are beyond the limit. The limits and the argument are LayerNorm's (layernorm.c, ln_map_beta),
- * with one rounding fewer. */
-#define SN_CANCEL_LIM_BF16 0x1p10f
-#define SN_CANCEL_LIM_F16 0x1p8f
+ * rounded to f32, · a): |p̂ − p| < 2^-22·|p|, and v = p̂ + b one more, 2^-24·|v|. b is the
+ * channel's constant, so the test is on v alone: where |v| ≥ thr = 2^-k·|b|,
+ * |p| ≤ |v| + |b| ≤ (1 + 2^k)·|v| and the error is < (2^-22·(1 + 2^k) + 2^-24)·|v|: for bf16
+ * (k = SN_CANCEL_LOG2_BF16 = 10) < 2^-11.9·|v|, for f16 (k = 8) < 2^-13.9·|v|, under a quarter
+ * of half an ulp of the output (2^-9·|v|, normal f16 2^-12·|v|), so v narrows to within 1 ulp.
+ * Any other element (|v| < thr, or v not finite) is recomputed in fp64 from the exact
+ * constants: the fp64 mean md and ad = gamma·rstd in fp64, y = (x − md)·ad + b, good to the
+ * statistics' accuracy. With gamma and beta unrelated about 2^-9 (bf16) of the elements are
+ * recomputed. (A subnormal thr rounds by at most 2^-150, far below the outputs' resolution.)
+ * LayerNorm's check (layernorm.c, ln_map_beta) is the same bound with |p| tested directly, its
+ * beta being per element. */
+#define SN_CANCEL_LOG2_BF16 10
+#define SN_CANCEL_LOG2_F16 8
 
-static inline float sn__cancel_lim(sn_dtype_t dtype) {
-  return dtype == SN_DTYPE_BF16 ? SN_CANCEL_LIM_BF16 : SN_CANCEL_LIM_F16;
+/* thr of a channel with beta b (see above). */
+static inline float sn__cancel_thr(float b, sn_dtype_t dtype) {
+  return ldexpf(fabsf(b), dtype == SN_DTYPE_BF16 ? -SN_CANCEL_LOG2_BF16 : -SN_CANCEL_LOG2_F16);
 }
 
 /* The fp64 constants of an NHWC channel tile for the checked map (channel c0 + j at j). */
@@ -364,71 +368,84 @@ typedef struct {
   double ad[SN_TILE_C]; /* gamma·rstd in fp64 */
 } sn__chan_exact_t;
 
-/* Elements per block of the checked map: a block with any element beyond the limit is
- * recomputed whole in fp64 (about 12 % of the blocks of 128 with random beta, bf16). */
+/* Elements per block of the checked map: the f32 map runs over a block with one flag; a block
+ * where some element fails is gone over again, each failing element recomputed in fp64. Which
+ * elements are recomputed depends on each element's values only, never on where the blocks
+ * start: the same bits for NCHW and NHWC and for any thread count (the NCHW planes are cut
+ * into pieces by thread count). */
 #define SN_CHK_BLOCK 128
 
+/* Whether an element v of the checked map fails: not thr ≤ |v| ≤ FLT_MAX (NaN fails). */
+#define SN_CHK_FAILS(v, thr) ((int)!(fabsf(v) >= (thr)) | (int)!(fabsf(v) <= FLT_MAX))
+
 /* One block of m ≤ SN_CHK_BLOCK elements of the checked map into y [m] (f32, not aliasing x):
- * the f32 map, then, if any element exceeds the limit or is not finite, the whole block in fp64:
- * y = (float)((x − md)·ad + b). Always inlined into its target clone caller. */
+ * v = ((x − hi) − lo)·a + b in f32, or (float)((x − md)·ad + b) in fp64 where v fails
+ * (SN_CHK_FAILS). Always inlined into its target clone caller. */
 static inline __attribute__((always_inline)) void sn__aff_chk_block(
     float *restrict y, const float *restrict x, int64_t m, float hi, float lo, float a, float b,
-    float lim, double md, double ad) {
+    float thr, double md, double ad) {
   int bad = 0;
   for (int64_t k = 0; k < m; k++) {
-    const float p = ((x[k] - hi) - lo) * a, v = p + b, av = fabsf(v);
+    const float v = ((x[k] - hi) - lo) * a + b;
     y[k] = v;
-    bad |= (int)!(fabsf(p) <= lim * av) | (int)!(av <= FLT_MAX); /* NaN and ±inf are bad */
+    bad |= SN_CHK_FAILS(v, thr);
   }
   if (bad)
-    for (int64_t k = 0; k < m; k++) y[k] = (float)(((double)x[k] - md) * ad + (double)b);
+    for (int64_t k = 0; k < m; k++) {
+      const float v = y[k], e = (float)(((double)x[k] - md) * ad + (double)b);
+      y[k] = SN_CHK_FAILS(v, thr) ? e : v;
+    }
 }
 
 /* The checked map of one channel's run x [n] into y [n] (f32, not aliasing). */
 SN_CLONES static inline void sn__aff_run_chk(float *restrict y, const float *restrict x, int64_t n,
-                                             float hi, float lo, float a, float b, float lim,
+                                             float hi, float lo, float a, float b, float thr,
                                              double md, double ad) {
   int64_t i = 0;
   for (; i + SN_CHK_BLOCK <= n; i += SN_CHK_BLOCK) /* a constant trip count to vectorize */
-    sn__aff_chk_block(y + i, x + i, SN_CHK_BLOCK, hi, lo, a, b, lim, md, ad);
-  if (i < n) sn__aff_chk_block(y + i, x + i, n - i, hi, lo, a, b, lim, md, ad);
+    sn__aff_chk_block(y + i, x + i, SN_CHK_BLOCK, hi, lo, a, b, thr, md, ad);
+  if (i < n) sn__aff_chk_block(y + i, x + i, n - i, hi, lo, a, b, thr, md, ad);
 }
 
-/* The checked map of rows of a channel slice: y, x [nr, ld] (not aliasing), channels ct of p
- * and q; each row's slice is a block (the whole slice in fp64 if any element fails). */
+/* The checked map of rows of a channel slice: y, x [nr, ld] (not aliasing), channels ct of p,
+ * q and thr [ct], each row's slice in blocks of SN_CHK_BLOCK channels. */
 SN_CLONES static inline void sn__aff_rows_chk(float *restrict y, const float *restrict x,
                                               int64_t nr, int64_t ld, int64_t ct,
                                               const sn__chan_tile_t *p,
-                                              const sn__chan_exact_t *q, float lim) {
+                                              const sn__chan_exact_t *q, const float *thr) {
   for (int64_t r = 0; r < nr; r++)
     for (int64_t c0 = 0; c0 < ct; c0 += SN_CHK_BLOCK) {
       const int64_t m = sn__min64(SN_CHK_BLOCK, ct - c0);
       const float *hi = p->hi + c0, *lo = p->lo + c0, *a = p->a + c0, *b = p->b + c0;
+      const float *th = thr + c0;
+      const double *md = q->md + c0, *ad = q->ad + c0;
       float *restrict yr = y + r * ld + c0;
       const float *restrict xr = x + r * ld + c0;
       int bad = 0;
       for (int64_t c = 0; c < m; c++) {
-        const float pc = ((xr[c] - hi[c]) - lo[c]) * a[c], v = pc + b[c], av = fabsf(v);
+        const float v = ((xr[c] - hi[c]) - lo[c]) * a[c] + b[c];
         yr[c] = v;
-        bad |= (int)!(fabsf(pc) <= lim * av) | (int)!(av <= FLT_MAX);
+        bad |= SN_CHK_FAILS(v, th[c]);
       }
       if (bad)
-        for (int64_t c = 0; c < m; c++)
-          yr[c] = (float)(((double)xr[c] - q->md[c0 + c]) * q->ad[c0 + c] + (double)b[c]);
+        for (int64_t c = 0; c < m; c++) {
+          const float v = yr[c], e = (float)(((double)xr[c] - md[c]) * ad[c] + (double)b[c]);
+          yr[c] = SN_CHK_FAILS(v, th[c]) ? e : v;
+        }
     }
 }
 
-/* sn__aff_span for bf16/f16 outputs, checked (see SN_CANCEL_LIM_BF16); md, ad: the channel's
+/* sn__aff_span for bf16/f16 outputs, checked (see SN_CANCEL_LOG2_BF16); md, ad: the channel's
  * fp64 mean and gamma·rstd. y may equal x. */
 static inline void sn__aff_span_chk(void *y, const void *x, int64_t off, int64_t n, float hi,
                                     float lo, float a, float b, double md, double ad,
                                     sn_dtype_t dtype) {
   float tx[SN_TILE], ty[SN_TILE];
-  const float lim = sn__cancel_lim(dtype);
+  const float thr = sn__cancel_thr(b, dtype);
   for (int64_t i = 0; i < n; i += SN_TILE) {
     int64_t m = sn__min64(SN_TILE, n - i);
     sn__to_f32(tx, x, off + i, m, dtype);
-    sn__aff_run_chk(ty, tx, m, hi, lo, a, b, lim, md, ad);
+    sn__aff_run_chk(ty, tx, m, hi, lo, a, b, thr, md, ad);
     sn__from_f32(y, off + i, ty, m, dtype);
   }
 }
@@ -437,13 +454,13 @@ static inline void sn__aff_span_chk(void *y, const void *x, int64_t off, int64_t
 static inline void sn__aff_rowspan_chk(void *y, const void *x, int64_t r0, int64_t r1, int64_t ld,
                                        int64_t c0, int64_t ct, const sn__chan_tile_t *p,
                                        const sn__chan_exact_t *q, sn_dtype_t dtype) {
-  float tx[SN_TILE], ty[SN_TILE];
-  const float lim = sn__cancel_lim(dtype);
+  float tx[SN_TILE], ty[SN_TILE], thr[SN_TILE_C];
+  for (int64_t j = 0; j < ct; j++) thr[j] = sn__cancel_thr(p->b[j], dtype);
   int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
   for (int64_t r = r0; r < r1; r += per) {
     int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
     sn__to_f32(tx, x, off, span, dtype);
-    sn__aff_rows_chk(ty, tx, nr, ld, ct, p, q, lim);
+    sn__aff_rows_chk(ty, tx, nr, ld, ct, p, q, thr);
     sn__from_f32(y, off, ty, span, dtype);
   }
 }
