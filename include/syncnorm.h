@@ -201,12 +201,14 @@ SN_API sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, 
 
 /* Normalize with given per-channel statistics:  y = (x − mean_c)·rstd_c·gamma_c + beta_c.
  * y, x: [N, C, S] or [N, S, C] dtype; mean: [C] f64; rstd: [C] f32; gamma, beta: [C] f32 or NULL
- * (1 / 0). Computed in f32 with the mean as two floats (exact when |mean| ≫ σ), in fp64 for a
- * channel whose mean is 2^103 or more (there x − mean can overflow f32; the same holds for
- * sn_batchnorm_infer, sn_batchnorm_bwd_apply and GroupNorm) and, for bf16/f16 y with beta, for
- * the elements where beta cancels x̂·gamma: each bf16/f16 output is within 1 ulp of the exact
- * formula applied to the given mean and rstd (the same for sn_batchnorm_infer). y may equal x. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
- * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE. */
+ * (1 / 0). Computed in f32 with the mean as two floats (exact when |mean| ≫ σ); in fp64 for a
+ * channel whose mean is 2^103 or more (there x − mean can overflow f32) or whose factor
+ * gamma·rstd is subnormal in f32 (σ near the f32 range), and, for bf16/f16 y with beta, for the
+ * elements where beta cancels x̂·gamma: each bf16/f16 output is within 1 ulp of the formula
+ * applied exactly to the given mean and rstd. The same holds for sn_batchnorm_infer,
+ * sn_batchnorm_bwd_apply (also in fp64 where its O(rstd²) factor underflows f32, σ beyond
+ * about 2^63) and GroupNorm. y may equal x. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE,
+ * SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE. */
 SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean,
                                       const float *rstd, const float *gamma, const float *beta,
                                       int64_t n, int64_t c, int64_t s, sn_layout_t layout,
@@ -262,7 +264,9 @@ SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *
  * sn_layernorm_fwd, with two passes (Σx, then Σ(x − mean)²) where a pivot lies more than σ/2
  * from its mean or a value is not finite; bf16/f16 NCHW always two passes. y in f32 from them,
  * in fp64 where f32 is not exact enough: bf16/f16 outputs where beta cancels x̂·gamma (each
- * output within 1 ulp of the exactly rounded value), groups whose mean is 2^103 or more.
+ * output within 1 ulp of the exactly rounded value while |y| ≥ ~2^-30·|x̂·gamma|, the fp64
+ * statistics' accuracy), groups whose mean is 2^103 or more, factors f32 cannot hold (as in
+ * sn_batchnorm_apply).
  * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C, G <= 0, N, S < 0),
  * SN_ERR_INVALID_GROUPS (C % G != 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_ALLOC. */

@@ -236,6 +236,26 @@ static void assert_dx_tol(const void *dx, sn_dtype_t dt, const double *ref, cons
   ck_assert_msg(e <= tol, "%s (%s): dx error %.3e > %.1e (relative to max(|ref|, |g·rstd·dy|))",
                 what, tu_dtype_name[dt], e, tol);
 }
+/* assert_dx for each channel on its own: where channels' gradients differ by many orders of
+ * magnitude a tensor-wide norm would not see the small ones' errors. */
+static void assert_dx_each_channel(const void *dx, sn_dtype_t dt, const double *ref,
+                                   const double *dyd, const float *gamma, const float *rstd,
+                                   int64_t N, int64_t C, int64_t S, sn_layout_t lay, double tol,
+                                   const char *what) {
+  for (int64_t c = 0; c < C; c++) {
+    double num = 0.0, den_ref = 0.0, den_terms = 0.0;
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t s = 0; s < S; s++) {
+        const int64_t i = at(lay, n, c, s, C, S);
+        const double g = tu_get(dx, i, dt), t = (gamma ? gamma[c] : 1.0) * rstd[c] * dyd[i];
+        TU_CHECK(isfinite(g), "%s: dx[%lld] = %g", what, (long long)i, g);
+        num += (g - ref[i]) * (g - ref[i]), den_ref += ref[i] * ref[i], den_terms += t * t;
+      }
+    const double e = sqrt(num) / fmax(sqrt(fmax(den_ref, den_terms)), 1e-300);
+    TU_CHECK(e <= tol, "%s (%s): channel %lld dx error %.3e > %.1e", what, tu_dtype_name[dt],
+             (long long)c, e, tol);
+  }
+}
 static void assert_dx(const void *dx, sn_dtype_t dt, const double *ref, const double *dyd,
                       const float *gamma, const float *rstd, int64_t N, int64_t C, int64_t S,
                       sn_layout_t lay, const char *what) {
@@ -444,17 +464,19 @@ END_TEST
  * ±inf in y and NaN in dx: the maps took x − mean in f32). Training forward and backward and
  * inference (running_mean 1e38 and running_var FLT_MAX/2: y ~ 1e19, finite), f32 and bf16, both
  * layouts, C = 3 and 65 (NHWC tiles with and without such channels: every other channel is
- * ordinary). var (~1e76) overflows its f32 output to +inf, as the f32 value of a variance that
- * large must; it is not checked. rstd (~2^-127) is a subnormal f32: a = gamma·rstd keeps 22 bits
- * (2^-22 relative), within the forward's bound. dy is scaled by 2^100 so that dx is a normal
- * number. */
+ * ordinary; C = 300: two tiles), and the other layout bitwise the same (a review found the
+ * ordinary channels of a tile changed by its fp64 ones). var (~1e76) overflows its f32 output to
+ * +inf, as the f32 value of a variance that large must; it is not checked. rstd (~2^-127) is a
+ * subnormal f32; every fourth channel has gamma 2^-16, so that gamma·rstd is a subnormal f32
+ * with a few bits left (a review found 1e5 ulp: the map must take it in fp64). dy is scaled by
+ * 2^100 so that dx is a normal number. */
 START_TEST(test_near_f32_max) {
   static const int64_t NSS[][2] = {{8, 125}, {1, 3}};
-  static const int64_t CC[] = {3, 65};
+  static const int64_t CC[] = {3, 65, 300};
   tu_rng_t r;
   tu_rng_seed(&r, 41);
   for (size_t ins = 0; ins < 2; ins++)
-    for (size_t ic = 0; ic < 2; ic++)
+    for (size_t ic = 0; ic < 3; ic++)
       for (int il = 0; il < 2; il++)
         for (int id = 0; id < 2; id++) {
           const int64_t N = NSS[ins][0], S = NSS[ins][1], C = CC[ic], T = N * C * S;
@@ -477,6 +499,7 @@ START_TEST(test_near_f32_max) {
               }
           tu_fill_normal(dy, T, dt, 0.0, 0x1p100, &r);
           fill_params(gamma, beta, C, &r);
+          for (int64_t c = 0; c < C; c += 4) gamma[c] = 0x1p-16f; /* gamma·rstd subnormal */
           for (int64_t c = 0; c < C; c++) g64[c] = gamma[c], b64[c] = beta[c];
           double *xd = as_f64(x, T, dt), *dyd = as_f64(dy, T, dt);
           char what[128];
@@ -487,7 +510,27 @@ START_TEST(test_near_f32_max) {
           tu_assert_fwd(y, dt, yr, T, what);
           lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, lay, dt);
           ref_train_bwd(dxr, dgr, dbr, dyd, xd, g64, N, C, S, lay, EPS);
-          assert_dx(dx, dt, dxr, dyd, gamma, rstd, N, C, S, lay, what);
+          assert_dx_each_channel(dx, dt, dxr, dyd, gamma, rstd, N, C, S, lay,
+                                 dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : tol_half_normwise(dt),
+                                 what);
+          { /* the other layout, same statistics: bitwise the same y and dx (the channels
+             * mapped in fp64 share NHWC tiles with ordinary ones when C > 2) */
+            const sn_layout_t other = LAYOUTS[1 - il];
+            void *x2 = tu_alloc(T, dt), *dy2 = tu_alloc(T, dt), *o2 = tu_alloc(T, dt);
+            void *o1 = tu_alloc(T, dt);
+            transpose(x2, other, x, lay, N, C, S, dt);
+            transpose(dy2, other, dy, lay, N, C, S, dt);
+            ck_assert_int_eq(
+                sn_batchnorm_apply(o2, x2, mean, rstd, gamma, beta, N, C, S, other, dt), SN_OK);
+            transpose(o1, lay, o2, other, N, C, S, dt);
+            tu_assert_bitwise(o1, y, (size_t)(T * sn_dtype_size(dt)), "apply, other layout");
+            ck_assert_int_eq(sn_batchnorm_bwd_apply(o2, dy2, x2, mean, rstd, gamma, sdy, sdx,
+                                                    N * S, N, C, S, other, dt),
+                             SN_OK);
+            transpose(o1, lay, o2, other, N, C, S, dt);
+            tu_assert_bitwise(o1, dx, (size_t)(T * sn_dtype_size(dt)), "bwd_apply, other layout");
+            free(x2), free(dy2), free(o2), free(o1);
+          }
           for (int64_t c = 0; c < C; c++) {
             rm[c] = c % 2 == 0 ? 1e38f : 0.5f;
             rv[c] = c % 2 == 0 ? FLT_MAX / 2 : 2.0f;

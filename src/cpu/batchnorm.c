@@ -434,52 +434,39 @@ typedef struct {
   double eps, count;
 } ew_t;
 
-/* The f32 constants (hi, lo, a, b, e) of channel c for the maps of norm_kernels.h, in fp64:
- *   apply:    hi + lo = mean, a = gamma·rstd, b = beta
- *   infer:    hi = running_mean, lo = 0, a = gamma/√(running_var + eps), b = beta
- *   bwd:      k = gamma·rstd: a = k, b = k·Σdy/count, e = k·rstd·Σdy·x̂/count, hi + lo = mean
- *   bwd eval: dx = dy·gamma·rstd, run as the forward map of dy with hi = lo = b = 0. */
-static void ew_consts(const ew_t *op, int64_t c, float *hi, float *lo, float *a, float *b,
-                      float *e) {
+/* The fp64 constants (m, a, b, e) of channel c for the maps of norm_kernels.h
+ * (y = (x − m)·a + b, dx = (dy·a − b) − (x − m)·e; sn__chan_k_set rounds them for the f32 maps):
+ *   apply:    m = mean, a = gamma·rstd, b = beta
+ *   infer:    m = running_mean, a = gamma/√(running_var + eps), b = beta
+ *   bwd:      k = gamma·rstd: a = k, b = k·Σdy/count, e = k·rstd·Σdy·x̂/count, m = mean
+ *   bwd eval: dx = dy·gamma·rstd, run as the forward map of dy with m = b = 0. */
+static void ew_consts(const ew_t *op, int64_t c, double k4[4]) {
   const double g = op->gamma ? (double)op->gamma[c] : 1.0;
-  *hi = *lo = *a = *b = *e = 0.0f;
+  double m = 0.0, a = 0.0, b = 0.0, e = 0.0;
   switch (op->kind) {
     case EW_APPLY:
-      sn__split_f64(op->mean[c], hi, lo);
-      *a = (float)(g * (double)op->rstd[c]);
-      *b = op->beta ? op->beta[c] : 0.0f;
+      m = op->mean[c];
+      a = g * (double)op->rstd[c];
+      b = op->beta ? op->beta[c] : 0.0;
       break;
     case EW_INFER:
-      *hi = op->rmean[c];
-      *a = (float)(g / sqrt((double)op->rvar[c] + op->eps));
-      *b = op->beta ? op->beta[c] : 0.0f;
+      m = op->rmean[c];
+      a = g / sqrt((double)op->rvar[c] + op->eps);
+      b = op->beta ? op->beta[c] : 0.0;
       break;
     case EW_BWD: {
       const double k = g * (double)op->rstd[c];
-      sn__split_f64(op->mean[c], hi, lo);
-      *a = (float)k;
-      *b = (float)(k * (op->sum_dy[c] / op->count));
-      *e = (float)(k * (double)op->rstd[c] * (op->sum_dy_xhat[c] / op->count));
+      m = op->mean[c];
+      a = k;
+      b = k * (op->sum_dy[c] / op->count);
+      e = k * (double)op->rstd[c] * (op->sum_dy_xhat[c] / op->count);
       break;
     }
     case EW_BWD_EVAL:
-      *a = (float)(g * (double)op->rstd[c]);
+      a = g * (double)op->rstd[c];
       break;
   }
-}
-
-/* The fp64 constants of channel c for the checked forward map (norm_kernels.h): md the mean
- * (apply: the fp64 batch mean; infer: running_mean), ad = gamma·rstd exactly (apply: with the
- * given f32 rstd; infer: gamma/√(running_var + eps) in fp64). */
-static void ew_exact(const ew_t *op, int64_t c, double *md, double *ad) {
-  const double g = op->gamma ? (double)op->gamma[c] : 1.0;
-  if (op->kind == EW_APPLY) {
-    *md = op->mean[c];
-    *ad = g * (double)op->rstd[c];
-  } else {
-    *md = (double)op->rmean[c];
-    *ad = g / sqrt((double)op->rvar[c] + op->eps);
-  }
+  k4[0] = m, k4[1] = a, k4[2] = b, k4[3] = e;
 }
 
 /* Whether the forward map of op must be checked: bf16/f16 outputs with beta, where beta can
@@ -504,17 +491,13 @@ static void ew_nchw(const ew_t *op, void *out, const void *in, const void *x, in
   for (int64_t t = 0; t < planes * pieces; t++) {
     const int64_t plane = t / pieces, piece = t % pieces;
     const int64_t b = sn__chunk_begin(piece, S, pieces), e = sn__chunk_begin(piece + 1, S, pieces);
-    float hi, lo, a, bb, ee;
-    ew_consts(op, plane % C, &hi, &lo, &a, &bb, &ee);
-    if (op->kind == EW_BWD) {
-      sn__affbwd_span(out, in, x, plane * S + b, e - b, hi, lo, a, bb, ee, dtype);
-    } else if (checked) {
-      double md, ad;
-      ew_exact(op, plane % C, &md, &ad);
-      sn__aff_span_chk(out, in, plane * S + b, e - b, hi, lo, a, bb, md, ad, dtype);
-    } else {
-      sn__aff_span(out, in, plane * S + b, e - b, hi, lo, a, bb, dtype);
-    }
+    double k4[4];
+    sn__chan_k_t k;
+    ew_consts(op, plane % C, k4);
+    sn__chan_k_set(&k, k4[0], k4[1], k4[2], k4[3]);
+    if (op->kind == EW_BWD) sn__affbwd_span(out, in, x, plane * S + b, e - b, &k, dtype);
+    else if (checked) sn__aff_span_chk(out, in, plane * S + b, e - b, &k, dtype);
+    else sn__aff_span(out, in, plane * S + b, e - b, &k, dtype);
   }
 }
 
@@ -527,13 +510,13 @@ static void ew_nhwc(const ew_t *op, void *out, const void *in, const void *x, in
 #pragma omp parallel if (rows * C >= SN_PAR_MIN)
   {
     sn__chan_tile_t p;
-    sn__chan_exact_t q;
     const int checked = ew_checked(op, dtype);
     for (int64_t c0 = 0; c0 < C; c0 += SN_TILE_C) {
       const int64_t ct = sn__min64(SN_TILE_C, C - c0);
       for (int64_t j = 0; j < ct; j++) {
-        ew_consts(op, c0 + j, &p.hi[j], &p.lo[j], &p.a[j], &p.b[j], &p.e[j]);
-        if (checked) ew_exact(op, c0 + j, &q.md[j], &q.ad[j]);
+        double k4[4];
+        ew_consts(op, c0 + j, k4);
+        sn__tile_set(&p, j, k4[0], k4[1], k4[2], k4[3]);
       }
 #pragma omp for schedule(static)
       for (int64_t blk = 0; blk < blocks; blk++) {
@@ -541,7 +524,7 @@ static void ew_nhwc(const ew_t *op, void *out, const void *in, const void *x, in
         if (op->kind == EW_BWD)
           sn__affbwd_rowspan(out, in, x, r0, r1, C, c0, ct, &p, dtype);
         else if (checked)
-          sn__aff_rowspan_chk(out, in, r0, r1, C, c0, ct, &p, &q, dtype);
+          sn__aff_rowspan_chk(out, in, r0, r1, C, c0, ct, &p, dtype);
         else
           sn__aff_rowspan(out, in, r0, r1, C, c0, ct, &p, dtype);
       }

@@ -282,15 +282,13 @@ static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const 
     }
     if (mean) mean[t] = (float)mu;
     if (rstd) rstd[t] = (float)rs;
-    float hi, lo;
-    sn__split_f64(mu, &hi, &lo);
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
-      const double ad = rs * (gamma ? (double)gamma[ch] : 1.0);
-      const float a = (float)ad, b = beta ? beta[ch] : 0.0f;
+      sn__chan_k_t k;
+      sn__chan_k_set(&k, mu, rs * (gamma ? (double)gamma[ch] : 1.0), beta ? beta[ch] : 0.0, 0.0);
       if (beta != NULL && dtype != SN_DTYPE_F32) /* beta may cancel: the checked map */
-        sn__aff_span_chk(y, x, (n * C + ch) * S, S, hi, lo, a, b, mu, ad, dtype);
+        sn__aff_span_chk(y, x, (n * C + ch) * S, S, &k, dtype);
       else
-        sn__aff_span(y, x, (n * C + ch) * S, S, hi, lo, a, b, dtype);
+        sn__aff_span(y, x, (n * C + ch) * S, S, &k, dtype);
     }
   }
 }
@@ -376,7 +374,6 @@ static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const 
     double *col = scratch + (int64_t)sn__thread_num() * per_thread(3 * C + 2 * G);
     double *k = col + 2 * C, *gm = k + C, *gr = gm + G; /* [2][C], [C], [G], [G] */
     sn__chan_tile_t p;
-    sn__chan_exact_t q;
     const int checked = beta != NULL && dtype != SN_DTYPE_F32; /* beta may cancel */
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; n++) {
@@ -390,13 +387,10 @@ static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const 
         const int64_t ct = sn__min64(SN_TILE_C, C - c0);
         for (int64_t j = 0; j < ct; j++) {
           const int64_t ch = c0 + j, g = ch / Cg;
-          sn__split_f64(gm[g], &p.hi[j], &p.lo[j]);
-          q.md[j] = gm[g];
-          q.ad[j] = gr[g] * (gamma ? (double)gamma[ch] : 1.0);
-          p.a[j] = (float)q.ad[j];
-          p.b[j] = beta ? beta[ch] : 0.0f;
+          sn__tile_set(&p, j, gm[g], gr[g] * (gamma ? (double)gamma[ch] : 1.0),
+                       beta ? beta[ch] : 0.0, 0.0);
         }
-        if (checked) sn__aff_rowspan_chk(y, x, r0, r1, C, c0, ct, &p, &q, dtype);
+        if (checked) sn__aff_rowspan_chk(y, x, r0, r1, C, c0, ct, &p, dtype);
         else sn__aff_rowspan(y, x, r0, r1, C, c0, ct, &p, dtype);
       }
     }
@@ -448,13 +442,12 @@ static void gn_bwd_nchw(void *dx, double *wq, const void *dy, const void *x, con
       if (wq) wq[n * C + ch] = sum3[2], wq[N * C + n * C + ch] = sum3[1];
     }
     const double mu_d = A / (double)L, mg = B / (double)L, mgx = rs * (D - mu_d * B) / (double)L;
-    float hi, lo;
-    sn__split_f64(m + mu_d, &hi, &lo);
-    const float b = (float)(rs * mg), e = (float)(rs * rs * mgx);
     for (int64_t ch = ch0; ch < ch0 + Cg; ch++) { /* pass 2: dx, and the dgamma terms */
       if (wq) wq[n * C + ch] = rs * (wq[n * C + ch] - mu_d * wq[N * C + n * C + ch]);
-      const float a = (float)(rs * (gamma ? (double)gamma[ch] : 1.0));
-      sn__affbwd_span(dx, dy, x, (n * C + ch) * S, S, hi, lo, a, b, e, dtype);
+      sn__chan_k_t k;
+      sn__chan_k_set(&k, m + mu_d, rs * (gamma ? (double)gamma[ch] : 1.0), rs * mg,
+                     rs * rs * mgx);
+      sn__affbwd_span(dx, dy, x, (n * C + ch) * S, S, &k, dtype);
     }
   }
 }
@@ -494,10 +487,8 @@ static void gn_bwd_nhwc(void *dx, double *wq, const void *dy, const void *x, con
         for (int64_t j = 0; j < ct; j++) {
           const int64_t ch = c0 + j, g = ch / Cg;
           const double rs = (double)rstd[n * G + g];
-          sn__split_f64(shift[ch] + mu_d[g], &p.hi[j], &p.lo[j]);
-          p.a[j] = (float)(rs * (gamma ? (double)gamma[ch] : 1.0));
-          p.b[j] = (float)(rs * mg[g]);
-          p.e[j] = (float)(rs * rs * mgx[g]);
+          sn__tile_set(&p, j, shift[ch] + mu_d[g], rs * (gamma ? (double)gamma[ch] : 1.0),
+                       rs * mg[g], rs * rs * mgx[g]);
           if (wq) {
             wq[n * C + ch] = rs * (col[2 * C + ch] - mu_d[g] * col[C + ch]);
             wq[N * C + n * C + ch] = col[C + ch];

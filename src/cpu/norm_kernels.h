@@ -9,8 +9,9 @@
  * of two of the mean (Sterbenz), so |mean| ≫ σ keeps full f32 accuracy in xc.
  *   forward:   y  = xc·a + b                 (a = rstd·gamma, b = beta)
  *   backward:  dx = (dy·a − b) − xc·e        (a, b, e: per-channel constants of the formula)
- * A channel whose centre is 2^103 or more (values near the f32 range, where x − hi itself can
- * overflow) is mapped in fp64 instead (SN_CENTRE_F32_MAX).
+ * The constants are computed in fp64 (sn__chan_k_set, sn__tile_set); a channel whose centre is
+ * 2^103 or more (values near the f32 range, where x − hi itself can overflow) or whose factors
+ * f32 cannot hold (subnormal) is mapped in fp64 with the fp64 constants (sn__needs_f64).
  *
  * Loops run over blocks of SN_VB elements held in one GCC vector value (sn__vf): each block is
  * loaded whole, computed, then stored whole. That makes y == x (in place) well defined without
@@ -92,7 +93,17 @@ typedef struct {
   _Alignas(64) float a[SN_TILE_C];
   _Alignas(64) float b[SN_TILE_C];
   _Alignas(64) float e[SN_TILE_C]; /* backward only */
+  /* the same constants in fp64 (sn__tile_set), and whether a channel is mapped in fp64 */
+  double m[SN_TILE_C], ad[SN_TILE_C], bd[SN_TILE_C], ed[SN_TILE_C];
+  unsigned char f64[SN_TILE_C];
 } sn__chan_tile_t;
+
+/* The constants of one channel's map (NCHW runs): as a tile's, for one channel. */
+typedef struct {
+  float hi, lo, a, b, e;
+  int f64;
+  double m, ad, bd, ed;
+} sn__chan_k_t;
 
 /* Activation size checks shared by BatchNorm and GroupNorm: c >= 1, n >= 0, s >= 0 and n·c·s
  * addressable; *rows = n·s (the count of (n, s) positions). */
@@ -194,17 +205,53 @@ SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const f
   }
 }
 
-/* ---- fp64 maps for centres where x − hi can overflow f32 ------------------------------------- */
+/* ---- the constants, and fp64 maps for channels the f32 ones cannot serve ---------------------- */
 
 /* x − hi rounds to at most FLT_MAX for every finite f32 x while |hi| < SN_CENTRE_F32_MAX:
  * |x − hi| < (2^128 − 2^104) + 2^103 = 2^128 − 2^103, the midpoint between FLT_MAX and 2^128, so
  * it rounds down; − lo (|lo| ≤ 2^-24·|hi|) keeps it below. From 2^103 on, values of opposite
- * signs near FLT_MAX give ±inf in f32 where (x − mean)·a is finite: a channel whose centre is
- * that large is mapped in fp64 instead (the same f32 constants, one rounding at the end). Only
- * data near the f32 range gets there; the channels' other maps are unchanged. */
+ * signs near FLT_MAX give ±inf in f32 where (x − mean)·a is finite. */
 #define SN_CENTRE_F32_MAX 0x1p103f
 
-static inline int sn__centre_wide(float hi) { return fabsf(hi) >= SN_CENTRE_F32_MAX; }
+/* Whether an fp64 constant is served by its f32 rounding: exactly representable, or a normal
+ * finite f32 (a subnormal keeps fewer than 24 bits: a = gamma·rstd for σ near 2^127 with a small
+ * gamma, e = O(rstd²) of the backward beyond σ ≈ 2^63, which even underflows to 0). */
+static inline int sn__f32_holds(double v) {
+  const float f = (float)v;
+  return (double)f == v || (fabsf(f) >= FLT_MIN && fabsf(f) <= FLT_MAX);
+}
+
+/* Whether a channel must be mapped in fp64: its centre from SN_CENTRE_F32_MAX on, or a factor
+ * its f32 rounding does not hold. Only data near the ends of the f32 range gets there; the f32
+ * maps of every other channel are unchanged. */
+static inline int sn__needs_f64(float hi, double a, double b, double e) {
+  return !(fabsf(hi) < SN_CENTRE_F32_MAX) || !sn__f32_holds(a) || !sn__f32_holds(b) ||
+         !sn__f32_holds(e);
+}
+
+/* A channel's constants from their fp64 values: the centre m (the mean), and the factors a, b, e
+ * of y = (x − m)·a + b, dx = (dy·a − b) − (x − m)·e. */
+static inline void sn__chan_k_set(sn__chan_k_t *k, double m, double a, double b, double e) {
+  sn__split_f64(m, &k->hi, &k->lo);
+  k->a = (float)a, k->b = (float)b, k->e = (float)e;
+  k->m = m, k->ad = a, k->bd = b, k->ed = e;
+  k->f64 = sn__needs_f64(k->hi, a, b, e);
+}
+/* The same for channel c0 + j of a tile. */
+static inline void sn__tile_set(sn__chan_tile_t *p, int64_t j, double m, double a, double b,
+                                double e) {
+  sn__split_f64(m, &p->hi[j], &p->lo[j]);
+  p->a[j] = (float)a, p->b[j] = (float)b, p->e[j] = (float)e;
+  p->m[j] = m, p->ad[j] = a, p->bd[j] = b, p->ed[j] = e;
+  p->f64[j] = (unsigned char)sn__needs_f64(p->hi[j], a, b, e);
+}
+
+/* Any of a tile's first ct channels mapped in fp64. */
+static inline int sn__tile_any_f64(const sn__chan_tile_t *p, int64_t ct) {
+  int any = 0;
+  for (int64_t j = 0; j < ct; j++) any |= p->f64[j];
+  return any;
+}
 
 /* The fp64 maps are kept out of line and out of the hot code (only such data gets there). */
 #if defined(__GNUC__)
@@ -213,73 +260,74 @@ static inline int sn__centre_wide(float hi) { return fabsf(hi) >= SN_CENTRE_F32_
 #define SN_COLD
 #endif
 
-/* Any channel of a tile's first ct centres wide (sn__centre_wide). */
-static inline int sn__tile_wide(const sn__chan_tile_t *p, int64_t ct) {
-  int wide = 0;
-  for (int64_t j = 0; j < ct; j++) wide |= sn__centre_wide(p->hi[j]);
-  return wide;
+/* y[i] = (float)((x[i] − m)·a + b) in fp64. y may equal x. */
+SN_COLD static void sn__aff_run_f64(float *y, const float *x, int64_t n, double m, double a,
+                                   double b) {
+  for (int64_t i = 0; i < n; i++) y[i] = (float)(((double)x[i] - m) * a + b);
 }
 
-/* sn__aff_run in fp64: y[i] = (float)((((double)x[i] − hi) − lo)·a + b). y may equal x. */
-SN_COLD static void sn__aff_run_f64(float *y, const float *x, int64_t n, float hi, float lo,
-                                   float a, float b) {
-  for (int64_t i = 0; i < n; i++)
-    y[i] = (float)((((double)x[i] - hi) - lo) * a + b);
-}
-
-/* sn__affbwd_run in fp64: dx[i] = (float)((dy[i]·a − b) − ((x[i] − hi) − lo)·e). */
+/* dx[i] = (float)((dy[i]·a − b) − (x[i] − m)·e) in fp64. dx may equal dy. */
 SN_COLD static void sn__affbwd_run_f64(float *dx, const float *dy, const float *x, int64_t n,
-                                      float hi, float lo, float a, float b, float e) {
-  for (int64_t i = 0; i < n; i++)
-    dx[i] = (float)(((double)dy[i] * a - b) - (((double)x[i] - hi) - lo) * e);
+                                      double m, double a, double b, double e) {
+  for (int64_t i = 0; i < n; i++) dx[i] = (float)(((double)dy[i] * a - b) - ((double)x[i] - m) * e);
 }
 
-/* sn__aff_rows / sn__affbwd_rows in fp64, channel by channel along the rows (stride ld). */
-SN_COLD static void sn__aff_rows_f64(float *y, const float *x, int64_t nr, int64_t ld, int64_t ct,
-                                    const sn__chan_tile_t *p) {
+/* Rows of a channel slice of a tile with an fp64 channel: those channels in fp64, the others
+ * with the f32 map of sn__aff_rows (the same bits as there); with thr (the checked map of
+ * bf16/f16 outputs, see SN_CANCEL_LOG2_BF16; NULL: none) an f32 value failing it is recomputed
+ * in fp64 as there. y, x [nr, ld]; y may equal x. */
+SN_COLD static void sn__aff_rows_mixed(float *y, const float *x, int64_t nr, int64_t ld,
+                                      int64_t ct, const sn__chan_tile_t *p, const float *thr) {
   for (int64_t r = 0; r < nr; r++)
-    for (int64_t c = 0; c < ct; c++)
-      sn__aff_run_f64(y + r * ld + c, x + r * ld + c, 1, p->hi[c], p->lo[c], p->a[c], p->b[c]);
+    for (int64_t c = 0; c < ct; c++) {
+      const float xv = x[r * ld + c];
+      const float v = ((xv - p->hi[c]) - p->lo[c]) * p->a[c] + p->b[c];
+      const int wide = p->f64[c] || (thr != NULL && (!(fabsf(v) >= thr[c]) | !(fabsf(v) <= FLT_MAX)));
+      y[r * ld + c] = wide ? (float)(((double)xv - p->m[c]) * p->ad[c] + p->bd[c]) : v;
+    }
 }
-SN_COLD static void sn__affbwd_rows_f64(float *dx, const float *dy, const float *x, int64_t nr,
-                                       int64_t ld, int64_t ct, const sn__chan_tile_t *p) {
+/* The backward map likewise. dx may equal dy. */
+SN_COLD static void sn__affbwd_rows_mixed(float *dx, const float *dy, const float *x, int64_t nr,
+                                         int64_t ld, int64_t ct, const sn__chan_tile_t *p) {
   for (int64_t r = 0; r < nr; r++)
-    for (int64_t c = 0; c < ct; c++)
-      sn__affbwd_run_f64(dx + r * ld + c, dy + r * ld + c, x + r * ld + c, 1, p->hi[c], p->lo[c],
-                         p->a[c], p->b[c], p->e[c]);
+    for (int64_t c = 0; c < ct; c++) {
+      const int64_t i = r * ld + c;
+      if (p->f64[c])
+        dx[i] = (float)(((double)dy[i] * p->ad[c] - p->bd[c]) - ((double)x[i] - p->m[c]) * p->ed[c]);
+      else
+        dx[i] = (dy[i] * p->a[c] - p->b[c]) - ((x[i] - p->hi[c]) - p->lo[c]) * p->e[c];
+    }
 }
 
 /* ---- any activation dtype: f32 in place, bf16/f16 through stack tiles ------------------------ */
 
-/* Elements [off, off+n) of one channel's run: y = ((x − hi) − lo)·a + b. y may equal x. */
-static inline void sn__aff_span(void *y, const void *x, int64_t off, int64_t n, float hi,
-                                float lo, float a, float b, sn_dtype_t dtype) {
-  const int wide = sn__centre_wide(hi);
+/* Elements [off, off+n) of one channel's run: y = ((x − hi) − lo)·a + b (k->f64: in fp64).
+ * y may equal x. */
+static inline void sn__aff_span(void *y, const void *x, int64_t off, int64_t n,
+                                const sn__chan_k_t *k, sn_dtype_t dtype) {
   if (dtype == SN_DTYPE_F32) {
-    if (wide) sn__aff_run_f64((float *)y + off, (const float *)x + off, n, hi, lo, a, b);
-    else sn__aff_run((float *)y + off, (const float *)x + off, n, hi, lo, a, b);
+    if (k->f64) sn__aff_run_f64((float *)y + off, (const float *)x + off, n, k->m, k->ad, k->bd);
+    else sn__aff_run((float *)y + off, (const float *)x + off, n, k->hi, k->lo, k->a, k->b);
     return;
   }
   float t[SN_TILE];
   for (int64_t i = 0; i < n; i += SN_TILE) {
     int64_t m = sn__min64(SN_TILE, n - i);
     sn__to_f32(t, x, off + i, m, dtype);
-    if (wide) sn__aff_run_f64(t, t, m, hi, lo, a, b);
-    else sn__aff_run(t, t, m, hi, lo, a, b);
+    if (k->f64) sn__aff_run_f64(t, t, m, k->m, k->ad, k->bd);
+    else sn__aff_run(t, t, m, k->hi, k->lo, k->a, k->b);
     sn__from_f32(y, off + i, t, m, dtype);
   }
 }
 
 /* Backward over elements [off, off+n) of one channel's run. dx may equal dy. */
 static inline void sn__affbwd_span(void *dx, const void *dy, const void *x, int64_t off, int64_t n,
-                                   float hi, float lo, float a, float b, float e,
-                                   sn_dtype_t dtype) {
-  const int wide = sn__centre_wide(hi);
+                                   const sn__chan_k_t *k, sn_dtype_t dtype) {
   if (dtype == SN_DTYPE_F32) {
     float *o = (float *)dx + off;
     const float *g = (const float *)dy + off, *v = (const float *)x + off;
-    if (wide) sn__affbwd_run_f64(o, g, v, n, hi, lo, a, b, e);
-    else sn__affbwd_run(o, g, v, n, hi, lo, a, b, e);
+    if (k->f64) sn__affbwd_run_f64(o, g, v, n, k->m, k->ad, k->bd, k->ed);
+    else sn__affbwd_run(o, g, v, n, k->hi, k->lo, k->a, k->b, k->e);
     return;
   }
   float tg[SN_TILE], tx[SN_TILE];
@@ -287,8 +335,8 @@ static inline void sn__affbwd_span(void *dx, const void *dy, const void *x, int6
     int64_t m = sn__min64(SN_TILE, n - i);
     sn__to_f32(tg, dy, off + i, m, dtype);
     sn__to_f32(tx, x, off + i, m, dtype);
-    if (wide) sn__affbwd_run_f64(tg, tg, tx, m, hi, lo, a, b, e);
-    else sn__affbwd_run(tg, tg, tx, m, hi, lo, a, b, e);
+    if (k->f64) sn__affbwd_run_f64(tg, tg, tx, m, k->m, k->ad, k->bd, k->ed);
+    else sn__affbwd_run(tg, tg, tx, m, k->hi, k->lo, k->a, k->b, k->e);
     sn__from_f32(dx, off + i, tg, m, dtype);
   }
 }
@@ -308,13 +356,13 @@ static inline void sn__aff_rowspan(void *y, const void *x, int64_t r0, int64_t r
                                    int64_t c0, int64_t ct, const sn__chan_tile_t *p,
                                    sn_dtype_t dtype) {
   float t[SN_TILE];
-  const int wide = sn__tile_wide(p, ct);
+  const int wide = sn__tile_any_f64(p, ct);
   int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
   for (int64_t r = r0; r < r1; r += per) {
     int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
     const float *xb = sn__in_row(x, off, span, dtype, t);
     float *yb = sn__out_row(y, off, dtype, t);
-    if (wide) sn__aff_rows_f64(yb, xb, nr, ld, ct, p);
+    if (wide) sn__aff_rows_mixed(yb, xb, nr, ld, ct, p, NULL);
     else sn__aff_rows(yb, xb, nr, ld, ct, p);
     sn__out_done(y, off, span, dtype, yb);
   }
@@ -326,14 +374,14 @@ static inline void sn__affbwd_rowspan(void *dx, const void *dy, const void *x, i
                                       int64_t r1, int64_t ld, int64_t c0, int64_t ct,
                                       const sn__chan_tile_t *p, sn_dtype_t dtype) {
   float tg[SN_TILE], tx[SN_TILE];
-  const int wide = sn__tile_wide(p, ct);
+  const int wide = sn__tile_any_f64(p, ct);
   int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
   for (int64_t r = r0; r < r1; r += per) {
     int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
     const float *gb = sn__in_row(dy, off, span, dtype, tg);
     const float *xb = sn__in_row(x, off, span, dtype, tx);
     float *ob = sn__out_row(dx, off, dtype, tg);
-    if (wide) sn__affbwd_rows_f64(ob, gb, xb, nr, ld, ct, p);
+    if (wide) sn__affbwd_rows_mixed(ob, gb, xb, nr, ld, ct, p);
     else sn__affbwd_rows(ob, gb, xb, nr, ld, ct, p);
     sn__out_done(dx, off, span, dtype, ob);
   }
@@ -350,8 +398,10 @@ static inline void sn__affbwd_rowspan(void *dx, const void *dy, const void *x, i
  * of half an ulp of the output (2^-9·|v|, normal f16 2^-12·|v|), so v narrows to within 1 ulp.
  * Any other element (|v| < thr, or v not finite) is recomputed in fp64 from the exact
  * constants: the fp64 mean md and ad = gamma·rstd in fp64, y = (x − md)·ad + b, good to the
- * statistics' accuracy. With gamma and beta unrelated about 2^-9 (bf16) of the elements are
- * recomputed. (A subnormal thr rounds by at most 2^-150, far below the outputs' resolution.)
+ * accuracy of md and ad: BatchNorm's are its inputs (exact), GroupNorm's its fp64 statistics,
+ * whose mean errs by ~2^-53·|mean| (f16 data can hold |mean|/σ ~ 2^11), so the bound holds for
+ * cancellations down to about |y| = 2^-30·|p| (a review: 4-15 ulp for f16 at 2^-34 to 2^-36).
+ * With gamma and beta unrelated about 2^-9 (bf16) of the elements are recomputed. (A subnormal thr rounds by at most 2^-150, far below the outputs' resolution.)
  * LayerNorm's check (layernorm.c, ln_map_beta) is the same bound with |p| tested directly, its
  * beta being per element. */
 #define SN_CANCEL_LOG2_BF16 10
@@ -361,12 +411,6 @@ static inline void sn__affbwd_rowspan(void *dx, const void *dy, const void *x, i
 static inline float sn__cancel_thr(float b, sn_dtype_t dtype) {
   return ldexpf(fabsf(b), dtype == SN_DTYPE_BF16 ? -SN_CANCEL_LOG2_BF16 : -SN_CANCEL_LOG2_F16);
 }
-
-/* The fp64 constants of an NHWC channel tile for the checked map (channel c0 + j at j). */
-typedef struct {
-  double md[SN_TILE_C]; /* fp64 mean */
-  double ad[SN_TILE_C]; /* gamma·rstd in fp64 */
-} sn__chan_exact_t;
 
 /* Elements per block of the checked map: the f32 map runs over a block with one flag; a block
  * where some element fails is gone over again, each failing element recomputed in fp64. Which
@@ -407,18 +451,17 @@ SN_CLONES static inline void sn__aff_run_chk(float *restrict y, const float *res
   if (i < n) sn__aff_chk_block(y + i, x + i, n - i, hi, lo, a, b, thr, md, ad);
 }
 
-/* The checked map of rows of a channel slice: y, x [nr, ld] (not aliasing), channels ct of p,
- * q and thr [ct], each row's slice in blocks of SN_CHK_BLOCK channels. */
+/* The checked map of rows of a channel slice: y, x [nr, ld] (not aliasing), channels ct of p
+ * and thr [ct], each row's slice in blocks of SN_CHK_BLOCK channels. */
 SN_CLONES static inline void sn__aff_rows_chk(float *restrict y, const float *restrict x,
                                               int64_t nr, int64_t ld, int64_t ct,
-                                              const sn__chan_tile_t *p,
-                                              const sn__chan_exact_t *q, const float *thr) {
+                                              const sn__chan_tile_t *p, const float *thr) {
   for (int64_t r = 0; r < nr; r++)
     for (int64_t c0 = 0; c0 < ct; c0 += SN_CHK_BLOCK) {
       const int64_t m = sn__min64(SN_CHK_BLOCK, ct - c0);
       const float *hi = p->hi + c0, *lo = p->lo + c0, *a = p->a + c0, *b = p->b + c0;
       const float *th = thr + c0;
-      const double *md = q->md + c0, *ad = q->ad + c0;
+      const double *md = p->m + c0, *ad = p->ad + c0;
       float *restrict yr = y + r * ld + c0;
       const float *restrict xr = x + r * ld + c0;
       int bad = 0;
@@ -435,32 +478,38 @@ SN_CLONES static inline void sn__aff_rows_chk(float *restrict y, const float *re
     }
 }
 
-/* sn__aff_span for bf16/f16 outputs, checked (see SN_CANCEL_LOG2_BF16); md, ad: the channel's
- * fp64 mean and gamma·rstd. y may equal x. */
-static inline void sn__aff_span_chk(void *y, const void *x, int64_t off, int64_t n, float hi,
-                                    float lo, float a, float b, double md, double ad,
-                                    sn_dtype_t dtype) {
+/* sn__aff_span for bf16/f16 outputs, checked (see SN_CANCEL_LOG2_BF16; the fp64 values from
+ * k->m and k->ad). A channel mapped in fp64 (k->f64) is so whole. y may equal x. */
+static inline void sn__aff_span_chk(void *y, const void *x, int64_t off, int64_t n,
+                                    const sn__chan_k_t *k, sn_dtype_t dtype) {
+  if (k->f64) {
+    sn__aff_span(y, x, off, n, k, dtype);
+    return;
+  }
   float tx[SN_TILE], ty[SN_TILE];
-  const float thr = sn__cancel_thr(b, dtype);
+  const float thr = sn__cancel_thr(k->b, dtype);
   for (int64_t i = 0; i < n; i += SN_TILE) {
     int64_t m = sn__min64(SN_TILE, n - i);
     sn__to_f32(tx, x, off + i, m, dtype);
-    sn__aff_run_chk(ty, tx, m, hi, lo, a, b, thr, md, ad);
+    sn__aff_run_chk(ty, tx, m, k->hi, k->lo, k->a, k->b, thr, k->m, k->ad);
     sn__from_f32(y, off + i, ty, m, dtype);
   }
 }
 
-/* sn__aff_rowspan for bf16/f16 outputs, checked; q: the tile's fp64 constants. */
+/* sn__aff_rowspan for bf16/f16 outputs, checked (a tile with channels mapped in fp64: those
+ * channels so, the others checked as here, sn__aff_rows_mixed). */
 static inline void sn__aff_rowspan_chk(void *y, const void *x, int64_t r0, int64_t r1, int64_t ld,
                                        int64_t c0, int64_t ct, const sn__chan_tile_t *p,
-                                       const sn__chan_exact_t *q, sn_dtype_t dtype) {
+                                       sn_dtype_t dtype) {
   float tx[SN_TILE], ty[SN_TILE], thr[SN_TILE_C];
   for (int64_t j = 0; j < ct; j++) thr[j] = sn__cancel_thr(p->b[j], dtype);
+  const int wide = sn__tile_any_f64(p, ct);
   int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
   for (int64_t r = r0; r < r1; r += per) {
     int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
     sn__to_f32(tx, x, off, span, dtype);
-    sn__aff_rows_chk(ty, tx, nr, ld, ct, p, q, thr);
+    if (wide) sn__aff_rows_mixed(ty, tx, nr, ld, ct, p, thr);
+    else sn__aff_rows_chk(ty, tx, nr, ld, ct, p, thr);
     sn__from_f32(y, off, ty, span, dtype);
   }
 }
