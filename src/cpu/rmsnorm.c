@@ -6,7 +6,9 @@
  *   pass 1  rstd = 1/√(Σx²/d + eps)           fp64, SN_ROW_LANES fixed lanes (no overflow)
  *   pass 2  y = (x·rstd)·gamma                 f32: a product has no cancellation, so the f32
  *                                              map is within a few f32 ulps elementwise
- * The row stays in L1/L2 between the passes: x is read from DRAM once and y written once.
+ * The row stays in L1/L2 between the passes: x is read from DRAM once and y written once. Pass 1
+ * prefetches the next input row and this row's output (as LayerNorm's: the memory fetches
+ * them while the passes run in cache).
  * bf16/f16 rows are widened into per-thread f32 scratch rows ([threads, d] floats, allocated
  * before the parallel region), computed there and narrowed once, round-to-nearest-even.
  * sn_rmsnorm_fwd's bf16 rows take a two-pass path with the same results (rms_fwd_row_bf16):
@@ -42,12 +44,11 @@ SN_INLINE void rms_map(float *y, const float *x, const float *gamma, int64_t d, 
   }
 }
 
-/* One row: x [d] f32 → y [d] f32 (y may equal x); returns rstd in fp64. (Unlike LayerNorm's
- * three passes, these two keep the memory busy without software prefetching: measured, it only
- * added traffic.) */
+/* One row: x [d] f32 → y [d] f32 (y may equal x); returns rstd in fp64. next, out, esize: the
+ * rows the first pass prefetches (sn__row_sumsq_w; NULL for none). */
 SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *gamma, int64_t d,
-                                    float eps) {
-  const double ms = sn__row_sumsq(x, d, 0.0) / (double)d;
+                                    float eps, const char *next, char *out, int esize) {
+  const double ms = sn__row_sumsq_w(NULL, x, 0, d, 0.0, next, out, esize) / (double)d;
   const double rstd = 1.0 / sqrt(ms + (double)eps);
   if (gamma != NULL) rms_map(y, x, gamma, d, (float)rstd, 1);
   else rms_map(y, x, gamma, d, (float)rstd, 0);
@@ -70,8 +71,9 @@ SN_INLINE void rms_map_bf16(uint16_t *y, const float *x, const float *gamma, int
  * widened into tmp [d] while its squares are summed (x read from memory once), then the map
  * narrowed as it is stored (y written once, no f32 output row). Returns rstd. */
 SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, float *tmp,
-                                         const float *gamma, int64_t d, float eps) {
-  const double ms = sn__row_sumsq_w(tmp, x, 1, d, 0.0) / (double)d;
+                                         const float *gamma, int64_t d, float eps,
+                                         const char *next) {
+  const double ms = sn__row_sumsq_w(tmp, x, 1, d, 0.0, next, (char *)y, 2) / (double)d;
   const double rstd = 1.0 / sqrt(ms + (double)eps);
   if (gamma != NULL) rms_map_bf16(y, tmp, gamma, d, (float)rstd, 1);
   else rms_map_bf16(y, tmp, gamma, d, (float)rstd, 0);
@@ -80,12 +82,13 @@ SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, float *
 
 /* Row r of the forward from its f32 view xr: writes y row r and rstd[r] when given. tmp: this
  * thread's d floats of scratch for bf16/f16 (the row is computed there; it may be xr), NULL
- * for f32. */
+ * for f32. next: the next input row, to prefetch (NULL for none). */
 static void rms_fwd_store(void *y, float *rstd, const float *xr, float *tmp, const float *gamma,
-                          int64_t r, int64_t d, float eps, sn_dtype_t dtype) {
-  const int64_t off = r * d;
+                          int64_t r, int64_t d, float eps, sn_dtype_t dtype, const char *next) {
+  const int64_t off = r * d, esize = sn_dtype_size(dtype);
   float *yr = sn__out_row(y, off, dtype, tmp);
-  const double rs = rms_fwd_row(yr, xr, gamma, d, eps);
+  const double rs =
+      rms_fwd_row(yr, xr, gamma, d, eps, next, (char *)y + off * esize, (int)esize);
   sn__out_done(y, off, d, dtype, tmp);
   if (rstd != NULL) rstd[r] = (float)rs;
 }
@@ -100,6 +103,7 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
   if (n == 0) return SN_OK;
 
   /* scratch: [threads, d] f32 rows for bf16/f16; f32 works on x and y directly */
+  const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
   float *scratch = NULL;
   if (dtype != SN_DTYPE_F32 &&
@@ -111,14 +115,15 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
     float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * d : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
+      const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
       if (dtype == SN_DTYPE_BF16) {
         const double rs = rms_fwd_row_bf16((uint16_t *)y + r * d, (const uint16_t *)x + r * d,
-                                           tmp, gamma, d, eps);
+                                           tmp, gamma, d, eps, next);
         if (rstd != NULL) rstd[r] = (float)rs;
         continue;
       }
       const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
-      rms_fwd_store(y, rstd, xr, tmp, gamma, r, d, eps, dtype);
+      rms_fwd_store(y, rstd, xr, tmp, gamma, r, d, eps, dtype, next);
     }
   }
   sn__free(scratch);
@@ -150,7 +155,7 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       const float *sr = sn__residual_sum_row(sum_out, x, residual, tmp, r * d, d, dtype);
-      rms_fwd_store(y, rstd, sr, tmp, gamma, r, d, eps, dtype);
+      rms_fwd_store(y, rstd, sr, tmp, gamma, r, d, eps, dtype, NULL);
     }
   }
   sn__free(scratch);

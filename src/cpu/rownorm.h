@@ -173,12 +173,20 @@ SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, const void *src, in
 /* Σ (x[i] − shift)² in fp64, lanes as sn__row_sum (squares of f32, hence bf16/f16, values
  * never overflow in fp64). src is f32 [n] or, with widen, bf16 [n], then also written widened
  * into dst [n] (the same values, hence bitwise the same sum as on dst: RMSNorm's bf16 rows read
- * memory once). */
+ * memory once). next, out, esize: rows to prefetch as in sn__row_shifted_sums (NULL: none). */
 SN_INLINE double sn__row_sumsq_w(float *dst, const void *src, int widen, int64_t n,
-                                 double shift) {
+                                 double shift, const char *next, char *out, int esize) {
   double acc[SN_ROW_LANES] = {0};
   int64_t i = 0;
-  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES)
+  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES) {
+    if (next != NULL) {
+      __builtin_prefetch(next + i * esize, 0);
+      __builtin_prefetch(next + i * esize + 64, 0);
+    }
+    if (out != NULL) {
+      __builtin_prefetch(out + i * esize, 1);
+      __builtin_prefetch(out + i * esize + 64, 1);
+    }
     for (int k = 0; k < SN_ROW_LANES; k++) {
       const float x = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i + k])
                             : ((const float *)src)[i + k];
@@ -186,6 +194,7 @@ SN_INLINE double sn__row_sumsq_w(float *dst, const void *src, int widen, int64_t
       const double v = (double)x - shift;
       acc[k] += v * v;
     }
+  }
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
     const float x = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
     if (widen) dst[i] = x;
@@ -195,9 +204,9 @@ SN_INLINE double sn__row_sumsq_w(float *dst, const void *src, int widen, int64_t
   return sn__lanes_total(acc);
 }
 
-/* Σ (x[i] − shift)² of an f32 row (sn__row_sumsq_w without widening). */
+/* Σ (x[i] − shift)² of an f32 row (sn__row_sumsq_w without widening or prefetching). */
 SN_INLINE double sn__row_sumsq(const float *x, int64_t n, double shift) {
-  return sn__row_sumsq_w(NULL, x, 0, n, shift);
+  return sn__row_sumsq_w(NULL, x, 0, n, shift, NULL, NULL, 0);
 }
 
 /* mean and M2 = Σ(x − mean)² of the row x [n] (f32) from its shifted sums s (shift K; see
