@@ -151,6 +151,43 @@ static void check_fwd(int64_t rows, int64_t d, sn_dtype_t dt, double mu, double 
   free(x), free(y), free(gamma), free(rstd), free(xd), free(yr), free(rr);
 }
 
+/* bf16 rows whose sum of squares leaves the range where the f32 blocks of the bf16 statistics
+ * hold (sn__row_sumsq_lowp): squares beyond FLT_MAX (σ = 2^100; one value 2^70 among O(1)
+ * ones) and squares subnormal in f32 (σ = 2^-74, eps 2^-149 so that they matter). Each row must
+ * take the fp64 sum: y within 1 ulp, rstd to one f32 rounding; in the fused kernel (the generic
+ * path) as well. With the fp64 fallback removed the tiny rows are 2 ulp off and the huge ones
+ * 0 (rstd = 0 from an infinite sum). */
+START_TEST(test_lowp_sum_range) {
+  static const double SIGMA[] = {0x1p100, 1.0, 0x1p-74};
+  const int64_t rows = 3, d = 1000, n = rows * d;
+  const sn_dtype_t dt = SN_DTYPE_BF16;
+  for (int k = 0; k < 3; k++) {
+    const float eps = k == 2 ? 0x1p-149f : EPS;
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 1500 + (uint64_t)k);
+    void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt), *zero = tu_alloc(n, dt);
+    void *sum = tu_alloc(n, dt), *y2 = tu_alloc(n, dt);
+    tu_fill_normal(x, n, dt, 0.0, SIGMA[k], &rng);
+    if (k == 1) tu_set(x, d + 17, 0x1p70, dt); /* one square beyond FLT_MAX in row 1 */
+    for (int64_t i = 0; i < n; i++) tu_set(zero, i, 0.0, dt);
+    float *gamma = random_f32(d, 1.0, 0.5, &rng), rstd[3], rstd2[3];
+    double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double)), rr[3];
+    char what[96];
+    snprintf(what, sizeof what, "rmsnorm_fwd bf16 sigma=%g eps=%g", SIGMA[k], (double)eps);
+    tu_poison(y, n, dt);
+    ck_assert_int_eq(sn_rmsnorm_fwd(y, rstd, x, gamma, rows, d, eps, dt), SN_OK);
+    ref_fwd(yr, rr, xd, gamma, rows, d, (double)eps);
+    tu_assert_fwd(y, dt, yr, n, what);
+    for (int64_t r = 0; r < rows; r++) assert_stat(rstd[r], rr[r], 0.0, "rstd", r);
+    tu_poison(y2, n, dt);
+    ck_assert_int_eq(sn_add_rmsnorm_fwd(y2, sum, rstd2, x, zero, gamma, rows, d, eps, dt), SN_OK);
+    tu_assert_bitwise(y2, y, (size_t)(n * 2), "fused (generic path) y");
+    tu_assert_bitwise(rstd2, rstd, sizeof rstd, "fused (generic path) rstd");
+    free(x), free(y), free(zero), free(sum), free(y2), free(gamma), free(xd), free(yr);
+  }
+}
+END_TEST
+
 /* Every rows × d of the issue, one dtype per loop index. */
 START_TEST(test_fwd_shapes) {
   const sn_dtype_t dt = (sn_dtype_t)_i;
@@ -663,6 +700,7 @@ int main(void) {
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 600);
   tcase_add_loop_test(tc, test_fwd_shapes, 0, 3);
+  tcase_add_test(tc, test_lowp_sum_range);
   tcase_add_test(tc, test_large_mean);
   tcase_add_loop_test(tc, test_constant_rows, 0, 3);
   tcase_add_loop_test(tc, test_near_half_max, 0, 2);

@@ -3,7 +3,9 @@
  * CPU. Every tensor is row-major [rows, d]; one row is normalized over its d elements.
  *
  * Per row, forward:
- *   pass 1  rstd = 1/√(Σx²/d + eps)           fp64, SN_ROW_LANES fixed lanes (no overflow)
+ *   pass 1  rstd = 1/√(Σx²/d + eps)           fp64, SN_ROW_LANES fixed lanes (no overflow);
+ *                                              bf16/f16 rows: f32 blocks of 16 squares per lane
+ *                                              added in fp64 (sn__row_sumsq_lowp)
  *   pass 2  y = (x·rstd)·gamma                 f32: a product has no cancellation, so the f32
  *                                              map is within a few f32 ulps elementwise
  * The row stays in L1/L2 between the passes: x is read from DRAM once and y written once. Pass 1
@@ -47,8 +49,11 @@ SN_INLINE void rms_map(float *y, const float *x, const float *gamma, int64_t d, 
 /* One row: x [d] f32 → y [d] f32 (y may equal x); returns rstd in fp64. next, out, esize: the
  * rows the first pass prefetches (sn__row_sumsq_w; NULL for none). */
 SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *gamma, int64_t d,
-                                    float eps, const char *next, char *out, int esize) {
-  const double ms = sn__row_sumsq_w(NULL, x, 0, d, 0.0, next, out, esize) / (double)d;
+                                    float eps, const char *next, char *out, int esize,
+                                    int lowp) {
+  const double ss = lowp ? sn__row_sumsq_lowp(NULL, x, 0, d, next, out, esize)
+                         : sn__row_sumsq_w(NULL, x, 0, d, 0.0, next, out, esize);
+  const double ms = ss / (double)d;
   const double rstd = 1.0 / sqrt(ms + (double)eps);
   if (gamma != NULL) rms_map(y, x, gamma, d, (float)rstd, 1);
   else rms_map(y, x, gamma, d, (float)rstd, 0);
@@ -73,7 +78,7 @@ SN_INLINE void rms_map_bf16(uint16_t *y, const float *x, const float *gamma, int
 SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, float *tmp,
                                          const float *gamma, int64_t d, float eps,
                                          const char *next) {
-  const double ms = sn__row_sumsq_w(tmp, x, 1, d, 0.0, next, (char *)y, 2) / (double)d;
+  const double ms = sn__row_sumsq_lowp(tmp, x, 1, d, next, (char *)y, 2) / (double)d;
   const double rstd = 1.0 / sqrt(ms + (double)eps);
   if (gamma != NULL) rms_map_bf16(y, tmp, gamma, d, (float)rstd, 1);
   else rms_map_bf16(y, tmp, gamma, d, (float)rstd, 0);
@@ -88,7 +93,8 @@ static void rms_fwd_store(void *y, float *rstd, const float *xr, float *tmp, con
   const int64_t off = r * d, esize = sn_dtype_size(dtype);
   float *yr = sn__out_row(y, off, dtype, tmp);
   const double rs =
-      rms_fwd_row(yr, xr, gamma, d, eps, next, (char *)y + off * esize, (int)esize);
+      rms_fwd_row(yr, xr, gamma, d, eps, next, (char *)y + off * esize, (int)esize,
+                  dtype != SN_DTYPE_F32);
   sn__out_done(y, off, d, dtype, tmp);
   if (rstd != NULL) rstd[r] = (float)rs;
 }

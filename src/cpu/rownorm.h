@@ -204,6 +204,54 @@ SN_INLINE double sn__row_sumsq_w(float *dst, const void *src, int widen, int64_t
   return sn__lanes_total(acc);
 }
 
+/* Rows of lanes per f32 block of sn__row_sumsq_lowp: each lane adds 16 squares in f32. */
+#define SN_SUMSQ_F32_ROWS 16
+
+/* Σ x[i]² for bf16/f16 rows (RMSNorm), with src, dst, widen, next, out, esize as
+ * sn__row_sumsq_w: each lane adds SN_SUMSQ_F32_ROWS squares in f32, then those block sums in
+ * fp64 lanes (the lanes and order of sn__row_sum). Nonnegative terms: the f32 squares and sums
+ * err by < 17·2^-24 < 2^-19.9 of the total, so rstd by < 2^-20.9, far inside the 1-ulp bound of
+ * bf16/f16 outputs (2^-9, 2^-12) that RMSNorm's product y = x·rstd·gamma has no cancellation
+ * to amplify; half the vector work of fp64 lanes. Squares that overflow f32 (|x| > 2^64) or
+ * underflow it (the total below 2^-120 per element, where a square's rounding to a subnormal
+ * would be more than 2^-30 of it) send the row to the fp64 sum (sn__row_sumsq_w on the widened
+ * row). The same bits from a bf16 row with widen and from its widened f32 copy without. */
+SN_INLINE double sn__row_sumsq_lowp(float *dst, const void *src, int widen, int64_t n,
+                                   const char *next, char *out, int esize) {
+  double acc[SN_ROW_LANES] = {0};
+  int64_t i = 0;
+  while (i + SN_ROW_LANES <= n) {
+    const int64_t end = n - i > SN_ROW_LANES * SN_SUMSQ_F32_ROWS
+                            ? i + SN_ROW_LANES * SN_SUMSQ_F32_ROWS : n;
+    float b[SN_ROW_LANES] = {0};
+    for (; i + SN_ROW_LANES <= end; i += SN_ROW_LANES) {
+      if (next != NULL) {
+        __builtin_prefetch(next + i * esize, 0);
+        __builtin_prefetch(next + i * esize + 64, 0);
+      }
+      if (out != NULL) {
+        __builtin_prefetch(out + i * esize, 1);
+        __builtin_prefetch(out + i * esize + 64, 1);
+      }
+      for (int k = 0; k < SN_ROW_LANES; k++) {
+        const float x = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i + k])
+                              : ((const float *)src)[i + k];
+        if (widen) dst[i + k] = x;
+        b[k] += x * x;
+      }
+    }
+    for (int k = 0; k < SN_ROW_LANES; k++) acc[k] += (double)b[k];
+  }
+  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
+    const float x = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+    if (widen) dst[i] = x;
+    acc[k] += (double)x * (double)x;
+  }
+  const double total = sn__lanes_total(acc);
+  if (total >= (double)n * 0x1p-120 && total <= 0x1p127) return total; /* NaN: recomputed */
+  return sn__row_sumsq_w(NULL, widen ? dst : src, 0, n, 0.0, NULL, NULL, 0);
+}
+
 /* Σ (x[i] − shift)² of an f32 row (sn__row_sumsq_w without widening or prefetching). */
 SN_INLINE double sn__row_sumsq(const float *x, int64_t n, double shift) {
   return sn__row_sumsq_w(NULL, x, 0, n, shift, NULL, NULL, 0);
