@@ -12,6 +12,8 @@
  * The constants are computed in fp64 (sn__chan_k_set, sn__tile_set); a channel whose centre is
  * 2^103 or more (values near the f32 range, where x − hi itself can overflow) or whose factors
  * f32 cannot hold (subnormal) is mapped in fp64 with the fp64 constants (sn__needs_f64).
+ * bf16/f16 forwards with beta take the checked map, which recomputes in fp64 the elements where
+ * beta cancels xc·a too deeply for the 1-ulp bound (SN_CANCEL_LOG2_BF16).
  *
  * Loops run over blocks of SN_VB elements held in one GCC vector value (sn__vf): each block is
  * loaded whole, computed, then stored whole. That makes y == x (in place) well defined without
