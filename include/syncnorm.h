@@ -149,8 +149,9 @@ SN_API sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, flo
 /* RMSNorm forward over each row of x [rows, d]:  rstd = 1/√(Σx²/d + eps),  y = x·rstd·gamma.
  * y, x: [rows, d] dtype; gamma: [d] f32 or NULL (= 1); rstd: [rows] f32 (=) or NULL.
  * Σx² in fp64 (bf16/f16: f32 blocks of 16 squares per lane added in fp64, relative error below
- * 2^-19.9, or fp64 where squares leave the f32 range); y in f32. y may equal x. Errors as
- * sn_layernorm_fwd. */
+ * 2^-19.9, so rstd to 2^-20.9; fp64 where squares leave the f32 range); y = (x·rstd)·gamma in
+ * f32 (an x·rstd below the normal f32 range loses bits before a large gamma scales it back).
+ * y may equal x. Errors as sn_layernorm_fwd. */
 SN_API sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gamma,
                                   int64_t rows, int64_t d, float eps, sn_dtype_t dtype);
 
@@ -207,7 +208,8 @@ SN_API sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, 
  * channel whose mean is 2^103 or more (there x − mean can overflow f32) or whose factor
  * gamma·rstd is subnormal in f32 (σ near the f32 range), and, for bf16/f16 y with beta, for the
  * elements where beta cancels x̂·gamma: each bf16/f16 output is within 1 ulp of the formula
- * applied exactly to the given mean and rstd. The same holds for sn_batchnorm_infer,
+ * applied exactly to the given mean and rstd (while |y| ≥ ~2^-44·|x̂·gamma|; a mean below ~2^-102
+ * is mapped in fp64 too). The same holds for sn_batchnorm_infer,
  * sn_batchnorm_bwd_apply (also in fp64 where its O(rstd²) factor underflows f32, σ beyond
  * about 2^63) and GroupNorm. y may equal x. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE,
  * SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE. */

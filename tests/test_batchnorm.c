@@ -459,6 +459,68 @@ START_TEST(test_beta_cancels) {
 }
 END_TEST
 
+/* A mean so small that lo = mean − (float)mean is a subnormal f32 (mean 2^-100 + 2^-152): the
+ * maps' two-float mean loses its low part and x − mean its value (a review found 128 ulp: 0 for
+ * −2^-78), so such a channel is mapped in fp64. apply against the formula in fp64 with the given
+ * statistics, f32 (normwise bound) and bf16 (1 ulp), with and without beta, both layouts; the
+ * other channels ordinary. */
+START_TEST(test_tiny_mean) {
+  const int64_t N = 2, C = 3, S = 40, T = N * C * S;
+  tu_rng_t r;
+  tu_rng_seed(&r, 47);
+  for (int il = 0; il < 2; il++)
+    for (int id = 0; id < 2; id++)
+      for (int with_b = 0; with_b < 2; with_b++) {
+        const sn_layout_t lay = LAYOUTS[il];
+        const sn_dtype_t dt = DTYPES[id];
+        void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
+        float *gamma = falloc(C), *beta = falloc(C), rstd[3];
+        double mean[3], *yr = dalloc(T);
+        fill_bn(x, N, C, S, lay, dt, 0.0, 1.0, &r);
+        fill_params(gamma, beta, C, &r);
+        mean[0] = 0x1p-100 + 0x1p-152, rstd[0] = 0x1p74f;
+        mean[1] = 0.37, rstd[1] = 0.8f;
+        mean[2] = 0x1p-130 + 0x1p-160, rstd[2] = 0x1p82f; /* hi itself subnormal */
+        beta[0] = with_b ? 0x1p-76f : 0.0f;
+        for (int64_t n = 0; n < N; n++)
+          for (int64_t ss = 0; ss < S; ss++) { /* channels 0, 2: a few ulps of 2^-100 around */
+            tu_set(x, at(lay, n, 0, ss, C, S), 0x1p-100 * (1.0 + 0x1p-23 * (double)(ss % 5 - 2)), dt);
+            tu_set(x, at(lay, n, 2, ss, C, S), 0x1p-130 + 0x1p-149 * (double)(ss % 7), dt);
+          }
+        double *xd = as_f64(x, T, dt);
+        for (int64_t n = 0; n < N; n++)
+          for (int64_t c = 0; c < C; c++)
+            for (int64_t ss = 0; ss < S; ss++) {
+              const int64_t i = at(lay, n, c, ss, C, S);
+              yr[i] = (xd[i] - mean[c]) * (double)rstd[c] * gamma[c] + (with_b ? beta[c] : 0.0);
+            }
+        char what[96];
+        snprintf(what, sizeof what, "tiny mean %s %s beta=%d", LNAME[il], tu_dtype_name[dt],
+                 with_b);
+        tu_poison(y, T, dt);
+        ck_assert_int_eq(sn_batchnorm_apply(y, x, mean, rstd, gamma, with_b ? beta : NULL, N, C,
+                                            S, lay, dt),
+                         SN_OK);
+        if (dt == SN_DTYPE_F32) { /* per channel: the channels' outputs differ in size */
+          for (int64_t c = 0; c < C; c++) {
+            double num = 0.0, den = 0.0;
+            for (int64_t n = 0; n < N; n++)
+              for (int64_t ss = 0; ss < S; ss++) {
+                const int64_t i = at(lay, n, c, ss, C, S);
+                const double e = tu_get(y, i, dt) - yr[i];
+                num += e * e, den += yr[i] * yr[i];
+              }
+            ck_assert_msg(sqrt(num) <= TU_RTOL_F32_FWD * sqrt(den), "%s: channel %lld %.3e", what,
+                          (long long)c, sqrt(num) / sqrt(den));
+          }
+        } else {
+          tu_assert_fwd(y, dt, yr, T, what);
+        }
+        free(x), free(y), free(gamma), free(beta), free(yr), free(xd);
+      }
+}
+END_TEST
+
 /* Channels of values of both signs near the f32 range (tu_fill_near_max; a channel's mean is
  * beyond 2^103): x − mean exceeds FLT_MAX for some elements although y is O(1) (a review found
  * ±inf in y and NaN in dx: the maps took x − mean in f32). Training forward and backward and
@@ -1174,6 +1236,7 @@ int main(void) {
   tcase_add_test(tc, test_adversarial);
   tcase_add_test(tc, test_near_f32_max);
   tcase_add_test(tc, test_beta_cancels);
+  tcase_add_test(tc, test_tiny_mean);
   tcase_add_test(tc, test_in_place);
   tcase_add_test(tc, test_threads_bitwise);
   suite_add_tcase(s, tc);

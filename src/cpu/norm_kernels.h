@@ -209,7 +209,11 @@ SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const f
 
 /* ---- the constants, and fp64 maps for channels the f32 ones cannot serve ---------------------- */
 
-/* x − hi rounds to at most FLT_MAX for every finite f32 x while |hi| < SN_CENTRE_F32_MAX:
+/* Not covered (a review): f32 terms that overflow while the output does not, such as dy·a of
+ * the backward beyond FLT_MAX brought back by − b (gradients near the f32 range), give ±inf; the
+ * checked map recomputes them for bf16/f16 forwards with beta only.
+ *
+ * x − hi rounds to at most FLT_MAX for every finite f32 x while |hi| < SN_CENTRE_F32_MAX:
  * |x − hi| < (2^128 − 2^104) + 2^103 = 2^128 − 2^103, the midpoint between FLT_MAX and 2^128, so
  * it rounds down; − lo (|lo| ≤ 2^-24·|hi|) keeps it below. From 2^103 on, values of opposite
  * signs near FLT_MAX give ±inf in f32 where (x − mean)·a is finite. */
@@ -223,12 +227,14 @@ static inline int sn__f32_holds(double v) {
   return (double)f == v || (fabsf(f) >= FLT_MIN && fabsf(f) <= FLT_MAX);
 }
 
-/* Whether a channel must be mapped in fp64: its centre from SN_CENTRE_F32_MAX on, or a factor
- * its f32 rounding does not hold. Only data near the ends of the f32 range gets there; the f32
- * maps of every other channel are unchanged. */
-static inline int sn__needs_f64(float hi, double a, double b, double e) {
-  return !(fabsf(hi) < SN_CENTRE_F32_MAX) || !sn__f32_holds(a) || !sn__f32_holds(b) ||
-         !sn__f32_holds(e);
+/* Whether a channel must be mapped in fp64: its centre from SN_CENTRE_F32_MAX on, its low part
+ * lo = m − hi not held by an f32 (a mean below ~2^-102, where lo is subnormal: hi + lo no
+ * longer carries the 48 bits the maps rely on; a review found 128 ulp at mean 2^-100 + 2^-152),
+ * or a factor its f32 rounding does not hold. Only data near the ends of the f32 range gets
+ * there; the f32 maps of every other channel are unchanged. */
+static inline int sn__needs_f64(double m, float hi, double a, double b, double e) {
+  return !(fabsf(hi) < SN_CENTRE_F32_MAX) || !sn__f32_holds(m - (double)hi) ||
+         !sn__f32_holds(a) || !sn__f32_holds(b) || !sn__f32_holds(e);
 }
 
 /* A channel's constants from their fp64 values: the centre m (the mean), and the factors a, b, e
@@ -237,7 +243,7 @@ static inline void sn__chan_k_set(sn__chan_k_t *k, double m, double a, double b,
   sn__split_f64(m, &k->hi, &k->lo);
   k->a = (float)a, k->b = (float)b, k->e = (float)e;
   k->m = m, k->ad = a, k->bd = b, k->ed = e;
-  k->f64 = sn__needs_f64(k->hi, a, b, e);
+  k->f64 = sn__needs_f64(m, k->hi, a, b, e);
 }
 /* The same for channel c0 + j of a tile. */
 static inline void sn__tile_set(sn__chan_tile_t *p, int64_t j, double m, double a, double b,
@@ -245,7 +251,7 @@ static inline void sn__tile_set(sn__chan_tile_t *p, int64_t j, double m, double 
   sn__split_f64(m, &p->hi[j], &p->lo[j]);
   p->a[j] = (float)a, p->b[j] = (float)b, p->e[j] = (float)e;
   p->m[j] = m, p->ad[j] = a, p->bd[j] = b, p->ed[j] = e;
-  p->f64[j] = (unsigned char)sn__needs_f64(p->hi[j], a, b, e);
+  p->f64[j] = (unsigned char)sn__needs_f64(m, p->hi[j], a, b, e);
 }
 
 /* Any of a tile's first ct channels mapped in fp64. */
@@ -400,9 +406,11 @@ static inline void sn__affbwd_rowspan(void *dx, const void *dy, const void *x, i
  * of half an ulp of the output (2^-9·|v|, normal f16 2^-12·|v|), so v narrows to within 1 ulp.
  * Any other element (|v| < thr, or v not finite) is recomputed in fp64 from the exact
  * constants: the fp64 mean md and ad = gamma·rstd in fp64, y = (x − md)·ad + b, good to the
- * accuracy of md and ad: BatchNorm's are its inputs (exact), GroupNorm's its fp64 statistics,
- * whose mean errs by ~2^-53·|mean| (f16 data can hold |mean|/σ ~ 2^11), so the bound holds for
- * cancellations down to about |y| = 2^-30·|p| (a review: 4-15 ulp for f16 at 2^-34 to 2^-36).
+ * accuracy of md and ad and of the recomputation's own two fp64 roundings (2^-52·|p|):
+ * BatchNorm's md and ad are its inputs, so its bound holds down to about |y| = 2^-44·|p|;
+ * GroupNorm's are its fp64 statistics, whose mean errs by ~2^-53·|mean| (f16 data can hold
+ * |mean|/σ ~ 2^11), so down to about |y| = 2^-30·|p| (a review: 4-15 ulp for f16 at 2^-34 to
+ * 2^-36; 63 ulp for BatchNorm at 2^-52).
  * With gamma and beta unrelated about 2^-9 (bf16) of the elements are recomputed. (A subnormal thr rounds by at most 2^-150, far below the outputs' resolution.)
  * LayerNorm's check (layernorm.c, ln_map_beta) is the same bound with |p| tested directly, its
  * beta being per element. */
