@@ -145,10 +145,11 @@ SN_CLONES static inline void sn__aff_run(float *y, const float *x, int64_t n, fl
 }
 
 /* Rows of a channel slice: y[r·ld + c] = ((x[r·ld + c] − hi[c]) − lo[c])·a[c] + b[c].
- * y, x: [nr, ld] (first ct <= SN_TILE_C channels of each row used); p: constants. y may equal x. */
+ * y, x: [nr, ld] (first ct <= SN_TILE_C channels of each row used); p: constants, of channel c
+ * at index j0 + c. y may equal x. */
 SN_CLONES static inline void sn__aff_rows(float *y, const float *x, int64_t nr, int64_t ld,
-                                          int64_t ct, const sn__chan_tile_t *p) {
-  const float *hi = p->hi, *lo = p->lo, *a = p->a, *b = p->b;
+                                          int64_t ct, const sn__chan_tile_t *p, int64_t j0) {
+  const float *hi = p->hi + j0, *lo = p->lo + j0, *a = p->a + j0, *b = p->b + j0;
   for (int64_t r = 0; r < nr; r++) {
     float *yr = y + r * ld;
     const float *xr = x + r * ld;
@@ -181,12 +182,13 @@ SN_CLONES static inline void sn__affbwd_run(float *dx, const float *dy, const fl
   for (; i < n; i++) dx[i] = (dy[i] * a - b) - ((x[i] - hi) - lo) * e;
 }
 
-/* Rows of a channel slice of the backward map with constants p (hi, lo, a, b, e).
- * dx, dy, x: [nr, ld]; dx may equal dy. */
+/* Rows of a channel slice of the backward map with constants p (hi, lo, a, b, e; channel c at
+ * index j0 + c). dx, dy, x: [nr, ld]; dx may equal dy. */
 SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const float *x,
                                              int64_t nr, int64_t ld, int64_t ct,
-                                             const sn__chan_tile_t *p) {
-  const float *hi = p->hi, *lo = p->lo, *a = p->a, *b = p->b, *e = p->e;
+                                             const sn__chan_tile_t *p, int64_t j0) {
+  const float *hi = p->hi + j0, *lo = p->lo + j0, *a = p->a + j0, *b = p->b + j0;
+  const float *e = p->e + j0;
   for (int64_t r = 0; r < nr; r++) {
     float *dxr = dx + r * ld;
     const float *dyr = dy + r * ld, *xr = x + r * ld;
@@ -280,31 +282,27 @@ SN_COLD static void sn__affbwd_run_f64(float *dx, const float *dy, const float *
   for (int64_t i = 0; i < n; i++) dx[i] = (float)(((double)dy[i] * a - b) - ((double)x[i] - m) * e);
 }
 
-/* Rows of a channel slice of a tile with an fp64 channel: those channels in fp64, the others
- * with the f32 map of sn__aff_rows (the same bits as there); with thr (the checked map of
- * bf16/f16 outputs, see SN_CANCEL_LOG2_BF16; NULL: none) an f32 value failing it is recomputed
- * in fp64 as there. y, x [nr, ld]; y may equal x. */
-SN_COLD static void sn__aff_rows_mixed(float *y, const float *x, int64_t nr, int64_t ld,
-                                      int64_t ct, const sn__chan_tile_t *p, const float *thr) {
-  for (int64_t r = 0; r < nr; r++)
-    for (int64_t c = 0; c < ct; c++) {
-      const float xv = x[r * ld + c];
-      const float v = ((xv - p->hi[c]) - p->lo[c]) * p->a[c] + p->b[c];
-      const int wide = p->f64[c] || (thr != NULL && (!(fabsf(v) >= thr[c]) | !(fabsf(v) <= FLT_MAX)));
-      y[r * ld + c] = wide ? (float)(((double)xv - p->m[c]) * p->ad[c] + p->bd[c]) : v;
-    }
+/* Channel j of a tile mapped in fp64 over nr rows: y[r·ld] = (x[r·ld] − m)·a + b with the fp64
+ * constants (a column of stride ld). y may equal x. */
+SN_COLD static void sn__aff_col_f64(float *y, const float *x, int64_t nr, int64_t ld,
+                                   const sn__chan_tile_t *p, int64_t j) {
+  for (int64_t r = 0; r < nr; r++) sn__aff_run_f64(y + r * ld, x + r * ld, 1, p->m[j], p->ad[j], p->bd[j]);
 }
 /* The backward map likewise. dx may equal dy. */
-SN_COLD static void sn__affbwd_rows_mixed(float *dx, const float *dy, const float *x, int64_t nr,
-                                         int64_t ld, int64_t ct, const sn__chan_tile_t *p) {
+SN_COLD static void sn__affbwd_col_f64(float *dx, const float *dy, const float *x, int64_t nr,
+                                      int64_t ld, const sn__chan_tile_t *p, int64_t j) {
   for (int64_t r = 0; r < nr; r++)
-    for (int64_t c = 0; c < ct; c++) {
-      const int64_t i = r * ld + c;
-      if (p->f64[c])
-        dx[i] = (float)(((double)dy[i] * p->ad[c] - p->bd[c]) - ((double)x[i] - p->m[c]) * p->ed[c]);
-      else
-        dx[i] = (dy[i] * p->a[c] - p->b[c]) - ((x[i] - p->hi[c]) - p->lo[c]) * p->e[c];
-    }
+    sn__affbwd_run_f64(dx + r * ld, dy + r * ld, x + r * ld, 1, p->m[j], p->ad[j], p->bd[j],
+                       p->ed[j]);
+}
+
+/* The end of the run of channels from j on that share p->f64[j] (within ct). A tile with
+ * channels mapped in fp64 is gone over run by run: the vector kernels for the others, with the
+ * same bits as on a tile without any. */
+static inline int64_t sn__f64_run_end(const sn__chan_tile_t *p, int64_t j, int64_t ct) {
+  int64_t e = j + 1;
+  while (e < ct && p->f64[e] == p->f64[j]) e++;
+  return e;
 }
 
 /* ---- any activation dtype: f32 in place, bf16/f16 through stack tiles ------------------------ */
@@ -370,8 +368,12 @@ static inline void sn__aff_rowspan(void *y, const void *x, int64_t r0, int64_t r
     int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
     const float *xb = sn__in_row(x, off, span, dtype, t);
     float *yb = sn__out_row(y, off, dtype, t);
-    if (wide) sn__aff_rows_mixed(yb, xb, nr, ld, ct, p, NULL);
-    else sn__aff_rows(yb, xb, nr, ld, ct, p);
+    for (int64_t j = 0, e; j < ct; j = e) { /* one run if no channel is mapped in fp64 */
+      e = wide ? sn__f64_run_end(p, j, ct) : ct;
+      if (!p->f64[j] || !wide) sn__aff_rows(yb + j, xb + j, nr, ld, e - j, p, j);
+      else
+        for (int64_t k = j; k < e; k++) sn__aff_col_f64(yb + k, xb + k, nr, ld, p, k);
+    }
     sn__out_done(y, off, span, dtype, yb);
   }
 }
@@ -389,8 +391,12 @@ static inline void sn__affbwd_rowspan(void *dx, const void *dy, const void *x, i
     const float *gb = sn__in_row(dy, off, span, dtype, tg);
     const float *xb = sn__in_row(x, off, span, dtype, tx);
     float *ob = sn__out_row(dx, off, dtype, tg);
-    if (wide) sn__affbwd_rows_mixed(ob, gb, xb, nr, ld, ct, p);
-    else sn__affbwd_rows(ob, gb, xb, nr, ld, ct, p);
+    for (int64_t j = 0, e; j < ct; j = e) {
+      e = wide ? sn__f64_run_end(p, j, ct) : ct;
+      if (!p->f64[j] || !wide) sn__affbwd_rows(ob + j, gb + j, xb + j, nr, ld, e - j, p, j);
+      else
+        for (int64_t k = j; k < e; k++) sn__affbwd_col_f64(ob + k, gb + k, xb + k, nr, ld, p, k);
+    }
     sn__out_done(dx, off, span, dtype, ob);
   }
 }
@@ -461,17 +467,18 @@ SN_CLONES static inline void sn__aff_run_chk(float *restrict y, const float *res
   if (i < n) sn__aff_chk_block(y + i, x + i, n - i, hi, lo, a, b, thr, md, ad);
 }
 
-/* The checked map of rows of a channel slice: y, x [nr, ld] (not aliasing), channels ct of p
- * and thr [ct], each row's slice in blocks of SN_CHK_BLOCK channels. */
+/* The checked map of rows of a channel slice: y, x [nr, ld] (not aliasing), ct channels of p
+ * and thr (channel c at index j0 + c), each row's slice in blocks of SN_CHK_BLOCK channels. */
 SN_CLONES static inline void sn__aff_rows_chk(float *restrict y, const float *restrict x,
                                               int64_t nr, int64_t ld, int64_t ct,
-                                              const sn__chan_tile_t *p, const float *thr) {
+                                              const sn__chan_tile_t *p, const float *thr,
+                                              int64_t j0) {
   for (int64_t r = 0; r < nr; r++)
     for (int64_t c0 = 0; c0 < ct; c0 += SN_CHK_BLOCK) {
-      const int64_t m = sn__min64(SN_CHK_BLOCK, ct - c0);
-      const float *hi = p->hi + c0, *lo = p->lo + c0, *a = p->a + c0, *b = p->b + c0;
-      const float *th = thr + c0;
-      const double *md = p->m + c0, *ad = p->ad + c0;
+      const int64_t m = sn__min64(SN_CHK_BLOCK, ct - c0), k0 = j0 + c0;
+      const float *hi = p->hi + k0, *lo = p->lo + k0, *a = p->a + k0, *b = p->b + k0;
+      const float *th = thr + k0;
+      const double *md = p->m + k0, *ad = p->ad + k0;
       float *restrict yr = y + r * ld + c0;
       const float *restrict xr = x + r * ld + c0;
       int bad = 0;
@@ -507,7 +514,7 @@ static inline void sn__aff_span_chk(void *y, const void *x, int64_t off, int64_t
 }
 
 /* sn__aff_rowspan for bf16/f16 outputs, checked (a tile with channels mapped in fp64: those
- * channels so, the others checked as here, sn__aff_rows_mixed). */
+ * channels so, run by run, the others checked). */
 static inline void sn__aff_rowspan_chk(void *y, const void *x, int64_t r0, int64_t r1, int64_t ld,
                                        int64_t c0, int64_t ct, const sn__chan_tile_t *p,
                                        sn_dtype_t dtype) {
@@ -518,8 +525,12 @@ static inline void sn__aff_rowspan_chk(void *y, const void *x, int64_t r0, int64
   for (int64_t r = r0; r < r1; r += per) {
     int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
     sn__to_f32(tx, x, off, span, dtype);
-    if (wide) sn__aff_rows_mixed(ty, tx, nr, ld, ct, p, thr);
-    else sn__aff_rows_chk(ty, tx, nr, ld, ct, p, thr);
+    for (int64_t j = 0, e; j < ct; j = e) {
+      e = wide ? sn__f64_run_end(p, j, ct) : ct;
+      if (!p->f64[j] || !wide) sn__aff_rows_chk(ty + j, tx + j, nr, ld, e - j, p, thr, j);
+      else
+        for (int64_t k = j; k < e; k++) sn__aff_col_f64(ty + k, tx + k, nr, ld, p, k);
+    }
     sn__from_f32(y, off, ty, span, dtype);
   }
 }
