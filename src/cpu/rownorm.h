@@ -1,7 +1,9 @@
 /*
  * rownorm.h — helpers shared by the row normalizations (layernorm.c, rmsnorm.c): argument
- * validation, fixed-lane fp64 row sums (one with software prefetching), the residual add of
- * the fused kernels and the chunk partials of dgamma/dbeta. Not installed; all static.
+ * validation, fixed-lane fp64 row sums (the one-pass statistics and the sums of squares with
+ * optional software prefetching; bf16/f16 sums of squares in f32 blocks), bf16 narrowing, the
+ * residual add of the fused kernels and the chunk partials of dgamma/dbeta. Not installed; all
+ * static.
  *
  * The row sums are inlined into each SN_CLONES variant of the row functions that call them
  * (AVX-512, AVX2, baseline); their lane count is fixed, so every variant adds in the same order
