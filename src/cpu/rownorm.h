@@ -94,6 +94,25 @@ SN_INLINE uint16_t sn__f32_to_bf16_finite(float f) {
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* Element i of a row that is f32, or with widen bf16, as f32. */
+SN_INLINE float sn__load_w(const void *src, int widen, int64_t i) {
+  return widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+}
+
+/* The software prefetch of the row sums, one step of SN_ROW_LANES elements from element i:
+ * two lines of `next` (the next input row) for reading and of `out` (this row's output) for
+ * writing, each esize bytes per element; NULL for none. Prefetches never fault. */
+SN_INLINE void sn__row_prefetch(const char *next, char *out, int64_t i, int esize) {
+  if (next != NULL) {
+    __builtin_prefetch(next + i * esize, 0);
+    __builtin_prefetch(next + i * esize + 64, 0);
+  }
+  if (out != NULL) {
+    __builtin_prefetch(out + i * esize, 1);
+    __builtin_prefetch(out + i * esize + 64, 1);
+  }
+}
+
 /* The one-pass row statistics (sn__row_shifted_sums, sn__row_stats) sum t = x − K and t² in
  * fp64 for a pivot K near the mean, taken from the data: the mean of the row's first
  * SN_PIVOT_N values, rounded to f32 (sn__row_pivot). t is then exact in fp64 (two floats within
@@ -125,8 +144,7 @@ SN_INLINE double sn__row_pivot(const void *x, int widen, int64_t n) {
   const int64_t m = n < SN_PIVOT_N ? n : SN_PIVOT_N;
   double acc[SN_PIVOT_N] = {0}; /* one value per lane, added pairwise: a few vector steps */
   for (int64_t i = 0; i < m; i++)
-    acc[i] = widen ? (double)sn__bf16_to_f32(((const uint16_t *)x)[i])
-                   : (double)((const float *)x)[i];
+    acc[i] = (double)sn__load_w(x, widen, i);
   return (double)(float)(sn__lanes_total_n(acc, SN_PIVOT_N) / (double)m);
 }
 
@@ -144,17 +162,9 @@ SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, const void *src, in
   double a[SN_ROW_LANES] = {0}, b[SN_ROW_LANES] = {0};
   int64_t i = 0;
   for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES) {
-    if (next != NULL) {
-      __builtin_prefetch(next + i * esize, 0);
-      __builtin_prefetch(next + i * esize + 64, 0);
-    }
-    if (out != NULL) {
-      __builtin_prefetch(out + i * esize, 1);
-      __builtin_prefetch(out + i * esize + 64, 1);
-    }
+    sn__row_prefetch(next, out, i, esize);
     for (int k = 0; k < SN_ROW_LANES; k++) {
-      const float v = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i + k])
-                            : ((const float *)src)[i + k];
+      const float v = sn__load_w(src, widen, i + k);
       if (widen) dst[i + k] = v;
       const double t = (double)v - K;
       a[k] += t;
@@ -162,7 +172,7 @@ SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, const void *src, in
     }
   }
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const float v = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+    const float v = sn__load_w(src, widen, i);
     if (widen) dst[i] = v;
     const double t = (double)v - K;
     a[k] += t;
@@ -181,24 +191,16 @@ SN_INLINE double sn__row_sumsq_w(float *dst, const void *src, int widen, int64_t
   double acc[SN_ROW_LANES] = {0};
   int64_t i = 0;
   for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES) {
-    if (next != NULL) {
-      __builtin_prefetch(next + i * esize, 0);
-      __builtin_prefetch(next + i * esize + 64, 0);
-    }
-    if (out != NULL) {
-      __builtin_prefetch(out + i * esize, 1);
-      __builtin_prefetch(out + i * esize + 64, 1);
-    }
+    sn__row_prefetch(next, out, i, esize);
     for (int k = 0; k < SN_ROW_LANES; k++) {
-      const float x = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i + k])
-                            : ((const float *)src)[i + k];
+      const float x = sn__load_w(src, widen, i + k);
       if (widen) dst[i + k] = x;
       const double v = (double)x - shift;
       acc[k] += v * v;
     }
   }
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const float x = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+    const float x = sn__load_w(src, widen, i);
     if (widen) dst[i] = x;
     const double v = (double)x - shift;
     acc[k] += v * v;
@@ -227,17 +229,9 @@ SN_INLINE double sn__row_sumsq_lowp(float *dst, const void *src, int widen, int6
                             ? i + SN_ROW_LANES * SN_SUMSQ_F32_ROWS : n;
     float b[SN_ROW_LANES] = {0};
     for (; i + SN_ROW_LANES <= end; i += SN_ROW_LANES) {
-      if (next != NULL) {
-        __builtin_prefetch(next + i * esize, 0);
-        __builtin_prefetch(next + i * esize + 64, 0);
-      }
-      if (out != NULL) {
-        __builtin_prefetch(out + i * esize, 1);
-        __builtin_prefetch(out + i * esize + 64, 1);
-      }
+      sn__row_prefetch(next, out, i, esize);
       for (int k = 0; k < SN_ROW_LANES; k++) {
-        const float x = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i + k])
-                              : ((const float *)src)[i + k];
+        const float x = sn__load_w(src, widen, i + k);
         if (widen) dst[i + k] = x;
         b[k] += x * x;
       }
@@ -245,7 +239,7 @@ SN_INLINE double sn__row_sumsq_lowp(float *dst, const void *src, int widen, int6
     for (int k = 0; k < SN_ROW_LANES; k++) acc[k] += (double)b[k];
   }
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const float x = widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+    const float x = sn__load_w(src, widen, i);
     if (widen) dst[i] = x;
     acc[k] += (double)x * (double)x;
   }
