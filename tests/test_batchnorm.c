@@ -219,20 +219,26 @@ static void check_stats(const double *mean, const float *var, const float *rstd,
 /* Training dx vs a reference. dx = γ·rstd·(dy − mean(dy) − x̂·mean(dy·x̂)) subtracts terms of
  * the size of γ·rstd·dy, which an f32 evaluation gets right to a few ulp of those terms, not of
  * their difference: with N·S = 2 the projections remove almost all of dy and dx ≈ 0. So the
- * error is taken relative to max(||ref||, ||γ·rstd·dy||); tol as for any other backward. */
-static void assert_dx_tol(const void *dx, sn_dtype_t dt, const double *ref, const double *dyd,
-                          const float *gamma, const float *rstd, int64_t N, int64_t C, int64_t S,
-                          sn_layout_t lay, double tol, const char *what) {
+ * error is taken relative to max(||ref||, ||γ·rstd·dy||); tol as for any other backward.
+ * dx_err: that error over channels [c0, c1) (all n, s), every dx there checked finite. */
+static double dx_err(const void *dx, sn_dtype_t dt, const double *ref, const double *dyd,
+                     const float *gamma, const float *rstd, int64_t N, int64_t C, int64_t S,
+                     sn_layout_t lay, int64_t c0, int64_t c1, const char *what) {
   double num = 0.0, den_ref = 0.0, den_terms = 0.0;
   for (int64_t n = 0; n < N; n++)
-    for (int64_t c = 0; c < C; c++)
+    for (int64_t c = c0; c < c1; c++)
       for (int64_t s = 0; s < S; s++) {
-        int64_t i = at(lay, n, c, s, C, S);
-        double g = tu_get(dx, i, dt), t = (gamma ? gamma[c] : 1.0) * rstd[c] * dyd[i];
+        const int64_t i = at(lay, n, c, s, C, S);
+        const double g = tu_get(dx, i, dt), t = (gamma ? gamma[c] : 1.0) * rstd[c] * dyd[i];
         TU_CHECK(isfinite(g), "%s: dx[%lld] = %g", what, (long long)i, g);
         num += (g - ref[i]) * (g - ref[i]), den_ref += ref[i] * ref[i], den_terms += t * t;
       }
-  double e = sqrt(num) / fmax(sqrt(fmax(den_ref, den_terms)), 1e-300);
+  return sqrt(num) / fmax(sqrt(fmax(den_ref, den_terms)), 1e-300);
+}
+static void assert_dx_tol(const void *dx, sn_dtype_t dt, const double *ref, const double *dyd,
+                          const float *gamma, const float *rstd, int64_t N, int64_t C, int64_t S,
+                          sn_layout_t lay, double tol, const char *what) {
+  const double e = dx_err(dx, dt, ref, dyd, gamma, rstd, N, C, S, lay, 0, C, what);
   ck_assert_msg(e <= tol, "%s (%s): dx error %.3e > %.1e (relative to max(|ref|, |g·rstd·dy|))",
                 what, tu_dtype_name[dt], e, tol);
 }
@@ -243,15 +249,7 @@ static void assert_dx_each_channel(const void *dx, sn_dtype_t dt, const double *
                                    int64_t N, int64_t C, int64_t S, sn_layout_t lay, double tol,
                                    const char *what) {
   for (int64_t c = 0; c < C; c++) {
-    double num = 0.0, den_ref = 0.0, den_terms = 0.0;
-    for (int64_t n = 0; n < N; n++)
-      for (int64_t s = 0; s < S; s++) {
-        const int64_t i = at(lay, n, c, s, C, S);
-        const double g = tu_get(dx, i, dt), t = (gamma ? gamma[c] : 1.0) * rstd[c] * dyd[i];
-        TU_CHECK(isfinite(g), "%s: dx[%lld] = %g", what, (long long)i, g);
-        num += (g - ref[i]) * (g - ref[i]), den_ref += ref[i] * ref[i], den_terms += t * t;
-      }
-    const double e = sqrt(num) / fmax(sqrt(fmax(den_ref, den_terms)), 1e-300);
+    const double e = dx_err(dx, dt, ref, dyd, gamma, rstd, N, C, S, lay, c, c + 1, what);
     TU_CHECK(e <= tol, "%s (%s): channel %lld dx error %.3e > %.1e", what, tu_dtype_name[dt],
              (long long)c, e, tol);
   }

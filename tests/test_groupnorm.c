@@ -141,20 +141,28 @@ static void ref_bwd(double *dx, double *dgamma, double *dbeta, const double *dy,
 
 /* dx vs a reference, error relative to max(||ref||, ||rstd·g||): dx subtracts terms of the size
  * of rstd·g, which f32 gets right to a few ulp of the terms, not of the (possibly tiny)
- * difference (a group of 2 values has almost nothing left after the two projections). */
-static void assert_dx(const void *dx, sn_dtype_t dt, const double *ref, const double *dyd,
-                      const float *gamma, const double *rstd, int64_t N, int64_t C, int64_t S,
-                      int64_t G, sn_layout_t lay, double tol, const char *what) {
+ * difference (a group of 2 values has almost nothing left after the two projections).
+ * dx_err: that error over samples [n0, n1) and channels [c0, c1), every dx there checked
+ * finite. */
+static double dx_err(const void *dx, sn_dtype_t dt, const double *ref, const double *dyd,
+                     const float *gamma, const double *rstd, int64_t C, int64_t S, int64_t G,
+                     sn_layout_t lay, int64_t n0, int64_t n1, int64_t c0, int64_t c1,
+                     const char *what) {
   double num = 0.0, dr = 0.0, dt2 = 0.0;
-  for (int64_t n = 0; n < N; n++)
-    for (int64_t c = 0; c < C; c++)
+  for (int64_t n = n0; n < n1; n++)
+    for (int64_t c = c0; c < c1; c++)
       for (int64_t s = 0; s < S; s++) {
-        int64_t i = at(lay, n, c, s, C, S);
-        double v = tu_get(dx, i, dt), t = rstd[n * G + c / (C / G)] * (gamma ? gamma[c] : 1.0) * dyd[i];
+        const int64_t i = at(lay, n, c, s, C, S);
+        const double v = tu_get(dx, i, dt), t = rstd[n * G + c / (C / G)] * (gamma ? gamma[c] : 1.0) * dyd[i];
         TU_CHECK(isfinite(v), "%s: dx[%lld] = %g", what, (long long)i, v);
         num += (v - ref[i]) * (v - ref[i]), dr += ref[i] * ref[i], dt2 += t * t;
       }
-  double e = sqrt(num) / fmax(sqrt(fmax(dr, dt2)), 1e-300);
+  return sqrt(num) / fmax(sqrt(fmax(dr, dt2)), 1e-300);
+}
+static void assert_dx(const void *dx, sn_dtype_t dt, const double *ref, const double *dyd,
+                      const float *gamma, const double *rstd, int64_t N, int64_t C, int64_t S,
+                      int64_t G, sn_layout_t lay, double tol, const char *what) {
+  const double e = dx_err(dx, dt, ref, dyd, gamma, rstd, C, S, G, lay, 0, N, 0, C, what);
   ck_assert_msg(e <= tol, "%s (%s): dx error %.3e > %.1e", what, tu_dtype_name[dt], e, tol);
 }
 
@@ -167,15 +175,8 @@ static void assert_dx_each_group(const void *dx, sn_dtype_t dt, const double *re
   const int64_t Cg = C / G;
   for (int64_t n = 0; n < N; n++)
     for (int64_t g = 0; g < G; g++) {
-      double num = 0.0, dr = 0.0, dt2 = 0.0;
-      for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
-        for (int64_t s = 0; s < S; s++) {
-          const int64_t i = at(lay, n, c, s, C, S);
-          const double v = tu_get(dx, i, dt), t = rstd[n * G + g] * (gamma ? gamma[c] : 1.0) * dyd[i];
-          TU_CHECK(isfinite(v), "%s: dx[%lld] = %g", what, (long long)i, v);
-          num += (v - ref[i]) * (v - ref[i]), dr += ref[i] * ref[i], dt2 += t * t;
-        }
-      const double e = sqrt(num) / fmax(sqrt(fmax(dr, dt2)), 1e-300);
+      const double e =
+          dx_err(dx, dt, ref, dyd, gamma, rstd, C, S, G, lay, n, n + 1, g * Cg, (g + 1) * Cg, what);
       TU_CHECK(e <= tol, "%s (%s): n %lld group %lld dx error %.3e > %.1e", what,
                tu_dtype_name[dt], (long long)n, (long long)g, e, tol);
     }
