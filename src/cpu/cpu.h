@@ -19,6 +19,13 @@
 #define SN_CLONES
 #endif
 
+/* x − hi rounds to at most FLT_MAX for every finite f32 x while |hi| < SN_CENTRE_F32_MAX:
+ * |x − hi| < (2^128 − 2^104) + 2^103 = 2^128 − 2^103, the midpoint between FLT_MAX and 2^128, so
+ * it rounds down; − lo (|lo| ≤ 2^-24·|hi|) keeps it below. From 2^103 on, values of opposite
+ * signs near FLT_MAX give ±inf in f32 where (x − mean)·a is finite: the f32 maps of LayerNorm
+ * (layernorm.c) and of BatchNorm/GroupNorm (norm_kernels.h) go to fp64 for such a centre. */
+#define SN_CENTRE_F32_MAX 0x1p103f
+
 /* Accumulator lanes of every fp64 row reduction: fixed so the sum order never depends on the
  * vector width the compiler picks. */
 #define SN_LANES 8

@@ -13,7 +13,7 @@
  * (x − hi) is exact when x is near the mean (Sterbenz), so |mean| ≫ σ loses nothing; for
  * bf16/f16 outputs with beta, blocks where beta cancels x̂·gamma too deeply for the 1-ulp bound
  * are recomputed in fp64 (ln_map_beta), and so is every block of a row whose mean is 2^103 or
- * more, where x − hi itself can overflow f32 (LN_CENTRE_F32_MAX; the backward's such rows are
+ * more, where x − hi itself can overflow f32 (SN_CENTRE_F32_MAX; the backward's such rows are
  * computed in fp64 throughout).
  * f16 rows (and the fused kernels' bf16 rows) are widened into per-thread f32 scratch rows
  * ([threads, 2, d] floats: x and y, allocated before the parallel region), computed there and
@@ -87,14 +87,11 @@ SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const fl
 
 static inline int ln_tiny_mean(double mean) { return mean != 0.0 && fabs(mean) < LN_SPLIT_MIN; }
 
-/* x − mean of an f32 map cannot overflow while |mean| < 2^103 (rounded to f32; the bound of
- * norm_kernels.h's SN_CENTRE_F32_MAX, whose argument this is): rows with a larger mean can hold
- * values of both signs near FLT_MAX, whose difference is beyond the f32 range although the
- * output is not. They take the checked map with limit 0 (every block with a nonzero term in
- * fp64), the backward its fp64 row (ln_bwd_row_f64). */
-#define LN_CENTRE_F32_MAX 0x1p103f
-
-static inline int ln_wide_mean(float mean) { return fabsf(mean) >= LN_CENTRE_F32_MAX; }
+/* x − mean of an f32 map cannot overflow while |mean| (rounded to f32) < SN_CENTRE_F32_MAX
+ * (cpu.h): rows with a larger mean can hold values of both signs near FLT_MAX, whose difference
+ * is beyond the f32 range although the output is not. They take the checked map with limit 0
+ * (every block with a nonzero term in fp64), the backward its fp64 row (ln_bwd_row_f64). */
+static inline int ln_wide_mean(float mean) { return fabsf(mean) >= SN_CENTRE_F32_MAX; }
 
 /* One block of m ≤ LN_MAP_BLOCK elements of the checked map into yb [m] (f32, not aliasing x).
  * has_b == 0 (no beta: only for tiny means, with lim 0) reads no beta. Returns whether the block
@@ -473,7 +470,7 @@ SN_CLONES static void ln_bwd_row(float *dx, float *dgp, float *dbp, double *dgp6
 #undef LN_BWD_ROW
 }
 
-/* One row of the backward in fp64 throughout, for a saved mean beyond LN_CENTRE_F32_MAX, where
+/* One row of the backward in fp64 throughout, for a saved mean beyond SN_CENTRE_F32_MAX, where
  * the f32 x − m of ln_bwd_row can overflow: x̂ = (x − m)·s, the sums Σx̂, Σg, Σg·x̂ (one fp64
  * accumulator each), dx = s·((g − mean(g)) − x̂'·mean(g·x̂')) rounded once to f32; with dgp64
  * (then dbp64 too) the parameter terms dy·x̂', dy go to the chunk's fp64 partials. dx may equal

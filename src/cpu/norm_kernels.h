@@ -215,11 +215,7 @@ SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const f
  * the backward beyond FLT_MAX brought back by − b (gradients near the f32 range), give ±inf; the
  * checked map recomputes them for bf16/f16 forwards with beta only.
  *
- * x − hi rounds to at most FLT_MAX for every finite f32 x while |hi| < SN_CENTRE_F32_MAX:
- * |x − hi| < (2^128 − 2^104) + 2^103 = 2^128 − 2^103, the midpoint between FLT_MAX and 2^128, so
- * it rounds down; − lo (|lo| ≤ 2^-24·|hi|) keeps it below. From 2^103 on, values of opposite
- * signs near FLT_MAX give ±inf in f32 where (x − mean)·a is finite. */
-#define SN_CENTRE_F32_MAX 0x1p103f
+ * A centre from SN_CENTRE_F32_MAX (cpu.h) on can make x − hi overflow f32. */
 
 /* Whether an fp64 constant is served by its f32 rounding: exactly representable, or a normal
  * finite f32 (a subnormal keeps fewer than 24 bits: a = gamma·rstd for σ near 2^127 with a small
