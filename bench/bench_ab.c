@@ -11,7 +11,8 @@
  *   KERNEL: layernorm_fwd layernorm_bwd rmsnorm_fwd rmsnorm_bwd batchnorm_stats
  *           batchnorm_apply batchnorm_bwd_reduce batchnorm_bwd_apply groupnorm_fwd
  *           groupnorm_bwd batchnorm_train_fwd (stats, finalize, apply) batchnorm_bwd
- *           (bwd_reduce, bwd_apply): the last two as bench_cpu times them
+ *           (bwd_reduce, bwd_apply): these two as bench_cpu times them;
+ *           add_layernorm_fwd add_rmsnorm_fwd (the residual is dy's buffer)
  *   --rows R --d D          row norms (default 8192 × 1024)
  *   --n N --c C --s S       BatchNorm / GroupNorm [N, C, S] (default 32 × 64 × 3136), G = 32
  *   --nhwc                  NHWC instead of NCHW
@@ -36,6 +37,8 @@ typedef struct {
   __typeof__(sn_layernorm_bwd) *ln_bwd;
   __typeof__(sn_rmsnorm_fwd) *rms_fwd;
   __typeof__(sn_rmsnorm_bwd) *rms_bwd;
+  __typeof__(sn_add_layernorm_fwd) *add_ln_fwd;
+  __typeof__(sn_add_rmsnorm_fwd) *add_rms_fwd;
   __typeof__(sn_batchnorm_stats) *bn_stats;
   __typeof__(sn_batchnorm_finalize) *bn_finalize;
   __typeof__(sn_batchnorm_apply) *bn_apply;
@@ -61,6 +64,8 @@ static lib_t load(const char *path) {
   l.ln_bwd = sym(h, path, "sn_layernorm_bwd");
   l.rms_fwd = sym(h, path, "sn_rmsnorm_fwd");
   l.rms_bwd = sym(h, path, "sn_rmsnorm_bwd");
+  l.add_ln_fwd = sym(h, path, "sn_add_layernorm_fwd");
+  l.add_rms_fwd = sym(h, path, "sn_add_rmsnorm_fwd");
   l.bn_stats = sym(h, path, "sn_batchnorm_stats");
   l.bn_finalize = sym(h, path, "sn_batchnorm_finalize");
   l.bn_apply = sym(h, path, "sn_batchnorm_apply");
@@ -74,11 +79,12 @@ static lib_t load(const char *path) {
 }
 
 enum { LN_FWD, LN_BWD, RMS_FWD, RMS_BWD, BN_STATS, BN_APPLY, BN_BWD_REDUCE, BN_BWD_APPLY, GN_FWD,
-       GN_BWD, BN_TRAIN, BN_BWD, NKERNELS };
+       GN_BWD, BN_TRAIN, BN_BWD, ADD_LN_FWD, ADD_RMS_FWD, NKERNELS };
 static const char *const NAMES[NKERNELS] = {
     "layernorm_fwd",   "layernorm_bwd",        "rmsnorm_fwd",         "rmsnorm_bwd",
     "batchnorm_stats", "batchnorm_apply",      "batchnorm_bwd_reduce", "batchnorm_bwd_apply",
-    "groupnorm_fwd",   "groupnorm_bwd",        "batchnorm_train_fwd", "batchnorm_bwd"};
+    "groupnorm_fwd",   "groupnorm_bwd",        "batchnorm_train_fwd", "batchnorm_bwd",
+    "add_layernorm_fwd", "add_rmsnorm_fwd"};
 #define GROUPS 32
 
 /* Exits unless a call into library l returned SN_OK. */
@@ -93,7 +99,7 @@ typedef struct {
   int64_t rows, d, n, c, s;
   sn_layout_t layout;
   sn_dtype_t dtype;
-  void *x, *y, *dy;                             /* activations */
+  void *x, *y, *dy, *so;                        /* activations (so: the fused sum_out) */
   float *gamma, *beta, *mean, *rstd, *dg, *db; /* per feature / row / group, f32 */
   double *sum, *sumsq, *bmean;                  /* BatchNorm [C], fp64 */
   float *var, *brstd;                           /* BatchNorm [C], f32 */
@@ -110,6 +116,12 @@ static sn_status_t run(const lib_t *l, int k, bufs_t *b) {
     case RMS_FWD: return l->rms_fwd(b->y, b->rstd, b->x, b->gamma, b->rows, b->d, 1e-5f, dt);
     case RMS_BWD:
       return l->rms_bwd(b->y, b->dg, b->dy, b->x, b->rstd, b->gamma, b->rows, b->d, dt);
+    case ADD_LN_FWD:
+      return l->add_ln_fwd(b->y, b->so, b->mean, b->rstd, b->x, b->dy, b->gamma, b->beta,
+                           b->rows, b->d, 1e-5f, dt);
+    case ADD_RMS_FWD:
+      return l->add_rms_fwd(b->y, b->so, b->rstd, b->x, b->dy, b->gamma, b->rows, b->d, 1e-5f,
+                            dt);
     case BN_STATS:
       return l->bn_stats(b->sum, b->sumsq, b->x, NULL, b->n, b->c, b->s, b->layout, dt);
     case BN_APPLY:
@@ -194,14 +206,16 @@ int main(int argc, char **argv) {
     else if (!strcmp(o, "--dtype") && !strcmp(v, "bf16")) b.dtype = SN_DTYPE_BF16, i++;
     else usage();
   }
-  const int rownorm = k <= RMS_BWD;
-  if (k >= GN_FWD && b.c % GROUPS != 0) bu_die("groupnorm: --c must be a multiple of 32");
+  const int rownorm = k <= RMS_BWD || k >= ADD_LN_FWD;
+  if (!rownorm && k >= GN_FWD && b.c % GROUPS != 0)
+    bu_die("groupnorm: --c must be a multiple of 32");
   const lib_t lib[2] = {load(argv[1]), load(argv[2])};
 
   const int64_t elems = rownorm ? b.rows * b.d : b.n * b.c * b.s, esize = sn_dtype_size(b.dtype);
   const int64_t feat = rownorm ? b.d : b.c, per_row = rownorm ? b.rows : b.n * GROUPS;
   b.x = get(elems, esize, use_malloc), b.y = get(elems, esize, use_malloc);
   b.dy = get(elems, esize, use_malloc);
+  b.so = k >= ADD_LN_FWD ? get(elems, esize, use_malloc) : NULL;
   bu_fill(b.x, elems, b.dtype, 1, -1.0f, 3.0f);
   bu_fill(b.dy, elems, b.dtype, 2, -1.0f, 1.0f);
   b.gamma = get(feat, 4, 1), b.beta = get(feat, 4, 1), b.dg = get(feat, 4, 1);

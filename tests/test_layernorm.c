@@ -400,7 +400,7 @@ END_TEST
 /* A mean so small that mean − (float)mean is below the normal f32 range (a review found 6 ulp
  * here): x = [2^-133, 0, ..., 0], eps 1e-12 as BERT's, so x − mean matters at 2^-133. Every
  * gamma/beta combination (beta = 0 exercises the checked map with no cancellation), bf16 and
- * f32, bf16 through both its own path and the fused kernel's generic one. */
+ * f32, each through sn_layernorm_fwd and the fused kernel (with a zero residual). */
 START_TEST(test_tiny_mean) {
   const int64_t d = 4000;
   const float eps = 1e-12f;
@@ -435,10 +435,13 @@ START_TEST(test_tiny_mean) {
 }
 END_TEST
 
-/* bf16 rows take their own path in sn_layernorm_fwd (widen + sum in one pass, narrowing in the
- * map); the fused add kernel still takes the generic one (widen the row, normalize in f32,
- * narrow). With a zero residual both normalize the same values, so y, mean and rstd must be
- * bitwise equal, for every gamma/beta combination. */
+/* bf16 rows take their own two-pass path (widen + sums in one pass, narrowing in the map), in
+ * sn_layernorm_fwd and, with the add in its first pass, in the fused kernel. Against the f32
+ * path on the widened rows (other code, the same values): mean and rstd bitwise equal, and y
+ * without beta bitwise the f32 y rounded to bf16 (both plain f32 maps; with beta the bf16 map
+ * may recompute blocks in fp64, checked against the reference elsewhere). With a zero residual
+ * the fused kernel's y, mean and rstd are bitwise sn_layernorm_fwd's. Every gamma/beta
+ * combination. */
 START_TEST(test_bf16_path_matches_generic) {
   static const int64_t D[] = {1, 7, 65, 300, 4096};
   for (int k = 0; k < 5; k++)
@@ -449,20 +452,30 @@ START_TEST(test_bf16_path_matches_generic) {
       tu_rng_seed(&rng, 800 + (uint64_t)(4 * k + gb));
       void *x = tu_alloc(n, dt), *zero = tu_alloc(n, dt), *sum = tu_alloc(n, dt);
       void *y1 = tu_alloc(n, dt), *y2 = tu_alloc(n, dt);
+      float *xf = malloc((size_t)n * sizeof(float)), *yf = malloc((size_t)n * sizeof(float));
       tu_fill_normal(x, n, dt, 3.0, 2.0, &rng);
-      for (int64_t i = 0; i < n; i++) tu_set(zero, i, 0.0, dt);
+      for (int64_t i = 0; i < n; i++) tu_set(zero, i, 0.0, dt), xf[i] = (float)tu_get(x, i, dt);
       float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
       const float *g = gb & 1 ? gamma : NULL, *b = gb & 2 ? beta : NULL;
-      float m1[5], r1[5], m2[5], r2[5];
+      float m1[5], r1[5], m2[5], r2[5], mf[5], rf[5];
       tu_poison(y1, n, dt);
       tu_poison(y2, n, dt);
       ck_assert_int_eq(sn_layernorm_fwd(y1, m1, r1, x, g, b, rows, d, EPS, dt), SN_OK);
+      ck_assert_int_eq(sn_layernorm_fwd(yf, mf, rf, xf, g, b, rows, d, EPS, SN_DTYPE_F32), SN_OK);
+      tu_assert_bitwise(m1, mf, sizeof m1, "bf16 layernorm mean vs f32 on the widened rows");
+      tu_assert_bitwise(r1, rf, sizeof r1, "bf16 layernorm rstd vs f32 on the widened rows");
+      if (b == NULL)
+        for (int64_t i = 0; i < n; i++)
+          TU_CHECK(tu_get(y1, i, dt) == tu_round(yf[i], dt),
+                   "d=%lld gamma=%d: bf16 y[%lld] = %.9g, f32 y rounded %.9g", (long long)d,
+                   g != NULL, (long long)i, tu_get(y1, i, dt), tu_round(yf[i], dt));
       ck_assert_int_eq(sn_add_layernorm_fwd(y2, sum, m2, r2, x, zero, g, b, rows, d, EPS, dt),
                        SN_OK);
       tu_assert_bitwise(y1, y2, (size_t)n * 2, "bf16 layernorm y vs the fused kernel's");
       tu_assert_bitwise(m1, m2, sizeof m1, "bf16 layernorm mean vs the fused kernel's");
       tu_assert_bitwise(r1, r2, sizeof r1, "bf16 layernorm rstd vs the fused kernel's");
-      free(x), free(zero), free(sum), free(y1), free(y2), free(gamma), free(beta);
+      free(x), free(zero), free(sum), free(y1), free(y2), free(xf), free(yf), free(gamma);
+      free(beta);
     }
 }
 END_TEST
@@ -597,6 +610,61 @@ START_TEST(test_add_fwd) {
   for (int64_t a = 0; a < NROWS; a++)
     for (int64_t b = 0; b < ND; b++)
       check_add(ROWS[a], DS[b], dt, (a + b) % 2 == 0, (a + b) % 3 != 0, 500 + 10 * a + b);
+}
+END_TEST
+
+/* The fused kernel's first pass (the add, its rounding to the dtype, the row sums, all in one
+ * pass for f32 and bf16) on rows that take every branch after it: a sum that cancels |x| ≫ σ
+ * (row 0), a sorted row, whose first values are not typical of it (row 1: the two-pass
+ * statistics where the one-pass ones would cancel), a NaN in the residual (row 2) and sums
+ * beyond the dtype's range (row 3). For d ∈ {1, 33, 1000}: sum_out == round_dtype(x + residual)
+ * (NaN where that is NaN), and the outputs bitwise those of the unfused forward on sum_out. */
+START_TEST(test_add_adversarial) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  static const int64_t D[] = {1, 33, 1000};
+  const double big = dt == SN_DTYPE_F16 ? 6e4 : 3e38; /* big + big overflows the dtype */
+  for (int k = 0; k < 3; k++) {
+    const int64_t rows = 4, d = D[k], n = rows * d;
+    const size_t bytes = (size_t)n * (size_t)sn_dtype_size(dt);
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 1700 + (uint64_t)k);
+    void *x = tu_alloc(n, dt), *res = tu_alloc(n, dt), *sum = tu_alloc(n, dt);
+    void *y = tu_alloc(n, dt), *y2 = tu_alloc(n, dt);
+    tu_fill_normal(x, n, dt, 0.0, 1.0, &rng);
+    tu_fill_normal(res, n, dt, 0.0, 1.0, &rng);
+    for (int64_t i = 0; i < d; i++) {
+      tu_set(x, i, 1e4 + tu_get(x, i, dt), dt);      /* row 0: |x| ≫ σ, cancelled */
+      tu_set(res, i, -1e4, dt);
+      tu_set(x, d + i, (double)i, dt);              /* row 1: sorted */
+      tu_set(res, d + i, 0.5 * (double)i, dt);
+      tu_set(x, 3 * d + i, i % 3 == 0 ? -big : big, dt); /* row 3: ±inf and ±big sums */
+      tu_set(res, 3 * d + i, i % 2 == 0 ? big : -0.5, dt);
+    }
+    tu_set(res, 2 * d + d / 2, NAN, dt);            /* row 2: one NaN */
+    float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+    float m[4], r[4], m2[4], r2[4];
+    for (int gb = 0; gb < 4; gb++) {
+      const float *g = gb & 1 ? gamma : NULL, *b = gb & 2 ? beta : NULL;
+      char what[128];
+      snprintf(what, sizeof what, "add_layernorm_fwd %s d=%lld gamma=%d beta=%d",
+               tu_dtype_name[dt], (long long)d, g != NULL, b != NULL);
+      tu_poison(sum, n, dt);
+      tu_poison(y, n, dt);
+      ck_assert_int_eq(sn_add_layernorm_fwd(y, sum, m, r, x, res, g, b, rows, d, EPS, dt), SN_OK);
+      for (int64_t i = 0; i < n; i++) {
+        const double want = tu_round((float)tu_get(x, i, dt) + (float)tu_get(res, i, dt), dt);
+        const double got = tu_get(sum, i, dt);
+        TU_CHECK(isnan(want) ? isnan(got) : got == want, "%s: sum_out[%lld] = %.9g, want %.9g",
+                 what, (long long)i, got, want);
+      }
+      tu_poison(y2, n, dt);
+      ck_assert_int_eq(sn_layernorm_fwd(y2, m2, r2, sum, g, b, rows, d, EPS, dt), SN_OK);
+      tu_assert_bitwise(y, y2, bytes, what);
+        tu_assert_bitwise(m, m2, sizeof m, what);
+        tu_assert_bitwise(r, r2, sizeof r, what);
+    }
+    free(x), free(res), free(sum), free(y), free(y2), free(gamma), free(beta);
+  }
 }
 END_TEST
 
@@ -999,6 +1067,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_constant_rows, 0, 3);
   tcase_add_loop_test(tc, test_near_half_max, 0, 2);
   tcase_add_loop_test(tc, test_add_fwd, 0, 3);
+  tcase_add_loop_test(tc, test_add_adversarial, 0, 3);
   tcase_add_loop_test(tc, test_bwd_shapes, 0, 3);
   tcase_add_test(tc, test_bwd_large_mean);
   tcase_add_test(tc, test_bwd_huge_dy);

@@ -167,9 +167,9 @@ static void check_fwd(int64_t rows, int64_t d, sn_dtype_t dt, double mu, double 
 /* bf16 rows whose sum of squares leaves the range where the f32 blocks of the bf16 statistics
  * hold (sn__row_sumsq_lowp): squares beyond FLT_MAX (σ = 2^100; one value 2^70 among O(1)
  * ones) and squares subnormal in f32 (σ = 2^-74, eps 2^-149 so that they matter). Each row must
- * take the fp64 sum: y within 1 ulp, rstd as assert_rstd; in the fused kernel (the generic
- * path) as well. With the fp64 fallback removed the tiny rows are 2 ulp off and the huge ones
- * 0 (rstd = 0 from an infinite sum). */
+ * take the fp64 sum: y within 1 ulp, rstd as assert_rstd; in the fused kernel (a zero
+ * residual: its add in the same first pass) bitwise the same. With the fp64 fallback removed
+ * the tiny rows are 2 ulp off and the huge ones 0 (rstd = 0 from an infinite sum). */
 START_TEST(test_lowp_sum_range) {
   static const double SIGMA[] = {0x1p100, 1.0, 0x1p-74};
   const int64_t rows = 3, d = 1000, n = rows * d;
@@ -194,8 +194,8 @@ START_TEST(test_lowp_sum_range) {
     for (int64_t r = 0; r < rows; r++) assert_rstd(rstd[r], rr[r], dt, r);
     tu_poison(y2, n, dt);
     ck_assert_int_eq(sn_add_rmsnorm_fwd(y2, sum, rstd2, x, zero, gamma, rows, d, eps, dt), SN_OK);
-    tu_assert_bitwise(y2, y, (size_t)(n * 2), "fused (generic path) y");
-    tu_assert_bitwise(rstd2, rstd, sizeof rstd, "fused (generic path) rstd");
+    tu_assert_bitwise(y2, y, (size_t)(n * 2), "fused y");
+    tu_assert_bitwise(rstd2, rstd, sizeof rstd, "fused rstd");
     free(x), free(y), free(zero), free(sum), free(y2), free(gamma), free(xd), free(yr);
   }
 }
@@ -295,9 +295,8 @@ END_TEST
 /* ---- fused residual add --------------------------------------------------------------------- */
 
 /* sum_out == round_dtype(x + residual) with the add in f32; y == RMSNorm(sum_out) within the
- * forward bound; (y, rstd) bitwise equal to sn_rmsnorm_fwd on sum_out (for bf16 that compares
- * sn_rmsnorm_fwd's own two-pass bf16 rows with the generic widen/compute/narrow path); sum_out
- * == x and sum_out == residual give the same bits. */
+ * forward bound; (y, rstd) bitwise equal to sn_rmsnorm_fwd on sum_out; sum_out == x and
+ * sum_out == residual give the same bits. */
 static void check_add(int64_t rows, int64_t d, sn_dtype_t dt, int has_g, uint64_t seed) {
   char what[160];
   snprintf(what, sizeof what, "add_rmsnorm_fwd rows=%lld d=%lld gamma=%d", (long long)rows,
@@ -354,6 +353,60 @@ START_TEST(test_add_fwd) {
   for (int64_t a = 0; a < NROWS; a++)
     for (int64_t b = 0; b < ND; b++)
       check_add(ROWS[a], DS[b], dt, (a + b) % 2 == 0, 500 + 10 * a + b);
+}
+END_TEST
+
+/* The fused kernel's first pass (the add, its rounding to the dtype, the row sums, all in one
+ * pass for f32 and bf16) on rows that take every branch after it: a sum that cancels |x| ≫ σ
+ * (row 0), a sorted row, whose first values are not typical of it (row 1: the two-pass
+ * statistics where the one-pass ones would cancel), a NaN in the residual (row 2) and sums
+ * beyond the dtype's range (row 3). For d ∈ {1, 33, 1000}: sum_out == round_dtype(x + residual)
+ * (NaN where that is NaN), and the outputs bitwise those of the unfused forward on sum_out. */
+START_TEST(test_add_adversarial) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  static const int64_t D[] = {1, 33, 1000};
+  const double big = dt == SN_DTYPE_F16 ? 6e4 : 3e38; /* big + big overflows the dtype */
+  for (int k = 0; k < 3; k++) {
+    const int64_t rows = 4, d = D[k], n = rows * d;
+    const size_t bytes = (size_t)n * (size_t)sn_dtype_size(dt);
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 1700 + (uint64_t)k);
+    void *x = tu_alloc(n, dt), *res = tu_alloc(n, dt), *sum = tu_alloc(n, dt);
+    void *y = tu_alloc(n, dt), *y2 = tu_alloc(n, dt);
+    tu_fill_normal(x, n, dt, 0.0, 1.0, &rng);
+    tu_fill_normal(res, n, dt, 0.0, 1.0, &rng);
+    for (int64_t i = 0; i < d; i++) {
+      tu_set(x, i, 1e4 + tu_get(x, i, dt), dt);      /* row 0: |x| ≫ σ, cancelled */
+      tu_set(res, i, -1e4, dt);
+      tu_set(x, d + i, (double)i, dt);              /* row 1: sorted */
+      tu_set(res, d + i, 0.5 * (double)i, dt);
+      tu_set(x, 3 * d + i, i % 3 == 0 ? -big : big, dt); /* row 3: ±inf and ±big sums */
+      tu_set(res, 3 * d + i, i % 2 == 0 ? big : -0.5, dt);
+    }
+    tu_set(res, 2 * d + d / 2, NAN, dt);            /* row 2: one NaN */
+    float *gamma = random_f32(d, 1.0, 0.5, &rng);
+    float r[4], r2[4];
+    for (int gb = 0; gb < 2; gb++) {
+      const float *g = gb & 1 ? gamma : NULL;
+      char what[128];
+      snprintf(what, sizeof what, "add_rmsnorm_fwd %s d=%lld gamma=%d", tu_dtype_name[dt],
+               (long long)d, g != NULL);
+      tu_poison(sum, n, dt);
+      tu_poison(y, n, dt);
+      ck_assert_int_eq(sn_add_rmsnorm_fwd(y, sum, r, x, res, g, rows, d, EPS, dt), SN_OK);
+      for (int64_t i = 0; i < n; i++) {
+        const double want = tu_round((float)tu_get(x, i, dt) + (float)tu_get(res, i, dt), dt);
+        const double got = tu_get(sum, i, dt);
+        TU_CHECK(isnan(want) ? isnan(got) : got == want, "%s: sum_out[%lld] = %.9g, want %.9g",
+                 what, (long long)i, got, want);
+      }
+      tu_poison(y2, n, dt);
+      ck_assert_int_eq(sn_rmsnorm_fwd(y2, r2, sum, g, rows, d, EPS, dt), SN_OK);
+      tu_assert_bitwise(y, y2, bytes, what);
+        tu_assert_bitwise(r, r2, sizeof r, what);
+    }
+    free(x), free(res), free(sum), free(y), free(y2), free(gamma);
+  }
 }
 END_TEST
 
@@ -718,6 +771,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_constant_rows, 0, 3);
   tcase_add_loop_test(tc, test_near_half_max, 0, 2);
   tcase_add_loop_test(tc, test_add_fwd, 0, 3);
+  tcase_add_loop_test(tc, test_add_adversarial, 0, 3);
   tcase_add_loop_test(tc, test_bwd_shapes, 0, 3);
   tcase_add_test(tc, test_bwd_large_mean);
   tcase_add_test(tc, test_bwd_huge_dy);

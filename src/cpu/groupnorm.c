@@ -257,9 +257,9 @@ static sn_status_t check_gn(const char *fn, int64_t n, int64_t c, int64_t s, int
  * for none) for reading and this group's output `out` for writing as it goes. */
 SN_CLONES static void gn_group_stats_f32(double *mu, double *rs, const float *x, int64_t L,
                                          double eps, const char *next, char *out) {
-  const double K = sn__row_pivot(x, 0, L);
+  const double K = sn__row_pivot(x, NULL, 0, L);
   double sums[2], m2;
-  sn__row_shifted_sums(sums, NULL, x, 0, L, K, next, out, 4);
+  sn__row_shifted_sums(sums, NULL, NULL, x, NULL, 0, L, K, next, out, 4);
   sn__row_stats(mu, &m2, x, L, K, sums);
   *rs = 1.0 / sqrt(m2 / (double)L + eps);
 }

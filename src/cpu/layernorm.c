@@ -15,10 +15,12 @@
  * are recomputed in fp64 (ln_map_beta), and so is every block of a row whose mean is 2^103 or
  * more, where x − hi itself can overflow f32 (SN_CENTRE_F32_MAX; the backward's such rows are
  * computed in fp64 throughout).
- * f16 rows (and the fused kernels' bf16 rows) are widened into per-thread f32 scratch rows
- * ([threads, 2, d] floats: x and y, allocated before the parallel region), computed there and
- * narrowed once, round-to-nearest-even. sn_layernorm_fwd's bf16 rows take a two-pass path
- * with the same results (ln_fwd_row_bf16): widening fused with the sums, narrowing with the map.
+ * f16 rows are widened into per-thread f32 scratch rows ([threads, 2, d] floats: x and y,
+ * allocated before the parallel region), computed there and narrowed once, round-to-nearest-even.
+ * bf16 rows take a two-pass path with the same results (ln_fwd_row_bf16): widening fused with
+ * the sums, narrowing with the map. The fused kernel adds x + residual in the first pass (f32
+ * and bf16; f16 in a pass of its own, sn__residual_sum_row), storing sum_out as it goes, and
+ * maps the stored sums (f32) or their widened copy (bf16) in the second.
  *
  * Backward, per row, with g = dy·gamma and x̂ = (x − mean)·rstd from the saved f32 mean/rstd:
  *   pass A  Σx̂, Σg, Σg·x̂                     fp64 (bf16/f16: f32 blocks added in fp64)
@@ -116,7 +118,7 @@ SN_INLINE int ln_map_beta_block(float *yb, const float *x, const float *gamma,
   return bad;
 }
 
-/* The checked map of a whole row into y [d]: f32 (may equal x; f16 and the generic bf16 path)
+/* The checked map of a whole row into y [d]: f32 (may equal x; the f16 path)
  * or, with to_bf16, bf16 narrowed block by block as it is stored (the same f32 values and the
  * same rounding as the f32 row followed by sn__from_f32, without the f32 output row). */
 SN_INLINE void ln_map_beta(void *y, const float *x, const float *gamma, const float *beta,
@@ -162,13 +164,21 @@ SN_INLINE void ln_map_checked(void *y, const float *x, const float *gamma, const
 }
 
 /* One row: x [d] f32 → y [d] f32; stats[0] = mean, stats[1] = rstd (fp64). y may equal x.
- * next, out, esize: the rows to prefetch (sn__row_shifted_sums). */
-SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const float *gamma,
-                                 const float *beta, int64_t d, float eps, sn_dtype_t dtype,
-                                 const char *next, char *out, int esize) {
-  const double K = sn__row_pivot(x, 0, d);
+ * With res [d] (the fused kernel; NULL for none) the row normalized is the residual sum
+ * x + res, written into sum_out [d] by the first pass (sum_out may equal x or res; y may not
+ * overlap them). next, out, esize: the rows to prefetch (sn__row_shifted_sums). */
+SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const float *res,
+                                 float *sum_out, const float *gamma, const float *beta,
+                                 int64_t d, float eps, sn_dtype_t dtype, const char *next,
+                                 char *out, int esize) {
+  const double K = sn__row_pivot(x, res, 0, d);
   double sums[2], mean, m2;
-  sn__row_shifted_sums(sums, NULL, x, 0, d, K, next, out, esize);
+  if (res != NULL) {
+    sn__row_shifted_sums(sums, NULL, sum_out, x, res, 0, d, K, next, out, esize);
+    x = sum_out; /* the maps read the stored sums, cache-hot */
+  } else {
+    sn__row_shifted_sums(sums, NULL, NULL, x, NULL, 0, d, K, next, out, esize);
+  }
   sn__row_stats(&mean, &m2, x, d, K, sums);
   const double rstd = 1.0 / sqrt(m2 / (double)d + (double)eps);
   stats[0] = mean;
@@ -202,13 +212,17 @@ SN_INLINE void ln_map_f32_bf16(uint16_t *y, const float *x, const float *gamma, 
 
 /* One bf16 row, bitwise as ln_fwd_row on the widened row, in two passes instead of four: widen
  * x into tmp [d] while summing it (x read from memory once), then the affine map narrowed as it
- * is stored (y written once, no f32 output row). */
-SN_CLONES static void ln_fwd_row_bf16(uint16_t *y, double *stats, const uint16_t *x, float *tmp,
+ * is stored (y written once, no f32 output row). With res [d] (the fused kernel; NULL for none)
+ * the row normalized is the residual sum, rounded to bf16 into sum_out [d] and widened into tmp
+ * by the same pass: bitwise the generic path (sn__residual_sum_row, then this row on sum_out). */
+SN_CLONES static void ln_fwd_row_bf16(uint16_t *y, double *stats, const uint16_t *x,
+                                      const uint16_t *res, uint16_t *sum_out, float *tmp,
                                       const float *gamma, const float *beta, int64_t d,
                                       float eps, const char *next) {
-  const double K = sn__row_pivot(x, 1, d);
+  const double K = sn__row_pivot(x, res, 1, d);
   double sums[2], mean, m2;
-  sn__row_shifted_sums(sums, tmp, x, 1, d, K, next, (char *)y, 2);
+  if (res != NULL) sn__row_shifted_sums(sums, tmp, sum_out, x, res, 1, d, K, next, (char *)y, 2);
+  else sn__row_shifted_sums(sums, tmp, NULL, x, NULL, 1, d, K, next, (char *)y, 2);
   sn__row_stats(&mean, &m2, tmp, d, K, sums);
   const double rstd = 1.0 / sqrt(m2 / (double)d + (double)eps);
   stats[0] = mean;
@@ -224,15 +238,16 @@ SN_CLONES static void ln_fwd_row_bf16(uint16_t *y, double *stats, const uint16_t
 
 /* Row r of the forward from its f32 view xr: writes y row r and mean[r], rstd[r] when given.
  * ytmp: d floats of this thread's scratch where a bf16/f16 row is computed (not xr), NULL for
- * f32. next: the next input row, to prefetch (NULL for none). */
-static void ln_fwd_store(void *y, float *mean, float *rstd, const float *xr, float *ytmp,
-                         const float *gamma, const float *beta, int64_t r, int64_t d, float eps,
-                         sn_dtype_t dtype, const char *next) {
+ * f32. f32 only: res, sum_out, the rows of the fused kernel (ln_fwd_row; NULL for none). next:
+ * the next input row, to prefetch (NULL for none). */
+static void ln_fwd_store(void *y, float *mean, float *rstd, const float *xr, const float *res,
+                         float *sum_out, float *ytmp, const float *gamma, const float *beta,
+                         int64_t r, int64_t d, float eps, sn_dtype_t dtype, const char *next) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype);
   double stats[2];
   float *yr = sn__out_row(y, off, dtype, ytmp);
   char *out = (char *)y + off * esize; /* to prefetch for writing */
-  ln_fwd_row(yr, stats, xr, gamma, beta, d, eps, dtype, next, out, (int)esize);
+  ln_fwd_row(yr, stats, xr, res, sum_out, gamma, beta, d, eps, dtype, next, out, (int)esize);
   sn__out_done(y, off, d, dtype, ytmp);
   if (mean != NULL) mean[r] = (float)stats[0];
   if (rstd != NULL) rstd[r] = (float)stats[1];
@@ -265,15 +280,15 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
       const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
       if (dtype == SN_DTYPE_BF16) {
         double stats[2];
-        ln_fwd_row_bf16((uint16_t *)y + r * d, stats, (const uint16_t *)x + r * d, tmp, gamma,
-                        beta, d, eps, next);
+        ln_fwd_row_bf16((uint16_t *)y + r * d, stats, (const uint16_t *)x + r * d, NULL, NULL,
+                        tmp, gamma, beta, d, eps, next);
         if (mean != NULL) mean[r] = (float)stats[0];
         if (rstd != NULL) rstd[r] = (float)stats[1];
         continue;
       }
       const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
-      ln_fwd_store(y, mean, rstd, xr, tmp != NULL ? tmp + d : NULL, gamma, beta, r, d, eps,
-                   dtype, next);
+      ln_fwd_store(y, mean, rstd, xr, NULL, NULL, tmp != NULL ? tmp + d : NULL, gamma, beta, r,
+                   d, eps, dtype, next);
     }
   }
   sn__free(scratch);
@@ -293,7 +308,9 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
   SN_TRY(sn__check_act(fn, "residual", residual, n));
   if (n == 0) return SN_OK;
 
-  /* scratch: [threads, 2, d] f32 for bf16/f16 (the x row, then the residual row and later y) */
+  /* scratch: [threads, 2, d] f32 for bf16/f16 (f16: the x row, then the residual row and later
+   * y; bf16: the widened sum row) */
+  const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
   float *scratch = NULL;
   if (dtype != SN_DTYPE_F32 &&
@@ -305,10 +322,24 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
     float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * 2 * d : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-      const float *sr = sn__residual_sum_row(sum_out, x, residual, tmp, r * d, d, dtype);
-      /* bf16/f16: y is computed over the residual row, no longer needed */
-      ln_fwd_store(y, mean, rstd, sr, tmp != NULL ? tmp + d : NULL, gamma, beta, r, d, eps,
-                   dtype, NULL);
+      const int64_t off = r * d;
+      const char *next = r + 1 < rows ? (const char *)x + (off + d) * esize : NULL;
+      if (dtype == SN_DTYPE_BF16) { /* the add fused into the first pass (ln_fwd_row_bf16) */
+        double stats[2];
+        ln_fwd_row_bf16((uint16_t *)y + off, stats, (const uint16_t *)x + off,
+                        (const uint16_t *)residual + off, (uint16_t *)sum_out + off, tmp, gamma,
+                        beta, d, eps, next);
+        if (mean != NULL) mean[r] = (float)stats[0];
+        if (rstd != NULL) rstd[r] = (float)stats[1];
+      } else if (dtype == SN_DTYPE_F32) { /* likewise (ln_fwd_row) */
+        ln_fwd_store(y, mean, rstd, (const float *)x + off, (const float *)residual + off,
+                     (float *)sum_out + off, NULL, gamma, beta, r, d, eps, dtype, next);
+      } else {
+        const float *sr = sn__residual_sum_row(sum_out, x, residual, tmp, off, d, dtype);
+        /* y is computed over the residual row, no longer needed */
+        ln_fwd_store(y, mean, rstd, sr, NULL, NULL, tmp + d, gamma, beta, r, d, eps, dtype,
+                     NULL);
+      }
     }
   }
   sn__free(scratch);

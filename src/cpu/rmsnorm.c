@@ -11,10 +11,11 @@
  * The row stays in L1/L2 between the passes: x is read from DRAM once and y written once. Pass 1
  * prefetches the next input row and this row's output (as LayerNorm's: the memory fetches
  * them while the passes run in cache).
- * bf16/f16 rows are widened into per-thread f32 scratch rows ([threads, d] floats, allocated
- * before the parallel region), computed there and narrowed once, round-to-nearest-even.
- * sn_rmsnorm_fwd's bf16 rows take a two-pass path with the same results (rms_fwd_row_bf16):
- * widening fused with the sum of squares, narrowing with the map.
+ * f16 rows are widened into per-thread f32 scratch rows ([threads, d] floats, allocated before
+ * the parallel region), computed there and narrowed once, round-to-nearest-even. bf16 rows take
+ * a two-pass path with the same results (rms_fwd_row_bf16): widening fused with the sum of
+ * squares, narrowing with the map. The fused kernel adds x + residual in the first pass (f32
+ * and bf16; f16 in a pass of its own, sn__residual_sum_row), storing sum_out as it goes.
  *
  * Backward, per row, with g = dy·gamma and the saved f32 rstd s:
  *   pass A  Σg·x                               fp64
@@ -46,13 +47,22 @@ SN_INLINE void rms_map(float *y, const float *x, const float *gamma, int64_t d, 
   }
 }
 
-/* One row: x [d] f32 → y [d] f32 (y may equal x); returns rstd in fp64. next, out, esize: the
- * rows the first pass prefetches (sn__row_sumsq_w; NULL for none). */
-SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *gamma, int64_t d,
-                                    float eps, const char *next, char *out, int esize,
-                                    int lowp) {
-  const double ss = lowp ? sn__row_sumsq_lowp(NULL, x, 0, d, next, out, esize)
-                         : sn__row_sumsq_w(NULL, x, 0, d, 0.0, next, out, esize);
+/* One row: x [d] f32 → y [d] f32 (y may equal x); returns rstd in fp64. With res [d] (the fused
+ * kernel, f32 rows only; NULL for none) the row normalized is the residual sum x + res, written
+ * into sum_out [d] by the first pass (sum_out may equal x or res; y may not overlap them). next,
+ * out, esize: the rows the first pass prefetches (sn__row_sumsq_w; NULL for none). */
+SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *res, float *sum_out,
+                                    const float *gamma, int64_t d, float eps, const char *next,
+                                    char *out, int esize, int lowp) {
+  double ss;
+  if (lowp) {
+    ss = sn__row_sumsq_lowp(NULL, NULL, x, NULL, 0, d, next, out, esize);
+  } else if (res != NULL) {
+    ss = sn__row_sumsq_w(NULL, sum_out, x, res, 0, d, 0.0, next, out, esize);
+    x = sum_out; /* the map reads the stored sums, cache-hot */
+  } else {
+    ss = sn__row_sumsq_w(NULL, NULL, x, NULL, 0, d, 0.0, next, out, esize);
+  }
   const double ms = ss / (double)d;
   const double rstd = 1.0 / sqrt(ms + (double)eps);
   if (gamma != NULL) rms_map(y, x, gamma, d, (float)rstd, 1);
@@ -74,11 +84,17 @@ SN_INLINE void rms_map_bf16(uint16_t *y, const float *x, const float *gamma, int
 
 /* One bf16 row, bitwise as rms_fwd_row on the widened row, in two passes instead of four: x
  * widened into tmp [d] while its squares are summed (x read from memory once), then the map
- * narrowed as it is stored (y written once, no f32 output row). Returns rstd. */
-SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, float *tmp,
-                                         const float *gamma, int64_t d, float eps,
-                                         const char *next) {
-  const double ms = sn__row_sumsq_lowp(tmp, x, 1, d, next, (char *)y, 2) / (double)d;
+ * narrowed as it is stored (y written once, no f32 output row). Returns rstd. With res [d] (the
+ * fused kernel; NULL for none) the row normalized is the residual sum, rounded to bf16 into
+ * sum_out [d] and widened into tmp by the same pass: bitwise the generic path
+ * (sn__residual_sum_row, then this row on sum_out). */
+SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, const uint16_t *res,
+                                         uint16_t *sum_out, float *tmp, const float *gamma,
+                                         int64_t d, float eps, const char *next) {
+  const double ss = res != NULL
+                        ? sn__row_sumsq_lowp(tmp, sum_out, x, res, 1, d, next, (char *)y, 2)
+                        : sn__row_sumsq_lowp(tmp, NULL, x, NULL, 1, d, next, (char *)y, 2);
+  const double ms = ss / (double)d;
   const double rstd = 1.0 / sqrt(ms + (double)eps);
   if (gamma != NULL) rms_map_bf16(y, tmp, gamma, d, (float)rstd, 1);
   else rms_map_bf16(y, tmp, gamma, d, (float)rstd, 0);
@@ -87,14 +103,15 @@ SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, float *
 
 /* Row r of the forward from its f32 view xr: writes y row r and rstd[r] when given. tmp: this
  * thread's d floats of scratch for bf16/f16 (the row is computed there; it may be xr), NULL
- * for f32. next: the next input row, to prefetch (NULL for none). */
-static void rms_fwd_store(void *y, float *rstd, const float *xr, float *tmp, const float *gamma,
-                          int64_t r, int64_t d, float eps, sn_dtype_t dtype, const char *next) {
+ * for f32. f32 only: res, sum_out, the rows of the fused kernel (rms_fwd_row; NULL for none).
+ * next: the next input row, to prefetch (NULL for none). */
+static void rms_fwd_store(void *y, float *rstd, const float *xr, const float *res,
+                          float *sum_out, float *tmp, const float *gamma, int64_t r, int64_t d,
+                          float eps, sn_dtype_t dtype, const char *next) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype);
   float *yr = sn__out_row(y, off, dtype, tmp);
-  const double rs =
-      rms_fwd_row(yr, xr, gamma, d, eps, next, (char *)y + off * esize, (int)esize,
-                  dtype != SN_DTYPE_F32);
+  const double rs = rms_fwd_row(yr, xr, res, sum_out, gamma, d, eps, next,
+                                (char *)y + off * esize, (int)esize, dtype != SN_DTYPE_F32);
   sn__out_done(y, off, d, dtype, tmp);
   if (rstd != NULL) rstd[r] = (float)rs;
 }
@@ -124,12 +141,12 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
       const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
       if (dtype == SN_DTYPE_BF16) {
         const double rs = rms_fwd_row_bf16((uint16_t *)y + r * d, (const uint16_t *)x + r * d,
-                                           tmp, gamma, d, eps, next);
+                                           NULL, NULL, tmp, gamma, d, eps, next);
         if (rstd != NULL) rstd[r] = (float)rs;
         continue;
       }
       const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
-      rms_fwd_store(y, rstd, xr, tmp, gamma, r, d, eps, dtype, next);
+      rms_fwd_store(y, rstd, xr, NULL, NULL, tmp, gamma, r, d, eps, dtype, next);
     }
   }
   sn__free(scratch);
@@ -148,7 +165,9 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
   SN_TRY(sn__check_act(fn, "residual", residual, n));
   if (n == 0) return SN_OK;
 
-  /* scratch: [threads, 2, d] f32 for bf16/f16 (the x row, then the residual row) */
+  /* scratch: [threads, 2, d] f32 for bf16/f16 (f16: the x row, then the residual row; bf16:
+   * the widened sum row) */
+  const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
   float *scratch = NULL;
   if (dtype != SN_DTYPE_F32 &&
@@ -160,8 +179,20 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
     float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * 2 * d : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-      const float *sr = sn__residual_sum_row(sum_out, x, residual, tmp, r * d, d, dtype);
-      rms_fwd_store(y, rstd, sr, tmp, gamma, r, d, eps, dtype, NULL);
+      const int64_t off = r * d;
+      const char *next = r + 1 < rows ? (const char *)x + (off + d) * esize : NULL;
+      if (dtype == SN_DTYPE_BF16) { /* the add fused into the first pass (rms_fwd_row_bf16) */
+        const double rs = rms_fwd_row_bf16((uint16_t *)y + off, (const uint16_t *)x + off,
+                                           (const uint16_t *)residual + off,
+                                           (uint16_t *)sum_out + off, tmp, gamma, d, eps, next);
+        if (rstd != NULL) rstd[r] = (float)rs;
+      } else if (dtype == SN_DTYPE_F32) { /* likewise (rms_fwd_row) */
+        rms_fwd_store(y, rstd, (const float *)x + off, (const float *)residual + off,
+                      (float *)sum_out + off, NULL, gamma, r, d, eps, dtype, next);
+      } else {
+        const float *sr = sn__residual_sum_row(sum_out, x, residual, tmp, off, d, dtype);
+        rms_fwd_store(y, rstd, sr, NULL, NULL, tmp, gamma, r, d, eps, dtype, NULL);
+      }
     }
   }
   sn__free(scratch);

@@ -1,9 +1,9 @@
 /*
  * rownorm.h — helpers shared by the row normalizations (layernorm.c, rmsnorm.c): argument
  * validation, fixed-lane fp64 row sums (the one-pass statistics and the sums of squares with
- * optional software prefetching; bf16/f16 sums of squares in f32 blocks), bf16 narrowing, the
- * residual add of the fused kernels and the chunk partials of dgamma/dbeta. Not installed; all
- * static.
+ * optional software prefetching and the fused kernels' residual add; bf16/f16 sums of squares in
+ * f32 blocks), bf16 narrowing, the f16 residual add and the chunk partials of dgamma/dbeta. Not
+ * installed; all static.
  *
  * The row sums are inlined into each SN_CLONES variant of the row functions that call them
  * (AVX-512, AVX2, baseline); their lane count is fixed, so every variant adds in the same order
@@ -99,6 +99,29 @@ SN_INLINE float sn__load_w(const void *src, int widen, int64_t i) {
   return widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
 }
 
+/* Element i of the row a first pass reads, as f32: src[i] (f32, or with widen bf16), or, with
+ * res (the fused kernels' residual row, the dtype of src), the residual sum
+ * round_dtype(src[i] + res[i]) with the add in f32 (bitwise sn__residual_sum_row's value), which
+ * is also stored into sum_out[i] unless sum_out is NULL. With widen and dst, the value is also
+ * stored into dst[i] (the f32 row the later passes read). Element i reads and writes index i
+ * only, so sum_out may equal src or res. */
+SN_INLINE float sn__row_in(float *dst, void *sum_out, const void *src, const void *res,
+                           int widen, int64_t i) {
+  float v = sn__load_w(src, widen, i);
+  if (res != NULL) {
+    v += sn__load_w(res, widen, i);
+    if (widen) {
+      const uint16_t h = sn__f32_to_bf16(v);
+      if (sum_out != NULL) ((uint16_t *)sum_out)[i] = h;
+      v = sn__bf16_to_f32(h);
+    } else if (sum_out != NULL) {
+      ((float *)sum_out)[i] = v;
+    }
+  }
+  if (widen && dst != NULL) dst[i] = v;
+  return v;
+}
+
 /* The software prefetch of the row sums, one step of SN_ROW_LANES elements from element i:
  * two lines of `next` (the next input row) for reading and of `out` (this row's output) for
  * writing, each esize bytes per element; NULL for none. Prefetches never fault. */
@@ -137,44 +160,44 @@ SN_INLINE void sn__row_prefetch(const char *next, char *out, int64_t i, int esiz
 #define SN_PIVOT_N 32
 _Static_assert(SN_PIVOT_N == 32, "sn__row_pivot adds its values with sn__lanes_total_n");
 
-/* The pivot of the one-pass statistics of x [n] (f32, or with widen bf16): the fp64 mean of its
- * first min(n, SN_PIVOT_N) values, rounded to f32 (so that x − K is exact in fp64), in fp64. The
- * same value for a bf16 row and for its widened f32 copy. */
-SN_INLINE double sn__row_pivot(const void *x, int widen, int64_t n) {
+/* The pivot of the one-pass statistics of x [n] (f32, or with widen bf16; with res, of the
+ * residual sum x + res as sn__row_in): the fp64 mean of its first min(n, SN_PIVOT_N) values,
+ * rounded to f32 (so that x − K is exact in fp64), in fp64. The same value for a bf16 row and for
+ * its widened f32 copy, and for a residual sum and the row that holds it. */
+SN_INLINE double sn__row_pivot(const void *x, const void *res, int widen, int64_t n) {
   const int64_t m = n < SN_PIVOT_N ? n : SN_PIVOT_N;
   double acc[SN_PIVOT_N] = {0}; /* one value per lane, added pairwise: a few vector steps */
   for (int64_t i = 0; i < m; i++)
-    acc[i] = (double)sn__load_w(x, widen, i);
+    acc[i] = (double)sn__row_in(NULL, NULL, x, res, widen, i);
   return (double)(float)(sn__lanes_total_n(acc, SN_PIVOT_N) / (double)m);
 }
 
 /* s[0] = Σ(x[i] − K), s[1] = Σ(x[i] − K)² in fp64, lanes and order as sn__row_sum (s[1] with
  * K = 0 is bitwise sn__row_sumsq's Σx²; squares of f32, hence bf16/f16, values never overflow
  * in fp64). src is f32 [n] or, with widen, bf16 [n], then also written widened into dst [n] (the
- * same values, hence the same sums as on dst). Prefetches two rows a block at a time as it
+ * same values, hence the same sums as on dst). With res (the fused kernels; NULL for none) x is
+ * the residual sum src + res, stored into sum_out [n] as it goes (sn__row_in): the same sums as
+ * on sum_out. Prefetches two rows a block at a time as it
  * goes: `next`, the next input row, for reading, and `out`, this row's output, for writing (each
  * `esize` bytes per element, NULL for none). The memory system then fetches them while this row
  * is in its cache-bound passes instead of stalling the passes that touch them. Prefetches never
  * fault. */
-SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, const void *src, int widen,
-                                    int64_t n, double K, const char *next, char *out,
-                                    int esize) {
+SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, void *sum_out, const void *src,
+                                    const void *res, int widen, int64_t n, double K,
+                                    const char *next, char *out, int esize) {
   double a[SN_ROW_LANES] = {0}, b[SN_ROW_LANES] = {0};
   int64_t i = 0;
   for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES) {
     sn__row_prefetch(next, out, i, esize);
+    SN_IVDEP
     for (int k = 0; k < SN_ROW_LANES; k++) {
-      const float v = sn__load_w(src, widen, i + k);
-      if (widen) dst[i + k] = v;
-      const double t = (double)v - K;
+      const double t = (double)sn__row_in(dst, sum_out, src, res, widen, i + k) - K;
       a[k] += t;
       b[k] += t * t;
     }
   }
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const float v = sn__load_w(src, widen, i);
-    if (widen) dst[i] = v;
-    const double t = (double)v - K;
+    const double t = (double)sn__row_in(dst, sum_out, src, res, widen, i) - K;
     a[k] += t;
     b[k] += t * t;
   }
@@ -185,24 +208,23 @@ SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, const void *src, in
 /* Σ (x[i] − shift)² in fp64, lanes as sn__row_sum (squares of f32, hence bf16/f16, values
  * never overflow in fp64). src is f32 [n] or, with widen, bf16 [n], then also written widened
  * into dst [n] (the same values, hence bitwise the same sum as on dst: RMSNorm's bf16 rows read
- * memory once). next, out, esize: rows to prefetch as in sn__row_shifted_sums (NULL: none). */
-SN_INLINE double sn__row_sumsq_w(float *dst, const void *src, int widen, int64_t n,
-                                 double shift, const char *next, char *out, int esize) {
+ * memory once); with res, x is the residual sum stored into sum_out as sn__row_shifted_sums'.
+ * next, out, esize: rows to prefetch as in sn__row_shifted_sums (NULL: none). */
+SN_INLINE double sn__row_sumsq_w(float *dst, void *sum_out, const void *src, const void *res,
+                                 int widen, int64_t n, double shift, const char *next, char *out,
+                                 int esize) {
   double acc[SN_ROW_LANES] = {0};
   int64_t i = 0;
   for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES) {
     sn__row_prefetch(next, out, i, esize);
+    SN_IVDEP
     for (int k = 0; k < SN_ROW_LANES; k++) {
-      const float x = sn__load_w(src, widen, i + k);
-      if (widen) dst[i + k] = x;
-      const double v = (double)x - shift;
+      const double v = (double)sn__row_in(dst, sum_out, src, res, widen, i + k) - shift;
       acc[k] += v * v;
     }
   }
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const float x = sn__load_w(src, widen, i);
-    if (widen) dst[i] = x;
-    const double v = (double)x - shift;
+    const double v = (double)sn__row_in(dst, sum_out, src, res, widen, i) - shift;
     acc[k] += v * v;
   }
   return sn__lanes_total(acc);
@@ -211,7 +233,7 @@ SN_INLINE double sn__row_sumsq_w(float *dst, const void *src, int widen, int64_t
 /* Rows of lanes per f32 block of sn__row_sumsq_lowp: each lane adds 16 squares in f32. */
 #define SN_SUMSQ_F32_ROWS 16
 
-/* Σ x[i]² for bf16/f16 rows (RMSNorm), with src, dst, widen, next, out, esize as
+/* Σ x[i]² for bf16/f16 rows (RMSNorm), with src, dst, widen, res, sum_out, next, out, esize as
  * sn__row_sumsq_w: each lane adds SN_SUMSQ_F32_ROWS squares in f32, then those block sums in
  * fp64 lanes (the lanes and order of sn__row_sum). Nonnegative terms: the f32 squares and sums
  * err by < 17·2^-24 < 2^-19.9 of the total, so rstd by < 2^-20.9, far inside the 1-ulp bound of
@@ -220,8 +242,9 @@ SN_INLINE double sn__row_sumsq_w(float *dst, const void *src, int widen, int64_t
  * underflow it (the total below 2^-120 per element, where a square's rounding to a subnormal
  * would be more than 2^-30 of it) send the row to the fp64 sum (sn__row_sumsq_w on the widened
  * row). The same bits from a bf16 row with widen and from its widened f32 copy without. */
-SN_INLINE double sn__row_sumsq_lowp(float *dst, const void *src, int widen, int64_t n,
-                                   const char *next, char *out, int esize) {
+SN_INLINE double sn__row_sumsq_lowp(float *dst, void *sum_out, const void *src, const void *res,
+                                   int widen, int64_t n, const char *next, char *out,
+                                   int esize) {
   double acc[SN_ROW_LANES] = {0};
   int64_t i = 0;
   while (i + SN_ROW_LANES <= n) {
@@ -230,27 +253,27 @@ SN_INLINE double sn__row_sumsq_lowp(float *dst, const void *src, int widen, int6
     float b[SN_ROW_LANES] = {0};
     for (; i + SN_ROW_LANES <= end; i += SN_ROW_LANES) {
       sn__row_prefetch(next, out, i, esize);
+      SN_IVDEP
       for (int k = 0; k < SN_ROW_LANES; k++) {
-        const float x = sn__load_w(src, widen, i + k);
-        if (widen) dst[i + k] = x;
+        const float x = sn__row_in(dst, sum_out, src, res, widen, i + k);
         b[k] += x * x;
       }
     }
     for (int k = 0; k < SN_ROW_LANES; k++) acc[k] += (double)b[k];
   }
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const float x = sn__load_w(src, widen, i);
-    if (widen) dst[i] = x;
+    const float x = sn__row_in(dst, sum_out, src, res, widen, i);
     acc[k] += (double)x * (double)x;
   }
   const double total = sn__lanes_total(acc);
   if (total >= (double)n * 0x1p-120 && total <= 0x1p127) return total; /* NaN: recomputed */
-  return sn__row_sumsq_w(NULL, widen ? dst : src, 0, n, 0.0, NULL, NULL, 0);
+  const void *row = widen ? (const void *)dst : res != NULL ? (const void *)sum_out : src;
+  return sn__row_sumsq_w(NULL, NULL, row, NULL, 0, n, 0.0, NULL, NULL, 0);
 }
 
 /* Σ (x[i] − shift)² of an f32 row (sn__row_sumsq_w without widening or prefetching). */
 SN_INLINE double sn__row_sumsq(const float *x, int64_t n, double shift) {
-  return sn__row_sumsq_w(NULL, x, 0, n, shift, NULL, NULL, 0);
+  return sn__row_sumsq_w(NULL, NULL, x, NULL, 0, n, shift, NULL, NULL, 0);
 }
 
 /* mean and M2 = Σ(x − mean)² of the row x [n] (f32) from its shifted sums s (shift K; see
@@ -275,18 +298,14 @@ SN_CLONES SN_UNUSED static void sn__add_row(float *s, const float *x, const floa
   for (int64_t i = 0; i < n; i++) s[i] = x[i] + r[i];
 }
 
-/* The residual add of the fused kernels for row elements [off, off + d): writes
+/* The residual add of the fused kernels for row elements [off, off + d) of a bf16/f16 row, in a
+ * pass of its own (the f16 rows; f32 and bf16 add in their first pass, sn__row_in): writes
  * sum_out = round_dtype(x + residual) and returns the rounded sum as f32 [d] to normalize, so
- * the norm sees exactly the values stored. f32: computed in sum_out itself; bf16/f16: in tmp
- * (2·d floats: the x row, then the residual row), the returned row being tmp[0, d). */
+ * the norm sees exactly the values stored. Computed in tmp (2·d floats: the x row, then the
+ * residual row), the returned row being tmp[0, d). */
 static inline const float *sn__residual_sum_row(void *sum_out, const void *x,
                                                 const void *residual, float *tmp, int64_t off,
                                                 int64_t d, sn_dtype_t dtype) {
-  if (dtype == SN_DTYPE_F32) {
-    float *s = (float *)sum_out + off;
-    sn__add_row(s, (const float *)x + off, (const float *)residual + off, d);
-    return s;
-  }
   sn__to_f32(tmp, x, off, d, dtype);
   sn__to_f32(tmp + d, residual, off, d, dtype);
   sn__add_row(tmp, tmp, tmp + d, d);
