@@ -986,6 +986,8 @@ START_TEST(test_bad_inputs) {
   check_bad(sn_batchnorm_stats(o.sum, o.sq, x, NULL, 2, 3, 4, L, F64), SN_ERR_INVALID_DTYPE, fs, &o, &o0, "stats f64");
   check_bad(sn_batchnorm_stats(o.sum, o.sq, x, NULL, 2, 3, 4, L, BADD), SN_ERR_INVALID_DTYPE, fs, &o, &o0, "stats dtype");
   check_bad(sn_batchnorm_stats(o.sum, o.sq, NULL, NULL, 0, 0, 4, L, D), SN_ERR_INVALID_SIZE, fs, &o, &o0, "stats empty, c 0");
+  /* an empty batch with c beyond int64 byte counts: the c-element sums are not written */
+  check_bad(sn_batchnorm_stats(o.sum, o.sq, NULL, NULL, 0, INT64_MAX / 4, 4, L, D), SN_ERR_OVERFLOW, fs, &o, &o0, "stats empty, c huge");
   /* finalize */
   check_bad(sn_batchnorm_finalize(NULL, o.var, o.rstd, sd, sx, NULL, 8, 3, EPS), SN_ERR_NULL_POINTER, ff, &o, &o0, "finalize mean NULL");
   check_bad(sn_batchnorm_finalize(o.mean, o.var, NULL, sd, sx, NULL, 8, 3, EPS), SN_ERR_NULL_POINTER, ff, &o, &o0, "finalize rstd NULL");
@@ -1026,6 +1028,7 @@ START_TEST(test_bad_inputs) {
   check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, dy, x, m, NULL, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fr, &o, &o0, "bwd_reduce rstd NULL");
   check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, dy, x, m, rs, 2, 0, 4, L, D), SN_ERR_INVALID_SIZE, fr, &o, &o0, "bwd_reduce c 0");
   check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, dy, x, m, rs, big, big, big, L, D), SN_ERR_OVERFLOW, fr, &o, &o0, "bwd_reduce overflow");
+  check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, NULL, NULL, m, rs, 0, INT64_MAX / 4, 4, L, D), SN_ERR_OVERFLOW, fr, &o, &o0, "bwd_reduce empty, c huge");
   check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, dy, x, m, rs, 2, 3, 4, BADL, D), SN_ERR_INVALID_LAYOUT, fr, &o, &o0, "bwd_reduce layout");
   check_bad(sn_batchnorm_bwd_reduce(o.sum, o.sq, dy, x, m, rs, 2, 3, 4, L, F64), SN_ERR_INVALID_DTYPE, fr, &o, &o0, "bwd_reduce f64");
   /* bwd_apply */

@@ -661,6 +661,8 @@ START_TEST(test_bad_inputs) {
   check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 2, 4, 3, 3, L, D), SN_ERR_INVALID_GROUPS, fb, &o, &o0, "bwd c % groups");
   check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 2, -4, 3, 2, L, D), SN_ERR_INVALID_SIZE, fb, &o, &o0, "bwd c -4");
   check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, big, big, big, 1, L, D), SN_ERR_OVERFLOW, fb, &o, &o0, "bwd overflow");
+  /* an empty batch with c beyond int64 byte counts: dgamma, dbeta (c elements) not written */
+  check_bad(sn_groupnorm_bwd(NULL, o.dg, o.db, NULL, NULL, NULL, NULL, g, 0, INT64_MAX / 4, 3, 1, L, D), SN_ERR_OVERFLOW, fb, &o, &o0, "bwd empty, c huge");
   check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 2, 4, 3, 2, BADL, D), SN_ERR_INVALID_LAYOUT, fb, &o, &o0, "bwd layout");
   check_bad(sn_groupnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 2, 4, 3, 2, L, (sn_dtype_t)4), SN_ERR_INVALID_DTYPE, fb, &o, &o0, "bwd dtype");
 }

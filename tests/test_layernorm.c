@@ -936,6 +936,9 @@ START_TEST(test_bad_input) {
     /* a zero-sized batch still has its other arguments validated */
     a = good(), a.rows = 0, a.d = 0, pattern();
     expect(call(f, a), SN_ERR_INVALID_SIZE, fn, "rows = 0, d = 0");
+    /* and d beyond int64 byte counts, though rows·d = 0 (dgamma, dbeta have d elements) */
+    a = good(), a.rows = 0, a.d = INT64_MAX / 4, pattern();
+    expect(call(f, a), SN_ERR_OVERFLOW, fn, "rows = 0, d = INT64_MAX / 4");
     /* scratch that cannot be allocated (2^58 to 2^59 bytes, beyond any address space):
      * SN_ERR_ALLOC before anything is read or written; the tiny buffers are never touched */
     omp_set_num_threads(2);
