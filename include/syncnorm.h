@@ -222,7 +222,9 @@ SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean
  *   y = (x − running_mean_c)/√(running_var_c + eps)·gamma_c + beta_c.
  * running_mean, running_var: [C] f32 (running_var unbiased, as PyTorch keeps it); gamma, beta:
  * [C] f32 or NULL. y may equal x. Errors as sn_batchnorm_apply plus SN_ERR_INVALID_EPS and
- * SN_ERR_INVALID_ARGUMENT (a running_var < 0; checked only for a non-empty batch). */
+ * SN_ERR_INVALID_ARGUMENT (a running_var < 0; checked only for a non-empty batch). A NaN
+ * running_var is not an error: its channel's outputs are NaN, as in PyTorch (running statistics
+ * of a training run that met NaN data). */
 SN_API sn_status_t sn_batchnorm_infer(void *y, const void *x, const float *running_mean,
                                       const float *running_var, const float *gamma,
                                       const float *beta, int64_t n, int64_t c, int64_t s,
@@ -302,7 +304,8 @@ SN_API sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const
  * an error nothing is written. Source: the algebra of conv-BN fusion (e.g. PyTorch's
  * torch.nn.utils.fusion.fuse_conv_bn_weights). Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE
  * (c_out or per_out <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS, SN_ERR_INVALID_ARGUMENT (a
- * running_var < 0). */
+ * running_var < 0; a NaN one gives that channel NaN weights, as sn_batchnorm_infer NaN
+ * outputs). */
 SN_API sn_status_t sn_fold_batchnorm(float *w, float *b, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var,
                                      int64_t c_out, int64_t per_out, float eps);

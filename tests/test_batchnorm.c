@@ -392,6 +392,45 @@ START_TEST(test_infer_vs_ref) {
 }
 END_TEST
 
+/* A NaN running_var (running statistics of a run that met NaN data) is not an error: its
+ * channel's outputs are NaN, the other channels' as the fp64 formula (as PyTorch). */
+START_TEST(test_infer_nan_var) {
+  tu_rng_t r;
+  tu_rng_seed(&r, 31);
+  const int64_t N = 2, C = 3, S = 5, T = N * C * S;
+  for (int il = 0; il < 2; il++)
+    for (int id = 0; id < 3; id++) {
+      const sn_layout_t lay = LAYOUTS[il];
+      const sn_dtype_t dt = DTYPES[id];
+      void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
+      float *gamma = falloc(C), *beta = falloc(C), rm[3] = {0.5f, -1.0f, 2.0f};
+      const float rv[3] = {1.5f, NAN, 0.25f};
+      double *yr = dalloc(T);
+      fill_bn(x, N, C, S, lay, dt, 1.0, 3.0, &r);
+      fill_params(gamma, beta, C, &r);
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++)
+          for (int64_t s = 0; s < S; s++) {
+            const int64_t i = at(lay, n, c, s, C, S);
+            yr[i] = (tu_get(x, i, dt) - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c] +
+                    beta[c];
+          }
+      tu_poison(y, T, dt);
+      ck_assert_int_eq(sn_batchnorm_infer(y, x, rm, rv, gamma, beta, N, C, S, EPS, lay, dt),
+                       SN_OK);
+      for (int64_t n = 0; n < N; n++) /* channel 1 NaN; then set to 0 in y and yr alike */
+        for (int64_t s = 0; s < S; s++) {
+          const int64_t i = at(lay, n, 1, s, C, S);
+          TU_CHECK(isnan(tu_get(y, i, dt)), "y[%lld, 1, %lld] not NaN", (long long)n,
+                   (long long)s);
+          tu_set(y, i, 0.0, dt), yr[i] = 0.0;
+        }
+      tu_assert_fwd(y, dt, yr, T, "infer with a NaN running_var: the other channels");
+      free(x), free(y), free(gamma), free(beta), free(yr);
+    }
+}
+END_TEST
+
 /* bf16/f16 outputs where beta cancels x̂·gamma: beta_c = −round_f32(x̂·gamma_c) of one element
  * of each channel, so that y is ~2^-24 of its terms there (and wherever x repeats that value; an
  * f32 map was 254 ulp off). apply against y = (x − mean)·rstd·gamma + beta in fp64 with the
@@ -1226,6 +1265,7 @@ int main(void) {
   tcase_add_test(tc, test_train_fwd_vs_ref);
   tcase_add_test(tc, test_layouts_bitwise);
   tcase_add_test(tc, test_infer_vs_ref);
+  tcase_add_test(tc, test_infer_nan_var);
   tcase_add_test(tc, test_train_bwd_vs_analytic);
   tcase_add_test(tc, test_train_bwd_vs_fd);
   tcase_add_test(tc, test_eval_bwd_vs_fd);

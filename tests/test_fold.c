@@ -102,6 +102,26 @@ typedef struct {
   float w[12], b[3];
 } outs_t;
 
+/* A NaN running_var (running statistics of a run that met NaN data) is not an error: that
+ * channel's w and b become NaN, the other channels are folded as usual (as PyTorch). */
+START_TEST(test_fold_nan_var) {
+  float w[3 * 2] = {1, 2, 3, 4, 5, 6}, b[3] = {1, 1, 1};
+  const float rm[3] = {0, 0, 0}, rv[3] = {1, NAN, 3};
+  ck_assert_int_eq(sn_fold_batchnorm(w, b, NULL, NULL, rm, rv, 3, 2, EPS), SN_OK);
+  for (int c = 0; c < 3; c++) {
+    const double k = 1.0 / sqrt((double)rv[c] + (double)EPS);
+    for (int i = 0; i < 2; i++) {
+      const double want = (double)(2 * c + i + 1) * k;
+      const float got = w[2 * c + i];
+      TU_CHECK(c == 1 ? isnan(got) : fabs(got - want) <= FOLD_REL_BOUND * fabs(want),
+               "w[%d, %d] = %g, want %g", c, i, (double)got, want);
+    }
+    TU_CHECK(c == 1 ? isnan(b[c]) : fabs(b[c] - k) <= FOLD_REL_BOUND * k, "b[%d] = %g, want %g", c,
+             (double)b[c], k);
+  }
+}
+END_TEST
+
 START_TEST(test_fold_bad_inputs) {
   float g[3] = {1, 1, 1}, rm[3] = {0, 0, 0}, rv[3] = {1, 1, 1}, rv_neg[3] = {1, -1e-5f, 1};
   outs_t o, o0;
@@ -148,6 +168,7 @@ int main(void) {
   tcase_add_test(tc, test_fold_equals_conv_bn);
   tcase_add_test(tc, test_fold_identity_and_large);
   tcase_add_test(tc, test_fold_bad_inputs);
+  tcase_add_test(tc, test_fold_nan_var);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }
