@@ -35,7 +35,7 @@ if [ "$quick" = 0 ]; then
     ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:detect_stack_use_after_return=1 \
     LSAN_OPTIONS=suppressions=$root/tests/lsan.supp \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      ctest --test-dir build-asan --output-on-failure -LE "large|bench|soak|multihost" ||
+      ctest --test-dir build-asan --output-on-failure -LE "large|bench|soak|multihost|install" ||
       failed+=("sanitizers")
   else
     tail -n 40 build-asan.log

@@ -42,7 +42,7 @@ built=$(date +%s)
 # threads must not spin on a serialized CPU.
 export OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive CK_FORK=no
 status=0
-ctest --test-dir "$build" -T memcheck -LE "mpi|large|bench|fuzz|torch" -j"$jobs" \
+ctest --test-dir "$build" -T memcheck -LE "mpi|large|bench|fuzz|torch|install" -j"$jobs" \
   --output-on-failure "${extra[@]}" || status=1
 logs=$(find "$build/Testing/Temporary" -name 'MemoryChecker.*.log' -size +0 2>/dev/null | sort)
 echo "== valgrind: build $((built - start)) s, tests $(( $(date +%s) - built )) s =="

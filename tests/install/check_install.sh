@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs a built syncnorm into a scratch prefix and builds programs against it the ways a user
+# would: find_package(syncnorm CONFIG) from a C project and from a C++-only project, and
+# pkg-config (shared, and static with libsyncnorm.a); each program must run and pass its check.
+#   check_install.sh BUILD_DIR WORK_DIR
+# CTest test install_consumers (label install). Exits non-zero on the first failure.
+set -euo pipefail
+build=$(cd "$1" && pwd)
+work=$2
+here=$(cd "$(dirname "$0")" && pwd)
+rm -rf "$work"
+mkdir -p "$work"
+prefix=$work/prefix
+
+step() { echo "== $*"; }
+step "install into $prefix"
+cmake --install "$build" --prefix "$prefix" >"$work/install.log"
+libdir=$(dirname "$(find "$prefix" -name 'libsyncnorm.a' | head -n 1)")
+[ -f "$libdir/libsyncnorm.a" ] || { echo "no libsyncnorm.a installed" >&2; exit 1; }
+
+for p in consumer_c consumer_cxx; do
+  step "find_package(syncnorm CONFIG): $p"
+  cmake -S "$here/$p" -B "$work/$p" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
+    >"$work/$p.log" 2>&1 || { cat "$work/$p.log"; exit 1; }
+  cmake --build "$work/$p" >>"$work/$p.log" 2>&1 || { cat "$work/$p.log"; exit 1; }
+  "$work/$p/app_shared"
+  "$work/$p/app_static"
+done
+
+export PKG_CONFIG_PATH=$libdir/pkgconfig
+cc=${CC:-cc}
+step "pkg-config, shared"
+# shellcheck disable=SC2046 # pkg-config prints several words
+"$cc" -o "$work/pc_shared" "$here/consumer_c/main.c" $(pkg-config --cflags --libs syncnorm) -lm
+LD_LIBRARY_PATH=$libdir "$work/pc_shared"
+step "pkg-config --static, libsyncnorm.a"
+# shellcheck disable=SC2046
+"$cc" -o "$work/pc_static" "$here/consumer_c/main.c" $(pkg-config --cflags syncnorm) \
+  "$libdir/libsyncnorm.a" $(pkg-config --static --libs syncnorm | sed 's/-lsyncnorm//') -lm
+"$work/pc_static"
+step "ok"
