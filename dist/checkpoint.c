@@ -371,7 +371,8 @@ sn_status_t sn_safetensors_load(sn_safetensors_t **out, const char *path) {
   return SN_OK;
 }
 
-sn_status_t sn_safetensors_get(const sn_safetensors_t *f, const char *name, sn_tensor_t *tensor) {
+sn_status_t sn_safetensors_get(const sn_safetensors_t *f, sn_tensor_t *tensor,
+                               const char *name) {
   const char *fn = "sn_safetensors_get";
   SN_TRY(sn__check_ptr(fn, "file", f));
   SN_TRY(sn__check_ptr(fn, "name", name));

@@ -108,8 +108,8 @@ sn_status_t sn_comm_allreduce_sum(sn_comm_t *comm, void *buf, int64_t count, sn_
                             SN_RED_SUM);
 }
 
-sn_status_t sn_comm_all_identical(sn_comm_t *comm, const void *buf, int64_t bytes,
-                                  int *identical) {
+sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const void *buf,
+                                  int64_t bytes) {
   const char *fn = "sn_comm_all_identical";
   SN_TRY(sn__check_ptr(fn, "identical", identical));
   SN_TRY(sn__comm_check(fn, comm));
@@ -127,7 +127,7 @@ sn_status_t sn_comm_all_identical(sn_comm_t *comm, const void *buf, int64_t byte
   return SN_OK;
 }
 
-sn_status_t sn_comm_split(sn_comm_t *comm, int color, int key, sn_comm_t **sub) {
+sn_status_t sn_comm_split(sn_comm_t *comm, sn_comm_t **sub, int color, int key) {
   const char *fn = "sn_comm_split";
   SN_TRY(sn__check_ptr(fn, "sub", sub));
   SN_TRY(sn__comm_check(fn, comm));

@@ -279,8 +279,8 @@ int main(int argc, char **argv) {
     gather(y, n, bps, YS, sizes);
     gather(dx, n, bps, DXS, sizes);
     int same_mean = 0, same_var = 0;
-    CHECK(sn_comm_all_identical(world, ps.running_mean, o.C * 4, &same_mean));
-    CHECK(sn_comm_all_identical(world, ps.running_var, o.C * 4, &same_var));
+    CHECK(sn_comm_all_identical(world, &same_mean, ps.running_mean, o.C * 4));
+    CHECK(sn_comm_all_identical(world, &same_var, ps.running_var, o.C * 4));
     all_identical &= same_mean && same_var;
     if (rank != 0) continue;
     CHECK(sn_syncbn_forward(ref, Y, X, total, o.S, 1));

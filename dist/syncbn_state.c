@@ -32,8 +32,8 @@ static void tensor_name(char *out, size_t size, const char *prefix, int k) {
   snprintf(out, size, "%s%s%s", prefix, prefix[0] ? "." : "", suffix[k]);
 }
 
-sn_status_t sn_syncbn_state_tensors(sn_syncbn_t *bn, const char *prefix, sn_tensor_t out[5],
-                                    int *count) {
+sn_status_t sn_syncbn_state_tensors(sn_syncbn_t *bn, sn_tensor_t out[5], int *count,
+                                    const char *prefix) {
   const char *fn = "sn_syncbn_state_tensors";
   SN_TRY(sn__syncbn_check(fn, bn));
   SN_TRY(check_prefix(fn, prefix));
@@ -70,7 +70,7 @@ static sn_status_t lookup_state(const char *fn, const sn_syncbn_t *bn, const sn_
     char name[SN_MAX_PREFIX + 32];
     tensor_name(name, sizeof name, prefix, k);
     sn_tensor_t t;
-    if (sn_safetensors_get(file, name, &t) != SN_OK)
+    if (sn_safetensors_get(file, &t, name) != SN_OK)
       return sn__fail(SN_ERR_NOT_FOUND, "%s: %s: the checkpoint has no tensor '%s'", fn, bn->label, name);
     if (k == T_NBT) {
       int scalar = t.ndim == 0 || (t.ndim == 1 && t.shape[0] == 1);
@@ -154,7 +154,7 @@ sn_status_t sn_syncbn_save(const char *path, sn_syncbn_t *const *layers,
   sn_status_t st = SN_OK;
   for (int64_t i = 0; i < count && st == SN_OK; i++) {
     int n = 0;
-    st = sn_syncbn_state_tensors(layers[i], prefixes[i], all + total, &n);
+    st = sn_syncbn_state_tensors(layers[i], all + total, &n, prefixes[i]);
     total += n;
   }
   if (st == SN_OK) st = sn_safetensors_save(path, all, total);

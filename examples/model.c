@@ -237,11 +237,11 @@ int cnn_model_tensors(cnn_model_t *m, sn_tensor_t *out, int *count, int with_mom
   const cnn_param_t *p = m->param;
   for (int i = CNN_CONV1_W; i <= CNN_CONV1_B; i++)
     out[k++] = f32_tensor(p[i].name, p[i].data, p[i].ndim, p[i].shape);
-  TRY_SN(sn_syncbn_state_tensors(m->bn1, "bn1", out + k, &nbn), "sn_syncbn_state_tensors(bn1)");
+  TRY_SN(sn_syncbn_state_tensors(m->bn1, out + k, &nbn, "bn1"), "sn_syncbn_state_tensors(bn1)");
   k += nbn;
   for (int i = CNN_CONV2_W; i <= CNN_CONV2_B; i++)
     out[k++] = f32_tensor(p[i].name, p[i].data, p[i].ndim, p[i].shape);
-  TRY_SN(sn_syncbn_state_tensors(m->bn2, "bn2", out + k, &nbn), "sn_syncbn_state_tensors(bn2)");
+  TRY_SN(sn_syncbn_state_tensors(m->bn2, out + k, &nbn, "bn2"), "sn_syncbn_state_tensors(bn2)");
   k += nbn;
   for (int i = CNN_FC_W; i <= CNN_FC_B; i++)
     out[k++] = f32_tensor(p[i].name, p[i].data, p[i].ndim, p[i].shape);
@@ -258,7 +258,7 @@ int cnn_model_tensors(cnn_model_t *m, sn_tensor_t *out, int *count, int with_mom
 static int load_f32(float *dst, const sn_safetensors_t *file, const char *name,
                     const cnn_param_t *p, char *err, size_t errlen) {
   sn_tensor_t t;
-  sn_status_t st = sn_safetensors_get(file, name, &t);
+  sn_status_t st = sn_safetensors_get(file, &t, name);
   if (st == SN_ERR_NOT_FOUND) return fail(err, errlen, "tensor \"%s\" is missing", name);
   if (st != SN_OK) return fail_sn(err, errlen, "sn_safetensors_get", st);
   int same = !t.is_i64 && t.dtype == SN_DTYPE_F32 && t.ndim == p->ndim;

@@ -249,7 +249,7 @@ static int state_identical(trainer_t *t, int running_only) {
   const int64_t bytes = cnn_model_state_bytes(t->model, running_only);
   cnn_model_pack_state(t->model, t->state, running_only);
   int same = 0;
-  CHECK_SN(sn_comm_all_identical(t->comm, t->state, bytes, &same));
+  CHECK_SN(sn_comm_all_identical(t->comm, &same, t->state, bytes));
   return same;
 }
 
@@ -309,7 +309,7 @@ static int64_t load_checkpoint(trainer_t *t) {
              sn_last_error());
   for (int i = 0; !failed && i < TS_COUNT; i++) {
     sn_tensor_t x;
-    if (sn_safetensors_get(f, ts_names[i], &x) != SN_OK || !x.is_i64) {
+    if (sn_safetensors_get(f, &x, ts_names[i]) != SN_OK || !x.is_i64) {
       snprintf(err, sizeof err,
                "--resume %s: no I64 tensor \"%s\": not a checkpoint.safetensors of "
                "syncnorm-train (model.safetensors holds the model only)",
@@ -333,7 +333,7 @@ static int64_t load_checkpoint(trainer_t *t) {
   }
   double lr = t->o.lr; /* absent from checkpoints of older builds: no note then */
   sn_tensor_t lt;
-  if (!failed && sn_safetensors_get(f, "trainer.lr", &lt) == SN_OK && !lt.is_i64 &&
+  if (!failed && sn_safetensors_get(f, &lt, "trainer.lr") == SN_OK && !lt.is_i64 &&
       lt.dtype == SN_DTYPE_F64 && lt.ndim == 0)
     memcpy(&lr, lt.data, sizeof lr);
   char detail[1024] = "";

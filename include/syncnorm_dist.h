@@ -56,7 +56,7 @@ SN_API sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm);
  * gives *sub = NULL (this rank joins no group). *sub is owned by the caller (sn_comm_destroy) and
  * inherits the timeout. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_HANDLE, SN_ERR_COMM,
  * SN_ERR_TIMEOUT, SN_ERR_ALLOC. */
-SN_API sn_status_t sn_comm_split(sn_comm_t *comm, int color, int key, sn_comm_t **sub);
+SN_API sn_status_t sn_comm_split(sn_comm_t *comm, sn_comm_t **sub, int color, int key);
 
 /* This process's rank in comm (0 ≤ rank < size). Errors: SN_ERR_NULL_POINTER,
  * SN_ERR_INVALID_HANDLE. */
@@ -82,8 +82,8 @@ SN_API sn_status_t sn_comm_allreduce_sum(sn_comm_t *comm, void *buf, int64_t cou
  * every rank if so, 0 on every rank if not. Compares a 64-bit FNV-1a hash (collision chance
  * 2^-64) with one max-all-reduce. Collective. Errors as sn_comm_allreduce_sum, plus
  * SN_ERR_UNSUPPORTED (a backend without max-all-reduce on host buffers: "nccl"). */
-SN_API sn_status_t sn_comm_all_identical(sn_comm_t *comm, const void *buf, int64_t bytes,
-                                         int *identical);
+SN_API sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const void *buf,
+                                         int64_t bytes);
 
 /* Seconds a collective may wait for the other ranks before it fails with SN_ERR_TIMEOUT (and
  * the communicator is marked broken: later calls fail with SN_ERR_COMM). 0 waits forever. The
@@ -233,8 +233,8 @@ SN_API sn_status_t sn_safetensors_load(sn_safetensors_t **file, const char *path
 /* Looks a tensor up by name: *tensor gets its dtype, shape and a data pointer into the file's
  * memory (valid until sn_safetensors_free; not necessarily aligned: memcpy from it). Errors:
  * SN_ERR_NULL_POINTER, SN_ERR_NOT_FOUND. */
-SN_API sn_status_t sn_safetensors_get(const sn_safetensors_t *file, const char *name,
-                                      sn_tensor_t *tensor);
+SN_API sn_status_t sn_safetensors_get(const sn_safetensors_t *file, sn_tensor_t *tensor,
+                                      const char *name);
 
 /* Number of tensors in a loaded file (host memory, read-only; the "__metadata__" entry is not a
  * tensor and not counted). Returns 0 for file == NULL; never fails, sets no error. */
@@ -255,8 +255,8 @@ SN_API void sn_safetensors_free(sn_safetensors_t *file);
  * the next call or destroy; data points at the layer's host state (device layers: see
  * sn_syncbn_save). Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (prefix longer than 200
  * bytes), SN_ERR_INVALID_HANDLE, SN_ERR_UNSUPPORTED (device_memory layer). */
-SN_API sn_status_t sn_syncbn_state_tensors(sn_syncbn_t *bn, const char *prefix,
-                                           sn_tensor_t out[5], int *count);
+SN_API sn_status_t sn_syncbn_state_tensors(sn_syncbn_t *bn, sn_tensor_t out[5], int *count,
+                                           const char *prefix);
 
 /* Loads "<prefix>.*" from a file into the layer: every tensor the config has must be present
  * with dtype F32 and shape [C] (num_batches_tracked: I64, shape [] or [1]); otherwise nothing

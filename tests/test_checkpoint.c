@@ -98,14 +98,14 @@ START_TEST(test_roundtrip_several_layers) {
   ck_assert_int_eq(sn_safetensors_load(&f, path), SN_OK);
   ck_assert_int_eq(sn_safetensors_count(f), 15);
   sn_tensor_t t;
-  ck_assert_int_eq(sn_safetensors_get(f, "layer1.0.bn2.running_var", &t), SN_OK);
+  ck_assert_int_eq(sn_safetensors_get(f, &t, "layer1.0.bn2.running_var"), SN_OK);
   ck_assert(t.dtype == SN_DTYPE_F32 && !t.is_i64 && t.ndim == 1 && t.shape[0] == 65);
-  ck_assert_int_eq(sn_safetensors_get(f, "head.bn.num_batches_tracked", &t), SN_OK);
+  ck_assert_int_eq(sn_safetensors_get(f, &t, "head.bn.num_batches_tracked"), SN_OK);
   ck_assert(t.is_i64 && t.ndim == 0);
   int64_t nbt;
   memcpy(&nbt, t.data, 8);
   ck_assert_int_eq(nbt, 3007);
-  ck_assert_int_eq(sn_safetensors_get(f, "bn1.missing", &t), SN_ERR_NOT_FOUND);
+  ck_assert_int_eq(sn_safetensors_get(f, &t, "bn1.missing"), SN_ERR_NOT_FOUND);
   sn_safetensors_free(f);
   /* no temporary file is left behind */
   char tmp[400];
@@ -142,7 +142,7 @@ START_TEST(test_generic_tensors_roundtrip) {
   size_t bytes[4] = {sizeof w, sizeof h, sizeof d, sizeof s};
   for (int i = 0; i < 4; i++) {
     sn_tensor_t t;
-    ck_assert_int_eq(sn_safetensors_get(f, ts[i].name, &t), SN_OK);
+    ck_assert_int_eq(sn_safetensors_get(f, &t, ts[i].name), SN_OK);
     ck_assert_int_eq(t.ndim, ts[i].ndim);
     for (int k = 0; k < t.ndim; k++) ck_assert_int_eq(t.shape[k], ts[i].shape[k]);
     ck_assert_int_eq(t.is_i64, ts[i].is_i64);

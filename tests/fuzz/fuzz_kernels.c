@@ -379,7 +379,7 @@ static void op_comm(fz_t *in) {
     choose_pointers(&c, in);
     if (!setup(&c, in)) return;
     int identical = -7;
-    sn_status_t st = sn_comm_all_identical(comm, P(&c, buf), bytes, null_out ? NULL : &identical);
+    sn_status_t st = sn_comm_all_identical(comm, null_out ? NULL : &identical, P(&c, buf), bytes);
     const int ok = st == SN_OK;
     verify(&c, st);
     FUZZ_CHECK(ok ? identical == 1 : identical == -7, "identical %d after %s", identical, ok ? "OK" : "an error");
@@ -407,7 +407,7 @@ static void op_comm(fz_t *in) {
   } else { /* split */
     const int color = (int)fz_u32(in), key = (int)fz_u32(in);
     sn_comm_t *sub = (sn_comm_t *)&sub; /* sentinel: must be overwritten only on success */
-    sn_status_t st = sn_comm_split(comm, color, key, &sub);
+    sn_status_t st = sn_comm_split(comm, &sub, color, key);
     if (comm == NULL) {
       FUZZ_CHECK(st == SN_ERR_NULL_POINTER && sub == (sn_comm_t *)&sub, "split(NULL comm)");
     } else {
@@ -415,7 +415,7 @@ static void op_comm(fz_t *in) {
       FUZZ_CHECK(color < 0 ? sub == NULL : sub != NULL, "split: color %d gave %p", color, (void *)sub);
       sn_comm_destroy(sub);
     }
-    FUZZ_CHECK(sn_comm_split(self_comm(), 0, 0, NULL) == SN_ERR_NULL_POINTER, "split(NULL sub)");
+    FUZZ_CHECK(sn_comm_split(self_comm(), NULL, 0, 0) == SN_ERR_NULL_POINTER, "split(NULL sub)");
   }
 }
 

@@ -91,7 +91,7 @@ static void try_load_state(const sn_safetensors_t *f, const char *name, const sn
     sn_tensor_t w;
     char full[300];
     snprintf(full, sizeof full, "%s%sweight", prefix, prefix[0] ? "." : "");
-    FUZZ_CHECK(sn_safetensors_get(f, full, &w) == SN_OK, "loaded without '%s'", full);
+    FUZZ_CHECK(sn_safetensors_get(f, &w, full) == SN_OK, "loaded without '%s'", full);
     FUZZ_CHECK(memcmp(after, w.data, (size_t)C * sizeof(float)) == 0, "weight differs from the file");
     /* a forward on the loaded layer must not crash, whatever the stored values */
     float x[6] = {1.0f, -2.0f, 0.5f, 3.0f, 0.0f, 7.0f};
@@ -130,7 +130,7 @@ static void round_trip(const sn_safetensors_t *f, int64_t count) {
   FUZZ_CHECK(ts != NULL, "out of memory");
   for (int64_t i = 0; i < count; i++) {
     const char *name = sn_safetensors_name(f, i);
-    FUZZ_CHECK(sn_safetensors_get(f, name, &ts[i]) == SN_OK, "%s", sn_last_error());
+    FUZZ_CHECK(sn_safetensors_get(f, &ts[i], name) == SN_OK, "%s", sn_last_error());
     if (!savable_name(name)) {
       free(ts);
       return;
@@ -145,7 +145,7 @@ static void round_trip(const sn_safetensors_t *f, int64_t count) {
              (long long)sn_safetensors_count(g), (long long)count);
   for (int64_t i = 0; i < count; i++) {
     sn_tensor_t u;
-    FUZZ_CHECK(sn_safetensors_get(g, ts[i].name, &u) == SN_OK, "'%s' lost in the round trip", ts[i].name);
+    FUZZ_CHECK(sn_safetensors_get(g, &u, ts[i].name) == SN_OK, "'%s' lost in the round trip", ts[i].name);
     FUZZ_CHECK(u.dtype == ts[i].dtype && u.is_i64 == ts[i].is_i64 && u.ndim == ts[i].ndim,
                "'%s' changed type in the round trip", ts[i].name);
     FUZZ_CHECK(memcmp(u.shape, ts[i].shape, (size_t)u.ndim * sizeof(int64_t)) == 0,
@@ -188,7 +188,7 @@ int fuzz_safetensors_one(const uint8_t *data, size_t size) {
       FUZZ_CHECK(strcmp(name, sn_safetensors_name(f, j)) != 0, "duplicate name '%s'", name);
     sn_tensor_t t;
     memset(&t, 0xa5, sizeof t);
-    st = sn_safetensors_get(f, name, &t);
+    st = sn_safetensors_get(f, &t, name);
     FUZZ_CHECK(st == SN_OK, "get('%s'): %s", name, sn_last_error());
     FUZZ_CHECK(t.name != NULL && strcmp(t.name, name) == 0, "tensor name differs");
     FUZZ_CHECK(t.ndim >= 0 && t.ndim <= 8, "ndim %d", t.ndim);
@@ -214,15 +214,15 @@ int fuzz_safetensors_one(const uint8_t *data, size_t size) {
              (long long)covered, (long long)(size - 8 - hlen));
 
   sn_tensor_t t;
-  FUZZ_CHECK(sn_safetensors_get(f, NULL, &t) == SN_ERR_NULL_POINTER, "get(NULL name)");
-  FUZZ_CHECK(sn_safetensors_get(NULL, "x", &t) == SN_ERR_NULL_POINTER, "get(NULL file)");
+  FUZZ_CHECK(sn_safetensors_get(f, &t, NULL) == SN_ERR_NULL_POINTER, "get(NULL name)");
+  FUZZ_CHECK(sn_safetensors_get(NULL, &t, "x") == SN_ERR_NULL_POINTER, "get(NULL file)");
   if (count > 0)
-    FUZZ_CHECK(sn_safetensors_get(f, sn_safetensors_name(f, 0), NULL) == SN_ERR_NULL_POINTER,
+    FUZZ_CHECK(sn_safetensors_get(f, NULL, sn_safetensors_name(f, 0)) == SN_ERR_NULL_POINTER,
                "get(NULL tensor)");
   /* a name that cannot be in a valid file: longer than any JSON key we accept as a prefix */
   char missing[300];
   snprintf(missing, sizeof missing, "%s\x01missing", count > 0 ? sn_safetensors_name(f, 0) : "");
-  st = sn_safetensors_get(f, missing, &t);
+  st = sn_safetensors_get(f, &t, missing);
   FUZZ_CHECK(st == SN_ERR_NOT_FOUND || st == SN_OK, "get(missing): %s", sn_status_string(st));
 
   round_trip(f, count);

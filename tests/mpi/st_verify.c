@@ -23,7 +23,7 @@ int main(int argc, char **argv) {
   }
   int64_t step = -1;
   sn_tensor_t t;
-  if (sn_safetensors_get(f, "trainer.step", &t) == SN_OK && t.is_i64 && t.ndim == 0)
+  if (sn_safetensors_get(f, &t, "trainer.step") == SN_OK && t.is_i64 && t.ndim == 0)
     memcpy(&step, t.data, sizeof step);
   printf("ok tensors=%lld step=%lld\n", (long long)sn_safetensors_count(f), (long long)step);
   sn_safetensors_free(f);

@@ -86,11 +86,11 @@ static void layer_unchanged(const layer_t *l, const char *what) {
 static void layer_identical(const layer_t *l, const char *what) {
   int same = 0;
   const int64_t b = l->p.num_features * 4;
-  MT_OK(sn_comm_all_identical(mt_world, l->p.running_mean, b, &same));
+  MT_OK(sn_comm_all_identical(mt_world, &same, l->p.running_mean, b));
   ck_assert_msg(same, "%s: running_mean differs across ranks", what);
-  MT_OK(sn_comm_all_identical(mt_world, l->p.running_var, b, &same));
+  MT_OK(sn_comm_all_identical(mt_world, &same, l->p.running_var, b));
   ck_assert_msg(same, "%s: running_var differs across ranks", what);
-  MT_OK(sn_comm_all_identical(mt_world, l->p.num_batches_tracked, 8, &same));
+  MT_OK(sn_comm_all_identical(mt_world, &same, l->p.num_batches_tracked, 8));
   ck_assert_msg(same, "%s: num_batches_tracked differs across ranks", what);
 }
 

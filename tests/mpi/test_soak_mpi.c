@@ -154,11 +154,11 @@ START_TEST(test_soak) {
 
   /* identical across ranks, and equal to the reference */
   int same = 0;
-  MT_OK(sn_comm_all_identical(mt_world, p.running_mean, SOAK_C * 4, &same));
+  MT_OK(sn_comm_all_identical(mt_world, &same, p.running_mean, SOAK_C * 4));
   ck_assert_msg(same, "running_mean differs across ranks after %d steps", steps);
-  MT_OK(sn_comm_all_identical(mt_world, p.running_var, SOAK_C * 4, &same));
+  MT_OK(sn_comm_all_identical(mt_world, &same, p.running_var, SOAK_C * 4));
   ck_assert_msg(same, "running_var differs across ranks after %d steps", steps);
-  MT_OK(sn_comm_all_identical(mt_world, p.num_batches_tracked, 8, &same));
+  MT_OK(sn_comm_all_identical(mt_world, &same, p.num_batches_tracked, 8));
   ck_assert_msg(same, "num_batches_tracked differs across ranks");
   tu_assert_bitwise(p.running_mean, pr.running_mean, SOAK_C * 4, "running_mean vs reference");
   tu_assert_bitwise(p.running_var, pr.running_var, SOAK_C * 4, "running_var vs reference");

@@ -142,9 +142,9 @@ static void run_equivalence(const eq_case_t *k, sn_comm_t *comm, uint64_t seed) 
     assert_stats(ps.running_var, pr.running_var, k->C, k->exact, "running_var");
     ck_assert_int_eq(*ps.num_batches_tracked, *pr.num_batches_tracked);
     int same = 0;
-    MT_OK(sn_comm_all_identical(comm, ps.running_mean, k->C * 4, &same));
+    MT_OK(sn_comm_all_identical(comm, &same, ps.running_mean, k->C * 4));
     ck_assert_msg(same, "running_mean differs bitwise across ranks");
-    MT_OK(sn_comm_all_identical(comm, ps.running_var, k->C * 4, &same));
+    MT_OK(sn_comm_all_identical(comm, &same, ps.running_var, k->C * 4));
     ck_assert_msg(same, "running_var differs bitwise across ranks");
     free(x), free(dy), free(y), free(dx), free(xs), free(dys), free(ys), free(dxs), free(yref);
   }
@@ -212,9 +212,9 @@ START_TEST(test_determinism_many_steps) {
       free(x), free(y);
     }
     int same = 0;
-    MT_OK(sn_comm_all_identical(mt_world, p.running_mean, 16 * 4, &same));
+    MT_OK(sn_comm_all_identical(mt_world, &same, p.running_mean, 16 * 4));
     ck_assert_msg(same, "running_mean differs across ranks after 200 steps");
-    MT_OK(sn_comm_all_identical(mt_world, p.running_var, 16 * 4, &same));
+    MT_OK(sn_comm_all_identical(mt_world, &same, p.running_var, 16 * 4));
     ck_assert_msg(same, "running_var differs across ranks after 200 steps");
     ck_assert_int_eq(*p.num_batches_tracked, 200);
     memcpy(means[run], p.running_mean, sizeof means[run]);
@@ -403,7 +403,7 @@ END_TEST
 START_TEST(test_subgroups) {
   ck_assert_int_eq(mt_size, 4);
   sn_comm_t *group = NULL;
-  MT_OK(sn_comm_split(mt_world, mt_rank / 2, mt_rank, &group));
+  MT_OK(sn_comm_split(mt_world, &group, mt_rank / 2, mt_rank));
   int grank = -1, gsize = 0;
   MT_OK(sn_comm_rank(group, &grank));
   MT_OK(sn_comm_size(group, &gsize));
@@ -425,9 +425,9 @@ START_TEST(test_subgroups) {
   sn_syncbn_params_t p;
   MT_OK(sn_syncbn_params(bn, &p));
   int same = 1;
-  MT_OK(sn_comm_all_identical(mt_world, p.running_mean, 8, &same));
+  MT_OK(sn_comm_all_identical(mt_world, &same, p.running_mean, 8));
   ck_assert_msg(!same, "groups should have different statistics");
-  MT_OK(sn_comm_all_identical(group, p.running_mean, 8, &same));
+  MT_OK(sn_comm_all_identical(group, &same, p.running_mean, 8));
   ck_assert_msg(same, "ranks of one group must agree");
   sn_syncbn_destroy(bn);
   sn_comm_destroy(group);

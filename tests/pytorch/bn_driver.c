@@ -54,7 +54,7 @@ static void add_out(const char *name, const float *data, const sn_tensor_t *like
 }
 
 static float *get_f32(const sn_safetensors_t *f, const char *name, sn_tensor_t *t) {
-  TRY(sn_safetensors_get(f, name, t));
+  TRY(sn_safetensors_get(f, t, name));
   int64_t n = 1;
   for (int k = 0; k < t->ndim; k++) n *= t->shape[k];
   float *p = malloc((size_t)n * sizeof *p + 1);
@@ -66,7 +66,7 @@ static int run(const char *in, const char *out, const char *ckpt) {
   sn_safetensors_t *f = NULL;
   TRY(sn_safetensors_load(&f, in));
   sn_tensor_t t;
-  TRY(sn_safetensors_get(f, "config", &t));
+  TRY(sn_safetensors_get(f, &t, "config"));
   double cfgv[7];
   memcpy(cfgv, t.data, sizeof cfgv);
   const int64_t C = (int64_t)cfgv[0];

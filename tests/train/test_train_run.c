@@ -124,7 +124,7 @@ static sn_safetensors_t *load(const char *path) {
 
 static int64_t get_i64(const sn_safetensors_t *f, const char *name) {
   sn_tensor_t t;
-  ck_assert_msg(sn_safetensors_get(f, name, &t) == SN_OK, "no tensor %s", name);
+  ck_assert_msg(sn_safetensors_get(f, &t, name) == SN_OK, "no tensor %s", name);
   ck_assert(t.is_i64);
   int64_t v;
   memcpy(&v, t.data, sizeof v);
@@ -184,16 +184,16 @@ START_TEST(test_short_run) {
                       strncmp(sn_safetensors_name(f, i), "trainer.", 8) != 0,
                   "%s in model.safetensors", sn_safetensors_name(f, i));
   sn_tensor_t t;
-  ck_assert_int_eq(sn_safetensors_get(f, "fc.weight", &t), SN_OK);
+  ck_assert_int_eq(sn_safetensors_get(f, &t, "fc.weight"), SN_OK);
   ck_assert(t.ndim == 2 && t.shape[0] == 10 && t.shape[1] == 3136 && t.dtype == SN_DTYPE_F32);
-  ck_assert_int_eq(sn_safetensors_get(f, "conv1.weight", &t), SN_OK);
+  ck_assert_int_eq(sn_safetensors_get(f, &t, "conv1.weight"), SN_OK);
   ck_assert(t.ndim == 4 && t.shape[0] == 32 && t.shape[1] == 1 && t.shape[2] == 3);
   ck_assert_int_eq(get_i64(f, "bn2.num_batches_tracked"), 200);
   sn_safetensors_free(f);
   snprintf(path, sizeof path, "%s/checkpoint.safetensors", out);
   f = load(path);
   ck_assert_int_eq(get_i64(f, "trainer.step"), 200);
-  ck_assert_int_eq(sn_safetensors_get(f, "optimizer.momentum_buffer.bn1.weight", &t), SN_OK);
+  ck_assert_int_eq(sn_safetensors_get(f, &t, "optimizer.momentum_buffer.bn1.weight"), SN_OK);
   sn_safetensors_free(f);
 }
 END_TEST
@@ -204,8 +204,8 @@ END_TEST
 static double rel_diff(const sn_safetensors_t *a, const sn_safetensors_t *b, const char *name,
                        double *norm_b) {
   sn_tensor_t ta, tb;
-  ck_assert_msg(sn_safetensors_get(a, name, &ta) == SN_OK, "no %s", name);
-  ck_assert_msg(sn_safetensors_get(b, name, &tb) == SN_OK, "no %s", name);
+  ck_assert_msg(sn_safetensors_get(a, &ta, name) == SN_OK, "no %s", name);
+  ck_assert_msg(sn_safetensors_get(b, &tb, name) == SN_OK, "no %s", name);
   ck_assert_int_eq(ta.ndim, tb.ndim);
   int64_t n = 1;
   for (int d = 0; d < ta.ndim; d++) {
