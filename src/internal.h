@@ -30,6 +30,9 @@ SN_HIDDEN sn_status_t sn__check_size(const char *fn, const char *name, int64_t v
 /* *out = a·b (both >= 0) without int64 overflow, and a·b·8 bytes addressable; else
  * SN_ERR_OVERFLOW. */
 SN_HIDDEN sn_status_t sn__mul(const char *fn, int64_t *out, int64_t a, int64_t b);
+/* SN_ERR_OVERFLOW if v elements (a per-channel or per-feature array, which an empty batch still
+ * has: gamma, dgamma, the channel sums) are beyond sn__mul's bound of INT64_MAX/8. */
+SN_HIDDEN sn_status_t sn__check_elems(const char *fn, const char *name, int64_t v);
 /* eps finite and > 0, else SN_ERR_INVALID_EPS. */
 SN_HIDDEN sn_status_t sn__check_eps(const char *fn, float eps);
 /* dtype is an activation dtype (f32, bf16, f16), else SN_ERR_INVALID_DTYPE. */

@@ -74,17 +74,22 @@ sn_status_t sn__check_size(const char *fn, const char *name, int64_t v, int64_t 
 }
 
 sn_status_t sn__mul(const char *fn, int64_t *out, int64_t a, int64_t b) {
-  /* 8 bytes per element is the widest element we address (f64 sums); keep bytes < 2^63. Each
-   * factor too, even where the other is 0: an empty batch still has per-channel / per-feature
-   * arrays of a (or b) elements. */
+  /* 8 bytes per element is the widest element we address (f64 sums); keep bytes < 2^63. */
   const int64_t max_elems = INT64_MAX / 8;
   if (a < 0 || b < 0)
     return sn__fail(SN_ERR_INVALID_SIZE, "%s: negative size %lld x %lld", fn, (long long)a,
                     (long long)b);
-  if (a > max_elems || b > max_elems || (a != 0 && b > max_elems / a))
+  if (a != 0 && b > max_elems / a)
     return sn__fail(SN_ERR_OVERFLOW, "%s: size %lld x %lld overflows int64 byte counts", fn,
                     (long long)a, (long long)b);
   *out = a * b;
+  return SN_OK;
+}
+
+sn_status_t sn__check_elems(const char *fn, const char *name, int64_t v) {
+  if (v > INT64_MAX / 8) /* as sn__mul's bound */
+    return sn__fail(SN_ERR_OVERFLOW, "%s: %s = %lld overflows int64 byte counts", fn, name,
+                    (long long)v);
   return SN_OK;
 }
 

@@ -314,13 +314,14 @@ static inline const float *sn__residual_sum_row(void *sum_out, const void *x,
   return tmp;
 }
 
-/* Checks shared by every row-norm entry point, in this order: rows >= 0, d >= 1, rows·d fits
- * (SN_ERR_OVERFLOW), eps (unless `eps` is NULL: backward), dtype. *n = rows·d. Pointers are
+/* Checks shared by every row-norm entry point, in this order: rows >= 0, d >= 1, d and rows·d
+ * fit (SN_ERR_OVERFLOW), eps (unless `eps` is NULL: backward), dtype. *n = rows·d. Pointers are
  * checked by the caller, since which ones may be NULL differs per function. */
 static inline sn_status_t sn__rownorm_check(const char *fn, int64_t rows, int64_t d,
                                             const float *eps, sn_dtype_t dtype, int64_t *n) {
   SN_TRY(sn__check_size(fn, "rows", rows, 0));
   SN_TRY(sn__check_size(fn, "d", d, 1));
+  SN_TRY(sn__check_elems(fn, "d", d)); /* gamma, dgamma: d elements even when rows = 0 */
   SN_TRY(sn__mul(fn, n, rows, d));
   if (eps != NULL) SN_TRY(sn__check_eps(fn, *eps));
   SN_TRY(sn__check_act_dtype(fn, dtype));

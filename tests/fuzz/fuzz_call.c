@@ -83,10 +83,9 @@ int pick_layout(fz_t *in) { return pick_enum_n(in, 2); }
 int dtype_ok(int dt) { return dt == SN_DTYPE_F32 || dt == SN_DTYPE_BF16 || dt == SN_DTYPE_F16; }
 int layout_ok(int l) { return l == SN_LAYOUT_NCHW || l == SN_LAYOUT_NHWC; }
 
-/* out = a·b with the library's bound (on each factor too, even where the other is 0); 0 on
- * overflow. a, b >= 0. */
+/* out = a·b with the library's bound; 0 on overflow. a, b >= 0. */
 int mul_ok(int64_t a, int64_t b, int64_t *out) {
-  if (a > MAX_ELEMS || b > MAX_ELEMS || (a != 0 && b > MAX_ELEMS / a)) return 0;
+  if (a != 0 && b > MAX_ELEMS / a) return 0;
   *out = a * b;
   return 1;
 }

@@ -55,7 +55,7 @@ static rowargs_t pick_rows(fz_t *in, int with_eps) {
   r.errs = 0;
   r.n = 0;
   if (r.rows < 0 || r.d < 1) r.errs |= ERR(SN_ERR_INVALID_SIZE);
-  else if (!mul_ok(r.rows, r.d, &r.n)) r.errs |= ERR(SN_ERR_OVERFLOW);
+  else if (r.d > MAX_ELEMS || !mul_ok(r.rows, r.d, &r.n)) r.errs |= ERR(SN_ERR_OVERFLOW);
   r.sizes_ok = r.errs == 0;
   if (!eps_ok(r.eps)) r.errs |= ERR(SN_ERR_INVALID_EPS);
   if (!dtype_ok(r.dtype)) r.errs |= ERR(SN_ERR_INVALID_DTYPE);
@@ -137,7 +137,8 @@ static ncs_t pick_ncs(fz_t *in) {
   v.rows = v.total = 0;
   int64_t nc = 0;
   if (v.c < 1 || v.n < 0 || v.s < 0) v.errs |= ERR(SN_ERR_INVALID_SIZE);
-  else if (!mul_ok(v.n, v.c, &nc) || !mul_ok(nc, v.s, &v.total)) v.errs |= ERR(SN_ERR_OVERFLOW);
+  else if (v.c > MAX_ELEMS || !mul_ok(v.n, v.c, &nc) || !mul_ok(nc, v.s, &v.total))
+    v.errs |= ERR(SN_ERR_OVERFLOW);
   else v.rows = v.n * v.s;
   v.sizes_ok = v.errs == 0;
   if (!layout_ok(v.layout)) v.errs |= ERR(SN_ERR_INVALID_LAYOUT);
