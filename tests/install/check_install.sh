@@ -29,13 +29,20 @@ done
 
 export PKG_CONFIG_PATH=$libdir/pkgconfig
 cc=${CC:-cc}
+# pkg-config's output as words: it escapes spaces in paths with a backslash, as a shell would
+pc() { eval "words=($(pkg-config "$@"))"; }
 step "pkg-config, shared"
-# shellcheck disable=SC2046 # pkg-config prints several words
-"$cc" -o "$work/pc_shared" "$here/consumer_c/main.c" $(pkg-config --cflags --libs syncnorm) -lm
+pc --cflags --libs syncnorm
+"$cc" -o "$work/pc_shared" "$here/consumer_c/main.c" "${words[@]}" -lm
 LD_LIBRARY_PATH=$libdir "$work/pc_shared"
 step "pkg-config --static, libsyncnorm.a"
-# shellcheck disable=SC2046
-"$cc" -o "$work/pc_static" "$here/consumer_c/main.c" $(pkg-config --cflags syncnorm) \
-  "$libdir/libsyncnorm.a" $(pkg-config --static --libs syncnorm | sed 's/-lsyncnorm//') -lm
+pc --cflags syncnorm
+cflags=("${words[@]}")
+pc --static --libs-only-other --libs-only-l syncnorm
+libs=()
+for w in "${words[@]}"; do [ "$w" = -lsyncnorm ] || libs+=("$w"); done
+pc --static --libs-only-L syncnorm
+"$cc" -o "$work/pc_static" "$here/consumer_c/main.c" "${cflags[@]}" "$libdir/libsyncnorm.a" \
+  "${words[@]}" "${libs[@]}" -lm
 "$work/pc_static"
 step "ok"
