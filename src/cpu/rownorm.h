@@ -177,11 +177,10 @@ SN_INLINE double sn__row_pivot(const void *x, const void *res, int widen, int64_
  * in fp64). src is f32 [n] or, with widen, bf16 [n], then also written widened into dst [n] (the
  * same values, hence the same sums as on dst). With res (the fused kernels; NULL for none) x is
  * the residual sum src + res, stored into sum_out [n] as it goes (sn__row_in): the same sums as
- * on sum_out. Prefetches two rows a block at a time as it
- * goes: `next`, the next input row, for reading, and `out`, this row's output, for writing (each
- * `esize` bytes per element, NULL for none). The memory system then fetches them while this row
- * is in its cache-bound passes instead of stalling the passes that touch them. Prefetches never
- * fault. */
+ * on sum_out. Prefetches two rows a block at a time as it goes: `next`, the next input row, for
+ * reading, and `out`, this row's output, for writing (each `esize` bytes per element, NULL for
+ * none). The memory system then fetches them while this row is in its cache-bound passes instead
+ * of stalling the passes that touch them. Prefetches never fault. */
 SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, void *sum_out, const void *src,
                                     const void *res, int widen, int64_t n, double K,
                                     const char *next, char *out, int esize) {
