@@ -4,9 +4,13 @@
  * then the raw little-endian data, offsets relative to its start, no holes, no overlap.
  * Spec: https://github.com/huggingface/safetensors (README, "Format"). JSON via jansson.
  *
- * Saving is atomic: write "<path>.tmp.<pid>", fsync, rename over path, fsync the directory.
+ * Saving is atomic: write an unnamed file in path's directory (O_TMPFILE) or, where the file
+ * system lacks that, "<path>.tmp.<pid>"; fsync; link the unnamed file as "<path>.tmp.<pid>";
+ * rename that over path; fsync the directory. A process that dies while writing leaves nothing
+ * behind on the first route (the unnamed file goes with it), its named file on the second.
  * Loading reads the whole file and validates every field before anything is handed out.
  */
+#define _GNU_SOURCE /* O_TMPFILE, linkat's AT_SYMLINK_FOLLOW */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -163,6 +167,65 @@ static void sync_dir(const char *path) {
   free(copy);
 }
 
+/* The file's bytes: the 8-byte header length, the header, the tensors' data in `order`; then
+ * flushed and fsynced. Returns 0 with errno set on failure; f stays open. */
+static int write_payload(FILE *f, const char *header, size_t header_len,
+                         const sn_tensor_t *const *order, int64_t count) {
+  unsigned char len8[8];
+  for (int k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)header_len >> (8 * k));
+  int ok = write_all(f, len8, 8) && write_all(f, header, header_len);
+  for (int64_t i = 0; ok && i < count; i++)
+    ok = write_all(f, order[i]->data, (size_t)(numel(order[i]->shape, order[i]->ndim) * elem_size(order[i])));
+  return ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+}
+
+/* The unnamed route of sn_safetensors_save: the payload into an O_TMPFILE file in path's
+ * directory, then linked as tmp (through /proc/self/fd) and renamed over path. Returns 0 where
+ * that route is not available here (no O_TMPFILE on the file system, no /proc; nothing is left
+ * behind, the caller takes the named route); else 1 with *st the outcome (SN_ERR_IO if writing,
+ * closing or renaming failed, nothing left behind either). */
+static int save_unnamed(const char *fn, const char *path, const char *tmp, const char *header,
+                        size_t header_len, const sn_tensor_t *const *order, int64_t count,
+                        sn_status_t *st) {
+#ifdef O_TMPFILE
+  char *copy = strdup(path);
+  if (copy == NULL) return 0;
+  const int fd = open(dirname(copy), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
+  free(copy);
+  if (fd < 0) return 0; /* EOPNOTSUPP, EISDIR (old kernels) or any other: the named route */
+  FILE *f = fdopen(fd, "wb");
+  if (f == NULL) {
+    close(fd);
+    return 0;
+  }
+  int ok = write_payload(f, header, header_len, order, count), err = errno;
+  if (ok) {
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fileno(f));
+    unlink(tmp); /* a stale one of an earlier process with this pid */
+    if (linkat(AT_FDCWD, proc, AT_FDCWD, tmp, AT_SYMLINK_FOLLOW) != 0) {
+      fclose(f); /* the unnamed file goes */
+      return 0;
+    }
+  }
+  if (fclose(f) != 0 && ok) ok = 0, err = errno;
+  if (ok && rename(tmp, path) != 0) ok = 0, err = errno;
+  if (!ok) {
+    unlink(tmp); /* linked or not */
+    *st = sn__fail(SN_ERR_IO, "%s: writing '%s' failed: %s (any previous file is unchanged)", fn,
+                   path, strerror(err));
+    return 1;
+  }
+  sync_dir(path);
+  *st = SN_OK;
+  return 1;
+#else
+  (void)fn, (void)path, (void)tmp, (void)header, (void)header_len, (void)order, (void)count;
+  (void)st;
+  return 0;
+#endif
+}
+
 sn_status_t sn_safetensors_save(const char *path, const sn_tensor_t *tensors, int64_t count) {
   const char *fn = "sn_safetensors_save";
   SN_TRY(sn__check_ptr(fn, "path", path));
@@ -195,17 +258,13 @@ sn_status_t sn_safetensors_save(const char *path, const sn_tensor_t *tensors, in
     goto done;
   }
   snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+  if (save_unnamed(fn, path, tmp, header, header_len, order, count, &st)) goto done;
   f = fopen(tmp, "wb");
   if (f == NULL) {
     st = sn__fail(SN_ERR_IO, "%s: cannot create '%s': %s", fn, tmp, strerror(errno));
     goto done;
   }
-  unsigned char len8[8];
-  for (int k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)header_len >> (8 * k));
-  int ok = write_all(f, len8, 8) && write_all(f, header, header_len);
-  for (int64_t i = 0; ok && i < count; i++)
-    ok = write_all(f, order[i]->data, (size_t)(numel(order[i]->shape, order[i]->ndim) * elem_size(order[i])));
-  ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+  int ok = write_payload(f, header, header_len, order, count);
   int err = errno;
   if (fclose(f) != 0 && ok) {
     ok = 0;

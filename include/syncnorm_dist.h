@@ -213,8 +213,12 @@ typedef struct {
   const void *data;   /* host memory, product(shape) elements */
 } sn_tensor_t;
 
-/* Writes the tensors to `path` as safetensors: to "<path>.tmp.<pid>", fsync, then rename over
- * path, so a crash leaves either the old file or the complete new one. Errors:
+/* Writes the tensors to `path` as safetensors: to an unnamed file in path's directory
+ * (O_TMPFILE), fsync, link it as "<path>.tmp.<pid>", then rename over path, so a crash leaves
+ * either the old file or the complete new one, and a crash while writing leaves no temporary
+ * file. On file systems without O_TMPFILE (or without /proc) the file is written as
+ * "<path>.tmp.<pid>" directly, which a crash while writing leaves behind (never loaded, as it is
+ * not <path>). Errors:
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (bad name, duplicate name, ndim, shape),
  * SN_ERR_INVALID_DTYPE, SN_ERR_OVERFLOW, SN_ERR_IO (path not writable; the old file stays),
  * SN_ERR_ALLOC. */

@@ -2,11 +2,17 @@
  * test_checkpoint.c — safetensors save/load: round trips, several layers in one file, atomic
  * replacement, and rejection of corrupt or truncated files with nothing changed.
  */
+#define _GNU_SOURCE /* O_TMPFILE */
+#include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "syncnorm_dist.h"
@@ -168,6 +174,63 @@ START_TEST(test_generic_tensors_roundtrip) {
 }
 END_TEST
 
+/* A process that dies while saving (here by SIGXFSZ: its file-size limit is reached in the middle
+ * of the data) leaves the previous file as it was and, where the file system has O_TMPFILE, no
+ * temporary file either (sn_safetensors_save writes an unnamed file first). */
+START_TEST(test_crash_while_saving) {
+  char path[300];
+  path_in(path, sizeof path, "crash.safetensors");
+  float old[4] = {1, 2, 3, 4};
+  sn_tensor_t t_old = {"w", SN_DTYPE_F32, 0, 1, {4}, old};
+  ck_assert_int_eq(sn_safetensors_save(path, &t_old, 1), SN_OK);
+  long old_size;
+  unsigned char *before = read_file(path, &old_size);
+
+  enum { BIG = 1 << 20 }; /* 4 MiB of f32, beyond the child's 256 KiB limit */
+  float *big = calloc(BIG, sizeof(float));
+  ck_assert_ptr_nonnull(big);
+  fflush(NULL);
+  const pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    const struct rlimit fsize = {256 << 10, 256 << 10}, core = {0, 0};
+    setrlimit(RLIMIT_FSIZE, &fsize);
+    setrlimit(RLIMIT_CORE, &core);
+    signal(SIGXFSZ, SIG_DFL);
+    sn_tensor_t t_big = {"w", SN_DTYPE_F32, 0, 1, {BIG}, big};
+    sn_safetensors_save(path, &t_big, 1);
+    _exit(0); /* not reached: the save dies of SIGXFSZ */
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ,
+                "the child was to die of SIGXFSZ while saving (status 0x%x)", (unsigned)status);
+  free(big);
+
+  long size;
+  unsigned char *after = read_file(path, &size);
+  ck_assert_int_eq(size, old_size);
+  tu_assert_bitwise(after, before, (size_t)size, "the previous file after a crashed save");
+  free(before), free(after);
+
+  /* nothing else in the directory, if the file system has O_TMPFILE */
+  const int probe = open(dir, O_TMPFILE | O_WRONLY, 0600);
+  if (probe < 0) return; /* the named route: "<path>.tmp.<pid>" stays, as documented */
+  close(probe);
+  DIR *dh = opendir(dir);
+  ck_assert_ptr_nonnull(dh);
+  int others = 0;
+  for (struct dirent *e; (e = readdir(dh)) != NULL;)
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 &&
+        strcmp(e->d_name, "crash.safetensors") != 0) {
+      fprintf(stderr, "left behind: %s\n", e->d_name);
+      others++;
+    }
+  closedir(dh);
+  ck_assert_int_eq(others, 0);
+}
+END_TEST
+
 /* A failed save leaves the previous file as it was. */
 START_TEST(test_failed_save_keeps_old_file) {
   char path[300];
@@ -310,6 +373,7 @@ int main(void) {
   tcase_add_test(tc, test_roundtrip_several_layers);
   tcase_add_test(tc, test_generic_tensors_roundtrip);
   tcase_add_test(tc, test_failed_save_keeps_old_file);
+  tcase_add_test(tc, test_crash_while_saving);
   tcase_add_test(tc, test_truncated_files_rejected);
   tcase_add_test(tc, test_corrupt_headers_rejected);
   tcase_add_test(tc, test_load_validation_all_or_nothing);

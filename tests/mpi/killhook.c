@@ -18,10 +18,17 @@
  *                      in the middle of a training step's SyncBatchNorm or gradient all-reduce
  *   SN_KILLHOOK_PIDDIR every rank writes its pid to DIR/rank<R>.pid at start-up (for a driver
  *                      that kills ranks from outside at random moments)
+ * While SN_KILLHOOK_AT names a save point, unnamed files (open with O_TMPFILE) fail with
+ * EOPNOTSUPP, as on a file system without them: sn_safetensors_save then takes its named route
+ * ("<path>.tmp.<pid>" through fopen), whose steps the points above name. (The unnamed route's
+ * crash behaviour is test_checkpoint's test_crash_while_saving.)
  * Before dying it prints "KILLHOOK rank=R point=P file=F nth=N t=<unix time>" to stderr.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
@@ -143,6 +150,41 @@ HOOK int rename(const char *from, const char *to) {
   if (mine) g_target = NULL;
   return rc;
 }
+
+/* open/open64/openat: O_TMPFILE refused while a save point is armed (see the header). */
+static int refuse_tmpfile(int flags) {
+  configure();
+  return g_active == 1 && strcmp(g_point, "allreduce") != 0 && (flags & O_TMPFILE) == O_TMPFILE;
+}
+#define OPEN_WRAPPER(name, ...)                                                                 \
+  {                                                                                           \
+    mode_t mode = 0;                                                                          \
+    if (flags & (O_CREAT | O_TMPFILE)) {                                                      \
+      va_list ap;                                                                             \
+      va_start(ap, flags);                                                                    \
+      mode = (mode_t)va_arg(ap, int);                                                         \
+      va_end(ap);                                                                             \
+    }                                                                                         \
+    if (refuse_tmpfile(flags)) {                                                              \
+      errno = EOPNOTSUPP;                                                                     \
+      return -1;                                                                              \
+    }                                                                                         \
+    REAL(name, fn_t);                                                                         \
+    return real_##name(__VA_ARGS__, mode);                                                    \
+  }
+HOOK int open(const char *path, int flags, ...) {
+  typedef int (*fn_t)(const char *, int, ...);
+  OPEN_WRAPPER(open, path, flags)
+}
+HOOK int open64(const char *path, int flags, ...) {
+  typedef int (*fn_t)(const char *, int, ...);
+  OPEN_WRAPPER(open64, path, flags)
+}
+HOOK int openat(int dirfd, const char *path, int flags, ...) {
+  typedef int (*fn_t)(int, const char *, int, ...);
+  OPEN_WRAPPER(openat, dirfd, path, flags)
+}
+#undef OPEN_WRAPPER
 
 HOOK int MPI_Iallreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
                    MPI_Comm comm, MPI_Request *request) {
