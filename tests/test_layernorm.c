@@ -617,12 +617,11 @@ END_TEST
  * pass for f32 and bf16) on rows that take every branch after it: a sum that cancels |x| ≫ σ
  * (row 0), a sorted row, whose first values are not typical of it (row 1: the two-pass
  * statistics where the one-pass ones would cancel), a NaN in the residual (row 2) and sums
- * beyond the dtype's range (row 3). For d ∈ {1, 33, 1000}: sum_out == round_dtype(x + residual)
+ * beyond the dtype's range (row 3): tu_fill_add_adversarial. For d ∈ {1, 33, 1000}: sum_out == round_dtype(x + residual)
  * (NaN where that is NaN), and the outputs bitwise those of the unfused forward on sum_out. */
 START_TEST(test_add_adversarial) {
   const sn_dtype_t dt = (sn_dtype_t)_i;
   static const int64_t D[] = {1, 33, 1000};
-  const double big = dt == SN_DTYPE_F16 ? 6e4 : 3e38; /* big + big overflows the dtype */
   for (int k = 0; k < 3; k++) {
     const int64_t rows = 4, d = D[k], n = rows * d;
     const size_t bytes = (size_t)n * (size_t)sn_dtype_size(dt);
@@ -630,17 +629,7 @@ START_TEST(test_add_adversarial) {
     tu_rng_seed(&rng, 1700 + (uint64_t)k);
     void *x = tu_alloc(n, dt), *res = tu_alloc(n, dt), *sum = tu_alloc(n, dt);
     void *y = tu_alloc(n, dt), *y2 = tu_alloc(n, dt);
-    tu_fill_normal(x, n, dt, 0.0, 1.0, &rng);
-    tu_fill_normal(res, n, dt, 0.0, 1.0, &rng);
-    for (int64_t i = 0; i < d; i++) {
-      tu_set(x, i, 1e4 + tu_get(x, i, dt), dt);      /* row 0: |x| ≫ σ, cancelled */
-      tu_set(res, i, -1e4, dt);
-      tu_set(x, d + i, (double)i, dt);              /* row 1: sorted */
-      tu_set(res, d + i, 0.5 * (double)i, dt);
-      tu_set(x, 3 * d + i, i % 3 == 0 ? -big : big, dt); /* row 3: ±inf and ±big sums */
-      tu_set(res, 3 * d + i, i % 2 == 0 ? big : -0.5, dt);
-    }
-    tu_set(res, 2 * d + d / 2, NAN, dt);            /* row 2: one NaN */
+    tu_fill_add_adversarial(x, res, d, dt, &rng);
     float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
     float m[4], r[4], m2[4], r2[4];
     for (int gb = 0; gb < 4; gb++) {
@@ -651,17 +640,12 @@ START_TEST(test_add_adversarial) {
       tu_poison(sum, n, dt);
       tu_poison(y, n, dt);
       ck_assert_int_eq(sn_add_layernorm_fwd(y, sum, m, r, x, res, g, b, rows, d, EPS, dt), SN_OK);
-      for (int64_t i = 0; i < n; i++) {
-        const double want = tu_round((float)tu_get(x, i, dt) + (float)tu_get(res, i, dt), dt);
-        const double got = tu_get(sum, i, dt);
-        TU_CHECK(isnan(want) ? isnan(got) : got == want, "%s: sum_out[%lld] = %.9g, want %.9g",
-                 what, (long long)i, got, want);
-      }
+      tu_assert_residual_sum(sum, x, res, n, dt, what);
       tu_poison(y2, n, dt);
       ck_assert_int_eq(sn_layernorm_fwd(y2, m2, r2, sum, g, b, rows, d, EPS, dt), SN_OK);
       tu_assert_bitwise(y, y2, bytes, what);
-        tu_assert_bitwise(m, m2, sizeof m, what);
-        tu_assert_bitwise(r, r2, sizeof r, what);
+      tu_assert_bitwise(m, m2, sizeof m, what);
+      tu_assert_bitwise(r, r2, sizeof r, what);
     }
     free(x), free(res), free(sum), free(y), free(y2), free(gamma), free(beta);
   }

@@ -144,6 +144,31 @@ void tu_fill_normal(void *buf, int64_t n, sn_dtype_t dtype, double mean, double 
   for (int64_t i = 0; i < n; i++) tu_set(buf, i, mean + std * tu_rng_normal(r), dtype);
 }
 
+void tu_fill_add_adversarial(void *x, void *res, int64_t d, sn_dtype_t dtype, tu_rng_t *r) {
+  const double big = dtype == SN_DTYPE_F16 ? 6e4 : 3e38; /* big + big overflows the dtype */
+  tu_fill_normal(x, 4 * d, dtype, 0.0, 1.0, r);
+  tu_fill_normal(res, 4 * d, dtype, 0.0, 1.0, r);
+  for (int64_t i = 0; i < d; i++) {
+    tu_set(x, i, 1e4 + tu_get(x, i, dtype), dtype); /* row 0: |x| ≫ σ, cancelled */
+    tu_set(res, i, -1e4, dtype);
+    tu_set(x, d + i, (double)i, dtype); /* row 1: sorted */
+    tu_set(res, d + i, 0.5 * (double)i, dtype);
+    tu_set(x, 3 * d + i, i % 3 == 0 ? -big : big, dtype); /* row 3: ±inf and ±big sums */
+    tu_set(res, 3 * d + i, i % 2 == 0 ? big : -0.5, dtype);
+  }
+  tu_set(res, 2 * d + d / 2, NAN, dtype); /* row 2: one NaN */
+}
+
+void tu_assert_residual_sum(const void *sum, const void *x, const void *res, int64_t n,
+                            sn_dtype_t dtype, const char *what) {
+  for (int64_t i = 0; i < n; i++) {
+    const double want = tu_round((float)tu_get(x, i, dtype) + (float)tu_get(res, i, dtype), dtype);
+    const double got = tu_get(sum, i, dtype);
+    TU_CHECK(isnan(want) ? isnan(got) : got == want, "%s: sum_out[%lld] = %.9g, want %.9g", what,
+             (long long)i, got, want);
+  }
+}
+
 void tu_fill_huge_dy(void *x, void *dy, int64_t rows, sn_dtype_t dtype, tu_rng_t *r) {
   tu_fill_normal(dy, rows * 2, dtype, 0.0, 1.0, r);
   for (int64_t i = 0; i < rows; i++) {

@@ -59,6 +59,15 @@ void tu_fill_huge_dy(void *x, void *dy, int64_t rows, sn_dtype_t dtype, tu_rng_t
  * (2·p_pos − 1)·0.9·TU_BF16_MAX, well beyond 2^103) exceed FLT_MAX although every normalized
  * output is O(1). */
 void tu_fill_near_max(void *buf, int64_t n, sn_dtype_t dtype, double p_pos, tu_rng_t *r);
+/* The fused kernels' adversarial batch x, residual [4, d], N(0,1) but: row 0 a sum that cancels
+ * |x| ≫ σ (x = 1e4 + N(0,1), residual −1e4), row 1 sorted (x = i, residual i/2: the first values
+ * are not typical of the row), row 2 one NaN in the residual, row 3 sums beyond the dtype's range
+ * (±big + ±big or −0.5, big = 6e4 for f16, else 3e38). */
+void tu_fill_add_adversarial(void *x, void *res, int64_t d, sn_dtype_t dtype, tu_rng_t *r);
+/* Asserts sum[i] == round_dtype((float)x[i] + (float)res[i]) (NaN where that is NaN) for i < n:
+ * the fused kernels' sum_out. */
+void tu_assert_residual_sum(const void *sum, const void *x, const void *res, int64_t n,
+                            sn_dtype_t dtype, const char *what);
 /* Distance in units in the last place of the dtype between a and b (both representable). */
 double tu_ulp_diff(double a, double b, sn_dtype_t dtype);
 
