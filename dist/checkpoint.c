@@ -167,6 +167,12 @@ static void sync_dir(const char *path) {
   free(copy);
 }
 
+/* The error of a save that failed with errno err (the temporary file already removed). */
+static sn_status_t save_failed(const char *fn, const char *path, int err) {
+  return sn__fail(SN_ERR_IO, "%s: writing '%s' failed: %s (any previous file is unchanged)", fn,
+                  path, strerror(err));
+}
+
 /* The file's bytes: the 8-byte header length, the header, the tensors' data in `order`; then
  * flushed and fsynced. Returns 0 with errno set on failure; f stays open. */
 static int write_payload(FILE *f, const char *header, size_t header_len,
@@ -212,8 +218,7 @@ static int save_unnamed(const char *fn, const char *path, const char *tmp, const
   if (ok && rename(tmp, path) != 0) ok = 0, err = errno;
   if (!ok) {
     unlink(tmp); /* linked or not */
-    *st = sn__fail(SN_ERR_IO, "%s: writing '%s' failed: %s (any previous file is unchanged)", fn,
-                   path, strerror(err));
+    *st = save_failed(fn, path, err);
     return 1;
   }
   sync_dir(path);
@@ -273,8 +278,7 @@ sn_status_t sn_safetensors_save(const char *path, const sn_tensor_t *tensors, in
   if (!ok || rename(tmp, path) != 0) {
     if (ok) err = errno;
     unlink(tmp);
-    st = sn__fail(SN_ERR_IO, "%s: writing '%s' failed: %s (any previous file is unchanged)", fn, path,
-                  strerror(err));
+    st = save_failed(fn, path, err);
     goto done;
   }
   sync_dir(path);

@@ -73,9 +73,11 @@ sn_status_t sn__check_size(const char *fn, const char *name, int64_t v, int64_t 
   return SN_OK;
 }
 
+/* 8 bytes per element is the widest element we address (f64 sums); keep bytes < 2^63. */
+#define SN_MAX_ELEMS (INT64_MAX / 8)
+
 sn_status_t sn__mul(const char *fn, int64_t *out, int64_t a, int64_t b) {
-  /* 8 bytes per element is the widest element we address (f64 sums); keep bytes < 2^63. */
-  const int64_t max_elems = INT64_MAX / 8;
+  const int64_t max_elems = SN_MAX_ELEMS;
   if (a < 0 || b < 0)
     return sn__fail(SN_ERR_INVALID_SIZE, "%s: negative size %lld x %lld", fn, (long long)a,
                     (long long)b);
@@ -87,7 +89,7 @@ sn_status_t sn__mul(const char *fn, int64_t *out, int64_t a, int64_t b) {
 }
 
 sn_status_t sn__check_elems(const char *fn, const char *name, int64_t v) {
-  if (v > INT64_MAX / 8) /* as sn__mul's bound */
+  if (v > SN_MAX_ELEMS)
     return sn__fail(SN_ERR_OVERFLOW, "%s: %s = %lld overflows int64 byte counts", fn, name,
                     (long long)v);
   return SN_OK;
