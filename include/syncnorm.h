@@ -247,9 +247,9 @@ SN_API sn_status_t sn_batchnorm_bwd_reduce(double *sum_dy, double *sum_dy_xhat, 
  * BatchNorm): dx = gamma_c·rstd_c·dy, count ignored. Pass the same mean/rstd as the forward
  * (for eval mode: running_mean and 1/√(running_var+eps)). dx, dy, x: [N, C, S] or [N, S, C] as
  * layout, dtype, overwritten (=); mean [C] f64; sum_dy, sum_dy_xhat [C] f64; rstd,
- * gamma [C] f32 (gamma NULL = 1). dx may equal dy. count <= 0 with sums given →
- * SN_ERR_INSUFFICIENT_COUNT; one of the two sums NULL → SN_ERR_NULL_POINTER; others as
- * sn_batchnorm_apply. */
+ * gamma [C] f32 (gamma NULL = 1). dx may equal dy. count <= 1 with sums given →
+ * SN_ERR_INSUFFICIENT_COUNT (as sn_batchnorm_finalize: no training forward had such a batch);
+ * one of the two sums NULL → SN_ERR_NULL_POINTER; others as sn_batchnorm_apply. */
 SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *x,
                                           const double *mean, const float *rstd,
                                           const float *gamma, const double *sum_dy,

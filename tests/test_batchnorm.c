@@ -1082,6 +1082,7 @@ START_TEST(test_bad_inputs) {
   check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, NULL, 8, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fb, &o, &o0, "bwd_apply only sum_dy_xhat NULL");
   check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, 0, 2, 3, 4, L, D), SN_ERR_INSUFFICIENT_COUNT, fb, &o, &o0, "bwd_apply count 0");
   check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, -8, 2, 3, 4, L, D), SN_ERR_INSUFFICIENT_COUNT, fb, &o, &o0, "bwd_apply count -8");
+  check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, 1, 2, 3, 4, L, D), SN_ERR_INSUFFICIENT_COUNT, fb, &o, &o0, "bwd_apply count 1");
   check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, 8, 2, 0, 4, L, D), SN_ERR_INVALID_SIZE, fb, &o, &o0, "bwd_apply c 0");
   check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, 8, big, big, big, L, D), SN_ERR_OVERFLOW, fb, &o, &o0, "bwd_apply overflow");
   check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, 8, 2, 3, 4, BADL, D), SN_ERR_INVALID_LAYOUT, fb, &o, &o0, "bwd_apply layout");

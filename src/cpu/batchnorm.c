@@ -667,10 +667,10 @@ sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *x, cons
   if (!eval) {
     SN_TRY(sn__check_ptr(fn, "sum_dy", sum_dy));
     SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", sum_dy_xhat));
-    if (count <= 0)
+    if (count <= 1) /* as finalize: the forward of such a batch was an error */
       return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
-                      "%s: count must be > 0 when sum_dy and sum_dy_xhat are given, got %lld", fn,
-                      (long long)count);
+                      "%s: expected more than 1 value per channel when training, got count %lld",
+                      fn, (long long)count);
   }
   if (rows == 0) return SN_OK;
   SN_TRY(sn__check_ptr(fn, "dx", dx));

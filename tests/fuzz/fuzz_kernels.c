@@ -249,7 +249,7 @@ static void op_batchnorm(fz_t *in, int which) {
       choose_pointers(&c, in);
       const int nulls = c.a[sdy].is_null + c.a[sdx].is_null;
       if (nulls == 1) c.errs |= ERR(SN_ERR_NULL_POINTER);
-      if (nulls == 0 && count <= 0) c.errs |= ERR(SN_ERR_INSUFFICIENT_COUNT);
+      if (nulls == 0 && count <= 1) c.errs |= ERR(SN_ERR_INSUFFICIENT_COUNT);
       maybe_alias(&c, in, dx, dy);
       if (!setup(&c, in)) return;
       st = sn_batchnorm_bwd_apply(P(&c, dx), P(&c, dy), P(&c, x), P(&c, m), P(&c, r), P(&c, g), P(&c, sdy),
