@@ -16,7 +16,7 @@
  *   --rows R --d D          row norms (default 8192 × 1024)
  *   --n N --c C --s S       BatchNorm / GroupNorm [N, C, S] (default 32 × 64 × 3136), G = 32
  *   --nhwc                  NHWC instead of NCHW
- *   --dtype f32|bf16        activations (default f32)
+ *   --dtype f32|bf16|f16    activations (default f32)
  *   --reps P                pairs A B (default 21)
  *   --cold                  a 256 MiB read sweep before every call (caches cold)
  *   --malloc                buffers from malloc (4 KiB pages) instead of bu_alloc (huge pages
@@ -161,7 +161,7 @@ static sn_status_t run(const lib_t *l, int k, bufs_t *b) {
 
 static void usage(void) {
   fprintf(stderr, "usage: bench_ab LIB_A LIB_B KERNEL [--rows R --d D | --n N --c C --s S] "
-                  "[--nhwc] [--dtype f32|bf16] [--reps P] [--cold] [--malloc]\nKERNEL:");
+                  "[--nhwc] [--dtype f32|bf16|f16] [--reps P] [--cold] [--malloc]\nKERNEL:");
   for (int k = 0; k < NKERNELS; k++) fprintf(stderr, " %s", NAMES[k]);
   fprintf(stderr, "\n");
   exit(2);
@@ -204,6 +204,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(o, "--reps")) reps = (int)arg_i64(v), i++;
     else if (!strcmp(o, "--dtype") && !strcmp(v, "f32")) b.dtype = SN_DTYPE_F32, i++;
     else if (!strcmp(o, "--dtype") && !strcmp(v, "bf16")) b.dtype = SN_DTYPE_BF16, i++;
+    else if (!strcmp(o, "--dtype") && !strcmp(v, "f16")) b.dtype = SN_DTYPE_F16, i++;
     else usage();
   }
   const int rownorm = k <= RMS_BWD || k >= ADD_LN_FWD;
@@ -264,7 +265,7 @@ int main(int argc, char **argv) {
   for (int p = 0; p < reps; p++) ratio[p] = t[1][p] / t[0][p];
   printf("%s %s %s: A %.3f ms  B %.3f ms  B/A %.3f (pairs p10 %.3f, p90 %.3f)\n", NAMES[k],
          rownorm ? "-" : b.layout == SN_LAYOUT_NHWC ? "NHWC" : "NCHW",
-         b.dtype == SN_DTYPE_F32 ? "f32" : "bf16",
+         b.dtype == SN_DTYPE_F32 ? "f32" : b.dtype == SN_DTYPE_BF16 ? "bf16" : "f16",
          1e3 * bu_quantile(t[0], reps, 0.5), 1e3 * bu_quantile(t[1], reps, 0.5),
          bu_quantile(ratio, reps, 0.5), bu_quantile(ratio, reps, 0.1),
          bu_quantile(ratio, reps, 0.9));

@@ -91,12 +91,24 @@ void bu_fill(void *p, int64_t n, sn_dtype_t dtype, uint64_t seed, float lo, floa
     uint16_t *h = p;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) h[i] = bu_f32_to_bf16(bu_uniform(seed, i, lo, hi));
+  } else if (dtype == SN_DTYPE_F16) {
+    uint16_t *h = p;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+      const _Float16 v = (_Float16)bu_uniform(seed, i, lo, hi); /* round to nearest even */
+      memcpy(&h[i], &v, sizeof v);
+    }
   } else {
     bu_die("bu_fill: unsupported dtype %d", (int)dtype);
   }
 }
 
 static inline double bu_get(const void *p, int64_t i, sn_dtype_t dtype) {
+  if (dtype == SN_DTYPE_F16) {
+    _Float16 v;
+    memcpy(&v, (const uint16_t *)p + i, sizeof v);
+    return (double)v;
+  }
   return dtype == SN_DTYPE_F32 ? (double)((const float *)p)[i]
                                : (double)bu_bf16_to_f32(((const uint16_t *)p)[i]);
 }

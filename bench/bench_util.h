@@ -38,7 +38,7 @@ void *bu_alloc(size_t bytes);
 /* Frees bu_alloc memory; NULL is a no-op. */
 void bu_free(void *p);
 
-/* n elements of `dtype` (f32 or bf16) set to uniform values in [lo, hi), a deterministic function
+/* n elements of `dtype` (f32, bf16 or f16) set to uniform values in [lo, hi), a deterministic function
  * of (seed, index) so every thread count produces the same data. */
 void bu_fill(void *p, int64_t n, sn_dtype_t dtype, uint64_t seed, float lo, float hi);
 /* n floats set as bu_fill (f32). */
@@ -49,7 +49,7 @@ float bu_bf16_to_f32(uint16_t h);
 uint16_t bu_f32_to_bf16(float f);
 
 /* max_i |a_i − b_i| / max(max_i |b_i|, 1e-30): the norm-wise relative difference of two arrays
- * of `dtype` (f32 or bf16), computed in parallel. NaN anywhere gives +inf. */
+ * of `dtype` (f32, bf16 or f16), computed in parallel. NaN anywhere gives +inf. */
 double bu_rel_diff(const void *a, const void *b, int64_t n, sn_dtype_t dtype);
 double bu_rel_diff_f32(const float *a, const float *b, int64_t n);
 
