@@ -17,10 +17,11 @@
  * computed in fp64 throughout).
  * f16 rows are widened into per-thread f32 scratch rows ([threads, 2, d] floats: x and y,
  * allocated before the parallel region), computed there and narrowed once, round-to-nearest-even.
- * bf16 rows take a two-pass path with the same results (ln_fwd_row_bf16): widening fused with
- * the sums, narrowing with the map. The fused kernel adds x + residual in the first pass (f32
- * and bf16; f16 in a pass of its own, sn__residual_sum_row), storing sum_out as it goes, and
- * maps the stored sums (f32) or their widened copy (bf16) in the second.
+ * bf16 rows take a two-pass path with the same results (ln_fwd_row_bf16; [threads, d] floats of
+ * scratch): widening fused with the sums, narrowing with the map. The fused kernel adds
+ * x + residual in the first pass (f32 and bf16; f16 in a pass of its own over L1-sized blocks,
+ * sn__residual_sum_row), storing sum_out as it goes, and maps the stored sums (f32) or their
+ * widened copy (bf16) in the second.
  *
  * Backward, per row, with g = dy·gamma and x̂ = (x − mean)·rstd from the saved f32 mean/rstd:
  *   pass A  Σx̂, Σg, Σg·x̂                     fp64 (bf16/f16: f32 blocks added in fp64)
@@ -253,6 +254,12 @@ static void ln_fwd_store(void *y, float *mean, float *rstd, const float *xr, con
   if (rstd != NULL) rstd[r] = (float)stats[1];
 }
 
+/* f32 scratch per thread of the forwards: bf16 rows are widened into d floats
+ * (ln_fwd_row_bf16), f16 rows into d and computed in d more (ln_fwd_store); f32 needs none. */
+static int64_t ln_fwd_scratch(int64_t d, sn_dtype_t dtype) {
+  return dtype == SN_DTYPE_F32 ? 0 : dtype == SN_DTYPE_BF16 ? d : 2 * d;
+}
+
 sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
                              const float *gamma, const float *beta, int64_t rows, int64_t d,
                              float eps, sn_dtype_t dtype) {
@@ -263,18 +270,18 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
   SN_TRY(sn__check_act(fn, "x", x, n));
   if (n == 0) return SN_OK;
 
-  /* scratch: [threads, 2, d] f32 for bf16/f16 (the x row, then the y row); f32 works on x and
-   * y directly */
-  const int64_t esize = sn_dtype_size(dtype);
+  /* scratch, per thread: f16 2·d f32 (the x row, then the y row), bf16 d f32 (the widened
+   * row); f32 works on x and y directly */
+  const int64_t esize = sn_dtype_size(dtype), per_thread = ln_fwd_scratch(d, dtype);
   sn_status_t st = SN_OK;
   float *scratch = NULL;
-  if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, sn__max_threads(), 2 * d, sizeof(float), &st)) == NULL)
+  if (per_thread > 0 &&
+      (scratch = sn__alloc(fn, sn__max_threads(), per_thread, sizeof(float), &st)) == NULL)
     return st;
 
 #pragma omp parallel
   {
-    float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * 2 * d : NULL;
+    float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * per_thread : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
@@ -308,18 +315,18 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
   SN_TRY(sn__check_act(fn, "residual", residual, n));
   if (n == 0) return SN_OK;
 
-  /* scratch: [threads, 2, d] f32 for bf16/f16 (f16: the x row, then the residual row and later
-   * y; bf16: the widened sum row) */
-  const int64_t esize = sn_dtype_size(dtype);
+  /* scratch, per thread: f16 2·d f32 (the sum row, then the y row), bf16 d f32 (the widened
+   * sum row) */
+  const int64_t esize = sn_dtype_size(dtype), per_thread = ln_fwd_scratch(d, dtype);
   sn_status_t st = SN_OK;
   float *scratch = NULL;
-  if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, sn__max_threads(), 2 * d, sizeof(float), &st)) == NULL)
+  if (per_thread > 0 &&
+      (scratch = sn__alloc(fn, sn__max_threads(), per_thread, sizeof(float), &st)) == NULL)
     return st;
 
 #pragma omp parallel
   {
-    float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * 2 * d : NULL;
+    float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * per_thread : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       const int64_t off = r * d;

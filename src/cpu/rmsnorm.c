@@ -15,7 +15,8 @@
  * the parallel region), computed there and narrowed once, round-to-nearest-even. bf16 rows take
  * a two-pass path with the same results (rms_fwd_row_bf16): widening fused with the sum of
  * squares, narrowing with the map. The fused kernel adds x + residual in the first pass (f32
- * and bf16; f16 in a pass of its own, sn__residual_sum_row), storing sum_out as it goes.
+ * and bf16; f16 in a pass of its own over L1-sized blocks, sn__residual_sum_row), storing
+ * sum_out as it goes.
  *
  * Backward, per row, with g = dy·gamma and the saved f32 rstd s:
  *   pass A  Σg·x                               fp64
@@ -165,18 +166,17 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
   SN_TRY(sn__check_act(fn, "residual", residual, n));
   if (n == 0) return SN_OK;
 
-  /* scratch: [threads, 2, d] f32 for bf16/f16 (f16: the x row, then the residual row; bf16:
-   * the widened sum row) */
+  /* scratch: [threads, d] f32 rows for bf16/f16 (the widened sum row; f16 computes y there) */
   const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
   float *scratch = NULL;
   if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, sn__max_threads(), 2 * d, sizeof(float), &st)) == NULL)
+      (scratch = sn__alloc(fn, sn__max_threads(), d, sizeof(float), &st)) == NULL)
     return st;
 
 #pragma omp parallel
   {
-    float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * 2 * d : NULL;
+    float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * d : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       const int64_t off = r * d;

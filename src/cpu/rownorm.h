@@ -297,19 +297,30 @@ SN_CLONES SN_UNUSED static void sn__add_row(float *s, const float *x, const floa
   for (int64_t i = 0; i < n; i++) s[i] = x[i] + r[i];
 }
 
+/* Elements per block of sn__residual_sum_row: the residual block (1 KiB) and the block of the
+ * sum row stay in L1 between its steps. */
+#define SN_RESIDUAL_BLOCK 256
+
 /* The residual add of the fused kernels for row elements [off, off + d) of a bf16/f16 row, in a
  * pass of its own (the f16 rows; f32 and bf16 add in their first pass, sn__row_in): writes
- * sum_out = round_dtype(x + residual) and returns the rounded sum as f32 [d] to normalize, so
- * the norm sees exactly the values stored. Computed in tmp (2·d floats: the x row, then the
- * residual row), the returned row being tmp[0, d). */
+ * sum_out = round_dtype(x + residual) (the add in f32, one rounding) and returns the rounded sum
+ * as f32 [d] to normalize, so the norm sees exactly the values stored. Computed in tmp [d], the
+ * returned row, block by block (SN_RESIDUAL_BLOCK): x widened into tmp, the residual into a
+ * stack block, their sum narrowed into sum_out and widened back into tmp while the block is in
+ * L1, so memory sees x, residual and sum_out once each. sum_out may equal x or residual (each
+ * block is read before it is written). */
 static inline const float *sn__residual_sum_row(void *sum_out, const void *x,
                                                 const void *residual, float *tmp, int64_t off,
                                                 int64_t d, sn_dtype_t dtype) {
-  sn__to_f32(tmp, x, off, d, dtype);
-  sn__to_f32(tmp + d, residual, off, d, dtype);
-  sn__add_row(tmp, tmp, tmp + d, d);
-  sn__from_f32(sum_out, off, tmp, d, dtype);
-  sn__to_f32(tmp, sum_out, off, d, dtype); /* normalize the rounded values (cache-hot) */
+  float rb[SN_RESIDUAL_BLOCK];
+  for (int64_t i = 0; i < d; i += SN_RESIDUAL_BLOCK) {
+    const int64_t m = d - i < SN_RESIDUAL_BLOCK ? d - i : SN_RESIDUAL_BLOCK;
+    sn__to_f32(tmp + i, x, off + i, m, dtype);
+    sn__to_f32(rb, residual, off + i, m, dtype);
+    sn__add_row(tmp + i, tmp + i, rb, m);
+    sn__from_f32(sum_out, off + i, tmp + i, m, dtype);
+    sn__to_f32(tmp + i, sum_out, off + i, m, dtype); /* normalize the rounded values */
+  }
   return tmp;
 }
 
