@@ -3,12 +3,16 @@
  * communicator, with torch.nn.SyncBatchNorm's running-statistics semantics.
  *
  * Forward (training), per channel c, over all ranks:
- *   local Σ(x−p_c), Σ(x−p_c)², n·s  →  ONE all-reduce of 2C+1 fp64  →  mean, biased var, rstd
- *   →  y = (x−mean)·rstd·γ + β  →  running stats (unbiased var with the global count).
+ *   local Σ(x−p_c), Σ(x−p_c)², n·s, pivot hashes  →  ONE all-reduce of 2C+5 fp64  →  mean,
+ *   biased var, rstd  →  y = (x−mean)·rstd·γ + β  →  running stats (unbiased var, global count).
  * The pivot p is the previous synchronized batch mean, identical on every rank, so the fp64
  * shifted sums stay exact when |mean| ≫ σ; if p was so far off that fp64 would lose more than
  * 24 bits (first step on data with a huge mean), every rank sees it in the same reduced sums and
- * all redo the sums around the new mean: a second all-reduce, taken by all or none.
+ * all redo the sums around the new mean: a second all-reduce, taken by all or none. The pivot
+ * is state (a checkpoint load sets it to the loaded running mean): a rank whose pivot differs
+ * (a checkpoint loaded on some ranks only) would add sums around another point, so two hashes
+ * of it ride in the same all-reduce, and if they disagree every rank redoes the sums around 0
+ * (then refined as above): correct statistics, one or two all-reduces more, only then.
  * Backward: local Σdy, Σdy·x̂  →  ONE all-reduce of 2C fp64  →  dx with the global count.
  * References: Ioffe & Szegedy 2015 (BatchNorm); torch.nn.SyncBatchNorm and
  * torch.nn.functional.batch_norm docs (momentum, unbiased running_var, num_batches_tracked).
@@ -23,6 +27,9 @@
 enum { OP_FORWARD = 1, OP_BACKWARD = 2 };
 /* Refine the pivot when (mean−p)² > 2^24·var: fp64 then keeps ≥ 29 of its 53 bits. */
 #define SN_PIVOT_REFINE_RATIO 16777216.0
+/* A forward's all-reduce holds 2C sums, then the count and the SN_PIVOT_SLOTS pivot slots. */
+#define SN_PIVOT_SLOTS 4
+#define SN_RED_EXTRA (1 + SN_PIVOT_SLOTS)
 
 sn_syncbn_config_t sn_syncbn_default_config(int64_t num_features) {
   sn_syncbn_config_t cfg;
@@ -97,7 +104,7 @@ sn_status_t sn_syncbn_create(sn_syncbn_t **out, const sn_syncbn_config_t *cfg, s
   const int64_t C = cfg->num_features;
   sn_syncbn_t *bn = calloc(1, sizeof *bn);
   float *f = calloc((size_t)(10 * C), sizeof(float)); /* 10 [C] f32 arrays */
-  double *d = calloc((size_t)(6 * C + 1), sizeof(double)); /* red 2C+1, local 2C, mean C */
+  double *d = calloc((size_t)(6 * C + SN_RED_EXTRA), sizeof(double)); /* red, local 2C, mean C */
   if (bn == NULL || f == NULL || d == NULL) {
     free(bn), free(f), free(d);
     return sn__fail(SN_ERR_ALLOC, "%s: out of memory for %lld channels", fn, (long long)C);
@@ -123,7 +130,7 @@ sn_status_t sn_syncbn_create(sn_syncbn_t **out, const sn_syncbn_config_t *cfg, s
   }
   bn->fblock = f;
   bn->pivot = arr[6], bn->var = arr[7], bn->rstd = arr[8], bn->tmp = arr[9];
-  bn->red = d, bn->local = d + 2 * C + 1, bn->mean = d + 4 * C + 1;
+  bn->red = d, bn->local = d + 2 * C + SN_RED_EXTRA, bn->mean = d + 4 * C + SN_RED_EXTRA;
   bn->magic = SN_SYNCBN_MAGIC;
   *out = bn;
   return SN_OK;
@@ -182,20 +189,39 @@ static uint64_t fnv1a(const void *p, size_t bytes) {
   return h;
 }
 
+/* The bits of a float as a nonnegative int64 (for the signature). */
+static int64_t float_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return (int64_t)u;
+}
+
+/* A hash of the running statistics (running_mean, running_var, num_batches_tracked), 0 without
+ * them; nonnegative. */
+static int64_t running_hash(const sn_syncbn_t *bn) {
+  if (!bn->cfg.track_running_stats) return 0;
+  const size_t bytes = (size_t)bn->C * sizeof(float);
+  const uint64_t h = fnv1a(bn->running_mean, bytes) ^ (fnv1a(bn->running_var, bytes) * 31u) ^
+                     fnv1a(&bn->num_batches_tracked, sizeof bn->num_batches_tracked);
+  return (int64_t)(h >> 2);
+}
+
 /* With cfg.check_consistency: one max-all-reduce of (v, −v) for each field of this call's
  * signature. Every rank gets the same maxima, so every rank reaches the same verdict. */
 static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
-  enum { K = 6 };
-  static const char *const field[K] = {"layer id", "C (num_features)", "operation",
-                                       "dtype", "layout", "pivot (BatchNorm state)"};
-  uint64_t ph = fnv1a(bn->pivot, (size_t)bn->C * sizeof(float));
+  enum { K = 10 };
+  static const char *const field[K] = {
+      "layer id", "C (num_features)", "operation", "dtype", "layout", "momentum", "eps",
+      "track_running_stats", "affine",
+      "running statistics (load or set them on every rank, or broadcast them from one)"};
   int64_t sig[K] = {bn->id, bn->C, op, (int64_t)bn->cfg.dtype, (int64_t)bn->cfg.layout,
-                    (int64_t)(ph >> 2)};
+                    float_bits(bn->cfg.momentum), float_bits(bn->cfg.eps),
+                    bn->cfg.track_running_stats, bn->cfg.affine, running_hash(bn)};
   int64_t v[2 * K];
   for (int k = 0; k < K; k++) v[k] = sig[k], v[K + k] = -sig[k];
   bn->collectives++;
   SN_TRY(sn__comm_allreduce(fn, bn->comm, v, 2 * K, SN_RED_I64, SN_RED_MAX));
-  char msg[384];
+  char msg[512];
   int len = 0;
   for (int k = 0; k < K; k++) {
     if (v[k] == -v[K + k]) continue;
@@ -208,6 +234,30 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
                   "%s: ranks disagree on this collective; this rank called %s with C %lld (%s): "
                   "%s. Every rank must call the same layers in the same order",
                   fn, bn->label, (long long)bn->C, op == OP_FORWARD ? "forward" : "backward", msg);
+}
+
+/* The pivot slots of a forward's all-reduce: two 16-bit hashes h1, h2 of the pivot [C] and
+ * their squares, summed over the ranks (exact: integers below 2^53). */
+static void pivot_slots(double slot[SN_PIVOT_SLOTS], const float *pivot, int64_t C) {
+  const uint64_t h = fnv1a(pivot, (size_t)C * sizeof(float));
+  const double h1 = (double)(h & 0xffffu), h2 = (double)((h >> 16) & 0xffffu);
+  slot[0] = h1, slot[1] = h1 * h1, slot[2] = h2, slot[3] = h2 * h2;
+}
+
+/* a·b == c·d exactly, for doubles whose products stay below 2^1000: the rounded products and
+ * their exact rounding errors (fma) are equal exactly when the products are. */
+static int products_equal(double a, double b, double c, double d) {
+  const double p = a * b, q = c * d;
+  return p == q && fma(a, b, -p) == fma(c, d, -q);
+}
+
+/* Whether the summed pivot slots of `ranks` ranks say every rank used the same pivot: N·Σh² ==
+ * (Σh)² holds exactly when all h are equal (Cauchy–Schwarz), for both hashes; two different
+ * pivots pass only if both 16-bit hashes collide (2^-32). The sums are the same on every rank,
+ * so every rank reaches the same verdict. */
+static int pivots_agree(const double slot[SN_PIVOT_SLOTS], int ranks) {
+  return products_equal((double)ranks, slot[1], slot[0], slot[0]) &&
+         products_equal((double)ranks, slot[3], slot[2], slot[2]);
 }
 
 /* Sum all-reduce of bn->red (count values) when synchronized; counts the collective. */
@@ -232,13 +282,14 @@ static int needs_refine(const double *red, int64_t C, double count) {
   return 0;
 }
 
-/* Local sums with `pivot` into red (+ count), then the all-reduce. */
+/* Local sums with `pivot` into red (+ count, + pivot slots), then the all-reduce. */
 static sn_status_t batch_sums(sn_syncbn_t *bn, const char *fn, const void *x, const float *pivot,
                               int64_t n, int64_t s, int synced) {
   const int64_t C = bn->C;
   SN_TRY(sn_batchnorm_stats(bn->red, bn->red + C, x, pivot, n, C, s, bn->cfg.layout, bn->cfg.dtype));
   bn->red[2 * C] = (double)(n * s);
-  return reduce(bn, fn, 2 * C + 1, synced);
+  pivot_slots(bn->red + 2 * C + 1, pivot, C);
+  return reduce(bn, fn, 2 * C + SN_RED_EXTRA, synced);
 }
 
 /* Training-mode forward (or track_running_stats = 0): batch statistics, synced over comm when
@@ -254,6 +305,11 @@ static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const
     if (!isfinite(bn->pivot[c])) bn->pivot[c] = 0.0f;
   if (synced && cfg->check_consistency) SN_TRY(check_consistency(bn, fn, OP_FORWARD));
   SN_TRY(batch_sums(bn, fn, x, bn->pivot, n, s, synced));
+  if (synced && !pivots_agree(bn->red + 2 * C + 1, bn->comm->size)) {
+    /* the ranks summed around different pivots: all redo the sums around 0 */
+    for (int64_t c = 0; c < C; c++) bn->pivot[c] = 0.0f;
+    SN_TRY(batch_sums(bn, fn, x, bn->pivot, n, s, synced));
+  }
   const int64_t count = (int64_t)bn->red[2 * C];
   if (count == 0) { /* the whole (global) batch is empty: nothing to normalize or track */
     bn->saved = (sn_syncbn_saved_t){1, 1, synced, n, s, 0};

@@ -31,7 +31,8 @@ struct sn_syncbn {
 
   /* pivot of the shifted sums: identical on every rank (the last synchronized batch mean) */
   float *pivot;
-  double *red;   /* [2C+1] all-reduce buffer: Σ(x−p) | Σ(x−p)² | count, or Σdy | Σdy·x̂ */
+  double *red;   /* [2C+5] all-reduce buffer: Σ(x−p) | Σ(x−p)² | count | 4 pivot slots, or
+                    Σdy | Σdy·x̂ */
   double *local; /* [2C] this rank's backward sums (the parameter gradients) */
 
   /* what the last forward saved for backward */

@@ -112,8 +112,12 @@ typedef struct {
   sn_layout_t layout;      /* NCHW ([N, C, S]) or NHWC ([N, S, C]); default NCHW */
   sn_dtype_t dtype;        /* x, y, dy, dx: f32, bf16 or f16; parameters stay f32; default f32 */
   int check_consistency;   /* before each collective, check all ranks call the same layer id,
-                              C, operation, dtype and layout (one extra tiny all-reduce); default
-                              1 in debug builds of the library (no NDEBUG), else 0 */
+                              C, operation, dtype, layout, momentum, eps, track_running_stats and
+                              affine with the same running statistics (one extra all-reduce of 20
+                              int64); default 1 in debug builds of the library (no NDEBUG), else 0.
+                              Off, a rank that calls another layer or another size is not
+                              detected: MPI mixes or truncates buffers (Open MPI ends the job on a
+                              size mismatch). Set it alike on every rank */
   int check_finite;        /* fail with SN_ERR_NONFINITE on every rank, stats untouched, when any
                               rank's x (forward) or dy (backward) holds NaN/Inf; default 0 */
   int device_memory;       /* x, y, parameters and stats in CUDA device memory (needs an "nccl"
@@ -156,9 +160,11 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
 
 /* Forward of x [n, C, s] (NCHW) or [n, s, C] (NHWC) into y (same shape, cfg.dtype); y may equal x.
  * training != 0: batch statistics over all ranks —
- * one all-reduce of 2C+1 fp64 values (count, Σ(x−p), Σ(x−p)² with a pivot p identical on every
- * rank; a second one only in the rare step where p was so far from the mean that fp64 lost more
- * than 24 bits) — normalized with the biased variance; then, tracking, num_batches_tracked += 1
+ * one all-reduce of 2C+5 fp64 values (count, Σ(x−p), Σ(x−p)² with a pivot p, and 4 values that
+ * check p is the same on every rank; a second one only in the rare step where p was so far from
+ * the mean that fp64 lost more than 24 bits, or where p differed across ranks — a checkpoint
+ * loaded on some ranks only: then every rank redoes the sums around 0) — normalized with the
+ * biased variance; then, tracking, num_batches_tracked += 1
  * and running_x = (1−f)·running_x + f·batch_x with f = momentum (or 1/num_batches_tracked),
  * batch_var unbiased by the global count N: var·N/(N−1). Collective (training) — a rank with
  * n·s == 0 still calls it. training == 0: y from the running stats, local, no communication;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mpitest.h"
 
@@ -371,9 +372,106 @@ START_TEST(test_mismatch_detected) {
                                      mt_rank == 0 ? (void *)x : (void *)xh, 2, 2, 1),
                    SN_ERR_MISMATCH);
   ck_assert_msg(strstr(sn_last_error(), "dtype differs"), "%s", sn_last_error());
+
+  /* momentum (None on rank 1), then eps, then track_running_stats differ */
+  for (int f = 0; f < 3; f++) {
+    sn_syncbn_config_t c4 = sn_syncbn_default_config(3);
+    c4.check_consistency = 1;
+    c4.layer_id = 10 + f;
+    if (mt_rank == 1 && f == 0) c4.momentum = SN_MOMENTUM_CUMULATIVE;
+    if (mt_rank == 1 && f == 1) c4.eps = 0.5f;
+    if (mt_rank == 1 && f == 2) c4.track_running_stats = 0;
+    sn_syncbn_t *b4 = NULL;
+    MT_OK(sn_syncbn_create(&b4, &c4, mt_world));
+    ck_assert_int_eq(sn_syncbn_forward(b4, y, x, 2, 2, 1), SN_ERR_MISMATCH);
+    static const char *const what[3] = {"momentum differs", "eps differs",
+                                        "track_running_stats differs"};
+    ck_assert_msg(strstr(sn_last_error(), what[f]), "%s", sn_last_error());
+    sn_syncbn_destroy(b4);
+  }
   sn_syncbn_destroy(bn);
   sn_syncbn_destroy(b2);
   sn_syncbn_destroy(b3);
+}
+END_TEST
+
+/* A checkpoint loaded on rank 0 only, its running statistics copied into rank 1's layer through
+ * sn_syncbn_params (a broadcast): the load set rank 0's pivot to the loaded running mean, rank 1's
+ * stays 0. The ranks see the disagreement in the forward's all-reduce and redo the sums around 0:
+ * y, the running statistics and dx bitwise those of a layer whose stats were set on both ranks
+ * (pivot 0 everywhere), identical on both ranks, one all-reduce more than that layer's forward;
+ * with and without check_consistency (the running statistics agree, so it passes). Loaded on
+ * rank 0 without the copy, check_consistency reports the running statistics on both ranks. */
+START_TEST(test_partial_load) {
+  enum { C = 2, N = 2, S = 2, T = N * C * S };
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/sn_partial_load_%d.safetensors", (int)getpid()); /* rank 0's */
+  const char *prefix = "bn";
+  if (mt_rank == 0) { /* the checkpoint: running_mean 1000, running_var 4, 7 batches */
+    sn_syncbn_config_t lc = sn_syncbn_default_config(C);
+    sn_syncbn_t *loc = NULL;
+    MT_OK(sn_syncbn_create(&loc, &lc, NULL));
+    sn_syncbn_params_t q;
+    MT_OK(sn_syncbn_params(loc, &q));
+    for (int c = 0; c < C; c++) q.running_mean[c] = 1000.0f, q.running_var[c] = 4.0f;
+    *q.num_batches_tracked = 7;
+    MT_OK(sn_syncbn_save(path, &loc, &prefix, 1));
+    sn_syncbn_destroy(loc);
+  }
+  float x[T], dy[T];
+  for (int i = 0; i < T; i++) x[i] = 1000.0f + 0.25f * (float)(i + 5 * mt_rank), dy[i] = (float)(i % 3) - 1.0f;
+  float y[2][T], dx[2][T], rm[2][C], rv[2][C];
+  for (int check = 0; check < 2; check++) {
+    for (int which = 0; which < 2; which++) { /* 0: rank 0 loads, 1: both set through params */
+      sn_syncbn_config_t cfg = sn_syncbn_default_config(C);
+      cfg.check_consistency = check;
+      sn_syncbn_t *bn = NULL;
+      MT_OK(sn_syncbn_create(&bn, &cfg, mt_world));
+      sn_syncbn_params_t p;
+      MT_OK(sn_syncbn_params(bn, &p));
+      if (which == 0 && mt_rank == 0) {
+        MT_OK(sn_syncbn_load(path, &bn, &prefix, 1));
+      } else {
+        for (int c = 0; c < C; c++) p.running_mean[c] = 1000.0f, p.running_var[c] = 4.0f;
+        *p.num_batches_tracked = 7;
+      }
+      int64_t c0 = 0, c1 = 0;
+      MT_OK(sn_syncbn_collective_count(bn, &c0));
+      MT_OK(sn_syncbn_forward(bn, y[which], x, N, S, 1));
+      MT_OK(sn_syncbn_collective_count(bn, &c1));
+      ck_assert_int_eq(c1 - c0, (which == 0 ? 2 : 1) + check);
+      MT_OK(sn_syncbn_backward(bn, dx[which], dy, x, N, S));
+      memcpy(rm[which], p.running_mean, sizeof rm[which]);
+      memcpy(rv[which], p.running_var, sizeof rv[which]);
+      ck_assert_int_eq(*p.num_batches_tracked, 8);
+      sn_syncbn_destroy(bn);
+    }
+    tu_assert_bitwise(y[0], y[1], sizeof y[0], "partial load: y");
+    tu_assert_bitwise(dx[0], dx[1], sizeof dx[0], "partial load: dx");
+    tu_assert_bitwise(rm[0], rm[1], sizeof rm[0], "partial load: running_mean");
+    tu_assert_bitwise(rv[0], rv[1], sizeof rv[0], "partial load: running_var");
+    /* the same on both ranks, and what momentum 0.1 gives from the global batch's mean */
+    int same = 0;
+    MT_OK(sn_comm_all_identical(mt_world, &same, rm[0], sizeof rm[0]));
+    ck_assert_msg(same, "running_mean differs across ranks");
+    double mean = 0.0;
+    for (int r = 0; r < 2; r++) /* channel 0 of rank r: elements n·C·S + s, n < N, s < S */
+      for (int n = 0; n < N; n++)
+        for (int s2 = 0; s2 < S; s2++) mean += 1000.0 + 0.25 * (n * C * S + s2 + 5 * r);
+    mean /= 2.0 * N * S;
+    ck_assert_msg(fabs(rm[0][0] - (0.9 * 1000.0 + 0.1 * mean)) < 1e-3, "running_mean %g, want %g",
+                  (double)rm[0][0], 0.9 * 1000.0 + 0.1 * mean);
+  }
+  /* loaded on rank 0 only, no copy: the running statistics differ, check_consistency says so */
+  sn_syncbn_config_t cfg = sn_syncbn_default_config(C);
+  cfg.check_consistency = 1;
+  sn_syncbn_t *bn = NULL;
+  MT_OK(sn_syncbn_create(&bn, &cfg, mt_world));
+  if (mt_rank == 0) MT_OK(sn_syncbn_load(path, &bn, &prefix, 1));
+  ck_assert_int_eq(sn_syncbn_forward(bn, y[0], x, N, S, 1), SN_ERR_MISMATCH);
+  ck_assert_msg(strstr(sn_last_error(), "running statistics"), "%s", sn_last_error());
+  sn_syncbn_destroy(bn);
+  if (mt_rank == 0) remove(path);
 }
 END_TEST
 
@@ -449,6 +547,7 @@ static Suite *make_suite(void) {
   tcase_add_test(two, test_global_count_one);
   tcase_add_test(two, test_mismatch_detected);
   tcase_add_test(two, test_nonfinite_everywhere);
+  tcase_add_test(two, test_partial_load);
   suite_add_tcase(s, two);
   TCase *sub = tcase_create("subgroups");
   tcase_set_timeout(sub, 300);
