@@ -298,6 +298,7 @@ static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const
                                  int64_t n, int64_t s, int synced, int update) {
   const int64_t C = bn->C;
   const sn_syncbn_config_t *cfg = &bn->cfg;
+  bn->saved.valid = 0;
   /* A batch with NaN/Inf (check_finite off) or a checkpoint's non-finite running_mean leaves a
    * non-finite pivot, which would make the sums of every later batch NaN: restart such channels
    * from 0. The pivot is identical on every rank, so every rank resets the same channels. */
@@ -370,8 +371,6 @@ static sn_status_t forward_eval(sn_syncbn_t *bn, void *y, const void *x, int64_t
 sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, int64_t n, int64_t s,
                               int training) {
   const char *fn = "sn_syncbn_forward";
-  SN_TRY(sn__syncbn_check(fn, bn));
-  bn->saved.valid = 0; /* whatever fails below, a backward needs a new successful forward */
   SN_TRY(check_call(fn, bn, n, s, x, "x", y, "y", NULL, NULL));
   if (!training && bn->cfg.track_running_stats) return forward_eval(bn, y, x, n, s);
   /* PyTorch synchronizes only in training mode; eval without running stats is local */

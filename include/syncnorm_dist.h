@@ -172,8 +172,9 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
  * too (as torch.nn.SyncBatchNorm, which synchronizes only in training mode). Formulas: Ioffe &
  * Szegedy 2015 (arXiv:1502.03167), running stats as torch.nn.BatchNorm; the shifted sums:
  * Chan, Golub & LeVeque 1983. Errors (y, parameters and running stats untouched, the same on
- * every rank for the collective ones; the saved forward is dropped, so a backward needs a new
- * successful forward): SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
+ * every rank for the collective ones; bad arguments, a running_var < 0 in eval mode included,
+ * change nothing, not even the saved forward; any later failure drops the saved forward, so a
+ * backward needs a new successful forward): SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
  * SN_ERR_INSUFFICIENT_COUNT (global count 1), SN_ERR_MISMATCH, SN_ERR_NONFINITE, SN_ERR_COMM,
  * SN_ERR_TIMEOUT, SN_ERR_INVALID_HANDLE, SN_ERR_ALLOC, SN_ERR_INVALID_ARGUMENT (eval mode with a
  * running_var < 0, written through sn_syncbn_params). A global count of 0 is an empty batch:
