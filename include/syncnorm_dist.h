@@ -114,10 +114,9 @@ typedef struct {
   int check_consistency;   /* before each collective, check all ranks call the same layer id,
                               C, operation, dtype, layout, momentum, eps, track_running_stats and
                               affine with the same running statistics (one extra all-reduce of 20
-                              int64); default 1 in debug builds of the library (no NDEBUG), else 0.
-                              Off, a rank that calls another layer or another size is not
-                              detected: MPI mixes or truncates buffers (Open MPI ends the job on a
-                              size mismatch). Set it alike on every rank */
+                              int64); default 1. Off, a rank that calls another layer or another
+                              size is not detected: MPI mixes or truncates buffers (Open MPI ends
+                              the job on a size mismatch). Set it alike on every rank */
   int check_finite;        /* fail with SN_ERR_NONFINITE on every rank, stats untouched, when any
                               rank's x (forward) or dy (backward) holds NaN/Inf; default 0 */
   int device_memory;       /* x, y, parameters and stats in CUDA device memory (needs an "nccl"

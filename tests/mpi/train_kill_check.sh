@@ -109,7 +109,7 @@ echo "reference: $(grep 'wall time' "$WORK/ref_full.log")"
 # ---- kills at exact points ---------------------------------------------------------------------
 # name  point:file:nth  rank  expected checkpoint, expected model.safetensors: the reference of
 # epoch 1 or 2 (e1/e2), or none. All-reduce counts: a step makes 5 (bn1, bn2 forward and backward,
-# the gradients), 9 with check_consistency (debug builds); an epoch end 2 more. The 300th is in
+# the gradients), 9 with check_consistency (the default); an epoch end 2 more. The 300th is in
 # epoch 2 and the 100th in epoch 1 either way.
 SCENARIOS="
 save_ck_mid_write      write:checkpoint.safetensors:2         0 e1 e2
