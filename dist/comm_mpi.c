@@ -141,8 +141,17 @@ sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
     return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: MPI is not initialized (call MPI_Init first)", fn);
   if (mpi_comm == MPI_COMM_NULL)
     return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: mpi_comm is MPI_COMM_NULL", fn);
+  /* An intercommunicator's all-reduce returns the other group's values: not a world to
+   * normalize over. Local test, the same answer on every rank of it: checked before the dup. */
+  int inter = 0;
+  int rc = MPI_Comm_test_inter(mpi_comm, &inter);
+  if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Comm_test_inter", rc);
+  if (inter)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                    "%s: mpi_comm is an intercommunicator; pass an intracommunicator (for "
+                    "example from MPI_Intercomm_merge)", fn);
   MPI_Comm dup;
-  int rc = MPI_Comm_dup(mpi_comm, &dup);
+  rc = MPI_Comm_dup(mpi_comm, &dup);
   if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Comm_dup", rc);
   rc = MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
   if (rc != MPI_SUCCESS) {

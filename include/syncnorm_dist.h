@@ -46,8 +46,8 @@ SN_API sn_status_t sn_comm_create_self(sn_comm_t **comm);
 /* Communicator over an MPI communicator. Collective over mpi_comm (it calls MPI_Comm_dup): the
  * handle owns the duplicate, with MPI_ERRORS_RETURN set on it, so an MPI failure becomes
  * SN_ERR_COMM instead of aborting. MPI must be initialized, and stay so until sn_comm_destroy.
- * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (MPI not initialized or MPI_COMM_NULL),
- * SN_ERR_COMM, SN_ERR_ALLOC. */
+ * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (MPI not initialized, MPI_COMM_NULL, or
+ * an intercommunicator, checked before the collective part), SN_ERR_COMM, SN_ERR_ALLOC. */
 SN_API sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm);
 #endif
 

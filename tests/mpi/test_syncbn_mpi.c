@@ -475,6 +475,22 @@ START_TEST(test_partial_load) {
 }
 END_TEST
 
+/* An intercommunicator (each rank a group of its own, joined to the other) is rejected on every
+ * rank before any collective: its all-reduce would return the other group's sums. */
+START_TEST(test_intercomm_rejected) {
+  MPI_Comm local = MPI_COMM_NULL, inter = MPI_COMM_NULL;
+  ck_assert_int_eq(MPI_Comm_split(MPI_COMM_WORLD, mt_rank, 0, &local), MPI_SUCCESS);
+  ck_assert_int_eq(MPI_Intercomm_create(local, 0, MPI_COMM_WORLD, 1 - mt_rank, 7, &inter),
+                   MPI_SUCCESS);
+  sn_comm_t *c = (sn_comm_t *)0x1;
+  ck_assert_int_eq(sn_comm_create_mpi(&c, inter), SN_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(sn_last_error(), "intercommunicator") != NULL, "%s", sn_last_error());
+  ck_assert_ptr_eq(c, (sn_comm_t *)0x1);
+  MPI_Comm_free(&inter);
+  MPI_Comm_free(&local);
+}
+END_TEST
+
 /* check_finite: NaN in one rank's input → SN_ERR_NONFINITE everywhere, no stat changes. */
 START_TEST(test_nonfinite_everywhere) {
   sn_syncbn_config_t cfg = sn_syncbn_default_config(3);
@@ -548,6 +564,7 @@ static Suite *make_suite(void) {
   tcase_add_test(two, test_mismatch_detected);
   tcase_add_test(two, test_nonfinite_everywhere);
   tcase_add_test(two, test_partial_load);
+  tcase_add_test(two, test_intercomm_rejected);
   suite_add_tcase(s, two);
   TCase *sub = tcase_create("subgroups");
   tcase_set_timeout(sub, 300);
