@@ -308,7 +308,9 @@ static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const
     SN_TRY(batch_sums(bn, fn, x, bn->pivot, n, s, synced));
   }
   const int64_t count = (int64_t)bn->red[2 * C];
-  if (count == 0) { /* the whole (global) batch is empty: nothing to normalize or track */
+  if (count == 0) { /* the whole (global) batch is empty: nothing to normalize, but counted as
+                       * torch's module forward counts it (num_batches_tracked before F.batch_norm) */
+    if (update && bn->num_batches_tracked < INT64_MAX) bn->num_batches_tracked += 1;
     bn->saved = (sn_syncbn_saved_t){1, 1, synced, n, s, 0};
     return SN_OK;
   }

@@ -117,6 +117,10 @@ run_case("mNone_nhwc_noaffine", 3, shapes, None, False, True, layout="nhwc")
 run_case("notrack", 4, shapes, 0.1, True, False)
 run_case("large_mean", 3, shapes, 0.1, True, True, mean=1e4, std=1e-2)
 run_case("tiny_batch", 2, [(2, 1), (1, 2), (3, 1)], 0.3, True, True)
+# An empty batch counts in num_batches_tracked (torch's module forward adds 1 before it
+# normalizes), so momentum None weighs the next batch by 1/3, not 1/2.
+run_case("mNone_empty", 3, [(4, 9), (0, 9), (3, 9)], None, True, True)
+run_case("m01_empty_nhwc", 3, [(0, 5), (2, 5)], 0.1, True, True, layout="nhwc")
 
 # The example: BatchNorm1d(3, momentum=1.0) on [[1,2,0],[3,3,1],[3,4,3]].
 example = np.array([[1, 2, 0], [3, 3, 1], [3, 4, 3]], dtype=np.float32).reshape(3, 3, 1)
