@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,6 +186,27 @@ static int write_payload(FILE *f, const char *header, size_t header_len,
   return ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
 }
 
+/* The temporary name of a save: "<path>.tmp.<pid>", or, where that name's last component
+ * would exceed NAME_MAX (a valid path up to 255 bytes long, plus the suffix), its first bytes
+ * then ".<hash of the whole last component>.tmp.<pid>", so that it stays a valid name and two
+ * long names with a common start still differ. out holds plen + 64 bytes. */
+static void temp_name(char *out, size_t size, const char *path) {
+  const char *slash = strrchr(path, '/');
+  const char *base = slash != NULL ? slash + 1 : path;
+  char suffix[48];
+  const int sl = snprintf(suffix, sizeof suffix, ".tmp.%ld", (long)getpid());
+  const size_t blen = strlen(base);
+  if (blen + (size_t)sl <= NAME_MAX) {
+    snprintf(out, size, "%s%s", path, suffix);
+    return;
+  }
+  uint32_t h = 2166136261u; /* FNV-1a of the last component */
+  for (size_t i = 0; i < blen; i++) h = (h ^ (unsigned char)base[i]) * 16777619u;
+  const size_t keep = NAME_MAX - (size_t)sl - 9; /* 9: "." and 8 hex digits */
+  snprintf(out, size, "%.*s.%08x%s", (int)((size_t)(base - path) + keep), path, (unsigned)h,
+           suffix);
+}
+
 /* The unnamed route of sn_safetensors_save: the payload into an O_TMPFILE file in path's
  * directory, then linked as tmp (through /proc/self/fd) and renamed over path. Returns 0 where
  * that route is not available here (no O_TMPFILE on the file system, no /proc; nothing is left
@@ -256,13 +278,13 @@ sn_status_t sn_safetensors_save(const char *path, const sn_tensor_t *tensors, in
     return st;
   }
   size_t plen = strlen(path);
-  char *tmp = malloc(plen + 32);
+  char *tmp = malloc(plen + 64);
   FILE *f = NULL;
   if (tmp == NULL) {
     st = sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
     goto done;
   }
-  snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+  temp_name(tmp, plen + 64, path);
   if (save_unnamed(fn, path, tmp, header, header_len, order, count, &st)) goto done;
   f = fopen(tmp, "wb");
   if (f == NULL) {

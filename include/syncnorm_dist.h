@@ -226,7 +226,8 @@ typedef struct {
  * either the old file or the complete new one, and a crash while writing leaves no temporary
  * file. On file systems without O_TMPFILE (or without /proc) the file is written as
  * "<path>.tmp.<pid>" directly, which a crash while writing leaves behind (never loaded, as it is
- * not <path>). Errors:
+ * not <path>). Where that temporary name would be longer than NAME_MAX, it is path's first bytes,
+ * a hash of its last component, then ".tmp.<pid>". Errors:
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (bad name, duplicate name, ndim, shape),
  * SN_ERR_INVALID_DTYPE, SN_ERR_OVERFLOW, SN_ERR_IO (path not writable; the old file stays),
  * SN_ERR_ALLOC. */

@@ -231,6 +231,47 @@ START_TEST(test_crash_while_saving) {
 }
 END_TEST
 
+/* File names of up to NAME_MAX bytes save, even where "<name>.tmp.<pid>" would be too long for
+ * a name: two 250-byte names that differ only in their last byte, each loads back what was
+ * saved, and nothing else is left in the directory. */
+START_TEST(test_long_file_names) {
+  char base[2][251], path[2][600];
+  for (int k = 0; k < 2; k++) {
+    memset(base[k], 'n', 250);
+    base[k][250] = '\0';
+    base[k][249] = (char)('0' + k);
+    path_in(path[k], sizeof path[k], base[k]);
+  }
+  float v[2][3] = {{1, 2, 3}, {4, 5, 6}};
+  for (int k = 0; k < 2; k++) {
+    sn_tensor_t t = {"w", SN_DTYPE_F32, 0, 1, {3}, v[k]};
+    ck_assert_msg(sn_safetensors_save(path[k], &t, 1) == SN_OK, "%s", sn_last_error());
+  }
+  for (int k = 0; k < 2; k++) {
+    sn_safetensors_t *f = NULL;
+    ck_assert_int_eq(sn_safetensors_load(&f, path[k]), SN_OK);
+    sn_tensor_t t;
+    ck_assert_int_eq(sn_safetensors_get(f, &t, "w"), SN_OK);
+    ck_assert(t.ndim == 1 && t.shape[0] == 3);
+    float got[3];
+    memcpy(got, t.data, sizeof got);
+    tu_assert_bitwise(got, v[k], sizeof v[k], "long name: loaded tensor");
+    sn_safetensors_free(f);
+  }
+  DIR *dh = opendir(dir);
+  ck_assert_ptr_nonnull(dh);
+  int files = 0;
+  for (struct dirent *e; (e = readdir(dh)) != NULL;)
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+      ck_assert_msg(strcmp(e->d_name, base[0]) == 0 || strcmp(e->d_name, base[1]) == 0,
+                    "left behind: %s", e->d_name);
+      files++;
+    }
+  closedir(dh);
+  ck_assert_int_eq(files, 2);
+}
+END_TEST
+
 /* A failed save leaves the previous file as it was. */
 START_TEST(test_failed_save_keeps_old_file) {
   char path[300];
@@ -374,6 +415,7 @@ int main(void) {
   tcase_add_test(tc, test_generic_tensors_roundtrip);
   tcase_add_test(tc, test_failed_save_keeps_old_file);
   tcase_add_test(tc, test_crash_while_saving);
+  tcase_add_test(tc, test_long_file_names);
   tcase_add_test(tc, test_truncated_files_rejected);
   tcase_add_test(tc, test_corrupt_headers_rejected);
   tcase_add_test(tc, test_load_validation_all_or_nothing);
