@@ -70,7 +70,9 @@ SN_API const char *sn_comm_backend(const sn_comm_t *comm);
 
 /* In-place sum all-reduce of count elements of dtype SN_DTYPE_F32 or SN_DTYPE_F64 in buf (host
  * memory for "self"/"mpi", device memory for "nccl", enqueued on its stream). Collective: every
- * rank passes the same count and dtype. The result is bitwise identical on every rank. Errors:
+ * rank passes the same count and dtype, which is not checked (as MPI_Allreduce: another count
+ * or dtype on some rank mixes or truncates buffers, and Open MPI may end the job; the layers
+ * check theirs with check_consistency). The result is bitwise identical on every rank. Errors:
  * SN_ERR_NULL_POINTER (buf NULL with count > 0), SN_ERR_INVALID_SIZE (count < 0),
  * SN_ERR_OVERFLOW (count beyond what the backend can send in one call: 2^31 − 1 elements for
  * MPI), SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_HANDLE, SN_ERR_ALLOC (staging buffer), SN_ERR_COMM,
