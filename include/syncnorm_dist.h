@@ -162,10 +162,10 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
 /* Forward of x [n, C, s] (NCHW) or [n, s, C] (NHWC) into y (same shape, cfg.dtype); y may equal x.
  * training != 0: batch statistics over all ranks —
  * one all-reduce of 2C+5 fp64 values (count, Σ(x−p), Σ(x−p)² with a pivot p, and 4 values that
- * check p is the same on every rank; a second one only in the rare step where p was so far from
- * the mean that fp64 lost more than 24 bits, or where p differed across ranks — a checkpoint
- * loaded on some ranks only: then every rank redoes the sums around 0) — normalized with the
- * biased variance; then, tracking, num_batches_tracked += 1
+ * check p is the same on every rank; one more only in the rare step where p was so far from the
+ * mean that fp64 lost more than 24 bits, and one more before that where p differed across ranks
+ * — a checkpoint loaded on some ranks only: then every rank redoes the sums around 0, so such a
+ * step takes up to 3) — normalized with the biased variance; then, tracking, num_batches_tracked += 1
  * and running_x = (1−f)·running_x + f·batch_x with f = momentum (or 1/num_batches_tracked),
  * batch_var unbiased by the global count N: var·N/(N−1). Collective (training) — a rank with
  * n·s == 0 still calls it. training == 0: y from the running stats, local, no communication;
@@ -201,7 +201,7 @@ SN_API sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy,
 SN_API sn_status_t sn_syncbn_params(sn_syncbn_t *bn, sn_syncbn_params_t *params);
 
 /* Number of collectives (all-reduces) this layer has issued so far: a training forward adds 1
- * (rarely 2, see forward), a backward after it adds 1, consistency checks add 1 each. For
+ * (rarely 2 or 3, see forward), a backward after it adds 1, consistency checks add 1 each. For
  * benchmarks and tests. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_syncbn_collective_count(const sn_syncbn_t *bn, int64_t *count);
 
