@@ -7,6 +7,7 @@
  * library for the internal functions.
  */
 #include <check.h>
+#include <fenv.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -220,12 +221,41 @@ START_TEST(test_narrow_bf16) {
 }
 END_TEST
 
+/* Narrowing follows the current rounding mode on every path, as the compiler's own _Float16
+ * conversion does (the scalar code of CPUs without F16C): under FE_UPWARD / FE_DOWNWARD /
+ * FE_TOWARDZERO values between two f16 neighbours go up / down / toward 0. */
+START_TEST(test_narrow_f16_rounding_mode) {
+#if defined(__FLT16_MAX__) && defined(FE_UPWARD) && defined(FE_DOWNWARD) && defined(FE_TOWARDZERO)
+  static const int modes[3] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO};
+  volatile float in[6] = {1.0f + 0x1p-12f, -1.0f - 0x1p-12f, 0x1.0p-25f, 65519.0f, -3.0e-8f,
+                          1.0f + 0x1p-11f + 0x1p-13f};
+  for (int k = 0; k < 3; k++) {
+    float v[24];
+    for (int i = 0; i < 24; i++) v[i] = in[i % 6];
+    uint16_t got[24], want[24];
+    ck_assert_int_eq(fesetround(modes[k]), 0);
+    sn__from_f32(got, 0, v, 24, SN_DTYPE_F16);
+    for (int i = 0; i < 24; i++) {
+      const _Float16 h = (_Float16)v[i];
+      memcpy(&want[i], &h, sizeof h);
+    }
+    fesetround(FE_TONEAREST);
+    for (int i = 0; i < 24; i++)
+      CHECK(got[i] == want[i], "mode %d: %a narrowed to 0x%04x, the compiler's 0x%04x", k,
+            (double)v[i], got[i], want[i]);
+    CHECK(k != 0 || got[0] == 0x3c01u, "FE_UPWARD: 1 + 2^-12 must round up to 0x3c01");
+  }
+#endif
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("convert");
   TCase *tc = tcase_create("core");
   tcase_add_loop_test(tc, test_widen_every_pattern, 0, 2);
   tcase_add_test(tc, test_narrow_f16);
   tcase_add_test(tc, test_narrow_bf16);
+  tcase_add_test(tc, test_narrow_f16_rounding_mode);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

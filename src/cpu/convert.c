@@ -85,12 +85,12 @@ static inline uint16_t f32_to_f16(float f) {
  * those conversions only for AVX-512 FP16), so on CPUs with F16C the f16 runs use its
  * instructions directly: 8 elements per vcvtph2ps / vcvtps2ph, the same per-element results as
  * the scalar forms the cloned loops compile to (exact widening, subnormals included; narrowing
- * round-to-nearest-even, here requested explicitly instead of taken from MXCSR, NaN kept a
- * quiet NaN). */
+ * in the current rounding mode, as those and the soft-float path of CPUs without F16C do:
+ * round-to-nearest-even unless the caller changed it; NaN kept a quiet NaN). */
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__FLT16_MAX__)
 #include <immintrin.h>
 #define SN_HAVE_F16C_RUNS 1
-#define SN_F16C_ROUND (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define SN_F16C_ROUND _MM_FROUND_CUR_DIRECTION
 
 __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(float *dst, const uint16_t *src,
                                                                  int64_t n) {
