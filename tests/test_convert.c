@@ -17,8 +17,8 @@
 
 /* ck_assert_msg marks a point on every pass (a write to Check's pipe): too slow for millions of
  * elements, so the element loops test first and fail through ck_abort_msg. */
-#define CHECK(cond, ...)                 \
-  do {                                   \
+#define CHECK(cond, ...)                  \
+  do {                                    \
     if (!(cond)) ck_abort_msg(__VA_ARGS__); \
   } while (0)
 
@@ -31,6 +31,12 @@ static uint32_t f32_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);
   return u;
+}
+
+/* The next of a xorshift64 sequence of random bit patterns (its upper half). */
+static uint32_t next_u32(uint64_t *x) {
+  *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+  return (uint32_t)(*x >> 32);
 }
 
 /* binary16 → double from its fields: (−1)^s · 2^(e−15) · 1.m, subnormals 2^-14 · 0.m. */
@@ -94,13 +100,13 @@ static void check_narrow_runs(const float *src, int64_t total, sn_dtype_t dt,
   for (int64_t base = 0; base + 48 <= total; base += 41 * 5)
     for (int off = 0; off < 8; off++)
       for (int64_t n = 0; n <= 40; n++) {
-        for (int k = 0; k < 64; k++) out[k] = 0xdeadu & 0xffffu;
+        for (int k = 0; k < 64; k++) out[k] = 0xdeadu;
         sn__from_f32(out, off, src + base, n, dt);
         for (int64_t k = 0; k < n; k++) {
           const uint16_t want = ref(src[base + k]);
           CHECK(out[off + k] == want, "%s: %a (0x%08x) narrowed to 0x%04x, want 0x%04x",
-                        dt == SN_DTYPE_F16 ? "f16" : "bf16", (double)src[base + k],
-                        f32_bits(src[base + k]), out[off + k], want);
+                dt == SN_DTYPE_F16 ? "f16" : "bf16", (double)src[base + k],
+                f32_bits(src[base + k]), out[off + k], want);
         }
         CHECK(out[off + n] == 0xdeadu, "the run of %lld wrote past its end", (long long)n);
       }
@@ -119,7 +125,7 @@ START_TEST(test_widen_every_pattern) {
       const float got = out[off + h];
       if (dt == SN_DTYPE_BF16) {
         CHECK(f32_bits(got) == h << 16, "bf16 0x%04x widened to 0x%08x", h,
-                      f32_bits(got));
+              f32_bits(got));
         continue;
       }
       const int nan = ((h >> 10) & 31) == 31 && (h & 1023) != 0;
@@ -127,11 +133,11 @@ START_TEST(test_widen_every_pattern) {
         /* IEEE 754 conversion quiets a signalling NaN: the payload moves up, quiet bit set */
         const uint32_t want = ((h & 0x8000u) << 16) | 0x7fc00000u | ((h & 1023u) << 13);
         CHECK(f32_bits(got) == want, "f16 NaN 0x%04x widened to 0x%08x", h,
-                      f32_bits(got));
+              f32_bits(got));
       } else {
         const double want = ref_f16_value((uint16_t)h);
         CHECK((double)got == want && !signbit(got) == !signbit(want),
-                      "f16 0x%04x widened to %a, want %a", h, (double)got, want);
+              "f16 0x%04x widened to %a, want %a", h, (double)got, want);
       }
     }
   }
@@ -145,8 +151,8 @@ START_TEST(test_widen_every_pattern) {
         float whole[48];
         sn__to_f32(whole, all, base + off, 48, dt);
         CHECK(memcmp(run, whole, (size_t)n * sizeof(float)) == 0,
-                      "run of %lld at %lld differs from the whole conversion", (long long)n,
-                      (long long)(base + off));
+              "run of %lld at %lld differs from the whole conversion", (long long)n,
+              (long long)(base + off));
         CHECK(run[n] == -7.0f, "a run wrote past its end");
       }
   free(all);
@@ -163,22 +169,17 @@ START_TEST(test_narrow_f16) {
   enum { MAX = 1 << 16 };
   float *v = malloc(MAX * sizeof *v);
   int64_t n = 0;
-  static const uint32_t lows[] = {0x0000u, 0x0001u, 0x0fffu, 0x1000u, 0x1001u, 0x1fffu, 0x0800u};
   for (int e = 127 - 30; e <= 127 + 17; e++)
     for (uint32_t s = 0; s < 2; s++)
       for (uint32_t kept = 0; kept < 4; kept++)
-        for (size_t l = 0; l < sizeof lows / sizeof *lows; l++)
-          for (uint32_t shift = 0; shift < 12; shift++) { /* subnormal f16 drop more bits */
-            const uint32_t man = (((kept * 0x2a5u) & 0x3ffu) << 13 | lows[l]) << 0;
-            const uint32_t low_mask = (1u << (13 + shift)) - 1;
-            const uint32_t tie = 1u << (12 + shift);
-            uint32_t m = (man & ~low_mask & 0x7fffffu) | ((lows[l] == 0x1000u ? tie
-                                                          : lows[l] == 0x1001u ? tie + 1
-                                                          : lows[l] == 0x0fffu ? tie - 1
-                                                          : lows[l]) & low_mask);
-            if (kept & 1) m |= (low_mask + 1) & 0x7fffffu; /* odd kept bit */
-            v[n++] = bits_f32(s << 31 | (uint32_t)e << 23 | m);
-          }
+        for (uint32_t shift = 0; shift < 12; shift++) { /* subnormal f16 drop more bits */
+          const uint32_t low_mask = (1u << (13 + shift)) - 1, tie = 1u << (12 + shift);
+          const uint32_t dropped[] = {0, 1, tie - 1, tie, tie + 1, low_mask, tie >> 1};
+          uint32_t high = ((kept * 0x2a5u) << 13) & ~low_mask & 0x7fffffu;
+          if (kept & 1) high |= (low_mask + 1) & 0x7fffffu; /* odd kept bit */
+          for (size_t l = 0; l < sizeof dropped / sizeof *dropped; l++)
+            v[n++] = bits_f32(s << 31 | (uint32_t)e << 23 | high | dropped[l]);
+        }
   static const float special[] = {65504.0f, 65519.99f, 65520.0f, 65520.01f, 65536.0f, 1e9f,
                                   0x1p-14f, 0x1.ffcp-15f, 0x1p-24f, 0x1p-25f, 0x1.000002p-25f,
                                   0x1p-26f, 0x1.8p-24f, 0x1.4p-24f, 0.0f, -0.0f, INFINITY,
@@ -189,8 +190,7 @@ START_TEST(test_narrow_f16) {
   v[n++] = bits_f32(0x7fffffffu);
   uint64_t x = 0x9e3779b97f4a7c15ull;
   while (n < MAX) { /* random patterns, half of them inside the f16 range */
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    uint32_t u = (uint32_t)(x >> 32);
+    uint32_t u = next_u32(&x);
     if (n & 1) u = (u & 0x807fffffu) | (uint32_t)(127 - 26 + (int)((x >> 8) % 44)) << 23;
     v[n++] = bits_f32(u);
   }
@@ -212,10 +212,7 @@ START_TEST(test_narrow_bf16) {
         for (size_t l = 0; l < sizeof lows / sizeof *lows; l++)
           v[n++] = bits_f32(s << 31 | e << 23 | (0x7fu - kept) << 16 | lows[l]);
   uint64_t x = 0x1234567887654321ull;
-  while (n < MAX) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    v[n++] = bits_f32((uint32_t)(x >> 32));
-  }
+  while (n < MAX) v[n++] = bits_f32(next_u32(&x));
   check_narrow_runs(v, n, SN_DTYPE_BF16, ref_f32_to_bf16);
   free(v);
 }

@@ -360,8 +360,9 @@ END_TEST
  * pass for f32 and bf16) on rows that take every branch after it: a sum that cancels |x| ≫ σ
  * (row 0), a sorted row, whose first values are not typical of it (row 1: the two-pass
  * statistics where the one-pass ones would cancel), a NaN in the residual (row 2) and sums
- * beyond the dtype's range (row 3): tu_fill_add_adversarial. For d ∈ {1, 33, 1000}: sum_out == round_dtype(x + residual)
- * (NaN where that is NaN), and the outputs bitwise those of the unfused forward on sum_out. */
+ * beyond the dtype's range (row 3): tu_fill_add_adversarial. For d ∈ {1, 33, 1000}:
+ * sum_out == round_dtype(x + residual) (NaN where that is NaN), and the outputs bitwise those
+ * of the unfused forward on sum_out. */
 START_TEST(test_add_adversarial) {
   const sn_dtype_t dt = (sn_dtype_t)_i;
   static const int64_t D[] = {1, 33, 1000};
