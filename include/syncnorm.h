@@ -143,7 +143,7 @@ SN_API sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, flo
                                         sn_dtype_t dtype);
 
 /* ------------------------------------------------------------------------------------------ */
-/* RMSNorm (Zhang and Sennrich 2019; torch.nn.RMSNorm)                                          */
+/* RMSNorm (Zhang and Sennrich 2019; torch.nn.RMSNorm of PyTorch 2.4 on, not in 1.13)           */
 /* ------------------------------------------------------------------------------------------ */
 
 /* RMSNorm forward over each row of x [rows, d]:  rstd = 1/√(Σx²/d + eps),  y = x·rstd·gamma.
@@ -156,10 +156,13 @@ SN_API sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const flo
                                   int64_t rows, int64_t d, float eps, sn_dtype_t dtype);
 
 /* RMSNorm backward, with g = dy·gamma:
- *   dx = rstd·g − rstd³·x·mean(g·x),  dgamma = Σ_rows dy·x·rstd.
- * dx, dy, x: [rows, d] dtype; rstd: [rows] f32 from sn_rmsnorm_fwd; gamma: [d] f32 or NULL.
- * dgamma: [d] f32 (=) or NULL, summed over rows as sn_layernorm_bwd's; the per-row sum Σg·x is
- * fp64. dx may equal dy. Errors as sn_layernorm_bwd. */
+ *   dx = rstd·g − rstd³·x·mean(g·x),  dgamma = Σ_rows dy·x·rstd,
+ * computed as dx = rstd·(g − x̂·c) with x̂ = x·rstd, c = mean(g·x̂), so every f32 factor stays in
+ * range whatever the RMS or eps. dx, dy, x: [rows, d] dtype; rstd: [rows] f32 from
+ * sn_rmsnorm_fwd; gamma: [d] f32 or NULL. dgamma: [d] f32 (=) or NULL, summed over rows as
+ * sn_layernorm_bwd's; the per-row sum Σg·x is fp64. Rows whose dy·gamma leaves the f32 range,
+ * or whose terms are near either end of it, are computed in fp64. dx may equal dy.
+ * Errors as sn_layernorm_bwd. */
 SN_API sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *x,
                                   const float *rstd, const float *gamma, int64_t rows, int64_t d,
                                   sn_dtype_t dtype);

@@ -469,6 +469,90 @@ START_TEST(test_bwd_huge_dy) {
 }
 END_TEST
 
+/* Forward (for rstd) and backward on the given x, dy [rows, d] (dt), gamma and eps: dx and
+ * dgamma poisoned, then against the fp64 analytic gradient (ref_bwd). */
+static void check_bwd_case(const void *x, const void *dy, const float *gamma, int64_t rows,
+                           int64_t d, sn_dtype_t dt, float eps, const char *what) {
+  const int64_t n = rows * d;
+  void *dx = tu_alloc(n, dt);
+  float *rstd = malloc((size_t)rows * sizeof(float)), *dg = malloc((size_t)d * sizeof(float));
+  double *xd = load(x, n, dt), *dyd = load(dy, n, dt);
+  double *dxr = malloc((size_t)n * sizeof(double)), *dgr = malloc((size_t)d * sizeof(double));
+  ck_assert(rstd != NULL && dg != NULL && dxr != NULL && dgr != NULL);
+  ck_assert_int_eq(sn_rmsnorm_fwd(dx, rstd, x, gamma, rows, d, eps, dt), SN_OK);
+  tu_poison(dx, n, dt);
+  tu_poison_f32(dg, d);
+  sn_status_t st = sn_rmsnorm_bwd(dx, dg, dy, x, rstd, gamma, rows, d, dt);
+  ck_assert_msg(st == SN_OK, "%s: %s", what, sn_last_error());
+  double scale = ref_bwd(dxr, dgr, dyd, xd, gamma, rows, d, (double)eps);
+  assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), what);
+  tu_assert_rel(dg, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, what);
+  free(dx), free(rstd), free(dg), free(xd), free(dyd), free(dxr), free(dgr);
+}
+
+/* Rows whose RMS is near either end of the f32 range, f32 and bf16. A review found dx off by
+ * 14 % from an RMS of ~1e21 on: the f32 factor rstd³·mean(g·x) of the map became subnormal,
+ * then 0, and the projection onto x̂ was lost. At 1e-40 (subnormal x, eps dominating rstd) the
+ * f32 products dy·x of the dgamma partials were subnormal: 4e-6 relative error in dgamma. */
+START_TEST(test_bwd_extreme_scale) {
+  static const double SIGMA[] = {1e-40, 1e-30, 1e21, 1e25, 1e30, 1e37};
+  static const int64_t D[] = {64, 77};
+  for (int id = 0; id < 2; id++) {
+    const sn_dtype_t dt = id == 0 ? SN_DTYPE_F32 : SN_DTYPE_BF16;
+    for (size_t a = 0; a < sizeof SIGMA / sizeof SIGMA[0]; a++)
+      for (size_t b = 0; b < 2; b++) {
+        const int64_t rows = 4, d = D[b], n = rows * d;
+        tu_rng_t rng;
+        tu_rng_seed(&rng, 1000 + 10 * a + b);
+        void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt);
+        tu_fill_normal(x, n, dt, 0.0, SIGMA[a], &rng);
+        tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+        float *gamma = random_f32(d, 1.0, 0.5, &rng);
+        char what[96];
+        snprintf(what, sizeof what, "rmsnorm_bwd sigma=%g d=%lld", SIGMA[a], (long long)d);
+        check_bwd_case(x, dy, gamma, rows, d, dt, EPS, what);
+        free(x), free(dy), free(gamma);
+      }
+  }
+}
+END_TEST
+
+/* A subnormal eps (legal: any finite eps > 0) with rows tiny enough for it to matter: rstd is
+ * ~2^74, and rstd³·mean(g·x) overflowed f32 (dx = ±inf, a review). */
+START_TEST(test_bwd_subnormal_eps) {
+  static const float EPSS[] = {0x1p-149f, 1e-40f};
+  static const double SIGMA[] = {1e-23, 1e-21};
+  for (int k = 0; k < 2; k++) {
+    const int64_t rows = 3, d = 16, n = rows * d;
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 1100 + (uint64_t)k);
+    float *x = random_f32(n, 0.0, SIGMA[k], &rng), *dy = random_f32(n, 0.0, 1.0, &rng);
+    float *gamma = random_f32(d, 1.0, 0.5, &rng);
+    check_bwd_case(x, dy, gamma, rows, d, SN_DTYPE_F32, EPSS[k], "rmsnorm_bwd subnormal eps");
+    free(x), free(dy), free(gamma);
+  }
+}
+END_TEST
+
+/* dy·gamma beyond FLT_MAX (dy ~ 1e30, gamma 1e10) while dx = rstd·(…) is finite (~1e37, x ~
+ * 1e3): the f32 g made the row's sum ±inf − inf, a NaN row (a review). */
+START_TEST(test_bwd_g_overflow) {
+  for (int id = 0; id < 2; id++) {
+    const sn_dtype_t dt = id == 0 ? SN_DTYPE_F32 : SN_DTYPE_BF16;
+    const int64_t rows = 3, d = 16, n = rows * d;
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 1200 + (uint64_t)id);
+    void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt);
+    tu_fill_normal(x, n, dt, 0.0, 1e3, &rng);
+    tu_fill_normal(dy, n, dt, 0.0, 1e30, &rng);
+    float gamma[16];
+    for (int64_t i = 0; i < d; i++) gamma[i] = 1e10f;
+    check_bwd_case(x, dy, gamma, rows, d, dt, EPS, "rmsnorm_bwd dy*gamma beyond FLT_MAX");
+    free(x), free(dy);
+  }
+}
+END_TEST
+
 START_TEST(test_bwd_large_mean) {
   for (int64_t b = 0; b < ND; b++) {
     check_bwd(3, DS[b], SN_DTYPE_F32, 1e4, 1e-2, 800 + b);
@@ -763,6 +847,9 @@ int main(void) {
   tcase_add_loop_test(tc, test_bwd_shapes, 0, 3);
   tcase_add_test(tc, test_bwd_large_mean);
   tcase_add_test(tc, test_bwd_huge_dy);
+  tcase_add_test(tc, test_bwd_extreme_scale);
+  tcase_add_test(tc, test_bwd_subnormal_eps);
+  tcase_add_test(tc, test_bwd_g_overflow);
   tcase_add_test(tc, test_fd);
   tcase_add_test(tc, test_bad_input);
   tcase_add_test(tc, test_empty_batch);

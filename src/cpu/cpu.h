@@ -6,6 +6,8 @@
 #ifndef SN_CPU_H
 #define SN_CPU_H
 
+#include <float.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,6 +59,13 @@ static inline void sn__out_done(void *base, int64_t off, int64_t n, sn_dtype_t d
 /* Σ src[i] and Σ (src[i] − shift)² in fp64 with SN_LANES fixed lanes (bitwise reproducible). */
 SN_HIDDEN double sn__sum_f64(const float *src, int64_t n);
 SN_HIDDEN double sn__sumsq_shifted_f64(const float *src, int64_t n, double shift);
+
+/* Whether an fp64 value is served by its f32 rounding: exactly representable, or a normal
+ * finite f32 (a subnormal keeps fewer than 24 bits; beyond FLT_MAX it is inf). */
+static inline int sn__f32_holds(double v) {
+  const float f = (float)v;
+  return (double)f == v || (fabsf(f) >= FLT_MIN && fabsf(f) <= FLT_MAX);
+}
 
 /* Number of OpenMP threads a parallel region started now would get (1 without OpenMP). */
 SN_HIDDEN int sn__max_threads(void);

@@ -218,13 +218,8 @@ SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const f
  *
  * A centre from SN_CENTRE_F32_MAX (cpu.h) on can make x − hi overflow f32. */
 
-/* Whether an fp64 constant is served by its f32 rounding: exactly representable, or a normal
- * finite f32 (a subnormal keeps fewer than 24 bits: a = gamma·rstd for σ near 2^127 with a small
- * gamma, e = O(rstd²) of the backward beyond σ ≈ 2^63, which even underflows to 0). */
-static inline int sn__f32_holds(double v) {
-  const float f = (float)v;
-  return (double)f == v || (fabsf(f) >= FLT_MIN && fabsf(f) <= FLT_MAX);
-}
+/* sn__f32_holds (cpu.h) of a constant: a = gamma·rstd for σ near 2^127 with a small gamma, or
+ * e = O(rstd²) of the backward beyond σ ≈ 2^63, which even underflows to 0, is not held. */
 
 /* Whether a channel must be mapped in fp64: its centre from SN_CENTRE_F32_MAX on, its low part
  * lo = m − hi not held by an f32 (a mean below ~2^-102, where lo is subnormal: hi + lo no

@@ -20,7 +20,11 @@
  *
  * Backward, per row, with g = dy·gamma and the saved f32 rstd s:
  *   pass A  Σg·x                               fp64
- *   pass B  dx = s·g − (s³·Σg·x/d)·x,  dgamma partial += dy·x·s
+ *   pass B  x̂ = x·s, c = s·Σg·x/d (= mean(g·x̂)), dx = s·(g − x̂·c),  dgamma partial += dy·x̂
+ * Every f32 factor is O(1) (x̂, |x̂| ≤ √d) or O(g) (c): none leaves the f32 range with the RMS
+ * (s³·mean(g·x), the factor of x in the same gradient written as s·g − b·x, is subnormal from
+ * an RMS of ~2^63 on and overflows for a subnormal eps). Rows whose sum or c is not held by an
+ * f32 (g beyond FLT_MAX, inf/NaN in the row) are computed in fp64 (rms_bwd_row_f64).
  * dgamma = Σ_rows dy·x·rstd is summed per fixed chunk of rows (cpu.h), in f32 over runs of
  * SN_PART_ROWS rows added in fp64 (rownorm.h), and the chunk partials are added in chunk order
  * (see layernorm.c): bitwise the same for any thread count.
@@ -216,10 +220,35 @@ typedef struct {
   int esize;
 } rms_prefetch_t;
 
+/* One row of the backward in fp64 throughout, for rows rms_bwd_row_impl cannot map in f32: g =
+ * dy·gamma and the sum Σg·x exact or fp64, dx = s·(g − x̂·c) rounded once to f32; with dgp64
+ * the dgamma terms dy·x̂ go to the chunk's fp64 partial. dx may equal dy. Scalar: only rows with
+ * values near the ends of the f32 range, or inf/NaN, get here. */
+static void rms_bwd_row_f64(float *dx, double *dgp64, const float *dy, const float *x,
+                            const float *gamma, int64_t d, float s) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < d; i++)
+    sum += (double)dy[i] * (gamma != NULL ? (double)gamma[i] : 1.0) * (double)x[i];
+  const double sd = (double)s, c = sd * (sum / (double)d);
+  for (int64_t i = 0; i < d; i++) {
+    const double dyi = (double)dy[i], xh = (double)x[i] * sd;
+    const double g = dyi * (gamma != NULL ? (double)gamma[i] : 1.0);
+    if (dgp64 != NULL) dgp64[i] += dyi * xh;
+    dx[i] = (float)(sd * (g - xh * c));
+  }
+}
+
+/* Bounds on a row's dgamma terms |dy·x̂| ≤ max|dy|·max|x|·s for the f32 partials
+ * (SN_PART_ROWS): above SN_PART_F32_MAX they could overflow them; below RMS_PART_F32_MIN some
+ * are subnormal in f32 and lose bits (x near the subnormal range with eps dominating rstd: a
+ * review measured 4e-6 relative in dgamma). Such rows add their terms, exact in fp64, into the
+ * chunk's fp64 partial dgp64 instead; the choice depends on the row's data only. */
+#define RMS_PART_F32_MIN 0x1p-100
+
 /* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x and the saved rstd s.
- * With has_part, dgp[i] += dy·x·s into the f32 partial of dgamma (SN_PART_ROWS), or, for a row
- * whose products could overflow f32 (max|dy|·max|x|, or that times s, beyond SN_PART_F32_MAX),
- * into the chunk's fp64 partial dgp64 directly, as before the f32 runs. */
+ * With has_part, dgp[i] += dy·x̂ into the f32 partial of dgamma, or into the chunk's fp64
+ * partial dgp64 for a row outside the f32 partials' range (RMS_PART_F32_MIN, SN_PART_F32_MAX).
+ * Rows whose Σg·x is not finite or whose c is not held by an f32 go to rms_bwd_row_f64. */
 SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const float *dy,
                                 const float *x, const float *gamma, int64_t d, float s,
                                 const rms_prefetch_t *pf, int has_g, int has_part) {
@@ -243,32 +272,34 @@ SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const floa
     acc[k] += (double)rms_g(dy[i], gamma, i, has_g) * (double)x[i];
     if (has_part) mdy[k] = sn__max_abs(mdy[k], dy[i]), mx[k] = sn__max_abs(mx[k], x[i]);
   }
-  double big = 0.0; /* max|dy|·max|x| */
+  const double sum = sn__lanes_total(acc), sd = (double)s, cd = sd * (sum / (double)d);
+  if (!isfinite(sum) || !sn__f32_holds(cd)) { /* f32 g beyond FLT_MAX, inf/NaN in the row */
+    rms_bwd_row_f64(dx, has_part ? dgp64 : NULL, dy, x, has_g ? gamma : NULL, d, s);
+    return;
+  }
+  double term = 0.0; /* max|dy|·max|x|·s, bounding the dgamma terms */
   if (has_part) {
     float a = 0.0f, bx = 0.0f;
     for (int k = 0; k < SN_ROW_LANES; k++) a = sn__max_abs(a, mdy[k]), bx = sn__max_abs(bx, mx[k]);
-    big = (double)a * (double)bx;
+    term = (double)a * (double)bx * fabs(sd);
   }
-
-  /* dx = s·g − b·x with b = s³·mean(g·x) */
-  const double sd = (double)s;
-  const float b = (float)(sd * sd * sd * (sn__lanes_total(acc) / (double)d));
+  const float c = (float)cd;
 
   /* pass B: dy[j] is read before dx[j] is written */
-  if (has_part && !(big <= SN_PART_F32_MAX && big * fabs(sd) <= SN_PART_F32_MAX)) {
+  if (has_part && !(term >= RMS_PART_F32_MIN && term <= SN_PART_F32_MAX) && term != 0.0) {
     SN_IVDEP
     for (int64_t j = 0; j < d; j++) {
-      const float dyj = dy[j], xj = x[j];
-      dgp64[j] += (double)dyj * (double)xj * sd;
-      dx[j] = s * rms_g(dyj, gamma, j, has_g) - b * xj;
+      const float dyj = dy[j], xh = x[j] * s;
+      dgp64[j] += (double)dyj * ((double)x[j] * sd);
+      dx[j] = s * (rms_g(dyj, gamma, j, has_g) - xh * c);
     }
     return;
   }
   SN_IVDEP
   for (int64_t j = 0; j < d; j++) {
-    const float dyj = dy[j], xj = x[j];
-    if (has_part) dgp[j] += dyj * xj * s;
-    dx[j] = s * rms_g(dyj, gamma, j, has_g) - b * xj;
+    const float dyj = dy[j], xh = x[j] * s;
+    if (has_part) dgp[j] += dyj * xh;
+    dx[j] = s * (rms_g(dyj, gamma, j, has_g) - xh * c);
   }
 }
 
