@@ -61,7 +61,9 @@ sn_status_t sn__comm_allreduce(const char *fn, sn_comm_t *comm, void *buf, int64
     return sn__fail(SN_ERR_OVERFLOW, "%s: count %lld exceeds the 2^31-1 elements of one collective",
                     fn, (long long)count);
   if (comm->size == 1 || count == 0) return SN_OK; /* nothing to exchange */
-  return comm->ops->allreduce(comm, buf, count, type, op);
+  /* the backend's message names the MPI call; put the caller's name before it */
+  const sn_status_t st = comm->ops->allreduce(comm, buf, count, type, op);
+  return st == SN_OK ? SN_OK : sn__fail_prefix(st, "%s", fn);
 }
 
 sn_status_t sn_comm_rank(const sn_comm_t *comm, int *rank) {

@@ -202,8 +202,35 @@ static int64_t running_hash(const sn_syncbn_t *bn) {
   return (int64_t)(h >> 2);
 }
 
+/* One field's range over the ranks, lo..hi, for the message of check_consistency: names for
+ * the operation, dtype and layout, values for momentum and eps (sig holds their bits), nothing
+ * for the hash of the running statistics. */
+static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi) {
+  static const char *const op_name[] = {"?", "forward", "backward"};
+  static const char *const dtype_name[] = {"f32", "bf16", "f16", "f64"};
+  static const char *const layout_name[] = {"NCHW", "NHWC"};
+  const char *const *names = k == 2 ? op_name : k == 3 ? dtype_name : k == 4 ? layout_name : NULL;
+  const int64_t count = k == 2 ? 3 : k == 3 ? 4 : 2;
+  if (names != NULL && lo >= 0 && hi < count)
+    return snprintf(out, size, " (%s..%s)", names[lo], names[hi]);
+  if (k == 5 || k == 6) {
+    const uint32_t a = (uint32_t)lo, b = (uint32_t)hi;
+    float fa, fb;
+    memcpy(&fa, &a, sizeof fa);
+    memcpy(&fb, &b, sizeof fb);
+    const double lo_v = fa < fb ? fa : fb, hi_v = fa < fb ? fb : fa;
+    return snprintf(out, size, " (%.9g and %.9g among the ranks' values)", lo_v, hi_v);
+  }
+  if (k == 9) return snprintf(out, size, "%s", "");
+  return snprintf(out, size, " (%lld..%lld)", (long long)lo, (long long)hi);
+}
+
 /* With cfg.check_consistency: one max-all-reduce of (v, −v) for each field of this call's
- * signature. Every rank gets the same maxima, so every rank reaches the same verdict. */
+ * signature. Every rank gets the same maxima, so every rank reaches the same verdict. The first
+ * CALL_FIELDS fields say which call each rank made; where one of them differs the ranks are out
+ * of step, and the others (another layer's configuration and state) differ as a consequence,
+ * so only the call fields are reported then. */
+enum { CALL_FIELDS = 5 };
 static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
   enum { K = 10 };
   static const char *const field[K] = {
@@ -216,19 +243,26 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
   int64_t v[2 * K];
   for (int k = 0; k < K; k++) v[k] = sig[k], v[K + k] = -sig[k];
   bn->collectives++;
-  SN_TRY(sn__comm_allreduce(fn, bn->comm, v, 2 * K, SN_RED_I64, SN_RED_MAX));
+  char where[sizeof bn->label + 64];
+  snprintf(where, sizeof where, "%s (%s, consistency check)", fn, bn->label);
+  SN_TRY(sn__comm_allreduce(where, bn->comm, v, 2 * K, SN_RED_I64, SN_RED_MAX));
+  int last = K;
+  for (int k = 0; k < CALL_FIELDS; k++)
+    if (v[k] != -v[K + k]) last = CALL_FIELDS;
   char msg[512];
   int len = 0;
-  for (int k = 0; k < K; k++) {
+  for (int k = 0; k < last && len < (int)sizeof msg; k++) {
     if (v[k] == -v[K + k]) continue;
-    len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%s differs across ranks (%lld..%lld)",
-                    len ? "; " : "", field[k], (long long)-v[K + k], (long long)v[k]);
-    if (len >= (int)sizeof msg) break;
+    len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%s differs across ranks", len ? "; " : "",
+                    field[k]);
+    if (len < (int)sizeof msg)
+      len += field_range(msg + len, sizeof msg - (size_t)len, k, -v[K + k], v[k]);
   }
   if (len == 0) return SN_OK;
   return sn__fail(SN_ERR_MISMATCH,
                   "%s: ranks disagree on this collective; this rank called %s with C %lld (%s): "
-                  "%s. Every rank must call the same layers in the same order",
+                  "%s. Every rank must call the same layers in the same order (a rank that got "
+                  "an error from an earlier call, or skipped one, is a call behind)",
                   fn, bn->label, (long long)bn->C, op == OP_FORWARD ? "forward" : "backward", msg);
 }
 
@@ -260,7 +294,9 @@ static int pivots_agree(const double slot[SN_PIVOT_SLOTS], int ranks) {
 static sn_status_t reduce(sn_syncbn_t *bn, const char *fn, int64_t count, int synced) {
   if (!synced) return SN_OK;
   bn->collectives++;
-  return sn__comm_allreduce(fn, bn->comm, bn->red, count, SN_RED_F64, SN_RED_SUM);
+  char where[sizeof bn->label + 64];
+  snprintf(where, sizeof where, "%s (%s)", fn, bn->label);
+  return sn__comm_allreduce(where, bn->comm, bn->red, count, SN_RED_F64, SN_RED_SUM);
 }
 
 static int all_finite(const double *v, int64_t count) {

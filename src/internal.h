@@ -20,6 +20,9 @@
 
 /* Records "fmt..." as this thread's sn_last_error() message and returns `status`. */
 SN_HIDDEN sn_status_t sn__fail(sn_status_t status, const char *fmt, ...) SN_PRINTF(2, 3);
+/* Puts "<formatted prefix>: " before the current sn_last_error() message (where it happened,
+ * for an error passed up from a lower layer) and returns status. */
+SN_HIDDEN sn_status_t sn__fail_prefix(sn_status_t status, const char *fmt, ...) SN_PRINTF(2, 3);
 
 /* Each check returns SN_OK, or records "<fn>: <what is wrong>" and returns the specific code. */
 

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -58,6 +59,22 @@ sn_status_t sn__fail(sn_status_t status, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(sn__errmsg, sizeof sn__errmsg, fmt, ap);
   va_end(ap);
+  return status;
+}
+
+sn_status_t sn__fail_prefix(sn_status_t status, const char *fmt, ...) {
+  char prefix[SN_ERRMSG_LEN / 2], msg[SN_ERRMSG_LEN];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  va_end(ap);
+  memcpy(msg, sn__errmsg, sizeof msg);
+  /* prefix (< half the buffer), ": ", then as much of the old message as fits */
+  const size_t pl = strlen(prefix), ml = strnlen(msg, sizeof sn__errmsg - pl - 3);
+  memcpy(sn__errmsg, prefix, pl);
+  memcpy(sn__errmsg + pl, ": ", 2);
+  memcpy(sn__errmsg + pl + 2, msg, ml);
+  sn__errmsg[pl + 2 + ml] = '\0';
   return status;
 }
 

@@ -177,7 +177,7 @@ START_TEST(test_skip_backward) {
   sn_status_t st = mt_rank == ODD ? sn_syncbn_forward(a.bn, y, x, FT_N, FT_S, 1)
                                   : sn_syncbn_backward(a.bn, dx, dy, x, FT_N, FT_S);
   assert_mismatch(st, "backward skipped on one rank", "'block1.bn2' (id 3)",
-                  "operation differs across ranks (1..2)");
+                  "operation differs across ranks (forward..backward)");
   ck_assert_msg(strstr(sn_last_error(), mt_rank == ODD ? "forward" : "backward"), "%s",
                 sn_last_error());
   assert_poisoned(dx, FT_LEN, "dx of the mismatched backward");
@@ -362,6 +362,9 @@ START_TEST(test_skipped_call_times_out) {
                   "rank %d: SN_ERR_TIMEOUT after %.3f s, timeout %.1f s", mt_rank, waited,
                   FT_TIMEOUT_S);
     ck_assert_msg(strstr(sn_last_error(), "waited 2.0 s for the other ranks"), "%s", sn_last_error());
+    /* the message names the call and the layer, not only the MPI call under them */
+    ck_assert_msg(strstr(sn_last_error(), "sn_syncbn_forward (layer 'bn_late'"), "%s",
+                  sn_last_error());
     const double t1 = mono_now();
     st = sn_syncbn_forward(bn, y, x, FT_N, FT_S, 1);
     const double again = mono_now() - t1;
