@@ -32,6 +32,8 @@ typedef struct {
   char *name;
   sn_tensor_t t;
   int64_t begin, end; /* data offsets */
+  const char *other;  /* a safetensors dtype syncnorm does not read (other_dtype), or NULL */
+  int64_t esize;      /* bytes per element */
 } st_entry_t;
 
 struct sn_safetensors {
@@ -64,6 +66,22 @@ static int parse_tag(const char *tag, sn_tensor_t *t) {
       t->dtype = tags[i].dtype;
       t->is_i64 = tags[i].is_i64;
       return 1;
+    }
+  return 0;
+}
+
+/* The safetensors dtypes other than those of sn_tensor_t, with their element sizes: a file may
+ * hold them (a model's integer or boolean tensors) and is validated with them; only
+ * sn_safetensors_get refuses such a tensor. Tags not in the format (or of sub-byte types)
+ * make the file SN_ERR_FORMAT. */
+static int64_t other_dtype(const char *tag, const char **name) {
+  static const struct { const char *tag; int64_t size; } tags[] = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"I16", 2},  {"U16", 2}, {"I32", 4}, {"U32", 4},     {"U64", 8}};
+  for (size_t i = 0; i < sizeof tags / sizeof tags[0]; i++)
+    if (strcmp(tag, tags[i].tag) == 0) {
+      *name = tags[i].tag;
+      return tags[i].size;
     }
   return 0;
 }
@@ -330,8 +348,10 @@ static sn_status_t parse_entry(const char *fn, const char *path, const char *nam
   if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(offs) ||
       json_array_size(offs) != 2)
     return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' lacks dtype, shape or data_offsets", fn, path, name);
-  if (!parse_tag(json_string_value(dt), &e->t))
-    return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' has unsupported dtype '%s' (F32, BF16, F16, F64, I64)",
+  if (parse_tag(json_string_value(dt), &e->t))
+    e->esize = elem_size(&e->t);
+  else if ((e->esize = other_dtype(json_string_value(dt), &e->other)) == 0)
+    return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' has dtype '%s', not a safetensors dtype",
                     fn, path, name, json_string_value(dt));
   size_t ndim = json_array_size(shape);
   if (ndim > SN_ST_MAX_NDIM)
@@ -354,7 +374,8 @@ static sn_status_t parse_entry(const char *fn, const char *path, const char *nam
   if (e->begin < 0 || e->end < e->begin || e->end > data_len)
     return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' data_offsets [%lld, %lld] outside the %lld data bytes (truncated file?)",
                     fn, path, name, (long long)e->begin, (long long)e->end, (long long)data_len);
-  if (e->end - e->begin != n * elem_size(&e->t))
+  const int64_t bytes = e->end - e->begin; /* n·esize could overflow: compare by division */
+  if (bytes % e->esize != 0 || bytes / e->esize != n)
     return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' has %lld data bytes for %lld elements of %s", fn,
                     path, name, (long long)(e->end - e->begin), (long long)n, json_string_value(dt));
   e->t.data = data + e->begin;
@@ -464,6 +485,10 @@ sn_status_t sn_safetensors_get(const sn_safetensors_t *f, sn_tensor_t *tensor,
   SN_TRY(sn__check_ptr(fn, "tensor", tensor));
   for (int64_t i = 0; i < f->count; i++)
     if (strcmp(f->entries[i].name, name) == 0) {
+      if (f->entries[i].other != NULL)
+        return sn__fail(SN_ERR_INVALID_DTYPE,
+                        "%s: tensor '%s' has dtype %s, which syncnorm does not read (F32, BF16, "
+                        "F16, F64, I64)", fn, name, f->entries[i].other);
       *tensor = f->entries[i].t;
       return SN_OK;
     }

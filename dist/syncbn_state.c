@@ -70,7 +70,10 @@ static sn_status_t lookup_state(const char *fn, const sn_syncbn_t *bn, const sn_
     char name[SN_MAX_PREFIX + 32];
     tensor_name(name, sizeof name, prefix, k);
     sn_tensor_t t;
-    if (sn_safetensors_get(file, &t, name) != SN_OK)
+    const sn_status_t got = sn_safetensors_get(file, &t, name);
+    if (got == SN_ERR_INVALID_DTYPE) /* there, of a dtype the layer cannot take */
+      return sn__fail_prefix(SN_ERR_FORMAT, "%s: %s", fn, bn->label);
+    if (got != SN_OK)
       return sn__fail(SN_ERR_NOT_FOUND, "%s: %s: the checkpoint has no tensor '%s'", fn, bn->label, name);
     if (k == T_NBT) {
       int scalar = t.ndim == 0 || (t.ndim == 1 && t.shape[0] == 1);

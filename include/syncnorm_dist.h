@@ -240,14 +240,18 @@ SN_API sn_status_t sn_safetensors_save(const char *path, const sn_tensor_t *tens
 typedef struct sn_safetensors sn_safetensors_t;
 
 /* Reads and validates a whole safetensors file: header length, JSON header, dtypes, shapes and
- * data offsets (in bounds, non-overlapping, covering the data exactly). Errors:
+ * data offsets (in bounds, non-overlapping, covering the data exactly). Tensors of the format's
+ * other dtypes (BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, I32, U32, U64: a model's integer or
+ * boolean tensors) are validated and listed too; only sn_safetensors_get refuses them. Errors:
  * SN_ERR_NULL_POINTER, SN_ERR_IO (cannot open or read), SN_ERR_FORMAT (corrupt or truncated,
- * with the reason), SN_ERR_ALLOC. */
+ * or a dtype the format does not have, with the reason), SN_ERR_ALLOC. */
 SN_API sn_status_t sn_safetensors_load(sn_safetensors_t **file, const char *path);
 
 /* Looks a tensor up by name: *tensor gets its dtype, shape and a data pointer into the file's
- * memory (valid until sn_safetensors_free; not necessarily aligned: memcpy from it). Errors:
- * SN_ERR_NULL_POINTER, SN_ERR_NOT_FOUND. */
+ * memory (valid until sn_safetensors_free; not necessarily aligned: memcpy from it). An I64
+ * tensor comes back with is_i64 = 1 (and dtype SN_DTYPE_F64, to be ignored): test is_i64 before
+ * dtype. Errors: SN_ERR_NULL_POINTER, SN_ERR_NOT_FOUND, SN_ERR_INVALID_DTYPE (the tensor is
+ * there, of a dtype sn_tensor_t cannot describe: I32, U8, BOOL, ...). */
 SN_API sn_status_t sn_safetensors_get(const sn_safetensors_t *file, sn_tensor_t *tensor,
                                       const char *name);
 

@@ -377,6 +377,78 @@ START_TEST(test_corrupt_headers_rejected) {
 }
 END_TEST
 
+/* A file may hold tensors of the format's dtypes that sn_tensor_t cannot describe (a model's
+ * token ids, masks): it loads, lists them, and refuses only those in sn_safetensors_get, so the
+ * BatchNorm layers of such a file load (a user found one I32 tensor blocked the whole file). */
+START_TEST(test_other_dtypes_listed) {
+  char path[300];
+  path_in(path, sizeof path, "mixed.safetensors");
+  unsigned char data[52] = {0};
+  const float w[2] = {1.5f, 2.5f}, b[2] = {-1.0f, 0.25f}, rm[2] = {0.5f, -0.5f}, rv[2] = {2.0f, 3.0f};
+  const int64_t nbt = 7;
+  const int32_t ids[3] = {1, 2, 3};
+  memcpy(data, w, 8), memcpy(data + 8, b, 8), memcpy(data + 16, rm, 8), memcpy(data + 24, rv, 8);
+  memcpy(data + 32, &nbt, 8), memcpy(data + 40, ids, 12);
+  static const char head[] =
+      "{\"bn.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+      "\"bn.bias\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
+      "\"bn.running_mean\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]},"
+      "\"bn.running_var\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[24,32]},"
+      "\"bn.num_batches_tracked\":{\"dtype\":\"%s\",\"shape\":[],\"data_offsets\":[32,40]},"
+      "\"tok.ids\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[40,52]}}";
+  char header[1024];
+  snprintf(header, sizeof header, head, "I64");
+  write_st(path, header, data, sizeof data);
+  sn_safetensors_t *f = NULL;
+  ck_assert_msg(sn_safetensors_load(&f, path) == SN_OK, "%s", sn_last_error());
+  ck_assert_int_eq(sn_safetensors_count(f), 6);
+  ck_assert_str_eq(sn_safetensors_name(f, 5), "tok.ids");
+  sn_tensor_t t, keep;
+  memset(&t, 0x5a, sizeof t);
+  keep = t;
+  ck_assert_int_eq(sn_safetensors_get(f, &t, "tok.ids"), SN_ERR_INVALID_DTYPE);
+  ck_assert_msg(strstr(sn_last_error(), "I32") != NULL, "%s", sn_last_error());
+  ck_assert(memcmp(&t, &keep, sizeof t) == 0); /* untouched */
+  ck_assert_int_eq(sn_safetensors_get(f, &t, "bn.num_batches_tracked"), SN_OK);
+  ck_assert(t.is_i64 && t.ndim == 0);
+  sn_safetensors_free(f);
+
+  /* the layer loads from it */
+  sn_syncbn_config_t cfg = sn_syncbn_default_config(2);
+  sn_syncbn_t *layer = NULL;
+  ck_assert_int_eq(sn_syncbn_create(&layer, &cfg, NULL), SN_OK);
+  const char *pre[1] = {"bn"};
+  ck_assert_msg(sn_syncbn_load(path, &layer, pre, 1) == SN_OK, "%s", sn_last_error());
+  sn_syncbn_params_t p;
+  ck_assert_int_eq(sn_syncbn_params(layer, &p), SN_OK);
+  ck_assert(memcmp(p.weight, w, 8) == 0 && memcmp(p.bias, b, 8) == 0);
+  ck_assert(memcmp(p.running_mean, rm, 8) == 0 && memcmp(p.running_var, rv, 8) == 0);
+  ck_assert_int_eq(*p.num_batches_tracked, 7);
+
+  /* one of the layer's own tensors in such a dtype: SN_ERR_FORMAT naming it, nothing loaded */
+  snprintf(header, sizeof header, head, "U64");
+  write_st(path, header, data, sizeof data);
+  sn_syncbn_t *ref = NULL;
+  ck_assert_int_eq(sn_syncbn_create(&ref, &cfg, NULL), SN_OK);
+  ck_assert_int_eq(sn_syncbn_load(path, &ref, pre, 1), SN_ERR_FORMAT);
+  ck_assert_msg(strstr(sn_last_error(), "bn.num_batches_tracked") && strstr(sn_last_error(), "U64"),
+                "%s", sn_last_error());
+  sn_syncbn_params_t q;
+  ck_assert_int_eq(sn_syncbn_params(ref, &q), SN_OK);
+  ck_assert_int_eq(*q.num_batches_tracked, 0);
+
+  /* sizes are validated for them too, and a dtype the format lacks is refused */
+  write_st(path, "{\"a\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,8]}}", data, 8);
+  f = NULL;
+  ck_assert_int_eq(sn_safetensors_load(&f, path), SN_ERR_FORMAT);
+  ck_assert_msg(strstr(sn_last_error(), "data bytes") != NULL, "%s", sn_last_error());
+  write_st(path, "{\"a\":{\"dtype\":\"I128\",\"shape\":[1],\"data_offsets\":[0,16]}}", data, 16);
+  ck_assert_int_eq(sn_safetensors_load(&f, path), SN_ERR_FORMAT);
+  ck_assert_ptr_null(f);
+  sn_syncbn_destroy(layer), sn_syncbn_destroy(ref);
+}
+END_TEST
+
 /* Loading into layers: wrong C or dtype is SN_ERR_FORMAT, a missing key SN_ERR_NOT_FOUND, and a
  * multi-layer load with one bad layer changes none. */
 START_TEST(test_load_validation_all_or_nothing) {
@@ -419,6 +491,7 @@ int main(void) {
   tcase_add_test(tc, test_truncated_files_rejected);
   tcase_add_test(tc, test_corrupt_headers_rejected);
   tcase_add_test(tc, test_load_validation_all_or_nothing);
+  tcase_add_test(tc, test_other_dtypes_listed);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

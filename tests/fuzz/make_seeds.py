@@ -67,6 +67,14 @@ def seeds_safetensors():
         ("e", "F16", [1], b"\x00\x3c"),
         ("f", "F32", [0, 5], b""),
     ]))
+    write(t, "other-dtypes", safetensors([  # listed and validated, refused by get only
+        ("bn.weight", "F32", [2], f32(1, 2)),
+        ("tok.ids", "I32", [3], struct.pack("<3i", 1, 2, 3)),
+        ("mask", "BOOL", [2], b"\x01\x00"),
+        ("q", "F8_E4M3", [1], b"\x38"),
+        ("n", "U64", [1], struct.pack("<Q", 5)),
+        ("bn.num_batches_tracked", "I64", [], struct.pack("<q", 1)),
+    ]))
     write(t, "8-dims", safetensors([("x", "F32", [1] * 8, f32(9))], pad=False))
     write(t, "unpadded", safetensors([("x", "F32", [2], f32(1, 2))], pad=False))
     # invalid ones: the loader must say SN_ERR_FORMAT
