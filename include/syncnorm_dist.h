@@ -45,7 +45,12 @@ SN_API sn_status_t sn_comm_create_self(sn_comm_t **comm);
 #if SN_HAVE_MPI
 /* Communicator over an MPI communicator. Collective over mpi_comm (it calls MPI_Comm_dup): the
  * handle owns the duplicate, with MPI_ERRORS_RETURN set on it, so an MPI failure becomes
- * SN_ERR_COMM instead of aborting. MPI must be initialized, and stay so until sn_comm_destroy.
+ * SN_ERR_COMM instead of aborting. One exception: Open MPI 4.1 raises an error it finds while
+ * progressing a nonblocking collective, such as ranks passing different sizes (MPI_ERR_TRUNCATE),
+ * on MPI_COMM_WORLD's handler (MPI_ERRORS_ARE_FATAL unless you change it): the job ends. Set
+ * MPI_ERRORS_RETURN on MPI_COMM_WORLD too to get SN_ERR_COMM there (measured with Debian 12's
+ * Open MPI 4.1.4). SyncBatchNorm's check_consistency keeps its calls from getting that far.
+ * MPI must be initialized, and stay so until sn_comm_destroy.
  * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (MPI not initialized, MPI_COMM_NULL, or
  * an intercommunicator, checked before the collective part), SN_ERR_COMM, SN_ERR_ALLOC. */
 SN_API sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm);
@@ -118,7 +123,8 @@ typedef struct {
                               affine with the same running statistics (one extra all-reduce of 20
                               int64); default 1. Off, a rank that calls another layer or another
                               size is not detected: MPI mixes or truncates buffers (Open MPI ends
-                              the job on a size mismatch). Set it alike on every rank */
+                              the job on a size mismatch: see sn_comm_create_mpi). Set it alike
+                              on every rank: ranks that differ in it do different collectives */
   int check_finite;        /* fail with SN_ERR_NONFINITE on every rank, stats untouched, when any
                               rank's x (forward) or dy (backward) holds NaN/Inf; default 0 */
   int device_memory;       /* x, y, parameters and stats in CUDA device memory (needs an "nccl"
