@@ -174,6 +174,15 @@ static sn_status_t check_call(const char *fn, const sn_syncbn_t *bn, int64_t n, 
     SN_TRY(sn__check_ptr(fn, an, a));
     SN_TRY(sn__check_ptr(fn, bname, b));
     if (c != NULL || cn != NULL) SN_TRY(sn__check_ptr(fn, cn, c));
+    /* as the kernels check them, but before any collective: y may equal x, dx may equal dy but
+     * not overlap x; no partial overlaps */
+    const int64_t bytes = total * sn_dtype_size(bn->cfg.dtype);
+    if (c == NULL) { /* forward: a = x, b = y */
+      SN_TRY(sn__check_overlap(fn, bname, b, an, a, bytes, 1));
+    } else { /* backward: a = dy, b = x, c = dx */
+      SN_TRY(sn__check_overlap(fn, cn, c, an, a, bytes, 1));
+      SN_TRY(sn__check_overlap(fn, cn, c, bname, b, bytes, 0));
+    }
   }
   if (bn->comm != NULL) SN_TRY(sn__comm_check(fn, bn->comm));
   return SN_OK;

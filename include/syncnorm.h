@@ -29,7 +29,9 @@
  *    x̂); dgamma/dbeta relative to their own size.
  *  - OpenMP threads (omp_set_num_threads) split rows or channels; reductions across rows run in
  *    a fixed order, so results are bitwise identical for any thread count.
- *  - In-place: y may equal x, and dx may equal dy (the same pointer). No other overlap is allowed.
+ *  - In-place: y may equal x, and dx may equal dy (the same pointer). No other overlap is allowed:
+ *    an output that overlaps an input partly, or dx that overlaps x, is SN_ERR_INVALID_ARGUMENT
+ *    (checked on the activation buffers; every error below includes it).
  */
 #ifndef SYNCNORM_H
 #define SYNCNORM_H
@@ -117,7 +119,8 @@ SN_API int64_t sn_dtype_size(sn_dtype_t dtype);
  * fp64 statistics, in fp64 where f32 is not exact enough: bf16/f16 outputs where beta cancels
  * x̂·gamma, and rows whose mean is 2^103 or more (values near the f32 range).
  * y may equal x. Errors: SN_ERR_NULL_POINTER (x or y NULL with rows·d > 0), SN_ERR_INVALID_SIZE
- * (rows < 0, d <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS, SN_ERR_INVALID_DTYPE, SN_ERR_ALLOC. */
+ * (rows < 0, d <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS, SN_ERR_INVALID_DTYPE,
+ * SN_ERR_INVALID_ARGUMENT (y overlaps x partly), SN_ERR_ALLOC. */
 SN_API sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
                                     const float *gamma, const float *beta, int64_t rows,
                                     int64_t d, float eps, sn_dtype_t dtype);
@@ -142,7 +145,8 @@ SN_API sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const
  *   sum_out = round_dtype(x + residual),  y = LayerNorm(sum_out) as in sn_layernorm_fwd.
  * The norm reads the rounded sum_out values, so the result equals sn_layernorm_fwd on sum_out.
  * y, sum_out, x, residual: [rows, d] dtype; sum_out may equal x or residual, y may not overlap
- * anything. gamma, beta, mean, rstd as sn_layernorm_fwd. Errors as sn_layernorm_fwd. */
+ * anything (SN_ERR_INVALID_ARGUMENT). gamma, beta, mean, rstd as sn_layernorm_fwd. Errors as
+ * sn_layernorm_fwd. */
 SN_API sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rstd,
                                         const void *x, const void *residual, const float *gamma,
                                         const float *beta, int64_t rows, int64_t d, float eps,
@@ -221,7 +225,8 @@ SN_API sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, 
  * is mapped in fp64 too). The same holds for sn_batchnorm_infer,
  * sn_batchnorm_bwd_apply (also in fp64 where its O(rstd²) factor underflows f32, σ beyond
  * about 2^63) and GroupNorm. y may equal x. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE,
- * SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE. */
+ * SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y
+ * overlaps x partly). */
 SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean,
                                       const float *rstd, const float *gamma, const float *beta,
                                       int64_t n, int64_t c, int64_t s, sn_layout_t layout,
@@ -284,7 +289,8 @@ SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *
  * sn_batchnorm_apply).
  * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C, G <= 0, N, S < 0),
  * SN_ERR_INVALID_GROUPS (C % G != 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
- * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_ALLOC. */
+ * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y overlaps x partly),
+ * SN_ERR_ALLOC. */
 SN_API sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x,
                                     const float *gamma, const float *beta, int64_t n, int64_t c,
                                     int64_t s, int64_t groups, float eps, sn_layout_t layout,

@@ -28,6 +28,12 @@ SN_HIDDEN sn_status_t sn__fail_prefix(sn_status_t status, const char *fmt, ...) 
 
 /* p != NULL, else SN_ERR_NULL_POINTER naming the argument. */
 SN_HIDDEN sn_status_t sn__check_ptr(const char *fn, const char *name, const void *p);
+/* SN_ERR_INVALID_ARGUMENT where the buffers a and b, `bytes` long each, overlap: partly, or, unless
+ * same_ok (an in-place pair), as the same pointer. A partial overlap reads values the call
+ * already overwrote. */
+SN_HIDDEN sn_status_t sn__check_overlap(const char *fn, const char *a_name, const void *a,
+                                        const char *b_name, const void *b, int64_t bytes,
+                                        int same_ok);
 /* v >= min (min is 0 for counts that may be empty, 1 for d/C/G), else SN_ERR_INVALID_SIZE. */
 SN_HIDDEN sn_status_t sn__check_size(const char *fn, const char *name, int64_t v, int64_t min);
 /* *out = a·b (both >= 0) without int64 overflow, and a·b·8 bytes addressable; else

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "internal.h"
@@ -60,6 +61,21 @@ sn_status_t sn__fail(sn_status_t status, const char *fmt, ...) {
   vsnprintf(sn__errmsg, sizeof sn__errmsg, fmt, ap);
   va_end(ap);
   return status;
+}
+
+sn_status_t sn__check_overlap(const char *fn, const char *a_name, const void *a,
+                              const char *b_name, const void *b, int64_t bytes, int same_ok) {
+  const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b, len = (uintptr_t)bytes;
+  if (bytes <= 0 || pa >= pb + len || pb >= pa + len) return SN_OK;
+  if (pa == pb)
+    return same_ok ? SN_OK
+                   : sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: %s and %s are the same buffer", fn,
+                              a_name, b_name);
+  return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                  "%s: %s and %s overlap without being the same buffer (%lld bytes each, %lld "
+                  "apart)%s",
+                  fn, a_name, b_name, (long long)bytes, (long long)(pa > pb ? pa - pb : pb - pa),
+                  same_ok ? ": an in-place call passes the same pointer" : "");
 }
 
 sn_status_t sn__fail_prefix(sn_status_t status, const char *fmt, ...) {

@@ -601,6 +601,7 @@ sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean, const
   if (rows == 0) return SN_OK;
   SN_TRY(sn__check_ptr(fn, "y", y));
   SN_TRY(sn__check_ptr(fn, "x", x));
+  SN_TRY(sn__check_overlap(fn, "y", y, "x", x, rows * c * sn_dtype_size(dtype), 1));
   const ew_t op = {.kind = EW_APPLY, .mean = mean, .rstd = rstd, .gamma = gamma, .beta = beta};
   ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
   return SN_OK;
@@ -622,6 +623,7 @@ sn_status_t sn_batchnorm_infer(void *y, const void *x, const float *running_mean
   SN_TRY(sn__check_ptr(fn, "y", y));
   SN_TRY(sn__check_ptr(fn, "x", x));
   SN_TRY(sn__check_running_var(fn, running_var, c));
+  SN_TRY(sn__check_overlap(fn, "y", y, "x", x, rows * c * sn_dtype_size(dtype), 1));
   const ew_t op = {.kind = EW_INFER, .rmean = running_mean, .rvar = running_var,
                    .gamma = gamma, .beta = beta, .eps = (double)eps};
   ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
@@ -676,6 +678,8 @@ sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *x, cons
   SN_TRY(sn__check_ptr(fn, "dx", dx));
   SN_TRY(sn__check_ptr(fn, "dy", dy));
   SN_TRY(sn__check_ptr(fn, "x", x));
+  SN_TRY(sn__check_overlap(fn, "dx", dx, "dy", dy, rows * c * sn_dtype_size(dtype), 1));
+  SN_TRY(sn__check_overlap(fn, "dx", dx, "x", x, rows * c * sn_dtype_size(dtype), 0));
   const ew_t op = {.kind = eval ? EW_BWD_EVAL : EW_BWD, .mean = mean, .rstd = rstd,
                    .gamma = gamma, .sum_dy = sum_dy, .sum_dy_xhat = sum_dy_xhat,
                    .count = (double)count};

@@ -407,6 +407,7 @@ sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x, c
   if (rows == 0) return SN_OK;
   SN_TRY(sn__check_ptr(fn, "y", y));
   SN_TRY(sn__check_ptr(fn, "x", x));
+  SN_TRY(sn__check_overlap(fn, "y", y, "x", x, rows * c * sn_dtype_size(dtype), 1));
   if (layout == SN_LAYOUT_NCHW) {
     gn_fwd_nchw(y, mean, rstd, x, gamma, beta, n, c, s, groups, (double)eps, dtype);
     return SN_OK;
@@ -517,6 +518,8 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   SN_TRY(sn__check_ptr(fn, "x", x));
   SN_TRY(sn__check_ptr(fn, "mean", mean));
   SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  SN_TRY(sn__check_overlap(fn, "dx", dx, "dy", dy, rows * c * sn_dtype_size(dtype), 1));
+  SN_TRY(sn__check_overlap(fn, "dx", dx, "x", x, rows * c * sn_dtype_size(dtype), 0));
   const int nt = sn__max_threads();
   sn_status_t st = SN_OK;
   double *wq = NULL, *scratch = NULL;

@@ -278,6 +278,12 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
   if (per_thread > 0 &&
       (scratch = sn__alloc(fn, sn__max_threads(), per_thread, sizeof(float), &st)) == NULL)
     return st;
+  /* after the scratch (its failure tests pass sizes no buffer has), before any write */
+  st = sn__check_overlap(fn, "y", y, "x", x, n * sn_dtype_size(dtype), 1);
+  if (st != SN_OK) {
+    sn__free(scratch);
+    return st;
+  }
 
 #pragma omp parallel
   {
@@ -323,6 +329,12 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
   if (per_thread > 0 &&
       (scratch = sn__alloc(fn, sn__max_threads(), per_thread, sizeof(float), &st)) == NULL)
     return st;
+  /* after the scratch (its failure tests pass sizes no buffer has), before any write */
+  st = sn__check_fused_overlap(fn, y, sum_out, x, residual, n * sn_dtype_size(dtype));
+  if (st != SN_OK) {
+    sn__free(scratch);
+    return st;
+  }
 
 #pragma omp parallel
   {
@@ -589,6 +601,13 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   if (per_thread > 0 &&
       (scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) {
     sn__free(work);
+    return st;
+  }
+  /* after the scratch (its failure tests pass sizes no buffer has), before any write */
+  st = sn__check_bwd_overlap(fn, dx, dy, x, n * sn_dtype_size(dtype));
+  if (st != SN_OK) {
+    sn__free(work);
+    sn__free(scratch);
     return st;
   }
 

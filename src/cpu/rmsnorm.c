@@ -137,6 +137,12 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
   if (dtype != SN_DTYPE_F32 &&
       (scratch = sn__alloc(fn, sn__max_threads(), d, sizeof(float), &st)) == NULL)
     return st;
+  /* after the scratch (its failure tests pass sizes no buffer has), before any write */
+  st = sn__check_overlap(fn, "y", y, "x", x, n * sn_dtype_size(dtype), 1);
+  if (st != SN_OK) {
+    sn__free(scratch);
+    return st;
+  }
 
 #pragma omp parallel
   {
@@ -177,6 +183,12 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
   if (dtype != SN_DTYPE_F32 &&
       (scratch = sn__alloc(fn, sn__max_threads(), d, sizeof(float), &st)) == NULL)
     return st;
+  /* after the scratch (its failure tests pass sizes no buffer has), before any write */
+  st = sn__check_fused_overlap(fn, y, sum_out, x, residual, n * sn_dtype_size(dtype));
+  if (st != SN_OK) {
+    sn__free(scratch);
+    return st;
+  }
 
 #pragma omp parallel
   {
@@ -359,6 +371,13 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   if (per_thread > 0 &&
       (scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) {
     sn__free(work);
+    return st;
+  }
+  /* after the scratch (its failure tests pass sizes no buffer has), before any write */
+  st = sn__check_bwd_overlap(fn, dx, dy, x, n * sn_dtype_size(dtype));
+  if (st != SN_OK) {
+    sn__free(work);
+    sn__free(scratch);
     return st;
   }
 

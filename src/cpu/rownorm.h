@@ -338,6 +338,25 @@ static inline sn_status_t sn__rownorm_check(const char *fn, int64_t rows, int64_
   return SN_OK;
 }
 
+/* The buffers of the fused kernels, `bytes` each: sum_out may equal x or residual; y may not
+ * overlap any of them; no two may overlap partly. */
+static inline sn_status_t sn__check_fused_overlap(const char *fn, const void *y,
+                                                  const void *sum_out, const void *x,
+                                                  const void *residual, int64_t bytes) {
+  SN_TRY(sn__check_overlap(fn, "y", y, "sum_out", sum_out, bytes, 0));
+  SN_TRY(sn__check_overlap(fn, "y", y, "x", x, bytes, 0));
+  SN_TRY(sn__check_overlap(fn, "y", y, "residual", residual, bytes, 0));
+  SN_TRY(sn__check_overlap(fn, "sum_out", sum_out, "x", x, bytes, 1));
+  return sn__check_overlap(fn, "sum_out", sum_out, "residual", residual, bytes, 1);
+}
+
+/* The activations of a backward, `bytes` each: dx may equal dy, and may not overlap x. */
+static inline sn_status_t sn__check_bwd_overlap(const char *fn, const void *dx, const void *dy,
+                                                const void *x, int64_t bytes) {
+  SN_TRY(sn__check_overlap(fn, "dx", dx, "dy", dy, bytes, 1));
+  return sn__check_overlap(fn, "dx", dx, "x", x, bytes, 0);
+}
+
 /* An activation pointer, or a per-row statistic the backward reads (mean, rstd), may be NULL
  * only for an empty batch (n == 0 elements). */
 static inline sn_status_t sn__check_act(const char *fn, const char *name, const void *p,
