@@ -33,7 +33,7 @@ typedef struct {
   sn_tensor_t t;
   int64_t begin, end; /* data offsets */
   const char *other;  /* a safetensors dtype syncnorm does not read (other_dtype), or NULL */
-  int64_t esize;      /* bytes per element */
+  int64_t bits;       /* bits per element */
 } st_entry_t;
 
 struct sn_safetensors {
@@ -70,18 +70,20 @@ static int parse_tag(const char *tag, sn_tensor_t *t) {
   return 0;
 }
 
-/* The safetensors dtypes other than those of sn_tensor_t, with their element sizes: a file may
- * hold them (a model's integer or boolean tensors) and is validated with them; only
- * sn_safetensors_get refuses such a tensor. Tags not in the format (or of sub-byte types)
- * make the file SN_ERR_FORMAT. */
+/* The safetensors dtypes other than those of sn_tensor_t, with their bits per element (the
+ * reference implementation's list, sub-byte ones packed: a tensor's bits must fill whole bytes):
+ * a file may hold them (a model's integer, boolean or quantized tensors) and is validated with
+ * them; only sn_safetensors_get refuses such a tensor. Any other tag makes the file
+ * SN_ERR_FORMAT: its sizes cannot be checked. Returns 0 for those. */
 static int64_t other_dtype(const char *tag, const char **name) {
-  static const struct { const char *tag; int64_t size; } tags[] = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
-      {"I16", 2},  {"U16", 2}, {"I32", 4}, {"U32", 4},     {"U64", 8}};
+  static const struct { const char *tag; int64_t bits; } tags[] = {
+      {"BOOL", 8},    {"U8", 8},       {"I8", 8},       {"F8_E5M2", 8}, {"F8_E4M3", 8},
+      {"F8_E8M0", 8}, {"I16", 16},     {"U16", 16},     {"I32", 32},    {"U32", 32},
+      {"U64", 64},    {"C64", 64},     {"F4", 4},       {"F6_E2M3", 6}, {"F6_E3M2", 6}};
   for (size_t i = 0; i < sizeof tags / sizeof tags[0]; i++)
     if (strcmp(tag, tags[i].tag) == 0) {
       *name = tags[i].tag;
-      return tags[i].size;
+      return tags[i].bits;
     }
   return 0;
 }
@@ -349,10 +351,11 @@ static sn_status_t parse_entry(const char *fn, const char *path, const char *nam
       json_array_size(offs) != 2)
     return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' lacks dtype, shape or data_offsets", fn, path, name);
   if (parse_tag(json_string_value(dt), &e->t))
-    e->esize = elem_size(&e->t);
-  else if ((e->esize = other_dtype(json_string_value(dt), &e->other)) == 0)
-    return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' has dtype '%s', not a safetensors dtype",
-                    fn, path, name, json_string_value(dt));
+    e->bits = 8 * elem_size(&e->t);
+  else if ((e->bits = other_dtype(json_string_value(dt), &e->other)) == 0)
+    return sn__fail(SN_ERR_FORMAT,
+                    "%s: '%s': tensor '%s' has dtype '%s', which syncnorm does not know (so it "
+                    "cannot check the file's sizes)", fn, path, name, json_string_value(dt));
   size_t ndim = json_array_size(shape);
   if (ndim > SN_ST_MAX_NDIM)
     return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' has %zu dimensions (at most %d)", fn, path, name, ndim, SN_ST_MAX_NDIM);
@@ -374,8 +377,9 @@ static sn_status_t parse_entry(const char *fn, const char *path, const char *nam
   if (e->begin < 0 || e->end < e->begin || e->end > data_len)
     return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' data_offsets [%lld, %lld] outside the %lld data bytes (truncated file?)",
                     fn, path, name, (long long)e->begin, (long long)e->end, (long long)data_len);
-  const int64_t bytes = e->end - e->begin; /* n·esize could overflow: compare by division */
-  if (bytes % e->esize != 0 || bytes / e->esize != n)
+  /* n·bits == 8·bytes, by division (n·bits could overflow; 8·bytes is guarded) */
+  const int64_t bytes = e->end - e->begin;
+  if (bytes > INT64_MAX / 8 || (8 * bytes) % e->bits != 0 || (8 * bytes) / e->bits != n)
     return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' has %lld data bytes for %lld elements of %s", fn,
                     path, name, (long long)(e->end - e->begin), (long long)n, json_string_value(dt));
   e->t.data = data + e->begin;

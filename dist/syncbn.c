@@ -222,13 +222,21 @@ static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi) {
   const int64_t count = k == 2 ? 3 : k == 3 ? 4 : 2;
   if (names != NULL && lo >= 0 && hi < count)
     return snprintf(out, size, " (%s..%s)", names[lo], names[hi]);
-  if (k == 5 || k == 6) {
+  if (k == 5 || k == 6) { /* the ranks' extreme bit patterns: two of the values */
     const uint32_t a = (uint32_t)lo, b = (uint32_t)hi;
-    float fa, fb;
-    memcpy(&fa, &a, sizeof fa);
-    memcpy(&fb, &b, sizeof fb);
-    const double lo_v = fa < fb ? fa : fb, hi_v = fa < fb ? fb : fa;
-    return snprintf(out, size, " (%.9g and %.9g among the ranks' values)", lo_v, hi_v);
+    float f[2];
+    memcpy(&f[0], &a, sizeof f[0]);
+    memcpy(&f[1], &b, sizeof f[1]);
+    if (f[0] > f[1]) {
+      const float t = f[0];
+      f[0] = f[1], f[1] = t;
+    }
+    char v[2][32];
+    for (int i = 0; i < 2; i++) {
+      if (k == 5 && f[i] == SN_MOMENTUM_CUMULATIVE) snprintf(v[i], sizeof v[i], "None");
+      else snprintf(v[i], sizeof v[i], "%g", (double)f[i]);
+    }
+    return snprintf(out, size, " (e.g. %s on one rank, %s on another)", v[0], v[1]);
   }
   if (k == 9) return snprintf(out, size, "%s", "");
   return snprintf(out, size, " (%lld..%lld)", (long long)lo, (long long)hi);
@@ -238,8 +246,9 @@ static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi) {
  * signature. Every rank gets the same maxima, so every rank reaches the same verdict. The first
  * CALL_FIELDS fields say which call each rank made; where one of them differs the ranks are out
  * of step, and the others (another layer's configuration and state) differ as a consequence,
- * so only the call fields are reported then. */
-enum { CALL_FIELDS = 5 };
+ * so only the call fields are reported then; likewise the configuration fields before the
+ * running statistics (whose hash changes with track_running_stats). */
+enum { CALL_FIELDS = 5, CONFIG_FIELDS = 9 };
 static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
   enum { K = 10 };
   static const char *const field[K] = {
@@ -256,8 +265,10 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
   snprintf(where, sizeof where, "%s (%s, consistency check)", fn, bn->label);
   SN_TRY(sn__comm_allreduce(where, bn->comm, v, 2 * K, SN_RED_I64, SN_RED_MAX));
   int last = K;
-  for (int k = 0; k < CALL_FIELDS; k++)
-    if (v[k] != -v[K + k]) last = CALL_FIELDS;
+  for (int k = K - 1; k >= 0; k--) { /* the tier of the first field that differs */
+    if (v[k] == -v[K + k]) continue;
+    last = k < CALL_FIELDS ? CALL_FIELDS : k < CONFIG_FIELDS ? CONFIG_FIELDS : K;
+  }
   char msg[512];
   int len = 0;
   for (int k = 0; k < last && len < (int)sizeof msg; k++) {
@@ -269,9 +280,9 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
   }
   if (len == 0) return SN_OK;
   return sn__fail(SN_ERR_MISMATCH,
-                  "%s: ranks disagree on this collective; this rank called %s with C %lld (%s): "
-                  "%s. Every rank must call the same layers in the same order (a rank that got "
-                  "an error from an earlier call, or skipped one, is a call behind)",
+                  "%s: ranks disagree on this collective (every rank must call the same layers "
+                  "in the same order; a rank that got an error from an earlier call, or skipped "
+                  "one, is a call behind); this rank called %s with C %lld (%s): %s",
                   fn, bn->label, (long long)bn->C, op == OP_FORWARD ? "forward" : "backward", msg);
 }
 

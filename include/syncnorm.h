@@ -167,8 +167,8 @@ SN_API sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const flo
 
 /* RMSNorm backward, with g = dy·gamma:
  *   dx = rstd·g − rstd³·x·mean(g·x),  dgamma = Σ_rows dy·x·rstd,
- * computed as dx = rstd·(g − x̂·c) with x̂ = x·rstd, c = mean(g·x̂), so every f32 factor stays in
- * range whatever the RMS or eps. dx, dy, x: [rows, d] dtype; rstd: [rows] f32 from
+ * computed as dx = rstd·g − x̂·e with x̂ = x·rstd, e = rstd·mean(g·x̂), so no f32 factor leaves
+ * the range unless dx's own terms do, whatever the RMS or eps. dx, dy, x: [rows, d] dtype; rstd: [rows] f32 from
  * sn_rmsnorm_fwd; gamma: [d] f32 or NULL. dgamma: [d] f32 (=) or NULL, summed over rows as
  * sn_layernorm_bwd's; the per-row sum Σg·x is fp64. Rows whose dy·gamma leaves the f32 range,
  * or whose terms are near either end of it, are computed in fp64. dx may equal dy.

@@ -48,8 +48,9 @@ SN_API sn_status_t sn_comm_create_self(sn_comm_t **comm);
  * SN_ERR_COMM instead of aborting. One exception: Open MPI 4.1 raises an error it finds while
  * progressing a nonblocking collective, such as ranks passing different sizes (MPI_ERR_TRUNCATE),
  * on MPI_COMM_WORLD's handler (MPI_ERRORS_ARE_FATAL unless you change it): the job ends. Set
- * MPI_ERRORS_RETURN on MPI_COMM_WORLD too to get SN_ERR_COMM there (measured with Debian 12's
- * Open MPI 4.1.4). SyncBatchNorm's check_consistency keeps its calls from getting that far.
+ * MPI_ERRORS_RETURN on MPI_COMM_WORLD too to get SN_ERR_COMM there, on the ranks that see the
+ * error; the others wait for the timeout (SN_ERR_TIMEOUT). Measured with Debian 12's Open MPI
+ * 4.1.4. SyncBatchNorm's check_consistency keeps its calls from getting that far.
  * MPI must be initialized, and stay so until sn_comm_destroy.
  * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (MPI not initialized, MPI_COMM_NULL, or
  * an intercommunicator, checked before the collective part), SN_ERR_COMM, SN_ERR_ALLOC. */
@@ -248,10 +249,11 @@ typedef struct sn_safetensors sn_safetensors_t;
 
 /* Reads and validates a whole safetensors file: header length, JSON header, dtypes, shapes and
  * data offsets (in bounds, non-overlapping, covering the data exactly). Tensors of the format's
- * other dtypes (BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, I32, U32, U64: a model's integer or
- * boolean tensors) are validated and listed too; only sn_safetensors_get refuses them. Errors:
- * SN_ERR_NULL_POINTER, SN_ERR_IO (cannot open or read), SN_ERR_FORMAT (corrupt or truncated,
- * or a dtype the format does not have, with the reason), SN_ERR_ALLOC. */
+ * other dtypes (BOOL, U8, I8, I16, U16, I32, U32, U64, C64, F8_E5M2, F8_E4M3, F8_E8M0, and the
+ * packed F4, F6_E2M3, F6_E3M2: a model's integer, boolean or quantized tensors) are validated
+ * and listed too; only sn_safetensors_get refuses them. Errors: SN_ERR_NULL_POINTER, SN_ERR_IO
+ * (cannot open or read), SN_ERR_FORMAT (corrupt or truncated, or a dtype not in that list,
+ * whose sizes cannot be checked; with the reason), SN_ERR_ALLOC. */
 SN_API sn_status_t sn_safetensors_load(sn_safetensors_t **file, const char *path);
 
 /* Looks a tensor up by name: *tensor gets its dtype, shape and a data pointer into the file's

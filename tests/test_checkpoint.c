@@ -445,6 +445,19 @@ START_TEST(test_other_dtypes_listed) {
   write_st(path, "{\"a\":{\"dtype\":\"I128\",\"shape\":[1],\"data_offsets\":[0,16]}}", data, 16);
   ck_assert_int_eq(sn_safetensors_load(&f, path), SN_ERR_FORMAT);
   ck_assert_ptr_null(f);
+  /* packed sub-byte dtypes: 4 F4 values are 2 bytes; 3 are 12 bits, not whole bytes */
+  write_st(path, "{\"a\":{\"dtype\":\"F4\",\"shape\":[4],\"data_offsets\":[0,2]},"
+                 "\"b\":{\"dtype\":\"F8_E8M0\",\"shape\":[2],\"data_offsets\":[2,4]},"
+                 "\"c\":{\"dtype\":\"F6_E2M3\",\"shape\":[4],\"data_offsets\":[4,7]}}",
+           data, 7);
+  ck_assert_msg(sn_safetensors_load(&f, path) == SN_OK, "%s", sn_last_error());
+  ck_assert_int_eq(sn_safetensors_count(f), 3);
+  ck_assert_int_eq(sn_safetensors_get(f, &t, "a"), SN_ERR_INVALID_DTYPE);
+  sn_safetensors_free(f);
+  f = NULL;
+  write_st(path, "{\"a\":{\"dtype\":\"F4\",\"shape\":[3],\"data_offsets\":[0,2]}}", data, 2);
+  ck_assert_int_eq(sn_safetensors_load(&f, path), SN_ERR_FORMAT);
+  ck_assert_ptr_null(f);
   sn_syncbn_destroy(layer), sn_syncbn_destroy(ref);
 }
 END_TEST

@@ -73,6 +73,8 @@ def seeds_safetensors():
         ("mask", "BOOL", [2], b"\x01\x00"),
         ("q", "F8_E4M3", [1], b"\x38"),
         ("n", "U64", [1], struct.pack("<Q", 5)),
+        ("s", "F8_E8M0", [1], b"\x7f"),
+        ("w4", "F4", [2], b"\x21"),
         ("bn.num_batches_tracked", "I64", [], struct.pack("<q", 1)),
     ]))
     write(t, "8-dims", safetensors([("x", "F32", [1] * 8, f32(9))], pad=False))
