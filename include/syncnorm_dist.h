@@ -8,7 +8,11 @@
  *
  * Collectives: every function documented as "collective" must be called by every rank of the
  * communicator, in the same order. Misuse is detected where possible (see check_consistency) and
- * bounded in time by the communicator's timeout, never left to hang silently.
+ * bounded in time by the communicator's timeout, never left to hang silently. An error from a
+ * call's own arguments is returned before any communication, on that rank only: the other ranks
+ * go on, and that rank is a call behind until it repeats the call (treat any error as fatal to
+ * the step on every rank). A rank in eval mode makes no collective, so training and eval mixed
+ * across ranks leaves the training ranks to the timeout, as in PyTorch.
  */
 #ifndef SYNCNORM_DIST_H
 #define SYNCNORM_DIST_H
