@@ -366,7 +366,10 @@ static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const
   const int64_t count = (int64_t)bn->red[2 * C];
   if (count == 0) { /* the whole (global) batch is empty: nothing to normalize, but counted as
                        * torch's module forward counts it (num_batches_tracked before F.batch_norm) */
-    if (update && bn->num_batches_tracked < INT64_MAX) bn->num_batches_tracked += 1;
+    if (update) /* counts the batch only (cannot fail) */
+      SN_TRY(sn_batchnorm_update_running(bn->running_mean, bn->running_var,
+                                         &bn->num_batches_tracked, bn->mean, bn->var, 0, C,
+                                         cfg->momentum));
     bn->saved = (sn_syncbn_saved_t){1, 1, synced, n, s, 0};
     return SN_OK;
   }
@@ -390,18 +393,9 @@ static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const
                                cfg->eps));
   SN_TRY(sn_batchnorm_apply(y, x, bn->mean, bn->rstd, bn->weight, bn->bias, n, C, s, cfg->layout,
                             cfg->dtype));
-  if (update) {
-    /* saturates: a checkpoint can hold any int64 (INT64_MAX + 1 would be undefined behaviour) */
-    if (bn->num_batches_tracked < INT64_MAX) bn->num_batches_tracked += 1;
-    const double f = cfg->momentum == SN_MOMENTUM_CUMULATIVE
-                         ? 1.0 / (double)bn->num_batches_tracked
-                         : (double)cfg->momentum;
-    const double unbias = (double)count / (double)(count - 1);
-    for (int64_t c = 0; c < C; c++) {
-      bn->running_mean[c] = (float)((1.0 - f) * bn->running_mean[c] + f * bn->mean[c]);
-      bn->running_var[c] = (float)((1.0 - f) * bn->running_var[c] + f * (double)bn->var[c] * unbias);
-    }
-  }
+  if (update) /* cannot fail: count > 1 and momentum were checked */
+    SN_TRY(sn_batchnorm_update_running(bn->running_mean, bn->running_var, &bn->num_batches_tracked,
+                                       bn->mean, bn->var, count, C, cfg->momentum));
   /* the next pivot: this batch's mean — identical on every rank only when synchronized */
   if (synced || bn->comm == NULL)
     for (int64_t c = 0; c < C; c++) bn->pivot[c] = (float)bn->mean[c];

@@ -168,11 +168,11 @@ SN_API sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const flo
 /* RMSNorm backward, with g = dy·gamma:
  *   dx = rstd·g − rstd³·x·mean(g·x),  dgamma = Σ_rows dy·x·rstd,
  * computed as dx = rstd·g − x̂·e with x̂ = x·rstd, e = rstd·mean(g·x̂), so no f32 factor leaves
- * the range unless dx's own terms do, whatever the RMS or eps. dx, dy, x: [rows, d] dtype; rstd: [rows] f32 from
- * sn_rmsnorm_fwd; gamma: [d] f32 or NULL. dgamma: [d] f32 (=) or NULL, summed over rows as
- * sn_layernorm_bwd's; the per-row sum Σg·x is fp64. Rows whose dy·gamma leaves the f32 range,
- * or whose terms are near either end of it, are computed in fp64. dx may equal dy.
- * Errors as sn_layernorm_bwd. */
+ * the range unless dx's own terms do, whatever the RMS or eps. dx, dy, x: [rows, d] dtype;
+ * rstd: [rows] f32 from sn_rmsnorm_fwd; gamma: [d] f32 or NULL. dgamma: [d] f32 (=) or NULL,
+ * summed over rows as sn_layernorm_bwd's; the per-row sum Σg·x is fp64. Rows whose dy·gamma
+ * leaves the f32 range, or whose terms are near either end of it, are computed in fp64. dx may
+ * equal dy. Errors as sn_layernorm_bwd. */
 SN_API sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *x,
                                   const float *rstd, const float *gamma, int64_t rows, int64_t d,
                                   sn_dtype_t dtype);
@@ -188,7 +188,8 @@ SN_API sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const
 /*                                                                                              */
 /* x is [N, C, S] (NCHW) or [N, S, C] (NHWC). A training step is                                */
 /*   sn_batchnorm_stats → (all-reduce the sums across ranks) → sn_batchnorm_finalize →          */
-/*   sn_batchnorm_apply; backward: sn_batchnorm_bwd_reduce → (all-reduce) → sn_batchnorm_bwd_apply.*/
+/*   sn_batchnorm_apply (and sn_batchnorm_update_running); backward: sn_batchnorm_bwd_reduce →    */
+/*   (all-reduce) → sn_batchnorm_bwd_apply.                                                      */
 /* Per-channel sums and the mean are f64 so that |mean| ≫ σ stays exact; rstd is f32.           */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -214,6 +215,28 @@ SN_API sn_status_t sn_batchnorm_stats(double *sum, double *sumsq, const void *x,
 SN_API sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, const double *sum,
                                          const double *sumsq, const float *pivot, int64_t count,
                                          int64_t c, float eps);
+
+/* momentum value meaning PyTorch's momentum=None: cumulative average, factor 1/num_batches. */
+#define SN_MOMENTUM_CUMULATIVE (-1.0f)
+
+/* The running statistics update of a BatchNorm training step (torch.nn.BatchNorm2d's), from the
+ * batch statistics of sn_batchnorm_finalize over `count` values per channel:
+ *   num_batches_tracked += 1 (saturating at INT64_MAX), f = momentum, or 1/num_batches_tracked
+ *   with momentum SN_MOMENTUM_CUMULATIVE (PyTorch's momentum=None: the cumulative average),
+ *   running_mean = (1 − f)·running_mean + f·mean,
+ *   running_var  = (1 − f)·running_var + f·var·count/(count − 1)   (var unbiased, in fp64).
+ * running_mean, running_var: [C] f32, updated in place; num_batches_tracked: one int64, updated
+ * in place, may be NULL unless momentum is SN_MOMENTUM_CUMULATIVE. mean: [C] f64, var: [C] f32
+ * (biased), both from sn_batchnorm_finalize. count == 0 (an empty global batch) only counts the
+ * batch, as PyTorch's module forward does before normalizing; count == 1 is
+ * SN_ERR_INSUFFICIENT_COUNT (no such training step exists). NaN statistics propagate. Host
+ * memory. Errors (nothing written): SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C <= 0, count < 0),
+ * SN_ERR_INSUFFICIENT_COUNT, SN_ERR_INVALID_ARGUMENT (momentum not in [0, 1] and not
+ * SN_MOMENTUM_CUMULATIVE). SyncBatchNorm (syncnorm_dist.h) calls it with the global count. */
+SN_API sn_status_t sn_batchnorm_update_running(float *running_mean, float *running_var,
+                                               int64_t *num_batches_tracked, const double *mean,
+                                               const float *var, int64_t count, int64_t c,
+                                               float momentum);
 
 /* Normalize with given per-channel statistics:  y = (x − mean_c)·rstd_c·gamma_c + beta_c.
  * y, x: [N, C, S] or [N, S, C] dtype; mean: [C] f64; rstd: [C] f32; gamma, beta: [C] f32 or NULL

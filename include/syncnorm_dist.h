@@ -112,8 +112,7 @@ SN_API void sn_comm_destroy(sn_comm_t *comm);
 /* SyncBatchNorm (torch.nn.SyncBatchNorm semantics)                                             */
 /* ------------------------------------------------------------------------------------------ */
 
-/* momentum value meaning PyTorch's momentum=None: cumulative average, factor 1/num_batches. */
-#define SN_MOMENTUM_CUMULATIVE (-1.0f)
+/* SN_MOMENTUM_CUMULATIVE (PyTorch's momentum=None) is defined in syncnorm.h. */
 
 typedef struct {
   int64_t num_features;    /* C, > 0 */

@@ -986,6 +986,77 @@ START_TEST(test_finalize_count) {
 }
 END_TEST
 
+/* Relative tolerance of one running-statistics step: the new value is one f32 rounding (2^-24)
+ * of an fp64 expression of f32 inputs (a few 2^-53), against a long double reference. */
+#define TOL_RUNNING 0x1p-23
+
+/* sn_batchnorm_update_running: PyTorch's update (momentum 0.1 and None) over batches of several
+ * counts, each step against a long double reference from the previous state; an empty batch
+ * only counts (and moves the cumulative factor, as in PyTorch); count 1, a bad momentum, a bad
+ * size or a missing num_batches_tracked write nothing; num_batches_tracked saturates. */
+START_TEST(test_update_running) {
+  enum { C = 5, STEPS = 7 };
+  tu_rng_t rng;
+  tu_rng_seed(&rng, 4242);
+  for (int mode = 0; mode < 2; mode++) {
+    const float momentum = mode == 0 ? 0.1f : SN_MOMENTUM_CUMULATIVE;
+    float rm[C], rv[C];
+    for (int c = 0; c < C; c++) rm[c] = 0.0f, rv[c] = 1.0f;
+    int64_t nbt = 0;
+    for (int step = 0; step < STEPS; step++) {
+      const int64_t count = step == 2 ? 0 : 2 + 7 * step;
+      double mean[C];
+      float var[C], rm0[C], rv0[C];
+      for (int c = 0; c < C; c++) {
+        mean[c] = 3.0 + tu_rng_normal(&rng);
+        var[c] = (float)(0.5 + fabs(tu_rng_normal(&rng)));
+      }
+      memcpy(rm0, rm, sizeof rm), memcpy(rv0, rv, sizeof rv);
+      ck_assert_int_eq(sn_batchnorm_update_running(rm, rv, &nbt, mean, var, count, C, momentum),
+                       SN_OK);
+      ck_assert_int_eq(nbt, step + 1); /* every batch counts, the empty one too */
+      if (count == 0) {
+        tu_assert_bitwise(rm, rm0, sizeof rm, "empty batch: running_mean untouched");
+        tu_assert_bitwise(rv, rv0, sizeof rv, "empty batch: running_var untouched");
+        continue;
+      }
+      const long double f = mode == 0 ? (long double)0.1f : 1.0L / (long double)(step + 1);
+      for (int c = 0; c < C; c++) {
+        const long double em = (1 - f) * rm0[c] + f * mean[c];
+        const long double ev = (1 - f) * rv0[c] + f * var[c] * (long double)count / (count - 1);
+        ck_assert_msg(fabsl(rm[c] - em) <= TOL_RUNNING * fabsl(em) &&
+                          fabsl(rv[c] - ev) <= TOL_RUNNING * fabsl(ev),
+                      "momentum %g step %d channel %d: %.9g %.9g, reference %.9Lg %.9Lg",
+                      (double)momentum, step, c, (double)rm[c], (double)rv[c], em, ev);
+      }
+    }
+  }
+  /* errors write nothing */
+  float rm[2] = {1, 2}, rv[2] = {3, 4}, var[2] = {1, 1};
+  const double mean[2] = {0, 0};
+  int64_t nbt = 5;
+  static const struct { int64_t count, c; float momentum; int null_nbt; sn_status_t want; } bad[] = {
+      {1, 2, 0.1f, 0, SN_ERR_INSUFFICIENT_COUNT}, {-1, 2, 0.1f, 0, SN_ERR_INVALID_SIZE},
+      {4, 0, 0.1f, 0, SN_ERR_INVALID_SIZE},       {4, 2, 1.5f, 0, SN_ERR_INVALID_ARGUMENT},
+      {4, 2, NAN, 0, SN_ERR_INVALID_ARGUMENT},    {4, 2, -0.5f, 0, SN_ERR_INVALID_ARGUMENT},
+      {4, 2, SN_MOMENTUM_CUMULATIVE, 1, SN_ERR_NULL_POINTER}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const sn_status_t st = sn_batchnorm_update_running(rm, rv, bad[i].null_nbt ? NULL : &nbt, mean,
+                                                       var, bad[i].count, bad[i].c, bad[i].momentum);
+    ck_assert_msg(st == bad[i].want, "case %zu: %s (%s)", i, sn_status_string(st), sn_last_error());
+    ck_assert_msg(strncmp(sn_last_error(), "sn_batchnorm_update_running", 27) == 0, "%s",
+                  sn_last_error());
+    ck_assert(rm[0] == 1 && rm[1] == 2 && rv[0] == 3 && rv[1] == 4 && nbt == 5);
+  }
+  ck_assert_int_eq(sn_batchnorm_update_running(rm, rv, NULL, mean, var, 4, 2, 0.1f), SN_OK);
+  ck_assert_int_eq(sn_batchnorm_update_running(NULL, NULL, &nbt, NULL, NULL, 0, 2, 0.1f), SN_OK);
+  ck_assert_int_eq(nbt, 6);
+  nbt = INT64_MAX;
+  ck_assert_int_eq(sn_batchnorm_update_running(rm, rv, &nbt, mean, var, 4, 2, 0.1f), SN_OK);
+  ck_assert(nbt == INT64_MAX);
+}
+END_TEST
+
 /* ---- bad input: each case returns its code, names the function and writes nothing ----------- */
 
 enum { BT = 24, BC = 3 }; /* N = 2, C = 3, S = 4 */
@@ -1276,6 +1347,7 @@ int main(void) {
   tcase_add_test(tc, test_split_batch_bitwise);
   tcase_add_test(tc, test_empty_batch);
   tcase_add_test(tc, test_finalize_count);
+  tcase_add_test(tc, test_update_running);
   tcase_add_test(tc, test_bad_inputs);
   tcase_add_test(tc, test_adversarial);
   tcase_add_test(tc, test_near_f32_max);

@@ -588,6 +588,40 @@ sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, const d
   return SN_OK;
 }
 
+sn_status_t sn_batchnorm_update_running(float *running_mean, float *running_var,
+                                        int64_t *num_batches_tracked, const double *mean,
+                                        const float *var, int64_t count, int64_t c,
+                                        float momentum) {
+  static const char fn[] = "sn_batchnorm_update_running";
+  SN_TRY(sn__check_size(fn, "c", c, 1));
+  SN_TRY(sn__check_size(fn, "count", count, 0));
+  const int cumulative = momentum == SN_MOMENTUM_CUMULATIVE;
+  if (!cumulative && !(momentum >= 0.0f && momentum <= 1.0f))
+    return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                    "%s: momentum must be in [0, 1] or SN_MOMENTUM_CUMULATIVE, got %g", fn,
+                    (double)momentum);
+  if (cumulative) SN_TRY(sn__check_ptr(fn, "num_batches_tracked", num_batches_tracked));
+  if (count == 1)
+    return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
+                    "%s: expected more than 1 value per channel when training, got count 1", fn);
+  if (count > 1) {
+    SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
+    SN_TRY(sn__check_ptr(fn, "running_var", running_var));
+    SN_TRY(sn__check_ptr(fn, "mean", mean));
+    SN_TRY(sn__check_ptr(fn, "var", var));
+  }
+  /* saturates: a checkpoint can hold any int64 (INT64_MAX + 1 would be undefined behaviour) */
+  if (num_batches_tracked != NULL && *num_batches_tracked < INT64_MAX) *num_batches_tracked += 1;
+  if (count == 0) return SN_OK; /* an empty batch is counted, nothing else */
+  const double f = cumulative ? 1.0 / (double)*num_batches_tracked : (double)momentum;
+  const double unbias = (double)count / (double)(count - 1);
+  for (int64_t ch = 0; ch < c; ch++) {
+    running_mean[ch] = (float)((1.0 - f) * running_mean[ch] + f * mean[ch]);
+    running_var[ch] = (float)((1.0 - f) * running_var[ch] + f * (double)var[ch] * unbias);
+  }
+  return SN_OK;
+}
+
 sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean, const float *rstd,
                                const float *gamma, const float *beta, int64_t n, int64_t c,
                                int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
