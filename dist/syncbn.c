@@ -423,7 +423,11 @@ sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, int64_t n
   if (!training && bn->cfg.track_running_stats) return forward_eval(bn, y, x, n, s);
   /* PyTorch synchronizes only in training mode; eval without running stats is local */
   const int synced = training && bn->comm != NULL;
-  return forward_batch(bn, fn, y, x, n, s, synced, training && bn->cfg.track_running_stats);
+  const int update = training && bn->cfg.track_running_stats;
+  if (update && bn->num_batches_tracked < 0) /* written through sn_syncbn_params */
+    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: %s: num_batches_tracked must be >= 0, got %lld",
+                    fn, bn->label, (long long)bn->num_batches_tracked);
+  return forward_batch(bn, fn, y, x, n, s, synced, update);
 }
 
 sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy, const void *x,

@@ -232,7 +232,8 @@ SN_API sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, 
  * SN_ERR_INSUFFICIENT_COUNT (no such training step exists). NaN statistics propagate. Host
  * memory. Errors (nothing written): SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C <= 0, count < 0),
  * SN_ERR_INSUFFICIENT_COUNT, SN_ERR_INVALID_ARGUMENT (momentum not in [0, 1] and not
- * SN_MOMENTUM_CUMULATIVE). SyncBatchNorm (syncnorm_dist.h) calls it with the global count. */
+ * SN_MOMENTUM_CUMULATIVE, or num_batches_tracked < 0). SyncBatchNorm (syncnorm_dist.h) calls it
+ * with the global count. */
 SN_API sn_status_t sn_batchnorm_update_running(float *running_mean, float *running_var,
                                                int64_t *num_batches_tracked, const double *mean,
                                                const float *var, int64_t count, int64_t c,

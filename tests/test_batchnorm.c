@@ -1048,6 +1048,11 @@ START_TEST(test_update_running) {
                   sn_last_error());
     ck_assert(rm[0] == 1 && rm[1] == 2 && rv[0] == 3 && rv[1] == 4 && nbt == 5);
   }
+  nbt = -3; /* a negative count (a bad checkpoint): refused, nothing written */
+  ck_assert_int_eq(sn_batchnorm_update_running(rm, rv, &nbt, mean, var, 4, 2, 0.1f),
+                   SN_ERR_INVALID_ARGUMENT);
+  ck_assert(rm[0] == 1 && rm[1] == 2 && rv[0] == 3 && rv[1] == 4 && nbt == -3);
+  nbt = 5;
   ck_assert_int_eq(sn_batchnorm_update_running(rm, rv, NULL, mean, var, 4, 2, 0.1f), SN_OK);
   ck_assert_int_eq(sn_batchnorm_update_running(NULL, NULL, &nbt, NULL, NULL, 0, 2, 0.1f), SN_OK);
   ck_assert_int_eq(nbt, 6);

@@ -91,7 +91,8 @@ START_TEST(test_layer_config_validation) {
 }
 END_TEST
 
-/* A forward rejected for its arguments (NULL x, n < 0, eval with a running_var < 0) changes
+/* A forward rejected for its arguments (NULL x, n < 0, eval with a running_var < 0, training
+ * with a num_batches_tracked < 0) changes
  * nothing, the saved forward included: the backward after it works on the last good forward,
  * bitwise as right after it. A forward that fails after its arguments were accepted (a count of
  * 1) drops the saved forward: the backward after it is an error and writes nothing. */
@@ -102,7 +103,7 @@ START_TEST(test_failed_forward_and_saved) {
   sn_syncbn_params_t p;
   ck_assert_int_eq(sn_syncbn_params(bn, &p), SN_OK);
   float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8], dy[8] = {1, -1, 2, 0, 1, 1, -3, 1}, dx[8], dx0[8];
-  for (int how = 0; how < 4; how++) {
+  for (int how = 0; how < 5; how++) {
     ck_assert_int_eq(sn_syncbn_forward(bn, y, x, 2, 2, 1), SN_OK);
     ck_assert_int_eq(sn_syncbn_backward(bn, dx0, dy, x, 2, 2), SN_OK);
     sn_status_t st;
@@ -112,12 +113,23 @@ START_TEST(test_failed_forward_and_saved) {
       p.running_var[0] = -1.0f;
       st = sn_syncbn_forward(bn, y, x, 2, 2, 0);
       p.running_var[0] = 1.0f;
+    } else if (how == 3) { /* num_batches_tracked < 0, training: y and the state untouched */
+      const int64_t keep = *p.num_batches_tracked;
+      float rm[2], y0[8];
+      memcpy(rm, p.running_mean, sizeof rm), memcpy(y0, y, sizeof y0);
+      *p.num_batches_tracked = -2;
+      st = sn_syncbn_forward(bn, y, x, 2, 2, 1);
+      ck_assert_msg(st == SN_ERR_INVALID_ARGUMENT && *p.num_batches_tracked == -2, "%s",
+                    sn_last_error());
+      tu_assert_bitwise(rm, p.running_mean, sizeof rm, "running_mean after a rejected forward");
+      tu_assert_bitwise(y0, y, sizeof y0, "y after a rejected forward");
+      *p.num_batches_tracked = keep;
     } else {
       st = sn_syncbn_forward(bn, y, x, 1, 1, 1); /* count 1: accepted, then failed */
     }
     ck_assert_msg(st != SN_OK, "case %d: the forward should fail", how);
     for (int i = 0; i < 8; i++) dx[i] = -7.0f;
-    if (how < 3) {
+    if (how < 4) {
       ck_assert_int_eq(sn_syncbn_backward(bn, dx, dy, x, 2, 2), SN_OK);
       tu_assert_bitwise(dx, dx0, sizeof dx, "backward after a rejected forward");
     } else {

@@ -601,6 +601,9 @@ sn_status_t sn_batchnorm_update_running(float *running_mean, float *running_var,
                     "%s: momentum must be in [0, 1] or SN_MOMENTUM_CUMULATIVE, got %g", fn,
                     (double)momentum);
   if (cumulative) SN_TRY(sn__check_ptr(fn, "num_batches_tracked", num_batches_tracked));
+  if (num_batches_tracked != NULL && *num_batches_tracked < 0) /* 1/0 or a negative factor */
+    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: num_batches_tracked must be >= 0, got %lld", fn,
+                    (long long)*num_batches_tracked);
   if (count == 1)
     return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
                     "%s: expected more than 1 value per channel when training, got count 1", fn);
