@@ -32,7 +32,7 @@ typedef struct {
   char *name;
   sn_tensor_t t;
   int64_t begin, end; /* data offsets */
-  const char *other;  /* a safetensors dtype syncnorm does not read (other_dtype), or NULL */
+  const char *other;  /* the tag of a dtype sn_tensor_t cannot describe, or NULL */
   int64_t bits;       /* bits per element */
 } st_entry_t;
 
@@ -57,35 +57,35 @@ static const char *dtype_tag(const sn_tensor_t *t) {
 
 static int64_t elem_size(const sn_tensor_t *t) { return t->is_i64 ? 8 : sn_dtype_size(t->dtype); }
 
-static int parse_tag(const char *tag, sn_tensor_t *t) {
-  static const struct { const char *tag; sn_dtype_t dtype; int is_i64; } tags[] = {
-      {"F32", SN_DTYPE_F32, 0}, {"BF16", SN_DTYPE_BF16, 0}, {"F16", SN_DTYPE_F16, 0},
-      {"F64", SN_DTYPE_F64, 0}, {"I64", SN_DTYPE_F64, 1}};
-  for (size_t i = 0; i < sizeof tags / sizeof tags[0]; i++)
-    if (strcmp(tag, tags[i].tag) == 0) {
-      t->dtype = tags[i].dtype;
-      t->is_i64 = tags[i].is_i64;
-      return 1;
-    }
-  return 0;
-}
+/* The safetensors dtypes (the reference implementation's list; sub-byte ones packed, so a
+ * tensor's bits must fill whole bytes), with their bits per element. Those sn_tensor_t describes
+ * (readable) carry its dtype and is_i64; a file may hold the others too (a model's integer,
+ * boolean or quantized tensors) and is validated with them, and only sn_safetensors_get refuses
+ * such a tensor. Any other tag makes the file SN_ERR_FORMAT: its sizes cannot be checked. */
+typedef struct {
+  const char *tag;
+  int64_t bits;
+  int readable;
+  sn_dtype_t dtype;
+  int is_i64;
+} st_dtype_t;
+static const st_dtype_t st_dtypes[] = {
+    {"F32", 32, 1, SN_DTYPE_F32, 0}, {"BF16", 16, 1, SN_DTYPE_BF16, 0},
+    {"F16", 16, 1, SN_DTYPE_F16, 0}, {"F64", 64, 1, SN_DTYPE_F64, 0},
+    {"I64", 64, 1, SN_DTYPE_F64, 1}, {"BOOL", 8, 0, SN_DTYPE_F32, 0},
+    {"U8", 8, 0, SN_DTYPE_F32, 0},   {"I8", 8, 0, SN_DTYPE_F32, 0},
+    {"F8_E5M2", 8, 0, SN_DTYPE_F32, 0}, {"F8_E4M3", 8, 0, SN_DTYPE_F32, 0},
+    {"F8_E8M0", 8, 0, SN_DTYPE_F32, 0}, {"I16", 16, 0, SN_DTYPE_F32, 0},
+    {"U16", 16, 0, SN_DTYPE_F32, 0}, {"I32", 32, 0, SN_DTYPE_F32, 0},
+    {"U32", 32, 0, SN_DTYPE_F32, 0}, {"U64", 64, 0, SN_DTYPE_F32, 0},
+    {"C64", 64, 0, SN_DTYPE_F32, 0}, {"F4", 4, 0, SN_DTYPE_F32, 0},
+    {"F6_E2M3", 6, 0, SN_DTYPE_F32, 0}, {"F6_E3M2", 6, 0, SN_DTYPE_F32, 0}};
 
-/* The safetensors dtypes other than those of sn_tensor_t, with their bits per element (the
- * reference implementation's list, sub-byte ones packed: a tensor's bits must fill whole bytes):
- * a file may hold them (a model's integer, boolean or quantized tensors) and is validated with
- * them; only sn_safetensors_get refuses such a tensor. Any other tag makes the file
- * SN_ERR_FORMAT: its sizes cannot be checked. Returns 0 for those. */
-static int64_t other_dtype(const char *tag, const char **name) {
-  static const struct { const char *tag; int64_t bits; } tags[] = {
-      {"BOOL", 8},    {"U8", 8},       {"I8", 8},       {"F8_E5M2", 8}, {"F8_E4M3", 8},
-      {"F8_E8M0", 8}, {"I16", 16},     {"U16", 16},     {"I32", 32},    {"U32", 32},
-      {"U64", 64},    {"C64", 64},     {"F4", 4},       {"F6_E2M3", 6}, {"F6_E3M2", 6}};
-  for (size_t i = 0; i < sizeof tags / sizeof tags[0]; i++)
-    if (strcmp(tag, tags[i].tag) == 0) {
-      *name = tags[i].tag;
-      return tags[i].bits;
-    }
-  return 0;
+/* The entry of tag in st_dtypes, or NULL. */
+static const st_dtype_t *find_dtype(const char *tag) {
+  for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
+    if (strcmp(tag, st_dtypes[i].tag) == 0) return &st_dtypes[i];
+  return NULL;
 }
 
 /* Elements of a shape, or −1 on overflow. */
@@ -350,12 +350,15 @@ static sn_status_t parse_entry(const char *fn, const char *path, const char *nam
   if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(offs) ||
       json_array_size(offs) != 2)
     return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' lacks dtype, shape or data_offsets", fn, path, name);
-  if (parse_tag(json_string_value(dt), &e->t))
-    e->bits = 8 * elem_size(&e->t);
-  else if ((e->bits = other_dtype(json_string_value(dt), &e->other)) == 0)
+  const st_dtype_t *type = find_dtype(json_string_value(dt));
+  if (type == NULL)
     return sn__fail(SN_ERR_FORMAT,
                     "%s: '%s': tensor '%s' has dtype '%s', which syncnorm does not know (so it "
                     "cannot check the file's sizes)", fn, path, name, json_string_value(dt));
+  e->bits = type->bits;
+  e->other = type->readable ? NULL : type->tag;
+  e->t.dtype = type->dtype;
+  e->t.is_i64 = type->is_i64;
   size_t ndim = json_array_size(shape);
   if (ndim > SN_ST_MAX_NDIM)
     return sn__fail(SN_ERR_FORMAT, "%s: '%s': tensor '%s' has %zu dimensions (at most %d)", fn, path, name, ndim, SN_ST_MAX_NDIM);

@@ -62,10 +62,7 @@ static sn_status_t check_config(const char *fn, const sn_syncbn_config_t *cfg) {
     return sn__fail(SN_ERR_OVERFLOW, "%s: num_features %lld is too large", fn,
                     (long long)cfg->num_features);
   SN_TRY(sn__check_eps(fn, cfg->eps));
-  if (!(cfg->momentum == SN_MOMENTUM_CUMULATIVE || (cfg->momentum >= 0.0f && cfg->momentum <= 1.0f)))
-    return sn__fail(SN_ERR_INVALID_ARGUMENT,
-                    "%s: momentum must be in [0, 1] or SN_MOMENTUM_CUMULATIVE, got %g", fn,
-                    (double)cfg->momentum);
+  SN_TRY(sn__check_momentum(fn, cfg->momentum));
   const int flags[4] = {cfg->affine, cfg->track_running_stats, cfg->check_consistency,
                         cfg->check_finite};
   const char *names[4] = {"affine", "track_running_stats", "check_consistency", "check_finite"};
@@ -180,8 +177,7 @@ static sn_status_t check_call(const char *fn, const sn_syncbn_t *bn, int64_t n, 
     if (c == NULL) { /* forward: a = x, b = y */
       SN_TRY(sn__check_overlap(fn, bname, b, an, a, bytes, 1));
     } else { /* backward: a = dy, b = x, c = dx */
-      SN_TRY(sn__check_overlap(fn, cn, c, an, a, bytes, 1));
-      SN_TRY(sn__check_overlap(fn, cn, c, bname, b, bytes, 0));
+      SN_TRY(sn__check_bwd_overlap(fn, c, a, b, bytes));
     }
   }
   if (bn->comm != NULL) SN_TRY(sn__comm_check(fn, bn->comm));

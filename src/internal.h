@@ -34,6 +34,12 @@ SN_HIDDEN sn_status_t sn__check_ptr(const char *fn, const char *name, const void
 SN_HIDDEN sn_status_t sn__check_overlap(const char *fn, const char *a_name, const void *a,
                                         const char *b_name, const void *b, int64_t bytes,
                                         int same_ok);
+/* The activations of a backward, `bytes` each: dx may equal dy, and may not overlap x
+ * (sn__check_overlap). */
+SN_HIDDEN sn_status_t sn__check_bwd_overlap(const char *fn, const void *dx, const void *dy,
+                                            const void *x, int64_t bytes);
+/* SN_ERR_INVALID_ARGUMENT unless momentum is in [0, 1] or SN_MOMENTUM_CUMULATIVE. */
+SN_HIDDEN sn_status_t sn__check_momentum(const char *fn, float momentum);
 /* v >= min (min is 0 for counts that may be empty, 1 for d/C/G), else SN_ERR_INVALID_SIZE. */
 SN_HIDDEN sn_status_t sn__check_size(const char *fn, const char *name, int64_t v, int64_t min);
 /* *out = a·b (both >= 0) without int64 overflow, and a·b·8 bytes addressable; else

@@ -78,6 +78,19 @@ sn_status_t sn__check_overlap(const char *fn, const char *a_name, const void *a,
                   same_ok ? ": an in-place call passes the same pointer" : "");
 }
 
+sn_status_t sn__check_bwd_overlap(const char *fn, const void *dx, const void *dy,
+                                  const void *x, int64_t bytes) {
+  SN_TRY(sn__check_overlap(fn, "dx", dx, "dy", dy, bytes, 1));
+  return sn__check_overlap(fn, "dx", dx, "x", x, bytes, 0);
+}
+
+sn_status_t sn__check_momentum(const char *fn, float momentum) {
+  if (momentum == SN_MOMENTUM_CUMULATIVE || (momentum >= 0.0f && momentum <= 1.0f)) return SN_OK;
+  return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                  "%s: momentum must be in [0, 1] or SN_MOMENTUM_CUMULATIVE, got %g", fn,
+                  (double)momentum);
+}
+
 sn_status_t sn__fail_prefix(sn_status_t status, const char *fmt, ...) {
   char prefix[SN_ERRMSG_LEN / 2], msg[SN_ERRMSG_LEN];
   va_list ap;

@@ -595,11 +595,8 @@ sn_status_t sn_batchnorm_update_running(float *running_mean, float *running_var,
   static const char fn[] = "sn_batchnorm_update_running";
   SN_TRY(sn__check_size(fn, "c", c, 1));
   SN_TRY(sn__check_size(fn, "count", count, 0));
+  SN_TRY(sn__check_momentum(fn, momentum));
   const int cumulative = momentum == SN_MOMENTUM_CUMULATIVE;
-  if (!cumulative && !(momentum >= 0.0f && momentum <= 1.0f))
-    return sn__fail(SN_ERR_INVALID_ARGUMENT,
-                    "%s: momentum must be in [0, 1] or SN_MOMENTUM_CUMULATIVE, got %g", fn,
-                    (double)momentum);
   if (cumulative) SN_TRY(sn__check_ptr(fn, "num_batches_tracked", num_batches_tracked));
   if (num_batches_tracked != NULL && *num_batches_tracked < 0) /* 1/0 or a negative factor */
     return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: num_batches_tracked must be >= 0, got %lld", fn,
@@ -715,8 +712,7 @@ sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *x, cons
   SN_TRY(sn__check_ptr(fn, "dx", dx));
   SN_TRY(sn__check_ptr(fn, "dy", dy));
   SN_TRY(sn__check_ptr(fn, "x", x));
-  SN_TRY(sn__check_overlap(fn, "dx", dx, "dy", dy, rows * c * sn_dtype_size(dtype), 1));
-  SN_TRY(sn__check_overlap(fn, "dx", dx, "x", x, rows * c * sn_dtype_size(dtype), 0));
+  SN_TRY(sn__check_bwd_overlap(fn, dx, dy, x, rows * c * sn_dtype_size(dtype)));
   const ew_t op = {.kind = eval ? EW_BWD_EVAL : EW_BWD, .mean = mean, .rstd = rstd,
                    .gamma = gamma, .sum_dy = sum_dy, .sum_dy_xhat = sum_dy_xhat,
                    .count = (double)count};

@@ -518,8 +518,7 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   SN_TRY(sn__check_ptr(fn, "x", x));
   SN_TRY(sn__check_ptr(fn, "mean", mean));
   SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  SN_TRY(sn__check_overlap(fn, "dx", dx, "dy", dy, rows * c * sn_dtype_size(dtype), 1));
-  SN_TRY(sn__check_overlap(fn, "dx", dx, "x", x, rows * c * sn_dtype_size(dtype), 0));
+  SN_TRY(sn__check_bwd_overlap(fn, dx, dy, x, rows * c * sn_dtype_size(dtype)));
   const int nt = sn__max_threads();
   sn_status_t st = SN_OK;
   double *wq = NULL, *scratch = NULL;

@@ -350,13 +350,6 @@ static inline sn_status_t sn__check_fused_overlap(const char *fn, const void *y,
   return sn__check_overlap(fn, "sum_out", sum_out, "residual", residual, bytes, 1);
 }
 
-/* The activations of a backward, `bytes` each: dx may equal dy, and may not overlap x. */
-static inline sn_status_t sn__check_bwd_overlap(const char *fn, const void *dx, const void *dy,
-                                                const void *x, int64_t bytes) {
-  SN_TRY(sn__check_overlap(fn, "dx", dx, "dy", dy, bytes, 1));
-  return sn__check_overlap(fn, "dx", dx, "x", x, bytes, 0);
-}
-
 /* An activation pointer, or a per-row statistic the backward reads (mean, rstd), may be NULL
  * only for an empty batch (n == 0 elements). */
 static inline sn_status_t sn__check_act(const char *fn, const char *name, const void *p,
