@@ -292,6 +292,130 @@ START_TEST(test_near_half_max) {
 }
 END_TEST
 
+/* ---- the bf16 forward, bitwise ------------------------------------------------------------ */
+
+/* Models of what the bf16 forward is documented to compute (rmsnorm.c, rownorm.h), written
+ * here element by element in the plain order: the kernel reads 32 values at a time as even and
+ * odd halves, and its elementwise map (gamma in pairs) and its f32 blocks of squares must come
+ * out as in element order. (The order in which its fp64 lanes meet is seldom visible in an f32
+ * rstd: sums of a few f32 values are exact in fp64.) */
+static float bf16_bits_to_f32(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+static uint16_t f32_to_bf16_rne(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static int bf16_is_nan(uint16_t h) { return (h & 0x7fffu) > 0x7f80u; }
+
+/* Σ x² of a bf16 row as documented at sn__row_sumsq_lowp: element i in fp64 lane i % 32, each
+ * lane adding blocks of 16 squares in f32; the lanes added pairwise (16, 8, 4, 2 apart, then
+ * the last two); a total outside [d·2^-120, 2^127] (or NaN) recomputed with fp64 squares in the
+ * same lanes. */
+static double model_sumsq_bf16(const uint16_t *x, int64_t d) {
+  enum { LANES = 32, BLOCK = 16 };
+  double acc[LANES] = {0};
+  int64_t i = 0;
+  while (i + LANES <= d) {
+    const int64_t end = d - i > LANES * BLOCK ? i + LANES * BLOCK : d;
+    float b[LANES] = {0};
+    for (; i + LANES <= end; i += LANES)
+      for (int k = 0; k < LANES; k++) {
+        const float v = bf16_bits_to_f32(x[i + k]), sq = v * v;
+        b[k] = b[k] + sq;
+      }
+    for (int k = 0; k < LANES; k++) acc[k] += (double)b[k];
+  }
+  for (int k = 0; i < d; i++, k++) acc[k] += (double)bf16_bits_to_f32(x[i]) * bf16_bits_to_f32(x[i]);
+  double t[LANES];
+  memcpy(t, acc, sizeof t);
+  for (int w = LANES / 2; w >= 2; w /= 2)
+    for (int k = 0; k < w; k++) t[k] += t[k + w];
+  const double total = t[0] + t[1];
+  if (total >= (double)d * 0x1p-120 && total <= 0x1p127) return total;
+  memset(acc, 0, sizeof acc);
+  for (int64_t j = 0; j < d; j++) {
+    const double v = bf16_bits_to_f32(x[j]);
+    acc[j % LANES] += v * v;
+  }
+  for (int w = LANES / 2; w >= 2; w /= 2)
+    for (int k = 0; k < w; k++) acc[k] += acc[k + w];
+  return acc[0] + acc[1];
+}
+
+/* y (bf16 rows [rows, d]) and rstd bitwise the model from the normalized rows xs: rstd =
+ * (float)(1/√(Σx²/d + eps)), y[i] = bf16((x[i]·rstd)·gamma[i]) in f32; a NaN expected must be
+ * a NaN (its payload depends on operand order). */
+static void assert_bf16_model(const uint16_t *y, const float *rstd, const uint16_t *xs,
+                              const float *gamma, int64_t rows, int64_t d, float eps,
+                              const char *what) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float s = (float)(1.0 / sqrt(model_sumsq_bf16(xs + r * d, d) / (double)d + (double)eps));
+    TU_CHECK(memcmp(&s, &rstd[r], sizeof s) == 0, "%s: rstd[%lld] = %a, want %a", what,
+             (long long)r, (double)rstd[r], (double)s);
+    for (int64_t i = 0; i < d; i++) {
+      float t = bf16_bits_to_f32(xs[r * d + i]) * s;
+      if (gamma != NULL) t = t * gamma[i];
+      const uint16_t want = f32_to_bf16_rne(t), got = y[r * d + i];
+      TU_CHECK(bf16_is_nan(want) ? bf16_is_nan(got) : got == want,
+               "%s: y[%lld][%lld] = 0x%04x, want 0x%04x", what, (long long)r, (long long)i,
+               got, want);
+    }
+  }
+}
+
+/* The bf16 forward and fused forward against the models above, for d around the 32-value pair
+ * blocks and the 512-value f32 blocks (tails of every length class), with and without gamma, in
+ * place; rows: random, with subnormal and signed-zero values and exact ties of the rounding, a
+ * NaN, an inf, values whose squares leave the f32 range (the fp64 recomputation). */
+START_TEST(test_bf16_bitwise) {
+  static const int64_t D[] = {1, 5, 31, 32, 33, 63, 64, 100, 511, 512, 543, 1024, 1057, 4096};
+  const int64_t rows = 6;
+  for (size_t k = 0; k < sizeof D / sizeof D[0]; k++) {
+    const int64_t d = D[k], n = rows * d;
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 2100 + (uint64_t)k);
+    uint16_t *x = tu_alloc(n, SN_DTYPE_BF16), *res = tu_alloc(n, SN_DTYPE_BF16);
+    uint16_t *y = tu_alloc(n, SN_DTYPE_BF16), *sum = tu_alloc(n, SN_DTYPE_BF16);
+    uint16_t *buf = tu_alloc(n, SN_DTYPE_BF16);
+    tu_fill_normal(x, n, SN_DTYPE_BF16, 0.2, 1.5, &rng);
+    tu_fill_normal(res, n, SN_DTYPE_BF16, -0.3, 1.0, &rng);
+    for (int64_t i = 0; i < d; i += 3) x[i] = (uint16_t)(0x0001u + (uint16_t)(i % 50)); /* subnormal */
+    x[d - 1] = 0x8000u;                                                 /* -0 */
+    x[2 * d + d / 2] = 0x7f81u;                                         /* signaling NaN */
+    x[3 * d + d / 3] = 0xff80u;                                         /* -inf */
+    for (int64_t i = 0; i < d; i++) x[4 * d + i] = (uint16_t)(0x6f80u + (uint16_t)(i % 7)); /* ~2^96 */
+    for (int64_t i = 0; i < d; i++) x[5 * d + i] = (uint16_t)(0x0f80u + (uint16_t)(i % 5)); /* ~2^-96 */
+    float *gamma = random_f32(d, 1.0, 0.5, &rng), rs[6], rs2[6];
+    for (int g = 0; g < 2; g++) {
+      const float *gm = g ? gamma : NULL;
+      char what[96];
+      snprintf(what, sizeof what, "rmsnorm_fwd bf16 d=%lld gamma=%d", (long long)d, g);
+      tu_poison(y, n, SN_DTYPE_BF16);
+      ck_assert_int_eq(sn_rmsnorm_fwd(y, rs, x, gm, rows, d, EPS, SN_DTYPE_BF16), SN_OK);
+      assert_bf16_model(y, rs, x, gm, rows, d, EPS, what);
+      memcpy(buf, x, (size_t)n * 2); /* in place: the same bits */
+      ck_assert_int_eq(sn_rmsnorm_fwd(buf, rs2, buf, gm, rows, d, EPS, SN_DTYPE_BF16), SN_OK);
+      tu_assert_bitwise(buf, y, (size_t)n * 2, what);
+      tu_assert_bitwise(rs2, rs, sizeof rs, what);
+      snprintf(what, sizeof what, "add_rmsnorm_fwd bf16 d=%lld gamma=%d", (long long)d, g);
+      tu_poison(y, n, SN_DTYPE_BF16);
+      tu_poison(sum, n, SN_DTYPE_BF16);
+      ck_assert_int_eq(
+          sn_add_rmsnorm_fwd(y, sum, rs, x, res, gm, rows, d, EPS, SN_DTYPE_BF16), SN_OK);
+      tu_assert_residual_sum(sum, x, res, n, SN_DTYPE_BF16, what);
+      assert_bf16_model(y, rs, sum, gm, rows, d, EPS, what);
+    }
+    free(x), free(res), free(y), free(sum), free(buf), free(gamma);
+  }
+}
+END_TEST
+
 /* ---- fused residual add --------------------------------------------------------------------- */
 
 /* sum_out == round_dtype(x + residual) with the add in f32; y == RMSNorm(sum_out) within the
@@ -852,6 +976,7 @@ int main(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_loop_test(tc, test_fwd_shapes, 0, 3);
   tcase_add_test(tc, test_lowp_sum_range);
+  tcase_add_test(tc, test_bf16_bitwise);
   tcase_add_test(tc, test_large_mean);
   tcase_add_loop_test(tc, test_constant_rows, 0, 3);
   tcase_add_loop_test(tc, test_near_half_max, 0, 2);

@@ -13,10 +13,11 @@
  * them while the passes run in cache).
  * f16 rows are widened into per-thread f32 scratch rows ([threads, d] floats, allocated before
  * the parallel region), computed there and narrowed once, round-to-nearest-even. bf16 rows take
- * a two-pass path with the same results (rms_fwd_row_bf16): widening fused with the sum of
- * squares, narrowing with the map. The fused kernel adds x + residual in the first pass (f32
- * and bf16; f16 in a pass of its own over L1-sized blocks, sn__residual_sum_row), storing
- * sum_out as it goes.
+ * a path with the same results and no f32 row (rms_fwd_row_bf16): each pass widens x in
+ * registers, 32 values at a time as even and odd halves of 16 words (sn__pair_widen: a shift
+ * and a mask instead of shuffles), the second narrowing y the same way. The fused kernel adds
+ * x + residual in the first pass (f32 and bf16; f16 in a pass of its own over L1-sized
+ * blocks, sn__residual_sum_row), storing sum_out as it goes.
  *
  * Backward, per row, with g = dy·gamma and the saved f32 rstd s:
  *   pass A  Σg·x                               fp64
@@ -77,35 +78,64 @@ SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *res, 
   return rstd;
 }
 
-/* rms_map narrowed to bf16 as it is stored: the same f32 values and rounding as rms_map into an
- * f32 row followed by sn__from_f32. */
-SN_INLINE void rms_map_bf16(uint16_t *y, const float *x, const float *gamma, int64_t d, float s,
-                            int has_g) {
-  SN_IVDEP
-  for (int64_t i = 0; i < d; i++) {
-    float t = x[i] * s;
+/* y [d] = (x·s)·gamma of a bf16 row xb [d] in f32, narrowed to bf16 as it is stored: bitwise
+ * rms_map on the widened row followed by sn__from_f32, in pairs (sn__pair_widen, no shuffles).
+ * gs [d]: gamma with each full block of SN_PAIR split into its even then its odd elements
+ * (rms_gamma_pairs; NULL for no gamma); gamma [d] as is for the tail. y may equal xb (each
+ * block is loaded before it is stored). */
+SN_INLINE void rms_map_pairs(uint16_t *y, const uint16_t *xb, const float *gs,
+                             const float *gamma, int64_t d, float s, int has_g) {
+  int64_t i = 0;
+  for (; i + SN_PAIR <= d; i += SN_PAIR) {
+    sn__pf e, o, ge, go;
+    sn__pair_widen(&e, &o, xb + i);
+    e = e * s;
+    o = o * s;
+    if (has_g) {
+      memcpy(&ge, gs + i, sizeof ge);
+      memcpy(&go, gs + i + SN_PAIR / 2, sizeof go);
+      e = e * ge;
+      o = o * go;
+    }
+    sn__pair_narrow(y + i, &e, &o);
+  }
+  for (; i < d; i++) {
+    float t = sn__bf16_to_f32(xb[i]) * s;
     if (has_g) t = t * gamma[i];
     y[i] = sn__f32_to_bf16(t);
   }
 }
 
-/* One bf16 row, bitwise as rms_fwd_row on the widened row, in two passes instead of four: x
- * widened into tmp [d] while its squares are summed (x read from memory once), then the map
- * narrowed as it is stored (y written once, no f32 output row). Returns rstd. With res [d] (the
- * fused kernel; NULL for none) the row normalized is the residual sum, rounded to bf16 into
- * sum_out [d] and widened into tmp by the same pass: bitwise the generic path
- * (sn__residual_sum_row, then this row on sum_out). */
+/* One bf16 row, bitwise as rms_fwd_row on the widened row (the f16 path), in two passes with
+ * no f32 copy of the row: the squares summed as x is widened in registers (sn__row_sumsq_bf16;
+ * x read from memory once), then x, now cache-hot, widened again and mapped, narrowed as y is
+ * stored (rms_map_pairs; y written once). Returns rstd. With res [d] (the fused kernel; NULL for
+ * none) the row normalized is the residual sum, rounded to bf16 into sum_out [d] by the first
+ * pass and read back by the second: bitwise the generic path (sn__residual_sum_row, then this
+ * row on sum_out). gs: gamma in pairs (rms_gamma_pairs), NULL with gamma NULL. */
 SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, const uint16_t *res,
-                                         uint16_t *sum_out, float *tmp, const float *gamma,
-                                         int64_t d, float eps, const char *next) {
-  const double ss = res != NULL
-                        ? sn__row_sumsq_lowp(tmp, sum_out, x, res, 1, d, next, (char *)y, 2)
-                        : sn__row_sumsq_lowp(tmp, NULL, x, NULL, 1, d, next, (char *)y, 2);
+                                         uint16_t *sum_out, const float *gamma,
+                                         const float *gs, int64_t d, float eps,
+                                         const char *next) {
+  const double ss = sn__row_sumsq_bf16(x, res, sum_out, d, next, (char *)y);
   const double ms = ss / (double)d;
   const double rstd = 1.0 / sqrt(ms + (double)eps);
-  if (gamma != NULL) rms_map_bf16(y, tmp, gamma, d, (float)rstd, 1);
-  else rms_map_bf16(y, tmp, gamma, d, (float)rstd, 0);
+  const uint16_t *xm = res != NULL ? sum_out : x;
+  if (gamma != NULL) rms_map_pairs(y, xm, gs, gamma, d, (float)rstd, 1);
+  else rms_map_pairs(y, xm, gs, gamma, d, (float)rstd, 0);
   return rstd;
+}
+
+/* gs [d] = gamma [d] with each full block of SN_PAIR elements split into its even elements, then
+ * its odd ones (the order rms_map_pairs reads); the tail as is. */
+static void rms_gamma_pairs(float *gs, const float *gamma, int64_t d) {
+  int64_t i = 0;
+  for (; i + SN_PAIR <= d; i += SN_PAIR)
+    for (int j = 0; j < SN_PAIR / 2; j++) {
+      gs[i + j] = gamma[i + 2 * j];
+      gs[i + SN_PAIR / 2 + j] = gamma[i + 2 * j + 1];
+    }
+  for (; i < d; i++) gs[i] = gamma[i];
 }
 
 /* Row r of the forward from its f32 view xr: writes y row r and rstd[r] when given. tmp: this
@@ -137,7 +167,8 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
   sn_status_t st = SN_OK;
   float *scratch = NULL;
   if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, sn__max_threads(), d, sizeof(float), &st)) == NULL)
+      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : sn__max_threads(), d,
+                           sizeof(float), &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
   st = sn__check_overlap(fn, "y", y, "x", x, n * sn_dtype_size(dtype), 1);
@@ -146,15 +177,22 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
     return st;
   }
 
+  const float *gs = NULL; /* bf16: gamma in pairs (rms_map_pairs), in the scratch */
+  if (dtype == SN_DTYPE_BF16 && gamma != NULL) {
+    rms_gamma_pairs(scratch, gamma, d);
+    gs = scratch;
+  }
+
 #pragma omp parallel
   {
-    float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * d : NULL;
+    float *tmp = scratch != NULL && dtype != SN_DTYPE_BF16
+                     ? scratch + (int64_t)sn__thread_num() * d : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
       if (dtype == SN_DTYPE_BF16) {
         const double rs = rms_fwd_row_bf16((uint16_t *)y + r * d, (const uint16_t *)x + r * d,
-                                           NULL, NULL, tmp, gamma, d, eps, next);
+                                           NULL, NULL, gamma, gs, d, eps, next);
         if (rstd != NULL) rstd[r] = (float)rs;
         continue;
       }
@@ -178,12 +216,14 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
   SN_TRY(sn__check_act(fn, "residual", residual, n));
   if (n == 0) return SN_OK;
 
-  /* scratch: [threads, d] f32 rows for bf16/f16 (the widened sum row; f16 computes y there) */
+  /* scratch: [threads, d] f32 rows for f16 (the widened sum row, where y is computed); for
+   * bf16 one row, gamma in pairs (rms_map_pairs) */
   const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
   float *scratch = NULL;
   if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, sn__max_threads(), d, sizeof(float), &st)) == NULL)
+      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : sn__max_threads(), d,
+                           sizeof(float), &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
   st = sn__check_fused_overlap(fn, y, sum_out, x, residual, n * sn_dtype_size(dtype));
@@ -192,9 +232,16 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
     return st;
   }
 
+  const float *gs = NULL;
+  if (dtype == SN_DTYPE_BF16 && gamma != NULL) {
+    rms_gamma_pairs(scratch, gamma, d);
+    gs = scratch;
+  }
+
 #pragma omp parallel
   {
-    float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * d : NULL;
+    float *tmp = scratch != NULL && dtype != SN_DTYPE_BF16
+                     ? scratch + (int64_t)sn__thread_num() * d : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       const int64_t off = r * d;
@@ -202,7 +249,7 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
       if (dtype == SN_DTYPE_BF16) { /* the add fused into the first pass (rms_fwd_row_bf16) */
         const double rs = rms_fwd_row_bf16((uint16_t *)y + off, (const uint16_t *)x + off,
                                            (const uint16_t *)residual + off,
-                                           (uint16_t *)sum_out + off, tmp, gamma, d, eps, next);
+                                           (uint16_t *)sum_out + off, gamma, gs, d, eps, next);
         if (rstd != NULL) rstd[r] = (float)rs;
       } else if (dtype == SN_DTYPE_F32) { /* likewise (rms_fwd_row) */
         rms_fwd_store(y, rstd, (const float *)x + off, (const float *)residual + off,

@@ -94,6 +94,46 @@ SN_INLINE uint16_t sn__f32_to_bf16_finite(float f) {
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* ---- bf16 rows in pairs: widening and narrowing without shuffles -------------------------- */
+/* 32 bf16 values loaded as 16 u32 words hold element 2j in the low half of word j and element
+ * 2j + 1 in the high half, so one shift or one mask widens each half to f32 in place: the even
+ * elements of a block of 32 (e) and the odd ones (o), 16 each, with no cross-lane shuffle (the
+ * vpmovzxwd / vpermt2w of a widening or narrowing in element order). Narrowing joins the two
+ * rounded halves the same way. Elementwise these are sn__bf16_to_f32 and sn__f32_to_bf16, so
+ * the values are the same; a loop that keeps e and o apart permutes its lanes, which the sums
+ * below undo (element i still goes to lane i % SN_ROW_LANES). GCC vector values as
+ * norm_kernels.h's; pointers in, since a 64-byte vector argument has a target-dependent ABI. */
+typedef uint32_t sn__pu __attribute__((vector_size(64)));
+typedef float sn__pf __attribute__((vector_size(64)));
+typedef int32_t sn__pi __attribute__((vector_size(64)));
+#define SN_PAIR 32 /* bf16 elements per pair block: SN_ROW_LANES, so the lanes map one to one */
+_Static_assert(SN_PAIR == SN_ROW_LANES, "a pair block is one step of the row lanes");
+
+/* e, o = the even and odd elements of the 32 bf16 values at p, as f32. */
+SN_INLINE void sn__pair_widen(sn__pf *e, sn__pf *o, const uint16_t *p) {
+  sn__pu w;
+  memcpy(&w, p, sizeof w);
+  *e = (sn__pf)(w << 16);
+  *o = (sn__pf)(w & 0xffff0000u);
+}
+
+/* r = the bf16 bits of f (sn__f32_to_bf16 of each element) in the high half of each word. */
+SN_INLINE void sn__pair_round(sn__pu *r, const sn__pf *f) {
+  const sn__pu u = (sn__pu)*f;
+  const sn__pu rounded = u + 0x7fffu + ((u >> 16) & 1u), quiet = u | 0x00400000u;
+  const sn__pu nan = (sn__pu)((sn__pi)(u & 0x7fffffffu) > 0x7f800000);
+  *r = (rounded & ~nan) | (quiet & nan);
+}
+
+/* The 32 bf16 values at p = e (even elements) and o (odd ones) narrowed as sn__f32_to_bf16. */
+SN_INLINE void sn__pair_narrow(uint16_t *p, const sn__pf *e, const sn__pf *o) {
+  sn__pu re, ro;
+  sn__pair_round(&re, e);
+  sn__pair_round(&ro, o);
+  const sn__pu w = (ro & 0xffff0000u) | (re >> 16);
+  memcpy(p, &w, sizeof w);
+}
+
 /* Element i of a row that is f32, or with widen bf16, as f32. */
 SN_INLINE float sn__load_w(const void *src, int widen, int64_t i) {
   return widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
@@ -268,6 +308,53 @@ SN_INLINE double sn__row_sumsq_lowp(float *dst, void *sum_out, const void *src, 
   if (total >= (double)n * 0x1p-120 && total <= 0x1p127) return total; /* NaN: recomputed */
   const void *row = widen ? (const void *)dst : res != NULL ? (const void *)sum_out : src;
   return sn__row_sumsq_w(NULL, NULL, row, NULL, 0, n, 0.0, NULL, NULL, 0);
+}
+
+/* sn__row_sumsq_lowp of a bf16 row x [n] with widen and no dst, bitwise: the same f32 blocks
+ * and fp64 lanes, with the row read in pairs (sn__pair_widen): lanes 2j and 2j + 1 of the 32
+ * are word j's even and odd halves, kept apart in e and o until they are added into the fp64
+ * lanes in order. With res (the fused kernel; NULL for none) the row is the residual sum
+ * round_bf16(x + res) (the add in f32, as sn__row_in), stored into sum_out [n] as it goes
+ * (sum_out may equal x or res: each block is loaded before it is stored). next, out: as
+ * sn__row_sumsq_w's, bf16 rows. */
+SN_INLINE double sn__row_sumsq_bf16(const uint16_t *x, const uint16_t *res, uint16_t *sum_out,
+                                   int64_t n, const char *next, char *out) {
+  double acc[SN_ROW_LANES] = {0};
+  int64_t i = 0;
+  while (i + SN_PAIR <= n) {
+    const int64_t end = n - i > SN_PAIR * SN_SUMSQ_F32_ROWS ? i + SN_PAIR * SN_SUMSQ_F32_ROWS : n;
+    sn__pf be = {0}, bo = {0}, e, o;
+    for (; i + SN_PAIR <= end; i += SN_PAIR) {
+      sn__row_prefetch(next, out, i, 2);
+      sn__pair_widen(&e, &o, x + i);
+      if (res != NULL) {
+        sn__pf re, ro;
+        sn__pair_widen(&re, &ro, res + i);
+        e = e + re;
+        o = o + ro;
+        sn__pu ue, uo;
+        sn__pair_round(&ue, &e);
+        sn__pair_round(&uo, &o);
+        const sn__pu w = (uo & 0xffff0000u) | (ue >> 16);
+        memcpy(sum_out + i, &w, sizeof w);
+        e = (sn__pf)(ue & 0xffff0000u); /* the rounded sums, as stored */
+        o = (sn__pf)(uo & 0xffff0000u);
+      }
+      be += e * e;
+      bo += o * o;
+    }
+    for (int j = 0; j < SN_PAIR / 2; j++) {
+      acc[2 * j] += (double)be[j];
+      acc[2 * j + 1] += (double)bo[j];
+    }
+  }
+  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
+    const float v = sn__row_in(NULL, sum_out, x, res, 1, i);
+    acc[k] += (double)v * (double)v;
+  }
+  const double total = sn__lanes_total(acc);
+  if (total >= (double)n * 0x1p-120 && total <= 0x1p127) return total; /* NaN: recomputed */
+  return sn__row_sumsq_w(NULL, NULL, res != NULL ? sum_out : x, NULL, 1, n, 0.0, NULL, NULL, 0);
 }
 
 /* Σ (x[i] − shift)² of an f32 row (sn__row_sumsq_w without widening or prefetching). */
