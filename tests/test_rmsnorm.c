@@ -566,6 +566,71 @@ START_TEST(test_bwd_shapes) {
 }
 END_TEST
 
+/* The bf16 backward is the f32 backward on the widened rows, dx rounded to bf16 (rmsnorm.c:
+ * the generic path runs the f32 row code on them): dx and dgamma bitwise those of
+ * sn_rmsnorm_bwd in f32 on the same values (a NaN expected must be a NaN), for d around the
+ * 32-value pair blocks, with and without gamma and dgamma, in place, on rows of every kind the
+ * bf16 kernel sends back to the widened rows, between ordinary rows of the same run of
+ * SN_PART_ROWS partials: dy near FLT_MAX (g·x beyond it: fp64 row), dgamma terms below the f32
+ * partials' range (x subnormal, rstd large), beyond it (dy and x 2^62), a NaN, an inf. */
+START_TEST(test_bwd_bf16_is_f32) {
+  static const int64_t D[] = {1, 31, 32, 33, 64, 100, 1057};
+  const int64_t rows = 24;
+  for (size_t k = 0; k < sizeof D / sizeof D[0]; k++) {
+    const int64_t d = D[k], n = rows * d;
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 2300 + (uint64_t)k);
+    uint16_t *x = tu_alloc(n, SN_DTYPE_BF16), *dy = tu_alloc(n, SN_DTYPE_BF16);
+    uint16_t *dx = tu_alloc(n, SN_DTYPE_BF16), *buf = tu_alloc(n, SN_DTYPE_BF16);
+    float *xf = tu_alloc(n, SN_DTYPE_F32), *dyf = tu_alloc(n, SN_DTYPE_F32);
+    float *dxf = tu_alloc(n, SN_DTYPE_F32), *rstd = malloc(rows * sizeof(float));
+    float *dg = malloc((size_t)d * sizeof(float)), *dgf = malloc((size_t)d * sizeof(float));
+    tu_fill_normal(x, n, SN_DTYPE_BF16, 0.1, 1.0, &rng);
+    tu_fill_normal(dy, n, SN_DTYPE_BF16, 0.0, 1.0, &rng);
+    for (int64_t r = 0; r < rows; r++) rstd[r] = (float)(0.5 + tu_rng_uniform(&rng));
+    dy[3 * d] = 0x7f7fu;                                    /* row 3: dy = FLT_MAX-ish */
+    for (int64_t i = 0; i < d; i++) x[5 * d + i] = 0x0003u; /* row 5: subnormal x */
+    rstd[5] = 0x1p60f;
+    x[9 * d] = 0x5e80u; /* row 9: x and dy 2^62 in different columns: terms to 2^124 */
+    dy[9 * d + (d > 1)] = 0x5e80u;
+    rstd[9] = 1.0f;
+    dy[12 * d + d / 2] = 0x7fc1u;                           /* row 12: NaN */
+    x[17 * d + d - 1] = 0xff80u;                            /* row 17: -inf */
+    for (int64_t i = 0; i < n; i++) {
+      xf[i] = (float)tu_get(x, i, SN_DTYPE_BF16);
+      dyf[i] = (float)tu_get(dy, i, SN_DTYPE_BF16);
+    }
+    float *gamma = random_f32(d, 1.0, 0.5, &rng);
+    for (int v = 0; v < 4; v++) {
+      const float *g = v & 1 ? gamma : NULL;
+      float *dgo = v & 2 ? dg : NULL, *dgfo = v & 2 ? dgf : NULL;
+      char what[96];
+      snprintf(what, sizeof what, "rmsnorm_bwd bf16 vs f32 d=%lld gamma=%d dgamma=%d",
+               (long long)d, g != NULL, dgo != NULL);
+      tu_poison(dx, n, SN_DTYPE_BF16);
+      tu_poison_f32(dg, d);
+      ck_assert_int_eq(sn_rmsnorm_bwd(dx, dgo, dy, x, rstd, g, rows, d, SN_DTYPE_BF16), SN_OK);
+      ck_assert_int_eq(sn_rmsnorm_bwd(dxf, dgfo, dyf, xf, rstd, g, rows, d, SN_DTYPE_F32), SN_OK);
+      for (int64_t i = 0; i < n; i++) {
+        const uint16_t want = f32_to_bf16_rne(dxf[i]);
+        TU_CHECK(bf16_is_nan(want) ? bf16_is_nan(dx[i]) : dx[i] == want,
+                 "%s: dx[%lld] = 0x%04x, want 0x%04x", what, (long long)i, dx[i], want);
+      }
+      if (dgo != NULL)
+        for (int64_t j = 0; j < d; j++)
+          TU_CHECK(isnan(dgf[j]) ? isnan(dg[j]) : memcmp(&dg[j], &dgf[j], 4) == 0,
+                   "%s: dgamma[%lld] = %a, want %a", what, (long long)j, (double)dg[j],
+                   (double)dgf[j]);
+      memcpy(buf, dy, (size_t)n * 2); /* in place (dx == dy): the same bits */
+      ck_assert_int_eq(sn_rmsnorm_bwd(buf, NULL, buf, x, rstd, g, rows, d, SN_DTYPE_BF16), SN_OK);
+      tu_assert_bitwise(buf, dx, (size_t)n * 2, what);
+    }
+    free(x), free(dy), free(dx), free(buf), free(xf), free(dyf), free(dxf), free(rstd);
+    free(dg), free(dgf), free(gamma);
+  }
+}
+END_TEST
+
 /* Gradients near FLT_MAX that cancel: rows 0-3 (one reduction chunk of 256 rows) have
  * dy[:, 0] = +3e38, +3e38, −3e38, −3e38, the rest small. The f32 partials of dgamma would
  * overflow to inf at the second row; such rows must go to the fp64 partial, and dgamma and dx
@@ -985,6 +1050,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_bwd_shapes, 0, 3);
   tcase_add_test(tc, test_bwd_large_mean);
   tcase_add_test(tc, test_bwd_huge_dy);
+  tcase_add_test(tc, test_bwd_bf16_is_f32);
   tcase_add_test(tc, test_bwd_extreme_scale);
   tcase_add_test(tc, test_bwd_subnormal_eps);
   tcase_add_test(tc, test_bwd_g_overflow);

@@ -31,6 +31,10 @@
  * dgamma = Σ_rows dy·x·rstd is summed per fixed chunk of rows (cpu.h), in f32 over runs of
  * SN_PART_ROWS rows added in fp64 (rownorm.h), and the chunk partials are added in chunk order
  * (see layernorm.c): bitwise the same for any thread count.
+ * bf16 rows run both passes on x and dy read in pairs, as the forward (rms_bwd_pairs: no f32
+ * copies of the rows, dx narrowed as it is stored, the f32 dgamma partials in pair order), and
+ * are bitwise the f32 backward on the widened rows; rows it declines (the fp64 cases above)
+ * take the widened rows. f16 rows are widened into per-thread f32 rows.
  *
  * Threads: OpenMP over rows (or chunks of rows); the row functions below carry SN_CLONES and no
  * OpenMP pragmas.
@@ -374,15 +378,175 @@ SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const fl
   else rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, d, s, pf, 0, 0);
 }
 
+/* ---- bf16 rows in pairs ------------------------------------------------------------------ */
+
+/* acc[k] += (double)g[k] · (double)x[k] for the 16 floats of the vectors g and x: through
+ * arrays, in the loop form GCC 12 vectorizes to one vcvtps2pd per 8 (its
+ * __builtin_convertvector took two and a shuffle; a 16-double vector was kept in memory). */
+#define RMS_DOT16(acc, g, x)                                                                  \
+  do {                                                                                        \
+    float gb_[16], xb_[16];                                                                   \
+    memcpy(gb_, &(g), sizeof gb_);                                                            \
+    memcpy(xb_, &(x), sizeof xb_);                                                            \
+    for (int k_ = 0; k_ < 16; k_++) (acc)[k_] += (double)gb_[k_] * (double)xb_[k_];           \
+  } while (0)
+
+/* m[k] = max(m[k], v[k]) for the 16 words of the vector v: through an array, in the loop form
+ * GCC 12 vectorizes to vpmaxud (it scalarized the float form, and left a select on vector
+ * values as a chained compare, masked move and blend). On the bits of |x|: nonnegative floats
+ * order as their bits, so the largest bits are max|x| (NaN rows never use it). */
+#define RMS_MAX16(m, v)                                                                       \
+  do {                                                                                        \
+    uint32_t vb_[16];                                                                         \
+    memcpy(vb_, &(v), sizeof vb_);                                                            \
+    for (int k_ = 0; k_ < 16; k_++) (m)[k_] = vb_[k_] > (m)[k_] ? vb_[k_] : (m)[k_];          \
+  } while (0)
+
+/* One bf16 row of the backward with no f32 copies of its rows, bitwise rms_bwd_row_impl on the
+ * widened rows followed by sn__from_f32: both passes read x and dy in pairs (sn__pair_widen),
+ * the second narrows dx the same way (dx may equal dy: each block is loaded before it is
+ * stored). gs: gamma in pairs (rms_gamma_pairs), gamma as is for the tail. With has_part, the
+ * dgamma terms dy·x̂ go into dgq [d], the f32 partial kept in pair order (each full block of
+ * SN_PAIR: its even elements, then its odd ones; rms_flush_pairs puts it back in order).
+ * Returns 0 when done; 1, having written nothing, for a row rms_bwd_row_impl would compute in
+ * fp64 or with fp64 dgamma terms (Σg·x not finite, e not held by an f32, dgamma terms outside
+ * the f32 partials' range): the caller then runs the generic path on the widened rows, whose
+ * decisions are the same (the same sums), so it writes dgp64 and never dgq. */
+SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, const uint16_t *x,
+                                 const float *gs, const float *gamma, int64_t d, float s,
+                                 const rms_prefetch_t *pf, int has_g, int has_part) {
+  /* pass A: Σ g·x in fp64 (lanes 2m and 2m + 1 of the 32 in the even and odd halves), and
+   * max|dy|, max|x| as the bits of |v| (nonnegative floats order as their bits) */
+  double ae[SN_PAIR / 2] = {0}, ao[SN_PAIR / 2] = {0};
+  uint32_t mdy[2][SN_PAIR / 2] = {{0}}, mx[2][SN_PAIR / 2] = {{0}};
+  int64_t i = 0;
+  for (; i + SN_PAIR <= d; i += SN_PAIR) {
+    for (int64_t o = i * 2; o < (i + SN_PAIR) * 2; o += 64) {
+      if (pf->x != NULL) __builtin_prefetch(pf->x + o, 0);
+      if (pf->dy != NULL) __builtin_prefetch(pf->dy + o, 0);
+      if (pf->dx != NULL) __builtin_prefetch(pf->dx + o, 1);
+    }
+    sn__pf xe, xo, ge, go;
+    sn__pair_widen(&xe, &xo, x + i);
+    sn__pair_widen(&ge, &go, dy + i);
+    if (has_part) { /* |v| of the even halves, (w << 16) & 0x7fffffff; of the odd ones */
+      sn__pu w, lo, hi;
+      memcpy(&w, dy + i, sizeof w);
+      lo = (w << 16) & 0x7fffffffu, hi = w & 0x7fff0000u;
+      RMS_MAX16(mdy[0], lo);
+      RMS_MAX16(mdy[1], hi);
+      memcpy(&w, x + i, sizeof w);
+      lo = (w << 16) & 0x7fffffffu, hi = w & 0x7fff0000u;
+      RMS_MAX16(mx[0], lo);
+      RMS_MAX16(mx[1], hi);
+    }
+    if (has_g) {
+      sn__pf pe, po;
+      memcpy(&pe, gs + i, sizeof pe);
+      memcpy(&po, gs + i + SN_PAIR / 2, sizeof po);
+      ge = ge * pe;
+      go = go * po;
+    }
+    RMS_DOT16(ae, ge, xe);
+    RMS_DOT16(ao, go, xo);
+  }
+  double acc[SN_ROW_LANES];
+  for (int m = 0; m < SN_PAIR / 2; m++)
+    acc[2 * m] = ae[m], acc[2 * m + 1] = ao[m];
+  float a = 0.0f, bx = 0.0f;
+  if (has_part) {
+    uint32_t ua = 0, ub = 0;
+    for (int m = 0; m < SN_PAIR / 2; m++) {
+      ua = mdy[0][m] > ua ? mdy[0][m] : ua, ua = mdy[1][m] > ua ? mdy[1][m] : ua;
+      ub = mx[0][m] > ub ? mx[0][m] : ub, ub = mx[1][m] > ub ? mx[1][m] : ub;
+    }
+    memcpy(&a, &ua, sizeof a);
+    memcpy(&bx, &ub, sizeof bx);
+  }
+  for (int k = 0; k < SN_ROW_LANES && i < d; i++, k++) {
+    const float dyi = sn__bf16_to_f32(dy[i]), xi = sn__bf16_to_f32(x[i]);
+    acc[k] += (double)rms_g(dyi, gamma, i, has_g) * (double)xi;
+    if (has_part) a = sn__max_abs(a, dyi), bx = sn__max_abs(bx, xi);
+  }
+  const double sum = sn__lanes_total(acc), sd = (double)s, ed = sd * sd * (sum / (double)d);
+  if (!isfinite(sum) || !sn__f32_holds(ed)) return 1;
+  const double term = has_part ? (double)a * (double)bx * fabs(sd) : 0.0;
+  if (has_part && !(term >= RMS_PART_F32_MIN && term <= SN_PART_F32_MAX) && term != 0.0) return 1;
+  const float e = (float)ed;
+
+  /* pass B */
+  for (i = 0; i + SN_PAIR <= d; i += SN_PAIR) {
+    sn__pf xe, xo, ye, yo;
+    sn__pair_widen(&xe, &xo, x + i);
+    sn__pair_widen(&ye, &yo, dy + i);
+    xe = xe * s;
+    xo = xo * s;
+    if (has_part) {
+      sn__pf pe, po;
+      memcpy(&pe, dgq + i, sizeof pe);
+      memcpy(&po, dgq + i + SN_PAIR / 2, sizeof po);
+      pe += ye * xe;
+      po += yo * xo;
+      memcpy(dgq + i, &pe, sizeof pe);
+      memcpy(dgq + i + SN_PAIR / 2, &po, sizeof po);
+    }
+    if (has_g) {
+      sn__pf pe, po;
+      memcpy(&pe, gs + i, sizeof pe);
+      memcpy(&po, gs + i + SN_PAIR / 2, sizeof po);
+      ye = ye * pe;
+      yo = yo * po;
+    }
+    ye = s * ye - xe * e;
+    yo = s * yo - xo * e;
+    sn__pair_narrow(dx + i, &ye, &yo);
+  }
+  for (; i < d; i++) {
+    const float dyi = sn__bf16_to_f32(dy[i]), xh = sn__bf16_to_f32(x[i]) * s;
+    if (has_part) dgq[i] += dyi * xh;
+    dx[i] = sn__f32_to_bf16(s * rms_g(dyi, gamma, i, has_g) - xh * e);
+  }
+  return 0;
+}
+
+SN_CLONES static int rms_bwd_pairs(uint16_t *dx, float *dgq, const uint16_t *dy,
+                                   const uint16_t *x, const float *gs, const float *gamma,
+                                   int64_t d, float s, const rms_prefetch_t *pf) {
+  const int g = gamma != NULL, p = dgq != NULL;
+  if (g && p) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, d, s, pf, 1, 1);
+  if (g) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, d, s, pf, 1, 0);
+  if (p) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, d, s, pf, 0, 1);
+  return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, d, s, pf, 0, 0);
+}
+
+/* p[j] += dgq[j] (fp64), element order, for dgq [d] in pair order (rms_bwd_pairs_impl), and
+ * dgq[j] = 0: sn__flush_partial for the bf16 rows' partials. */
+SN_CLONES static void rms_flush_pairs(double *p, float *dgq, int64_t d) {
+  int64_t i = 0;
+  for (; i + SN_PAIR <= d; i += SN_PAIR)
+    for (int m = 0; m < SN_PAIR / 2; m++) {
+      p[i + 2 * m] += (double)dgq[i + m];
+      p[i + 2 * m + 1] += (double)dgq[i + SN_PAIR / 2 + m];
+    }
+  for (; i < d; i++) p[i] += (double)dgq[i];
+  memset(dgq, 0, (size_t)d * sizeof *dgq);
+}
+
 /* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
- * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32. */
+ * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32.
+ * bf16 rows take rms_bwd_pairs (gs: gamma in pairs; dgp then in pair order), and the widened
+ * rows only where it declines. */
 static void rms_bwd_store(void *dx, float *dgp, double *dgp64, const void *dy, const void *x,
-                          const float *rstd, const float *gamma, int64_t r, int64_t rows,
-                          int64_t d, sn_dtype_t dtype, float *tmp) {
+                          const float *rstd, const float *gamma, const float *gs, int64_t r,
+                          int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
   const rms_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
                              next < 0 ? NULL : (const char *)dy + next * esize,
                              (char *)dx + off * esize, (int)esize};
+  if (dtype == SN_DTYPE_BF16 &&
+      rms_bwd_pairs((uint16_t *)dx + off, dgp, (const uint16_t *)dy + off,
+                    (const uint16_t *)x + off, gs, gamma, d, rstd[r], &pf) == 0)
+    return;
   float *tmp_dy = tmp != NULL ? tmp + d : NULL;
   const float *xr = sn__in_row(x, off, d, dtype, tmp);         /* [d] */
   const float *dyr = sn__in_row(dy, off, d, dtype, tmp_dy);    /* [d] */
@@ -414,12 +578,15 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   const int64_t per_thread = rows_f32 + (dgamma != NULL ? d : 0);
   sn_status_t st = SN_OK;
   double *work = NULL;
-  float *scratch = NULL;
+  float *scratch = NULL, *gs = NULL; /* gs: bf16, gamma in pairs (rms_bwd_pairs) */
   if (dgamma != NULL && (work = sn__alloc(fn, threads + 1, d, sizeof(double), &st)) == NULL)
     return st;
-  if (per_thread > 0 &&
-      (scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) {
+  if ((per_thread > 0 &&
+       (scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) ||
+      (dtype == SN_DTYPE_BF16 && gamma != NULL &&
+       (gs = sn__alloc(fn, 1, d, sizeof(float), &st)) == NULL)) {
     sn__free(work);
+    sn__free(scratch);
     return st;
   }
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
@@ -427,8 +594,10 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   if (st != SN_OK) {
     sn__free(work);
     sn__free(scratch);
+    sn__free(gs);
     return st;
   }
+  if (gs != NULL) rms_gamma_pairs(gs, gamma, d);
 
   /* rows independent without dgamma; with it, fixed chunks whose partials are added in chunk
    * order (see sn_layernorm_bwd) */
@@ -442,7 +611,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
     if (dgamma == NULL) {
 #pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < rows; r++)
-        rms_bwd_store(dx, NULL, NULL, dy, x, rstd, gamma, r, rows, d, dtype, tmp);
+        rms_bwd_store(dx, NULL, NULL, dy, x, rstd, gamma, gs, r, rows, d, dtype, tmp);
     } else {
       double *p = work + t * d;                         /* [d] fp64 */
       float *p32 = scratch + t * per_thread + rows_f32; /* [d] f32 */
@@ -453,9 +622,11 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
         const int64_t r0 = sn__chunk_begin(k, rows, chunks);
         const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
         for (int64_t r = r0; r < r1; r++) {
-          rms_bwd_store(dx, p32, p, dy, x, rstd, gamma, r, rows, d, dtype, tmp);
-          if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1)
-            sn__flush_partial(p, p32, d);
+          rms_bwd_store(dx, p32, p, dy, x, rstd, gamma, gs, r, rows, d, dtype, tmp);
+          if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1) {
+            if (dtype == SN_DTYPE_BF16) rms_flush_pairs(p, p32, d); /* p32 in pair order */
+            else sn__flush_partial(p, p32, d);
+          }
         }
 #pragma omp ordered
         sn__add_partial(total, p, d);
@@ -465,5 +636,6 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   if (dgamma != NULL) sn__store_f32(dgamma, total, d);
   sn__free(work);
   sn__free(scratch);
+  sn__free(gs);
   return SN_OK;
 }
