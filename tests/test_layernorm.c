@@ -238,6 +238,30 @@ START_TEST(test_large_mean) {
 }
 END_TEST
 
+/* bf16: sn_layernorm_fwd reads its rows in pairs and keeps no f32 copy (layernorm.c); the fused
+ * kernel with a zero residual runs the other code, on widened rows. y (a NaN for a NaN),
+ * mean and rstd (where given) must be bitwise the fused kernel's. */
+static void assert_bf16_as_fused(const void *y, const float *mean, const float *rstd,
+                                 const void *x, const float *g, const float *b, int64_t rows,
+                                 int64_t d, float eps, const char *what) {
+  const int64_t n = rows * d;
+  const sn_dtype_t dt = SN_DTYPE_BF16;
+  void *zero = tu_alloc(n, dt), *sum = tu_alloc(n, dt), *y2 = tu_alloc(n, dt);
+  float *m2 = malloc((size_t)rows * sizeof(float)), *r2 = malloc((size_t)rows * sizeof(float));
+  for (int64_t i = 0; i < n; i++) tu_set(zero, i, 0.0, dt);
+  tu_poison(y2, n, dt);
+  ck_assert_int_eq(sn_add_layernorm_fwd(y2, sum, m2, r2, x, zero, g, b, rows, d, eps, dt), SN_OK);
+  for (int64_t i = 0; i < n; i++) {
+    const uint16_t u = ((const uint16_t *)y)[i], v = ((const uint16_t *)y2)[i];
+    const int nan_u = (u & 0x7fffu) > 0x7f80u, nan_v = (v & 0x7fffu) > 0x7f80u;
+    TU_CHECK(nan_v ? nan_u : u == v, "%s: bf16 y[%lld] = 0x%04x, the fused kernel's 0x%04x",
+             what, (long long)i, u, v);
+  }
+  if (mean != NULL) tu_assert_bitwise(mean, m2, (size_t)rows * sizeof(float), what);
+  if (rstd != NULL) tu_assert_bitwise(rstd, r2, (size_t)rows * sizeof(float), what);
+  free(zero), free(sum), free(y2), free(m2), free(r2);
+}
+
 /* beta cancelling x̂·gamma: beta[i] = −(x̂·gamma)[i]·(1 + δ) for row 0, with δ from exactly 0 to
  * 2^-6, so y of row 0 is 0 or many binades below its terms (~2^24 at δ = 0: beta is x̂·gamma
  * rounded to f32), and its error is rstd's relative error times that. bf16/f16 outputs must
@@ -269,6 +293,7 @@ static void check_cancel(int64_t d, sn_dtype_t dt, double lead, uint64_t seed) {
     assert_stat(mean[r], mr[r], 1.0 / rr[r], "mean", r);
     assert_stat(rstd[r], rr[r], 0.0, "rstd", r);
   }
+  if (dt == SN_DTYPE_BF16) assert_bf16_as_fused(y, mean, rstd, x, gamma, beta, rows, d, EPS, what);
   free(x), free(y), free(gamma), free(beta), free(xd), free(yr);
 }
 
@@ -316,6 +341,7 @@ START_TEST(test_map_overflow) {
   ref_fwd(yr, NULL, NULL, xd, gamma, beta, 1, d, EPS);
   ck_assert(isfinite(yr[d - 1]) && fabs(yr[d - 1]) > 1e38);
   tu_assert_fwd(y, dt, yr, d, "layernorm_fwd x̂·gamma overflows f32, y does not");
+  assert_bf16_as_fused(y, &mean, &rstd, x, gamma, beta, 1, d, EPS, "map overflow");
   free(x), free(y), free(xd);
 }
 END_TEST
@@ -359,6 +385,7 @@ START_TEST(test_near_f32_max) {
           TU_CHECK(fabs((double)rstd[r] - rr[r]) <= 0x1p-24 * rr[r] + 0x1p-150,
                    "%s: rstd row %lld %.9g vs %.17g", what, (long long)r, (double)rstd[r], rr[r]);
         }
+        if (dt == SN_DTYPE_BF16) assert_bf16_as_fused(y, mean, rstd, x, g, b, rows, d, EPS, what);
         run_bwd(dx, dg, db, dy, x, mean, rstd, g, rows, d, dt, what);
       }
       free(x), free(y), free(dy), free(dx), free(gamma), free(beta), free(dg), free(db);
@@ -392,6 +419,7 @@ START_TEST(test_nonfinite_rows) {
       double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
       ref_fwd(yr, NULL, NULL, xd + 2 * d, g, b, 1, d, EPS);
       tu_assert_fwd((char *)y + 2 * d * sn_dtype_size(dt), dt, yr, d, "finite row beside NaN rows");
+      if (dt == SN_DTYPE_BF16) assert_bf16_as_fused(y, NULL, NULL, x, g, b, rows, d, EPS, "NaN rows");
       free(x), free(y), free(gamma), free(beta), free(xd), free(yr);
     }
 }
@@ -425,6 +453,7 @@ START_TEST(test_tiny_mean) {
       tu_poison(y, d, dt);
       ck_assert_int_eq(sn_layernorm_fwd(y, &mean, &rstd, x, g, b, 1, d, eps, dt), SN_OK);
       tu_assert_fwd(y, dt, yr, d, what);
+      if (dt == SN_DTYPE_BF16) assert_bf16_as_fused(y, &mean, &rstd, x, g, b, 1, d, eps, what);
       tu_poison(y, d, dt);
       ck_assert_int_eq(sn_add_layernorm_fwd(y, sum, &mean, &rstd, x, zero, g, b, 1, d, eps, dt),
                        SN_OK);
@@ -443,8 +472,8 @@ END_TEST
  * the fused kernel's y, mean and rstd are bitwise sn_layernorm_fwd's. Every gamma/beta
  * combination. */
 START_TEST(test_bf16_path_matches_generic) {
-  static const int64_t D[] = {1, 7, 65, 300, 4096};
-  for (int k = 0; k < 5; k++)
+  static const int64_t D[] = {1, 7, 31, 32, 33, 65, 127, 128, 129, 300, 4096};
+  for (int k = 0; k < (int)(sizeof D / sizeof D[0]); k++)
     for (int gb = 0; gb < 4; gb++) {
       const int64_t rows = 5, d = D[k], n = rows * d;
       const sn_dtype_t dt = SN_DTYPE_BF16;

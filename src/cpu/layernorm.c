@@ -237,6 +237,157 @@ SN_CLONES static void ln_fwd_row_bf16(uint16_t *y, double *stats, const uint16_t
   }
 }
 
+/* ---- bf16 rows in pairs (sn_layernorm_fwd) ------------------------------------------------ */
+
+/* ln_map_f32_bf16 of a bf16 row xb [d], x widened in registers in pairs (sn__pair_widen): the
+ * same f32 operations per element, narrowed as sn__f32_to_bf16. gs: gamma in pairs
+ * (ln_params_pairs; NULL with has_g 0), gamma as is for the tail. y may equal xb. */
+SN_INLINE void ln_map_pairs(uint16_t *y, const uint16_t *xb, const float *gs, const float *gamma,
+                            int64_t d, double mean, double rstd, int has_g) {
+  const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
+  int64_t i = 0;
+  for (; i + SN_PAIR <= d; i += SN_PAIR) {
+    sn__pf e, o, ge, go;
+    sn__pair_widen(&e, &o, xb + i);
+    e = ((e - hi) - lo) * s;
+    o = ((o - hi) - lo) * s;
+    if (has_g) {
+      memcpy(&ge, gs + i, sizeof ge);
+      memcpy(&go, gs + i + SN_PAIR / 2, sizeof go);
+      e = e * ge;
+      o = o * go;
+    }
+    sn__pair_narrow(y + i, &e, &o);
+  }
+  for (; i < d; i++) {
+    float t = ((sn__bf16_to_f32(xb[i]) - hi) - lo) * s;
+    if (has_g) t = t * gamma[i];
+    y[i] = sn__f32_to_bf16(t);
+  }
+}
+
+/* Pair blocks per block of the checked map. */
+#define LN_PAIRS_PER_BLOCK (LN_MAP_BLOCK / SN_PAIR)
+_Static_assert(LN_MAP_BLOCK % SN_PAIR == 0, "a checked block is whole pair blocks");
+
+/* ln_map_beta of a bf16 row xb [d] into bf16 y [d] with beta (has_b = 1), bitwise: the same
+ * blocks of LN_MAP_BLOCK, the same f32 values and check, a block beyond the limit recomputed in
+ * fp64 element by element from xb; the full blocks read in pairs (sn__pair_widen), gs and bs
+ * gamma and beta in pairs (ln_params_pairs); a last partial block widened into a stack block
+ * and mapped by ln_map_beta_block. y may equal xb (a block is read whole before it is stored). */
+SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *gs,
+                                 const float *bs, const float *gamma, const float *beta,
+                                 int64_t d, double mean, double rstd, float lim, int has_g) {
+  const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
+  int64_t i = 0;
+  for (; i + LN_MAP_BLOCK <= d; i += LN_MAP_BLOCK) {
+    sn__pf ve[LN_PAIRS_PER_BLOCK], vo[LN_PAIRS_PER_BLOCK];
+    sn__pi bad = {0};
+    for (int q = 0; q < LN_PAIRS_PER_BLOCK; q++) {
+      const int64_t j = i + q * SN_PAIR;
+      sn__pf e, o, pe, po;
+      sn__pair_widen(&e, &o, xb + j);
+      e = ((e - hi) - lo) * s;
+      o = ((o - hi) - lo) * s;
+      if (has_g) {
+        memcpy(&pe, gs + j, sizeof pe);
+        memcpy(&po, gs + j + SN_PAIR / 2, sizeof po);
+        e = e * pe;
+        o = o * po;
+      }
+      memcpy(&pe, bs + j, sizeof pe);
+      memcpy(&po, bs + j + SN_PAIR / 2, sizeof po);
+      ve[q] = e + pe;
+      vo[q] = o + po;
+      /* !(|p| <= lim·|v|) | !(|v| <= FLT_MAX), as ln_map_beta_block (NaN and ±inf are bad),
+       * on the bits of the absolute values, which order as the values: a NaN |p| has bits
+       * above any number's; lim·|v| is NaN only where v is, which the second test takes.
+       * Signed comparisons of those bits (all below 2^31), counted (bad − (−1)) rather than
+       * or-ed: in target_clones functions GCC 12 scalarizes float and unsigned comparisons of
+       * vector values, and an or of two comparisons, which its baseline clone has no vector
+       * form for; a signed comparison on its own stays a vector one in each clone. */
+      const sn__pi ue = (sn__pi)ve[q] & 0x7fffffff, uo = (sn__pi)vo[q] & 0x7fffffff;
+      const sn__pi pe_ = (sn__pi)e & 0x7fffffff, po_ = (sn__pi)o & 0x7fffffff;
+      const sn__pi le = (sn__pi)(lim * (sn__pf)ue), lo_ = (sn__pi)(lim * (sn__pf)uo);
+      bad = bad - (pe_ > le) - (po_ > lo_) - (ue > 0x7f7fffff) - (uo > 0x7f7fffff);
+    }
+    int any = 0;
+    for (int k = 0; k < SN_PAIR / 2; k++) any |= bad[k];
+    if (!any) { /* all finite: the rounding without the NaN case */
+      for (int q = 0; q < LN_PAIRS_PER_BLOCK; q++) {
+        sn__pu re = (sn__pu)ve[q], ro = (sn__pu)vo[q];
+        re = re + 0x7fffu + ((re >> 16) & 1u);
+        ro = ro + 0x7fffu + ((ro >> 16) & 1u);
+        const sn__pu w = (ro & 0xffff0000u) | (re >> 16);
+        memcpy(y + i + q * SN_PAIR, &w, sizeof w);
+      }
+      continue;
+    }
+    for (int64_t k = i; k < i + LN_MAP_BLOCK; k++) {
+      double t = ((double)sn__bf16_to_f32(xb[k]) - mean) * rstd;
+      if (has_g) t = t * (double)gamma[k];
+      y[k] = sn__f32_to_bf16((float)(t + (double)beta[k]));
+    }
+  }
+  if (i < d) {
+    const int64_t m = d - i;
+    float xt[LN_MAP_BLOCK], yb[LN_MAP_BLOCK];
+    for (int64_t k = 0; k < m; k++) xt[k] = sn__bf16_to_f32(xb[i + k]);
+    const int redone = ln_map_beta_block(yb, xt, has_g ? gamma + i : NULL, beta + i, m, mean,
+                                         rstd, hi, lo, s, lim, has_g, 1);
+    for (int64_t k = 0; k < m; k++)
+      y[i + k] = redone ? sn__f32_to_bf16(yb[k]) : sn__f32_to_bf16_finite(yb[k]);
+  }
+}
+
+/* gs [d], bs [d] = gamma, beta [d] with each full block of SN_PAIR elements split into its even
+ * elements, then its odd ones (the order the pair maps read); the tails as they are. NULL
+ * gamma or beta: that output untouched. */
+static void ln_params_pairs(float *gs, float *bs, const float *gamma, const float *beta,
+                            int64_t d) {
+  for (int w = 0; w < 2; w++) {
+    const float *src = w == 0 ? gamma : beta;
+    float *dst = w == 0 ? gs : bs;
+    if (src == NULL) continue;
+    int64_t i = 0;
+    for (; i + SN_PAIR <= d; i += SN_PAIR)
+      for (int m = 0; m < SN_PAIR / 2; m++) {
+        dst[i + m] = src[i + 2 * m];
+        dst[i + SN_PAIR / 2 + m] = src[i + 2 * m + 1];
+      }
+    for (; i < d; i++) dst[i] = src[i];
+  }
+}
+
+/* One bf16 row of sn_layernorm_fwd, bitwise ln_fwd_row_bf16 (and so ln_fwd_row on the widened
+ * row) with no f32 copy of the row: the shifted sums with x widened in registers in pairs
+ * (sn__row_shifted_sums_bf16; the two-pass fallback also reads the bf16 row), then the map in
+ * pairs, checked where beta is given (ln_map_beta_pairs). Rows whose mean is tiny or wide (the
+ * checked map with limit 0 and possibly no beta: rare) are widened into tmp [d] and mapped by
+ * ln_map_checked. gs, bs: gamma and beta in pairs (ln_params_pairs; NULL where those are). */
+SN_CLONES static void ln_fwd_row_pairs(uint16_t *y, double *stats, const uint16_t *x, float *tmp,
+                                       const float *gamma, const float *beta, const float *gs,
+                                       const float *bs, int64_t d, float eps, const char *next) {
+  const double K = sn__row_pivot(x, NULL, 1, d);
+  double sums[2], mean, m2;
+  sn__row_shifted_sums_bf16(sums, x, d, K, next, (char *)y);
+  sn__row_stats_w(&mean, &m2, x, 1, d, K, sums);
+  const double rstd = 1.0 / sqrt(m2 / (double)d + (double)eps);
+  stats[0] = mean;
+  stats[1] = rstd;
+  const float lim = ln_check_lim(mean, beta != NULL, SN_DTYPE_BF16); /* as ln_fwd_row's */
+  if (lim == 0.0f) {
+    for (int64_t i = 0; i < d; i++) tmp[i] = sn__bf16_to_f32(x[i]);
+    ln_map_checked(y, tmp, gamma, beta, d, mean, rstd, lim, 1);
+  } else if (lim > 0.0f) {
+    if (gamma != NULL) ln_map_beta_pairs(y, x, gs, bs, gamma, beta, d, mean, rstd, lim, 1);
+    else ln_map_beta_pairs(y, x, gs, bs, gamma, beta, d, mean, rstd, lim, 0);
+  } else {
+    if (gamma != NULL) ln_map_pairs(y, x, gs, gamma, d, mean, rstd, 1);
+    else ln_map_pairs(y, x, gs, gamma, d, mean, rstd, 0);
+  }
+}
+
 /* Row r of the forward from its f32 view xr: writes y row r and mean[r], rstd[r] when given.
  * ytmp: d floats of this thread's scratch where a bf16/f16 row is computed (not xr), NULL for
  * f32. f32 only: res, sum_out, the rows of the fused kernel (ln_fwd_row; NULL for none). next:
@@ -270,19 +421,27 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
   SN_TRY(sn__check_act(fn, "x", x, n));
   if (n == 0) return SN_OK;
 
-  /* scratch, per thread: f16 2·d f32 (the x row, then the y row), bf16 d f32 (the widened
-   * row); f32 works on x and y directly */
+  /* scratch, per thread: f16 2·d f32 (the x row, then the y row), bf16 d f32 (a row of tiny
+   * or wide mean, widened); f32 works on x and y directly. bf16, after those: gamma and beta in
+   * pairs (ln_params_pairs), 2·d f32 */
   const int64_t esize = sn_dtype_size(dtype), per_thread = ln_fwd_scratch(d, dtype);
+  const int threads = sn__max_threads();
   sn_status_t st = SN_OK;
-  float *scratch = NULL;
+  float *scratch = NULL, *gs = NULL, *bs = NULL;
   if (per_thread > 0 &&
-      (scratch = sn__alloc(fn, sn__max_threads(), per_thread, sizeof(float), &st)) == NULL)
+      (scratch = sn__alloc(fn, threads + (dtype == SN_DTYPE_BF16 ? 2 : 0), per_thread,
+                           sizeof(float), &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
   st = sn__check_overlap(fn, "y", y, "x", x, n * sn_dtype_size(dtype), 1);
   if (st != SN_OK) {
     sn__free(scratch);
     return st;
+  }
+  if (dtype == SN_DTYPE_BF16) {
+    gs = gamma != NULL ? scratch + (int64_t)threads * d : NULL;
+    bs = beta != NULL ? scratch + (int64_t)(threads + 1) * d : NULL;
+    ln_params_pairs(gs, bs, gamma, beta, d);
   }
 
 #pragma omp parallel
@@ -293,8 +452,8 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
       const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
       if (dtype == SN_DTYPE_BF16) {
         double stats[2];
-        ln_fwd_row_bf16((uint16_t *)y + r * d, stats, (const uint16_t *)x + r * d, NULL, NULL,
-                        tmp, gamma, beta, d, eps, next);
+        ln_fwd_row_pairs((uint16_t *)y + r * d, stats, (const uint16_t *)x + r * d, tmp, gamma,
+                         beta, gs, bs, d, eps, next);
         if (mean != NULL) mean[r] = (float)stats[0];
         if (rstd != NULL) rstd[r] = (float)stats[1];
         continue;

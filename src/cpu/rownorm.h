@@ -61,15 +61,6 @@ SN_INLINE double sn__lanes_total_n(double *acc, int lanes) {
 }
 SN_INLINE double sn__lanes_total(double *acc) { return sn__lanes_total_n(acc, SN_ROW_LANES); }
 
-/* Σ x[i] in fp64; element i goes to lane i % SN_ROW_LANES. */
-SN_INLINE double sn__row_sum(const float *x, int64_t n) {
-  double acc[SN_ROW_LANES] = {0};
-  int64_t i = 0;
-  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES)
-    for (int k = 0; k < SN_ROW_LANES; k++) acc[k] += (double)x[i + k];
-  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) acc[k] += (double)x[i];
-  return sn__lanes_total(acc);
-}
 
 /* bf16 ↔ f32 inside the row loops (bitwise as convert.c's runs): widening is a shift; narrowing
  * rounds to nearest even, NaN stays a quiet NaN, written without branches so the loops that
@@ -138,6 +129,18 @@ SN_INLINE void sn__pair_narrow(uint16_t *p, const sn__pf *e, const sn__pf *o) {
 SN_INLINE float sn__load_w(const void *src, int widen, int64_t i) {
   return widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
 }
+
+/* Σ x[i] in fp64; element i goes to lane i % SN_ROW_LANES. x is f32 [n] or, with widen, bf16
+ * [n] (the same values, the same sum). */
+SN_INLINE double sn__row_sum_w(const void *x, int widen, int64_t n) {
+  double acc[SN_ROW_LANES] = {0};
+  int64_t i = 0;
+  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES)
+    for (int k = 0; k < SN_ROW_LANES; k++) acc[k] += (double)sn__load_w(x, widen, i + k);
+  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) acc[k] += (double)sn__load_w(x, widen, i);
+  return sn__lanes_total(acc);
+}
+SN_INLINE double sn__row_sum(const float *x, int64_t n) { return sn__row_sum_w(x, 0, n); }
 
 /* Element i of the row a first pass reads, as f32: src[i] (f32, or with widen bf16), or, with
  * res (the fused kernels' residual row, the dtype of src), the residual sum
@@ -237,6 +240,49 @@ SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, void *sum_out, cons
   }
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
     const double t = (double)sn__row_in(dst, sum_out, src, res, widen, i) - K;
+    a[k] += t;
+    b[k] += t * t;
+  }
+  s[0] = sn__lanes_total(a);
+  s[1] = sn__lanes_total(b);
+}
+
+/* a[k] += t, b[k] += t² with t = (double)v[k] − K for the 16 floats of the vector v: through an
+ * array, in the loop form GCC 12 vectorizes to one vcvtps2pd per 8 (its
+ * __builtin_convertvector took two and a shuffle). */
+#define SN_SHIFTED16(a, b, v, K)                                                              \
+  do {                                                                                        \
+    float vb_[16];                                                                            \
+    memcpy(vb_, &(v), sizeof vb_);                                                            \
+    for (int k_ = 0; k_ < 16; k_++) {                                                         \
+      const double t_ = (double)vb_[k_] - (K);                                                \
+      (a)[k_] += t_;                                                                          \
+      (b)[k_] += t_ * t_;                                                                     \
+    }                                                                                         \
+  } while (0)
+
+/* sn__row_shifted_sums of a bf16 row x [n] (widen; no dst, res or sum_out), bitwise, with the
+ * row read in pairs (sn__pair_widen): lanes 2m and 2m + 1 of the 32 are the even and odd halves
+ * of word m, put back in order for the totals. next, out: as sn__row_shifted_sums', bf16. */
+SN_INLINE void sn__row_shifted_sums_bf16(double s[2], const uint16_t *x, int64_t n, double K,
+                                         const char *next, char *out) {
+  double ae[SN_PAIR / 2] = {0}, ao[SN_PAIR / 2] = {0}, be[SN_PAIR / 2] = {0},
+         bo[SN_PAIR / 2] = {0};
+  int64_t i = 0;
+  for (; i + SN_PAIR <= n; i += SN_PAIR) {
+    sn__row_prefetch(next, out, i, 2);
+    sn__pf e, o;
+    sn__pair_widen(&e, &o, x + i);
+    SN_SHIFTED16(ae, be, e, K);
+    SN_SHIFTED16(ao, bo, o, K);
+  }
+  double a[SN_ROW_LANES], b[SN_ROW_LANES];
+  for (int m = 0; m < SN_PAIR / 2; m++) {
+    a[2 * m] = ae[m], a[2 * m + 1] = ao[m];
+    b[2 * m] = be[m], b[2 * m + 1] = bo[m];
+  }
+  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
+    const double t = (double)sn__bf16_to_f32(x[i]) - K;
     a[k] += t;
     b[k] += t * t;
   }
@@ -362,19 +408,23 @@ SN_INLINE double sn__row_sumsq(const float *x, int64_t n, double shift) {
   return sn__row_sumsq_w(NULL, NULL, x, NULL, 0, n, shift, NULL, NULL, 0);
 }
 
-/* mean and M2 = Σ(x − mean)² of the row x [n] (f32) from its shifted sums s (shift K; see
- * SN_SHIFT_RHO_MAX), or from two fp64 passes over x where those cancel too much or are not
- * finite. */
-SN_INLINE void sn__row_stats(double *mean, double *m2, const float *x, int64_t n, double K,
-                             const double s[2]) {
+/* mean and M2 = Σ(x − mean)² of the row x [n] (f32, or with widen bf16) from its shifted sums
+ * s (shift K; see SN_SHIFT_RHO_MAX), or from two fp64 passes over x where those cancel too much
+ * or are not finite. */
+SN_INLINE void sn__row_stats_w(double *mean, double *m2, const void *x, int widen, int64_t n,
+                               double K, const double s[2]) {
   const double m2s = s[1] - s[0] * s[0] / (double)n;
   if (s[0] * s[0] <= SN_SHIFT_RHO_MAX * (double)n * m2s) { /* false for NaN */
     *mean = K + s[0] / (double)n;
     *m2 = m2s;
   } else {
-    *mean = sn__row_sum(x, n) / (double)n;
-    *m2 = sn__row_sumsq(x, n, *mean);
+    *mean = sn__row_sum_w(x, widen, n) / (double)n;
+    *m2 = sn__row_sumsq_w(NULL, NULL, x, NULL, widen, n, *mean, NULL, NULL, 0);
   }
+}
+SN_INLINE void sn__row_stats(double *mean, double *m2, const float *x, int64_t n, double K,
+                             const double s[2]) {
+  sn__row_stats_w(mean, m2, x, 0, n, K, s);
 }
 
 /* s[i] = x[i] + r[i] in f32, one rounding; s may equal x or r. Cloned per ISA (each including
