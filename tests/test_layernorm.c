@@ -749,8 +749,11 @@ START_TEST(test_bwd_huge_dy) {
     run_bwd(dx, dg, db, dy, x, mean, rstd, gamma, rows, d, dt, "layernorm_bwd, dy near FLT_MAX");
     free(x), free(dy), free(dx), free(gamma);
   }
-  /* bf16 rows sum Σg in f32 lanes: dy[0] = dy[16] = 3e38 (the same lane) overflow them, and the
-   * row's sums must be redone in fp64 (else mean(g) = inf and dx is not finite). */
+  /* bf16 rows sum Σg in f32 lanes: dy[0] = dy[16] = 3e38 overflow them (one lane of the
+   * widened rows' sums), and the row must be computed from fp64 sums (else mean(g) = inf and dx
+   * is not finite). With dgamma such a row's terms decline the f32 partials anyway; without,
+   * dy[32] = 3e38 too (one lane with dy[0] in the bf16 kernel's pair sums; dgamma[32] would be
+   * beyond FLT_MAX). */
   const int64_t r2 = 3, d2 = 64, n2 = r2 * d2;
   tu_rng_t rng;
   tu_rng_seed(&rng, 960);
@@ -766,7 +769,16 @@ START_TEST(test_bwd_huge_dy) {
                    SN_OK);
   run_bwd(dx, dg, db, dy, x, mean, rstd, gamma, r2, d2, SN_DTYPE_BF16,
           "layernorm_bwd bf16, f32 row sums overflow");
-  free(x), free(dy), free(dx), free(gamma), free(dg), free(db);
+  tu_set(dy, 32, 3e38, SN_DTYPE_BF16);
+  tu_poison(dx, n2, SN_DTYPE_BF16);
+  ck_assert_int_eq(
+      sn_layernorm_bwd(dx, NULL, NULL, dy, x, mean, rstd, gamma, r2, d2, SN_DTYPE_BF16), SN_OK);
+  double *xd = load(x, n2, SN_DTYPE_BF16), *dyd = load(dy, n2, SN_DTYPE_BF16);
+  double *dxr = malloc((size_t)n2 * sizeof(double)), dgr[64], dbr[64];
+  const double scale = ref_bwd(dxr, dgr, dbr, dyd, xd, gamma, r2, d2, EPS);
+  assert_rel_scaled(dx, SN_DTYPE_BF16, dxr, n2, scale, bwd_tol(SN_DTYPE_BF16),
+                    "layernorm_bwd bf16, f32 row sums overflow, no dgamma");
+  free(x), free(dy), free(dx), free(gamma), free(dg), free(db), free(xd), free(dyd), free(dxr);
 }
 END_TEST
 

@@ -17,7 +17,10 @@
  * computed in fp64 throughout).
  * f16 rows are widened into per-thread f32 scratch rows ([threads, 2, d] floats: x and y,
  * allocated before the parallel region), computed there and narrowed once, round-to-nearest-even.
- * bf16 rows take a two-pass path with the same results (ln_fwd_row_bf16; [threads, d] floats of
+ * bf16 rows of sn_layernorm_fwd keep no f32 copy (ln_fwd_row_pairs): both passes read the row
+ * 32 values at a time as the even and odd halves of 16 words (sn__pair_widen, rownorm.h), the
+ * map narrows y the same way; the same results as the widened row. The fused kernel's bf16
+ * rows take a two-pass path with the same results (ln_fwd_row_bf16; [threads, d] floats of
  * scratch): widening fused with the sums, narrowing with the map. The fused kernel adds
  * x + residual in the first pass (f32 and bf16; f16 in a pass of its own over L1-sized blocks,
  * sn__residual_sum_row), storing sum_out as it goes, and maps the stored sums (f32) or their
@@ -31,6 +34,10 @@
  * of SN_PART_ROWS rows, added in fp64, see rownorm.h), then adds them to the total in chunk
  * order (an OpenMP ordered region): bitwise the same for any thread count, with scratch
  * O(threads·d) rather than O(chunks·d).
+ * bf16 rows read x and dy in pairs in both passes (ln_bwd_pairs: no f32 rows, dx narrowed as it
+ * is stored, pass A's lanes and the f32 partials in pair order); rows whose sums are not finite
+ * or whose terms could overflow the f32 partials are computed in fp64 (ln_bwd_row_f64). f16
+ * rows are widened into per-thread f32 rows.
  *
  * Threads: OpenMP over rows (or chunks of rows); the row functions below carry SN_CLONES and no
  * OpenMP pragmas.
@@ -706,21 +713,178 @@ static void ln_bwd_row_f64(float *dx, double *dgp64, double *dbp64, const float 
   }
 }
 
+/* ---- bf16 rows in pairs (sn_layernorm_bwd) ------------------------------------------------ */
+
+/* One bf16 row of the backward with no f32 copies of its rows: both passes read x and dy in
+ * pairs (sn__pair_widen), the second narrows dx the same way (dx may equal dy: each block is
+ * loaded before it is stored). The arithmetic of ln_bwd_row_impl with lowp, in lanes of their
+ * own: element i of a block of SN_PAIR goes to lane i (evens first), the f32 lane sums over
+ * blocks of LN_BWD_BLOCK added into fp64 lanes, then in a fixed order (the thread count never
+ * matters; the lanes differ from the widened rows', so the low bits of a row's sums can). gs:
+ * gamma in pairs (ln_params_pairs), gamma as is for the tail. With has_part, dgq, dbq [d]: the
+ * f32 partials of dgamma and dbeta in pair order (sn__flush_pairs puts them back in order).
+ * Returns 0 when done; 1, having written nothing, for a row whose sums are not finite or whose
+ * terms could overflow the f32 partials (ln_bwd_row_impl's part64): the caller computes it in
+ * fp64 (ln_bwd_row_f64 on the widened rows, with the fp64 partials). */
+SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint16_t *dy,
+                                const uint16_t *x, const float *gs, const float *gamma,
+                                int64_t d, float m, float s, const ln_prefetch_t *pf, int has_g,
+                                int has_part) {
+  enum { H = SN_PAIR / 2 };
+  /* pass A: Σx̂, Σg, Σg·x̂ (e: lanes of the even elements, o: of the odd ones), and max|dy|,
+   * max|x| on the bf16 bits (nonnegative values order as their bits) */
+  double a_xh[2][H] = {{0}}, a_g[2][H] = {{0}}, a_gxh[2][H] = {{0}};
+  uint16_t mdy[SN_PAIR] = {0}, mx[SN_PAIR] = {0};
+  int64_t i = 0;
+  while (i + SN_PAIR <= d) {
+    const int64_t end = d - i > LN_BWD_BLOCK ? i + LN_BWD_BLOCK : d;
+    sn__pf bxe = {0}, bxo = {0}, bge = {0}, bgo = {0}, bpe = {0}, bpo = {0};
+    for (; i + SN_PAIR <= end; i += SN_PAIR) {
+      for (int64_t o = i * 2; o < (i + SN_PAIR) * 2; o += 64) {
+        if (pf->x != NULL) __builtin_prefetch(pf->x + o, 0);
+        if (pf->dy != NULL) __builtin_prefetch(pf->dy + o, 0);
+        if (pf->dx != NULL) __builtin_prefetch(pf->dx + o, 1);
+      }
+      sn__pf xe, xo, ge, go;
+      sn__pair_widen(&xe, &xo, x + i);
+      sn__pair_widen(&ge, &go, dy + i);
+      xe = (xe - m) * s;
+      xo = (xo - m) * s;
+      for (int k = 0; k < SN_PAIR; k++) {
+        const uint16_t ay = dy[i + k] & 0x7fffu, ax = x[i + k] & 0x7fffu;
+        mdy[k] = ay > mdy[k] ? ay : mdy[k];
+        mx[k] = ax > mx[k] ? ax : mx[k];
+      }
+      if (has_g) {
+        sn__pf pe, po;
+        memcpy(&pe, gs + i, sizeof pe);
+        memcpy(&po, gs + i + H, sizeof po);
+        ge = ge * pe;
+        go = go * po;
+      }
+      bxe += xe;
+      bxo += xo;
+      bge += ge;
+      bgo += go;
+      bpe += ge * xe;
+      bpo += go * xo;
+    }
+    SN_ADD16_F64(a_xh[0], bxe);
+    SN_ADD16_F64(a_xh[1], bxo);
+    SN_ADD16_F64(a_g[0], bge);
+    SN_ADD16_F64(a_g[1], bgo);
+    SN_ADD16_F64(a_gxh[0], bpe);
+    SN_ADD16_F64(a_gxh[1], bpo);
+  }
+  for (int k = 0; i < d; i++, k++) { /* the tail, < SN_PAIR elements: lane k as a pair block's */
+    const float dyi = sn__bf16_to_f32(dy[i]), xi = sn__bf16_to_f32(x[i]);
+    const uint16_t ay = dy[i] & 0x7fffu, ax = x[i] & 0x7fffu;
+    mdy[k] = ay > mdy[k] ? ay : mdy[k];
+    mx[k] = ax > mx[k] ? ax : mx[k];
+    ln_bwd_acc(&a_xh[k & 1][k / 2], &a_g[k & 1][k / 2], &a_gxh[k & 1][k / 2], xi, dyi, gamma, i,
+               m, s, has_g);
+  }
+  uint16_t hy = 0, hx = 0;
+  for (int k = 0; k < SN_PAIR; k++) hy = mdy[k] > hy ? mdy[k] : hy, hx = mx[k] > hx ? mx[k] : hx;
+  double sum[3], acc[3][SN_ROW_LANES];
+  for (int k = 0; k < H; k++) {
+    acc[0][2 * k] = a_xh[0][k], acc[0][2 * k + 1] = a_xh[1][k];
+    acc[1][2 * k] = a_g[0][k], acc[1][2 * k + 1] = a_g[1][k];
+    acc[2][2 * k] = a_gxh[0][k], acc[2][2 * k + 1] = a_gxh[1][k];
+  }
+  for (int j = 0; j < 3; j++) sum[j] = sn__lanes_total(acc[j]);
+  if (!(isfinite(sum[0]) && isfinite(sum[1]) && isfinite(sum[2]))) return 1;
+  /* The bound of ln_bwd_row_impl's part64 with max|x̂| ≤ (max|x| + |m|)·|s| (raised by 2^-20
+   * for the f32 roundings of x̂): a row it declines that ln_bwd_row_impl would have mapped in
+   * f32 (|m| ≫ σ near 2^60 and beyond) costs only time. */
+  const double big0 = (double)sn__bf16_to_f32(hy);
+  const double big1 = big0 * ((double)sn__bf16_to_f32(hx) + fabs((double)m)) * fabs((double)s) *
+                      (1.0 + 0x1p-20);
+  if (has_part && !(big0 <= SN_PART_F32_MAX && 2.0 * big1 <= SN_PART_F32_MAX)) return 1;
+  const double c = sum[0] / (double)d; /* as ln_bwd_row_impl */
+  const float cf = (float)c, mg = (float)(sum[1] / (double)d);
+  const float mgx = (float)((sum[2] - c * sum[1]) / (double)d);
+
+  /* pass B */
+  for (i = 0; i + SN_PAIR <= d; i += SN_PAIR) {
+    sn__pf xe, xo, ye, yo;
+    sn__pair_widen(&xe, &xo, x + i);
+    sn__pair_widen(&ye, &yo, dy + i);
+    xe = ((xe - m) * s) - cf;
+    xo = ((xo - m) * s) - cf;
+    if (has_part) {
+      sn__pf pe, po;
+      memcpy(&pe, dgq + i, sizeof pe);
+      memcpy(&po, dgq + i + H, sizeof po);
+      pe += ye * xe;
+      po += yo * xo;
+      memcpy(dgq + i, &pe, sizeof pe);
+      memcpy(dgq + i + H, &po, sizeof po);
+      memcpy(&pe, dbq + i, sizeof pe);
+      memcpy(&po, dbq + i + H, sizeof po);
+      pe += ye;
+      po += yo;
+      memcpy(dbq + i, &pe, sizeof pe);
+      memcpy(dbq + i + H, &po, sizeof po);
+    }
+    if (has_g) {
+      sn__pf pe, po;
+      memcpy(&pe, gs + i, sizeof pe);
+      memcpy(&po, gs + i + H, sizeof po);
+      ye = ye * pe;
+      yo = yo * po;
+    }
+    ye = s * ((ye - mg) - xe * mgx);
+    yo = s * ((yo - mg) - xo * mgx);
+    sn__pair_narrow(dx + i, &ye, &yo);
+  }
+  for (; i < d; i++) {
+    const float dyi = sn__bf16_to_f32(dy[i]);
+    const float xh = ((sn__bf16_to_f32(x[i]) - m) * s) - cf;
+    const float g = has_g ? dyi * gamma[i] : dyi;
+    if (has_part) {
+      dgq[i] += dyi * xh;
+      dbq[i] += dyi;
+    }
+    dx[i] = sn__f32_to_bf16(s * ((g - mg) - xh * mgx));
+  }
+  return 0;
+}
+
+SN_CLONES static int ln_bwd_pairs(uint16_t *dx, float *dgq, float *dbq, const uint16_t *dy,
+                                  const uint16_t *x, const float *gs, const float *gamma,
+                                  int64_t d, float m, float s, const ln_prefetch_t *pf) {
+  const int g = gamma != NULL, p = dgq != NULL;
+  if (g && p) return ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, pf, 1, 1);
+  if (g) return ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, pf, 1, 0);
+  if (p) return ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, pf, 0, 1);
+  return ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, pf, 0, 0);
+}
+
 /* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
- * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32. */
+ * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32.
+ * bf16 rows take ln_bwd_pairs (gs: gamma in pairs; dgp, dbp then in pair order), and the
+ * widened rows in fp64 where it declines or the mean is wide. */
 static void ln_bwd_store(void *dx, float *dgp, float *dbp, double *dgp64, double *dbp64,
                          const void *dy, const void *x, const float *mean, const float *rstd,
-                         const float *gamma, int64_t r, int64_t rows, int64_t d,
-                         sn_dtype_t dtype, float *tmp) {
+                         const float *gamma, const float *gs, int64_t r, int64_t rows,
+                         int64_t d, sn_dtype_t dtype, float *tmp) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
   const ln_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
                             next < 0 ? NULL : (const char *)dy + next * esize,
                             (char *)dx + off * esize, (int)esize};
+  int f64 = ln_wide_mean(mean[r]);
+  if (dtype == SN_DTYPE_BF16 && !f64) {
+    if (ln_bwd_pairs((uint16_t *)dx + off, dgp, dbp, (const uint16_t *)dy + off,
+                     (const uint16_t *)x + off, gs, gamma, d, mean[r], rstd[r], &pf) == 0)
+      return;
+    f64 = 1;
+  }
   float *tmp_dy = tmp != NULL ? tmp + d : NULL;
   const float *xr = sn__in_row(x, off, d, dtype, tmp);         /* [d] */
   const float *dyr = sn__in_row(dy, off, d, dtype, tmp_dy);    /* [d] */
   float *dxr = sn__out_row(dx, off, dtype, tmp_dy);          /* [d], may be dyr */
-  if (ln_wide_mean(mean[r]))
+  if (f64)
     ln_bwd_row_f64(dxr, dgp64, dbp64, dyr, xr, gamma, d, mean[r], rstd[r]);
   else
     ln_bwd_row(dxr, dgp, dbp, dgp64, dbp64, dyr, xr, gamma, d, mean[r], rstd[r], &pf,
@@ -754,12 +918,15 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   const int64_t per_thread = rows_f32 + (chunked ? 2 * d : 0);
   sn_status_t st = SN_OK;
   double *work = NULL;
-  float *scratch = NULL;
+  float *scratch = NULL, *gs = NULL; /* gs: bf16, gamma in pairs (ln_bwd_pairs) */
   if (chunked && (work = sn__alloc(fn, threads + 1, 2 * d, sizeof(double), &st)) == NULL)
     return st;
-  if (per_thread > 0 &&
-      (scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) {
+  if ((per_thread > 0 &&
+       (scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) ||
+      (dtype == SN_DTYPE_BF16 && gamma != NULL &&
+       (gs = sn__alloc(fn, 1, d, sizeof(float), &st)) == NULL)) {
     sn__free(work);
+    sn__free(scratch);
     return st;
   }
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
@@ -767,8 +934,10 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   if (st != SN_OK) {
     sn__free(work);
     sn__free(scratch);
+    sn__free(gs);
     return st;
   }
+  if (gs != NULL) ln_params_pairs(gs, NULL, gamma, NULL, d);
 
   /* Without dgamma/dbeta the rows are independent. With them, the rows are cut into the fixed
    * chunks of cpu.h; a chunk's partials are summed over its rows in order (in f32 over runs of
@@ -785,8 +954,8 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
     if (!chunked) {
 #pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < rows; r++)
-        ln_bwd_store(dx, NULL, NULL, NULL, NULL, dy, x, mean, rstd, gamma, r, rows, d, dtype,
-                     tmp);
+        ln_bwd_store(dx, NULL, NULL, NULL, NULL, dy, x, mean, rstd, gamma, gs, r, rows, d,
+                     dtype, tmp);
     } else {
       double *p = work + t * 2 * d;                     /* [2, d] fp64 */
       float *p32 = scratch + t * per_thread + rows_f32; /* [2, d] f32 */
@@ -797,10 +966,16 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
         const int64_t r0 = sn__chunk_begin(k, rows, chunks);
         const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
         for (int64_t r = r0; r < r1; r++) {
-          ln_bwd_store(dx, p32, p32 + d, p, p + d, dy, x, mean, rstd, gamma, r, rows, d, dtype,
-                       tmp);
-          if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1)
-            sn__flush_partial(p, p32, 2 * d);
+          ln_bwd_store(dx, p32, p32 + d, p, p + d, dy, x, mean, rstd, gamma, gs, r, rows, d,
+                       dtype, tmp);
+          if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1) {
+            if (dtype == SN_DTYPE_BF16) { /* p32 in pair order */
+              sn__flush_pairs(p, p32, d);
+              sn__flush_pairs(p + d, p32 + d, d);
+            } else {
+              sn__flush_partial(p, p32, 2 * d);
+            }
+          }
         }
 #pragma omp ordered
         sn__add_partial(total, p, 2 * d);
@@ -811,5 +986,6 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   if (dbeta != NULL) sn__store_f32(dbeta, total + d, d);
   sn__free(work);
   sn__free(scratch);
+  sn__free(gs);
   return SN_OK;
 }

@@ -391,23 +391,12 @@ SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const fl
     for (int k_ = 0; k_ < 16; k_++) (acc)[k_] += (double)gb_[k_] * (double)xb_[k_];           \
   } while (0)
 
-/* m[k] = max(m[k], v[k]) for the 16 words of the vector v: through an array, in the loop form
- * GCC 12 vectorizes to vpmaxud (it scalarized the float form, and left a select on vector
- * values as a chained compare, masked move and blend). On the bits of |x|: nonnegative floats
- * order as their bits, so the largest bits are max|x| (NaN rows never use it). */
-#define RMS_MAX16(m, v)                                                                       \
-  do {                                                                                        \
-    uint32_t vb_[16];                                                                         \
-    memcpy(vb_, &(v), sizeof vb_);                                                            \
-    for (int k_ = 0; k_ < 16; k_++) (m)[k_] = vb_[k_] > (m)[k_] ? vb_[k_] : (m)[k_];          \
-  } while (0)
-
 /* One bf16 row of the backward with no f32 copies of its rows, bitwise rms_bwd_row_impl on the
  * widened rows followed by sn__from_f32: both passes read x and dy in pairs (sn__pair_widen),
  * the second narrows dx the same way (dx may equal dy: each block is loaded before it is
  * stored). gs: gamma in pairs (rms_gamma_pairs), gamma as is for the tail. With has_part, the
  * dgamma terms dy·x̂ go into dgq [d], the f32 partial kept in pair order (each full block of
- * SN_PAIR: its even elements, then its odd ones; rms_flush_pairs puts it back in order).
+ * SN_PAIR: its even elements, then its odd ones; sn__flush_pairs puts it back in order).
  * Returns 0 when done; 1, having written nothing, for a row rms_bwd_row_impl would compute in
  * fp64 or with fp64 dgamma terms (Σg·x not finite, e not held by an f32, dgamma terms outside
  * the f32 partials' range): the caller then runs the generic path on the widened rows, whose
@@ -433,12 +422,12 @@ SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, c
       sn__pu w, lo, hi;
       memcpy(&w, dy + i, sizeof w);
       lo = (w << 16) & 0x7fffffffu, hi = w & 0x7fff0000u;
-      RMS_MAX16(mdy[0], lo);
-      RMS_MAX16(mdy[1], hi);
+      SN_MAX16_U32(mdy[0], lo);
+      SN_MAX16_U32(mdy[1], hi);
       memcpy(&w, x + i, sizeof w);
       lo = (w << 16) & 0x7fffffffu, hi = w & 0x7fff0000u;
-      RMS_MAX16(mx[0], lo);
-      RMS_MAX16(mx[1], hi);
+      SN_MAX16_U32(mx[0], lo);
+      SN_MAX16_U32(mx[1], hi);
     }
     if (has_g) {
       sn__pf pe, po;
@@ -517,19 +506,6 @@ SN_CLONES static int rms_bwd_pairs(uint16_t *dx, float *dgq, const uint16_t *dy,
   if (g) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, d, s, pf, 1, 0);
   if (p) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, d, s, pf, 0, 1);
   return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, d, s, pf, 0, 0);
-}
-
-/* p[j] += dgq[j] (fp64), element order, for dgq [d] in pair order (rms_bwd_pairs_impl), and
- * dgq[j] = 0: sn__flush_partial for the bf16 rows' partials. */
-SN_CLONES static void rms_flush_pairs(double *p, float *dgq, int64_t d) {
-  int64_t i = 0;
-  for (; i + SN_PAIR <= d; i += SN_PAIR)
-    for (int m = 0; m < SN_PAIR / 2; m++) {
-      p[i + 2 * m] += (double)dgq[i + m];
-      p[i + 2 * m + 1] += (double)dgq[i + SN_PAIR / 2 + m];
-    }
-  for (; i < d; i++) p[i] += (double)dgq[i];
-  memset(dgq, 0, (size_t)d * sizeof *dgq);
 }
 
 /* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
@@ -624,7 +600,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
         for (int64_t r = r0; r < r1; r++) {
           rms_bwd_store(dx, p32, p, dy, x, rstd, gamma, gs, r, rows, d, dtype, tmp);
           if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1) {
-            if (dtype == SN_DTYPE_BF16) rms_flush_pairs(p, p32, d); /* p32 in pair order */
+            if (dtype == SN_DTYPE_BF16) sn__flush_pairs(p, p32, d); /* p32 in pair order */
             else sn__flush_partial(p, p32, d);
           }
         }

@@ -521,6 +521,41 @@ SN_CLONES SN_UNUSED static void sn__flush_partial(double *p, float *p32, int64_t
   }
 }
 
+/* sn__flush_partial for a bf16 row kernel's partials q [d] kept in pair order (each full block
+ * of SN_PAIR: its even elements, then its odd ones; the tail as is): p[j] += q[j'] in element
+ * order, and q = 0. */
+SN_CLONES SN_UNUSED static void sn__flush_pairs(double *p, float *q, int64_t d) {
+  int64_t i = 0;
+  for (; i + SN_PAIR <= d; i += SN_PAIR)
+    for (int m = 0; m < SN_PAIR / 2; m++) {
+      p[i + 2 * m] += (double)q[i + m];
+      p[i + 2 * m + 1] += (double)q[i + SN_PAIR / 2 + m];
+    }
+  for (; i < d; i++) p[i] += (double)q[i];
+  memset(q, 0, (size_t)d * sizeof *q);
+}
+
+/* m[k] = max(m[k], v[k]) for the 16 words of the vector v (uint32 m[16]): through an array, in
+ * the loop form GCC 12 vectorizes to vpmaxud (it scalarized the float form, and left a select
+ * on vector values as a chained compare, masked move and blend). Used on the bits of |x|:
+ * nonnegative floats order as their bits, so the largest bits are the largest |x| (NaN bits
+ * lie above inf's; the kernels send NaN rows elsewhere first). */
+#define SN_MAX16_U32(m, v)                                                                    \
+  do {                                                                                        \
+    uint32_t vb_[16];                                                                         \
+    memcpy(vb_, &(v), sizeof vb_);                                                            \
+    for (int k_ = 0; k_ < 16; k_++) (m)[k_] = vb_[k_] > (m)[k_] ? vb_[k_] : (m)[k_];          \
+  } while (0)
+
+/* acc[k] += (double)v[k] for the 16 floats of the vector v (double acc[16]), in the loop form
+ * GCC 12 vectorizes to one vcvtps2pd per 8. */
+#define SN_ADD16_F64(acc, v)                                                                  \
+  do {                                                                                        \
+    float vb_[16];                                                                            \
+    memcpy(vb_, &(v), sizeof vb_);                                                            \
+    for (int k_ = 0; k_ < 16; k_++) (acc)[k_] += (double)vb_[k_];                             \
+  } while (0)
+
 /* total[j] += part[j] for j < n (fp64): one chunk's partials added to the running total. */
 SN_INLINE void sn__add_partial(double *total, const double *part, int64_t n) {
   for (int64_t j = 0; j < n; j++) total[j] += part[j];
