@@ -309,6 +309,8 @@ SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *g
       /* !(|p| <= lim·|v|) | !(|v| <= FLT_MAX), as ln_map_beta_block (NaN and ±inf are bad),
        * on the bits of the absolute values, which order as the values: a NaN |p| has bits
        * above any number's; lim·|v| is NaN only where v is, which the second test takes.
+       * (Under DAZ without FTZ, a subnormal |p| counts as itself here, as 0 in the float
+       * test: its block is recomputed in fp64, which the bound allows. A review measured it.)
        * Signed comparisons of those bits (all below 2^31), counted (bad − (−1)) rather than
        * or-ed: in target_clones functions GCC 12 scalarizes float and unsigned comparisons of
        * vector values, and an or of two comparisons, which its baseline clone has no vector
@@ -325,8 +327,7 @@ SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *g
         sn__pu re = (sn__pu)ve[q], ro = (sn__pu)vo[q];
         re = re + 0x7fffu + ((re >> 16) & 1u);
         ro = ro + 0x7fffu + ((ro >> 16) & 1u);
-        const sn__pu w = (ro & 0xffff0000u) | (re >> 16);
-        memcpy(y + i + q * SN_PAIR, &w, sizeof w);
+        sn__pair_join(y + i + q * SN_PAIR, &re, &ro);
       }
       continue;
     }

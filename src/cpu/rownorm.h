@@ -100,12 +100,29 @@ typedef int32_t sn__pi __attribute__((vector_size(64)));
 #define SN_PAIR 32 /* bf16 elements per pair block: SN_ROW_LANES, so the lanes map one to one */
 _Static_assert(SN_PAIR == SN_ROW_LANES, "a pair block is one step of the row lanes");
 
+/* Element 2j of a pair block lies in the low half of word j on a little-endian machine (the
+ * x86-64 this is measured on), in the high half on a big-endian one (untested). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define SN_PAIR_EVEN_LOW 0
+#else
+#define SN_PAIR_EVEN_LOW 1
+#endif
+
 /* e, o = the even and odd elements of the 32 bf16 values at p, as f32. */
 SN_INLINE void sn__pair_widen(sn__pf *e, sn__pf *o, const uint16_t *p) {
   sn__pu w;
   memcpy(&w, p, sizeof w);
-  *e = (sn__pf)(w << 16);
-  *o = (sn__pf)(w & 0xffff0000u);
+  const sn__pu lo = w << 16, hi = w & 0xffff0000u;
+  *e = (sn__pf)(SN_PAIR_EVEN_LOW ? lo : hi);
+  *o = (sn__pf)(SN_PAIR_EVEN_LOW ? hi : lo);
+}
+
+/* The 32 bf16 values at p from re, ro: the even and odd elements' bf16 bits in the high half
+ * of each word (the low halves are ignored). */
+SN_INLINE void sn__pair_join(uint16_t *p, const sn__pu *re, const sn__pu *ro) {
+  const sn__pu w = SN_PAIR_EVEN_LOW ? (*ro & 0xffff0000u) | (*re >> 16)
+                                    : (*re & 0xffff0000u) | (*ro >> 16);
+  memcpy(p, &w, sizeof w);
 }
 
 /* r = the bf16 bits of f (sn__f32_to_bf16 of each element) in the high half of each word. */
@@ -121,8 +138,7 @@ SN_INLINE void sn__pair_narrow(uint16_t *p, const sn__pf *e, const sn__pf *o) {
   sn__pu re, ro;
   sn__pair_round(&re, e);
   sn__pair_round(&ro, o);
-  const sn__pu w = (ro & 0xffff0000u) | (re >> 16);
-  memcpy(p, &w, sizeof w);
+  sn__pair_join(p, &re, &ro);
 }
 
 /* Element i of a row that is f32, or with widen bf16, as f32. */
@@ -381,8 +397,7 @@ SN_INLINE double sn__row_sumsq_bf16(const uint16_t *x, const uint16_t *res, uint
         sn__pu ue, uo;
         sn__pair_round(&ue, &e);
         sn__pair_round(&uo, &o);
-        const sn__pu w = (uo & 0xffff0000u) | (ue >> 16);
-        memcpy(sum_out + i, &w, sizeof w);
+        sn__pair_join(sum_out + i, &ue, &uo);
         e = (sn__pf)(ue & 0xffff0000u); /* the rounded sums, as stored */
         o = (sn__pf)(uo & 0xffff0000u);
       }
