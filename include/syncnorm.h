@@ -133,9 +133,10 @@ SN_API sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const voi
  * dx, dy, x: [rows, d] dtype; mean, rstd: [rows] f32 from sn_layernorm_fwd on this x;
  * gamma: [d] f32 or NULL (= 1). dgamma, dbeta: [d] f32, overwritten (=), either may be NULL (not
  * computed); summed over rows in a fixed order (f32 within runs of 8 rows, the runs in fp64).
- * The per-row sums are fp64 (bf16/f16: f32 lanes of 16 terms each per block, the blocks in
- * fp64). Rows with terms near the f32 range go to the fp64 sums directly; rows whose saved mean
- * is 2^103 or more are computed in fp64 throughout. dx may equal dy.
+ * The per-row sums are fp64 (bf16/f16: f32 lanes of at most 16 terms each per block, the
+ * blocks in fp64). Rows with terms near the f32 range add them to the fp64 sums directly; such
+ * bf16 rows, and rows of any dtype whose saved mean is 2^103 or more, are computed in fp64
+ * throughout. dx may equal dy.
  * Errors as sn_layernorm_fwd (without eps), SN_ERR_NULL_POINTER also for mean/rstd (NULL with
  * rows·d > 0). */
 SN_API sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
