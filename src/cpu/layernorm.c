@@ -246,33 +246,6 @@ SN_CLONES static void ln_fwd_row_bf16(uint16_t *y, double *stats, const uint16_t
 
 /* ---- bf16 rows in pairs (sn_layernorm_fwd) ------------------------------------------------ */
 
-/* ln_map_f32_bf16 of a bf16 row xb [d], x widened in registers in pairs (sn__pair_widen): the
- * same f32 operations per element, narrowed as sn__f32_to_bf16. gs: gamma in pairs
- * (ln_params_pairs; NULL with has_g 0), gamma as is for the tail. y may equal xb. */
-SN_INLINE void ln_map_pairs(uint16_t *y, const uint16_t *xb, const float *gs, const float *gamma,
-                            int64_t d, double mean, double rstd, int has_g) {
-  const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
-  int64_t i = 0;
-  for (; i + SN_PAIR <= d; i += SN_PAIR) {
-    sn__pf e, o, ge, go;
-    sn__pair_widen(&e, &o, xb + i);
-    e = ((e - hi) - lo) * s;
-    o = ((o - hi) - lo) * s;
-    if (has_g) {
-      memcpy(&ge, gs + i, sizeof ge);
-      memcpy(&go, gs + i + SN_PAIR / 2, sizeof go);
-      e = e * ge;
-      o = o * go;
-    }
-    sn__pair_narrow(y + i, &e, &o);
-  }
-  for (; i < d; i++) {
-    float t = ((sn__bf16_to_f32(xb[i]) - hi) - lo) * s;
-    if (has_g) t = t * gamma[i];
-    y[i] = sn__f32_to_bf16(t);
-  }
-}
-
 /* Pair blocks per block of the checked map. */
 #define LN_PAIRS_PER_BLOCK (LN_MAP_BLOCK / SN_PAIR)
 _Static_assert(LN_MAP_BLOCK % SN_PAIR == 0, "a checked block is whole pair blocks");
@@ -280,7 +253,7 @@ _Static_assert(LN_MAP_BLOCK % SN_PAIR == 0, "a checked block is whole pair block
 /* ln_map_beta of a bf16 row xb [d] into bf16 y [d] with beta (has_b = 1), bitwise: the same
  * blocks of LN_MAP_BLOCK, the same f32 values and check, a block beyond the limit recomputed in
  * fp64 element by element from xb; the full blocks read in pairs (sn__pair_widen), gs and bs
- * gamma and beta in pairs (ln_params_pairs); a last partial block widened into a stack block
+ * gamma and beta in pairs (sn__to_pairs); a last partial block widened into a stack block
  * and mapped by ln_map_beta_block. y may equal xb (a block is read whole before it is stored). */
 SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *gs,
                                  const float *bs, const float *gamma, const float *beta,
@@ -297,13 +270,11 @@ SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *g
       e = ((e - hi) - lo) * s;
       o = ((o - hi) - lo) * s;
       if (has_g) {
-        memcpy(&pe, gs + j, sizeof pe);
-        memcpy(&po, gs + j + SN_PAIR / 2, sizeof po);
+        sn__pair_load(&pe, &po, gs + j);
         e = e * pe;
         o = o * po;
       }
-      memcpy(&pe, bs + j, sizeof pe);
-      memcpy(&po, bs + j + SN_PAIR / 2, sizeof po);
+      sn__pair_load(&pe, &po, bs + j);
       ve[q] = e + pe;
       vo[q] = o + po;
       /* !(|p| <= lim·|v|) | !(|v| <= FLT_MAX), as ln_map_beta_block (NaN and ±inf are bad),
@@ -348,31 +319,12 @@ SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *g
   }
 }
 
-/* gs [d], bs [d] = gamma, beta [d] with each full block of SN_PAIR elements split into its even
- * elements, then its odd ones (the order the pair maps read); the tails as they are. NULL
- * gamma or beta: that output untouched. */
-static void ln_params_pairs(float *gs, float *bs, const float *gamma, const float *beta,
-                            int64_t d) {
-  for (int w = 0; w < 2; w++) {
-    const float *src = w == 0 ? gamma : beta;
-    float *dst = w == 0 ? gs : bs;
-    if (src == NULL) continue;
-    int64_t i = 0;
-    for (; i + SN_PAIR <= d; i += SN_PAIR)
-      for (int m = 0; m < SN_PAIR / 2; m++) {
-        dst[i + m] = src[i + 2 * m];
-        dst[i + SN_PAIR / 2 + m] = src[i + 2 * m + 1];
-      }
-    for (; i < d; i++) dst[i] = src[i];
-  }
-}
-
 /* One bf16 row of sn_layernorm_fwd, bitwise ln_fwd_row_bf16 (and so ln_fwd_row on the widened
  * row) with no f32 copy of the row: the shifted sums with x widened in registers in pairs
  * (sn__row_shifted_sums_bf16; the two-pass fallback also reads the bf16 row), then the map in
  * pairs, checked where beta is given (ln_map_beta_pairs). Rows whose mean is tiny or wide (the
  * checked map with limit 0 and possibly no beta: rare) are widened into tmp [d] and mapped by
- * ln_map_checked. gs, bs: gamma and beta in pairs (ln_params_pairs; NULL where those are). */
+ * ln_map_checked. gs, bs: gamma and beta in pairs (sn__to_pairs; NULL where those are). */
 SN_CLONES static void ln_fwd_row_pairs(uint16_t *y, double *stats, const uint16_t *x, float *tmp,
                                        const float *gamma, const float *beta, const float *gs,
                                        const float *bs, int64_t d, float eps, const char *next) {
@@ -391,8 +343,9 @@ SN_CLONES static void ln_fwd_row_pairs(uint16_t *y, double *stats, const uint16_
     if (gamma != NULL) ln_map_beta_pairs(y, x, gs, bs, gamma, beta, d, mean, rstd, lim, 1);
     else ln_map_beta_pairs(y, x, gs, bs, gamma, beta, d, mean, rstd, lim, 0);
   } else {
-    if (gamma != NULL) ln_map_pairs(y, x, gs, gamma, d, mean, rstd, 1);
-    else ln_map_pairs(y, x, gs, gamma, d, mean, rstd, 0);
+    const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
+    if (gamma != NULL) sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 1, 1);
+    else sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 0, 1);
   }
 }
 
@@ -431,7 +384,7 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
 
   /* scratch, per thread: f16 2·d f32 (the x row, then the y row), bf16 d f32 (a row of tiny
    * or wide mean, widened); f32 works on x and y directly. bf16, after those: gamma and beta in
-   * pairs (ln_params_pairs), 2·d f32 */
+   * pairs (sn__to_pairs), 2·d f32 */
   const int64_t esize = sn_dtype_size(dtype), per_thread = ln_fwd_scratch(d, dtype);
   const int threads = sn__max_threads();
   sn_status_t st = SN_OK;
@@ -449,7 +402,8 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
   if (dtype == SN_DTYPE_BF16) {
     gs = gamma != NULL ? scratch + (int64_t)threads * d : NULL;
     bs = beta != NULL ? scratch + (int64_t)(threads + 1) * d : NULL;
-    ln_params_pairs(gs, bs, gamma, beta, d);
+    if (gs != NULL) sn__to_pairs(gs, gamma, d);
+    if (bs != NULL) sn__to_pairs(bs, beta, d);
   }
 
 #pragma omp parallel
@@ -546,14 +500,6 @@ SN_INLINE void ln_bwd_acc(double *a_xh, double *a_g, double *a_gxh, float x, flo
   *a_gxh += (double)g * (double)xh;
 }
 
-/* Memory the backward row function prefetches during its first pass (see sn__row_shifted_sums):
- * the next row's x and dy for reading, this row's dx for writing; NULL for none. */
-typedef struct {
-  const char *x, *dy;
-  char *dx;
-  int esize;
-} ln_prefetch_t;
-
 /* Elements per f32 block of the lowp pass A: 16 per lane, so a block's f32 lane sums err by
  * < 2^-20 of Σ|terms|. For bf16/f16 dx (checked to 2^-8 / 2^-11 normwise) that is nothing; the
  * re-centring c = Σx̂/d it moves by < 2^-20·max|x̂| enters dgamma (checked to 2^-19 relative)
@@ -566,7 +512,7 @@ typedef struct {
  * in fp64). One line of each prefetched stream per L elements. */
 SN_INLINE void ln_bwd_sums(double sum[3], double big[2], const float *dy, const float *x,
                            const float *gamma, int64_t d, float m, float s,
-                           const ln_prefetch_t *pf, int has_g, int lowp) {
+                           const sn__bwd_prefetch_t *pf, int has_g, int lowp) {
   enum { L = SN_ROW_LANES3 };
   double a_xh[L] = {0}, a_g[L] = {0}, a_gxh[L] = {0};
   float mdy[L] = {0}, mxh[L] = {0};
@@ -624,7 +570,7 @@ SN_INLINE void ln_bwd_sums(double sum[3], double big[2], const float *dy, const 
  * (LN_BWD_BLOCK), in fp64 again where those came out non-finite. */
 SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64, double *dbp64,
                                const float *dy, const float *x, const float *gamma, int64_t d,
-                               float m, float s, const ln_prefetch_t *pf, int has_g,
+                               float m, float s, const sn__bwd_prefetch_t *pf, int has_g,
                                int has_part, int lowp) {
   double sum[3], big[2];
   ln_bwd_sums(sum, big, dy, x, gamma, d, m, s, pf, has_g, lowp);
@@ -669,7 +615,7 @@ SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64,
 SN_CLONES static void ln_bwd_row(float *dx, float *dgp, float *dbp, double *dgp64,
                                  double *dbp64, const float *dy, const float *x,
                                  const float *gamma, int64_t d, float m, float s,
-                                 const ln_prefetch_t *pf, int lowp) {
+                                 const sn__bwd_prefetch_t *pf, int lowp) {
   const int g = gamma != NULL, p = dgp != NULL;
 #define LN_BWD_ROW(G, P, LOWP) \
   ln_bwd_row_impl(dx, dgp, dbp, dgp64, dbp64, dy, x, gamma, d, m, s, pf, G, P, LOWP)
@@ -722,14 +668,14 @@ static void ln_bwd_row_f64(float *dx, double *dgp64, double *dbp64, const float 
  * own: element i of a block of SN_PAIR goes to lane i (evens first), the f32 lane sums over
  * blocks of LN_BWD_BLOCK added into fp64 lanes, then in a fixed order (the thread count never
  * matters; the lanes differ from the widened rows', so the low bits of a row's sums can). gs:
- * gamma in pairs (ln_params_pairs), gamma as is for the tail. With has_part, dgq, dbq [d]: the
+ * gamma in pairs (sn__to_pairs), gamma as is for the tail. With has_part, dgq, dbq [d]: the
  * f32 partials of dgamma and dbeta in pair order (sn__flush_pairs puts them back in order).
  * Returns 0 when done; 1, having written nothing, for a row whose sums are not finite or whose
  * terms could overflow the f32 partials (ln_bwd_row_impl's part64): the caller computes it in
  * fp64 (ln_bwd_row_f64 on the widened rows, with the fp64 partials). */
 SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint16_t *dy,
                                 const uint16_t *x, const float *gs, const float *gamma,
-                                int64_t d, float m, float s, const ln_prefetch_t *pf, int has_g,
+                                int64_t d, float m, float s, const sn__bwd_prefetch_t *pf, int has_g,
                                 int has_part) {
   enum { H = SN_PAIR / 2 };
   /* pass A: Σx̂, Σg, Σg·x̂ (e: lanes of the even elements, o: of the odd ones), and max|dy|,
@@ -741,25 +687,17 @@ SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint
     const int64_t end = d - i > LN_BWD_BLOCK ? i + LN_BWD_BLOCK : d;
     sn__pf bxe = {0}, bxo = {0}, bge = {0}, bgo = {0}, bpe = {0}, bpo = {0};
     for (; i + SN_PAIR <= end; i += SN_PAIR) {
-      for (int64_t o = i * 2; o < (i + SN_PAIR) * 2; o += 64) {
-        if (pf->x != NULL) __builtin_prefetch(pf->x + o, 0);
-        if (pf->dy != NULL) __builtin_prefetch(pf->dy + o, 0);
-        if (pf->dx != NULL) __builtin_prefetch(pf->dx + o, 1);
-      }
+      sn__pair_prefetch(pf, i);
       sn__pf xe, xo, ge, go;
       sn__pair_widen(&xe, &xo, x + i);
       sn__pair_widen(&ge, &go, dy + i);
       xe = (xe - m) * s;
       xo = (xo - m) * s;
-      for (int k = 0; k < SN_PAIR; k++) {
-        const uint16_t ay = dy[i + k] & 0x7fffu, ax = x[i + k] & 0x7fffu;
-        mdy[k] = ay > mdy[k] ? ay : mdy[k];
-        mx[k] = ax > mx[k] ? ax : mx[k];
-      }
+      sn__pair_absmax(mdy, dy + i);
+      sn__pair_absmax(mx, x + i);
       if (has_g) {
         sn__pf pe, po;
-        memcpy(&pe, gs + i, sizeof pe);
-        memcpy(&po, gs + i + H, sizeof po);
+        sn__pair_load(&pe, &po, gs + i);
         ge = ge * pe;
         go = go * po;
       }
@@ -815,23 +753,18 @@ SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint
     xo = ((xo - m) * s) - cf;
     if (has_part) {
       sn__pf pe, po;
-      memcpy(&pe, dgq + i, sizeof pe);
-      memcpy(&po, dgq + i + H, sizeof po);
+      sn__pair_load(&pe, &po, dgq + i);
       pe += ye * xe;
       po += yo * xo;
-      memcpy(dgq + i, &pe, sizeof pe);
-      memcpy(dgq + i + H, &po, sizeof po);
-      memcpy(&pe, dbq + i, sizeof pe);
-      memcpy(&po, dbq + i + H, sizeof po);
+      sn__pair_store(dgq + i, &pe, &po);
+      sn__pair_load(&pe, &po, dbq + i);
       pe += ye;
       po += yo;
-      memcpy(dbq + i, &pe, sizeof pe);
-      memcpy(dbq + i + H, &po, sizeof po);
+      sn__pair_store(dbq + i, &pe, &po);
     }
     if (has_g) {
       sn__pf pe, po;
-      memcpy(&pe, gs + i, sizeof pe);
-      memcpy(&po, gs + i + H, sizeof po);
+      sn__pair_load(&pe, &po, gs + i);
       ye = ye * pe;
       yo = yo * po;
     }
@@ -854,7 +787,7 @@ SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint
 
 SN_CLONES static int ln_bwd_pairs(uint16_t *dx, float *dgq, float *dbq, const uint16_t *dy,
                                   const uint16_t *x, const float *gs, const float *gamma,
-                                  int64_t d, float m, float s, const ln_prefetch_t *pf) {
+                                  int64_t d, float m, float s, const sn__bwd_prefetch_t *pf) {
   const int g = gamma != NULL, p = dgq != NULL;
   if (g && p) return ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, pf, 1, 1);
   if (g) return ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, pf, 1, 0);
@@ -871,7 +804,7 @@ static void ln_bwd_store(void *dx, float *dgp, float *dbp, double *dgp64, double
                          const float *gamma, const float *gs, int64_t r, int64_t rows,
                          int64_t d, sn_dtype_t dtype, float *tmp) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
-  const ln_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
+  const sn__bwd_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
                             next < 0 ? NULL : (const char *)dy + next * esize,
                             (char *)dx + off * esize, (int)esize};
   int f64 = ln_wide_mean(mean[r]);
@@ -938,7 +871,7 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
     sn__free(gs);
     return st;
   }
-  if (gs != NULL) ln_params_pairs(gs, NULL, gamma, NULL, d);
+  if (gs != NULL) sn__to_pairs(gs, gamma, d);
 
   /* Without dgamma/dbeta the rows are independent. With them, the rows are cut into the fixed
    * chunks of cpu.h; a chunk's partials are summed over its rows in order (in f32 over runs of

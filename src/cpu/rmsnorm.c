@@ -82,41 +82,13 @@ SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *res, 
   return rstd;
 }
 
-/* y [d] = (x·s)·gamma of a bf16 row xb [d] in f32, narrowed to bf16 as it is stored: bitwise
- * rms_map on the widened row followed by sn__from_f32, in pairs (sn__pair_widen, no shuffles).
- * gs [d]: gamma with each full block of SN_PAIR split into its even then its odd elements
- * (rms_gamma_pairs; NULL for no gamma); gamma [d] as is for the tail. y may equal xb (each
- * block is loaded before it is stored). */
-SN_INLINE void rms_map_pairs(uint16_t *y, const uint16_t *xb, const float *gs,
-                             const float *gamma, int64_t d, float s, int has_g) {
-  int64_t i = 0;
-  for (; i + SN_PAIR <= d; i += SN_PAIR) {
-    sn__pf e, o, ge, go;
-    sn__pair_widen(&e, &o, xb + i);
-    e = e * s;
-    o = o * s;
-    if (has_g) {
-      memcpy(&ge, gs + i, sizeof ge);
-      memcpy(&go, gs + i + SN_PAIR / 2, sizeof go);
-      e = e * ge;
-      o = o * go;
-    }
-    sn__pair_narrow(y + i, &e, &o);
-  }
-  for (; i < d; i++) {
-    float t = sn__bf16_to_f32(xb[i]) * s;
-    if (has_g) t = t * gamma[i];
-    y[i] = sn__f32_to_bf16(t);
-  }
-}
-
 /* One bf16 row, bitwise as rms_fwd_row on the widened row (the f16 path), in two passes with
  * no f32 copy of the row: the squares summed as x is widened in registers (sn__row_sumsq_bf16;
  * x read from memory once), then x, now cache-hot, widened again and mapped, narrowed as y is
- * stored (rms_map_pairs; y written once). Returns rstd. With res [d] (the fused kernel; NULL for
+ * stored (sn__map_pairs; y written once). Returns rstd. With res [d] (the fused kernel; NULL for
  * none) the row normalized is the residual sum, rounded to bf16 into sum_out [d] by the first
  * pass and read back by the second: bitwise the generic path (sn__residual_sum_row, then this
- * row on sum_out). gs: gamma in pairs (rms_gamma_pairs), NULL with gamma NULL. */
+ * row on sum_out). gs: gamma in pairs (sn__to_pairs), NULL with gamma NULL. */
 SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, const uint16_t *res,
                                          uint16_t *sum_out, const float *gamma,
                                          const float *gs, int64_t d, float eps,
@@ -125,21 +97,9 @@ SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, const u
   const double ms = ss / (double)d;
   const double rstd = 1.0 / sqrt(ms + (double)eps);
   const uint16_t *xm = res != NULL ? sum_out : x;
-  if (gamma != NULL) rms_map_pairs(y, xm, gs, gamma, d, (float)rstd, 1);
-  else rms_map_pairs(y, xm, gs, gamma, d, (float)rstd, 0);
+  if (gamma != NULL) sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, (float)rstd, 1, 0);
+  else sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, (float)rstd, 0, 0);
   return rstd;
-}
-
-/* gs [d] = gamma [d] with each full block of SN_PAIR elements split into its even elements, then
- * its odd ones (the order rms_map_pairs reads); the tail as is. */
-static void rms_gamma_pairs(float *gs, const float *gamma, int64_t d) {
-  int64_t i = 0;
-  for (; i + SN_PAIR <= d; i += SN_PAIR)
-    for (int j = 0; j < SN_PAIR / 2; j++) {
-      gs[i + j] = gamma[i + 2 * j];
-      gs[i + SN_PAIR / 2 + j] = gamma[i + 2 * j + 1];
-    }
-  for (; i < d; i++) gs[i] = gamma[i];
 }
 
 /* Row r of the forward from its f32 view xr: writes y row r and rstd[r] when given. tmp: this
@@ -181,9 +141,9 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
     return st;
   }
 
-  const float *gs = NULL; /* bf16: gamma in pairs (rms_map_pairs), in the scratch */
+  const float *gs = NULL; /* bf16: gamma in pairs (sn__map_pairs), in the scratch */
   if (dtype == SN_DTYPE_BF16 && gamma != NULL) {
-    rms_gamma_pairs(scratch, gamma, d);
+    sn__to_pairs(scratch, gamma, d);
     gs = scratch;
   }
 
@@ -221,7 +181,7 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
   if (n == 0) return SN_OK;
 
   /* scratch: [threads, d] f32 rows for f16 (the widened sum row, where y is computed); for
-   * bf16 one row, gamma in pairs (rms_map_pairs) */
+   * bf16 one row, gamma in pairs (sn__map_pairs) */
   const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
   float *scratch = NULL;
@@ -238,7 +198,7 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
 
   const float *gs = NULL;
   if (dtype == SN_DTYPE_BF16 && gamma != NULL) {
-    rms_gamma_pairs(scratch, gamma, d);
+    sn__to_pairs(scratch, gamma, d);
     gs = scratch;
   }
 
@@ -277,14 +237,6 @@ SN_INLINE float rms_g(float dy, const float *gamma, int64_t i, int has_g) {
   return has_g ? dy * gamma[i] : dy;
 }
 
-/* Memory the backward row function prefetches during its first pass (see sn__row_shifted_sums):
- * the next row's x and dy for reading, this row's dx for writing; NULL for none. */
-typedef struct {
-  const char *x, *dy;
-  char *dx;
-  int esize;
-} rms_prefetch_t;
-
 /* One row of the backward in fp64 throughout, for rows rms_bwd_row_impl cannot map in f32: g =
  * dy·gamma and the sum Σg·x exact or fp64, dx = s·g − x̂·e rounded once to f32; with dgp64
  * the dgamma terms dy·x̂ go to the chunk's fp64 partial. dx may equal dy. Scalar: only rows with
@@ -316,7 +268,7 @@ static void rms_bwd_row_f64(float *dx, double *dgp64, const float *dy, const flo
  * Rows whose Σg·x is not finite or whose e is not held by an f32 go to rms_bwd_row_f64. */
 SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const float *dy,
                                 const float *x, const float *gamma, int64_t d, float s,
-                                const rms_prefetch_t *pf, int has_g, int has_part) {
+                                const sn__bwd_prefetch_t *pf, int has_g, int has_part) {
   /* pass A: Σ g·x in fp64 lanes (the product of two floats is exact in fp64), and max|dy|,
    * max|x|; each prefetched stream advances by this block's bytes */
   double acc[SN_ROW_LANES] = {0};
@@ -370,7 +322,7 @@ SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const floa
 
 SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const float *dy,
                                   const float *x, const float *gamma, int64_t d, float s,
-                                  const rms_prefetch_t *pf) {
+                                  const sn__bwd_prefetch_t *pf) {
   const int g = gamma != NULL, p = dgp != NULL;
   if (g && p) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, d, s, pf, 1, 1);
   else if (g) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, d, s, pf, 1, 0);
@@ -394,7 +346,7 @@ SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const fl
 /* One bf16 row of the backward with no f32 copies of its rows, bitwise rms_bwd_row_impl on the
  * widened rows followed by sn__from_f32: both passes read x and dy in pairs (sn__pair_widen),
  * the second narrows dx the same way (dx may equal dy: each block is loaded before it is
- * stored). gs: gamma in pairs (rms_gamma_pairs), gamma as is for the tail. With has_part, the
+ * stored). gs: gamma in pairs (sn__to_pairs), gamma as is for the tail. With has_part, the
  * dgamma terms dy·x̂ go into dgq [d], the f32 partial kept in pair order (each full block of
  * SN_PAIR: its even elements, then its odd ones; sn__flush_pairs puts it back in order).
  * Returns 0 when done; 1, having written nothing, for a row rms_bwd_row_impl would compute in
@@ -403,36 +355,24 @@ SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const fl
  * decisions are the same (the same sums), so it writes dgp64 and never dgq. */
 SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, const uint16_t *x,
                                  const float *gs, const float *gamma, int64_t d, float s,
-                                 const rms_prefetch_t *pf, int has_g, int has_part) {
+                                 const sn__bwd_prefetch_t *pf, int has_g, int has_part) {
   /* pass A: Σ g·x in fp64 (lanes 2m and 2m + 1 of the 32 in the even and odd halves), and
-   * max|dy|, max|x| as the bits of |v| (nonnegative floats order as their bits) */
+   * max|dy|, max|x| on the bf16 bits (sn__pair_absmax) */
   double ae[SN_PAIR / 2] = {0}, ao[SN_PAIR / 2] = {0};
-  uint32_t mdy[2][SN_PAIR / 2] = {{0}}, mx[2][SN_PAIR / 2] = {{0}};
+  uint16_t mdy[SN_PAIR] = {0}, mx[SN_PAIR] = {0};
   int64_t i = 0;
   for (; i + SN_PAIR <= d; i += SN_PAIR) {
-    for (int64_t o = i * 2; o < (i + SN_PAIR) * 2; o += 64) {
-      if (pf->x != NULL) __builtin_prefetch(pf->x + o, 0);
-      if (pf->dy != NULL) __builtin_prefetch(pf->dy + o, 0);
-      if (pf->dx != NULL) __builtin_prefetch(pf->dx + o, 1);
-    }
+    sn__pair_prefetch(pf, i);
     sn__pf xe, xo, ge, go;
     sn__pair_widen(&xe, &xo, x + i);
     sn__pair_widen(&ge, &go, dy + i);
-    if (has_part) { /* |v| of the even halves, (w << 16) & 0x7fffffff; of the odd ones */
-      sn__pu w, lo, hi;
-      memcpy(&w, dy + i, sizeof w);
-      lo = (w << 16) & 0x7fffffffu, hi = w & 0x7fff0000u;
-      SN_MAX16_U32(mdy[0], lo);
-      SN_MAX16_U32(mdy[1], hi);
-      memcpy(&w, x + i, sizeof w);
-      lo = (w << 16) & 0x7fffffffu, hi = w & 0x7fff0000u;
-      SN_MAX16_U32(mx[0], lo);
-      SN_MAX16_U32(mx[1], hi);
+    if (has_part) {
+      sn__pair_absmax(mdy, dy + i);
+      sn__pair_absmax(mx, x + i);
     }
     if (has_g) {
       sn__pf pe, po;
-      memcpy(&pe, gs + i, sizeof pe);
-      memcpy(&po, gs + i + SN_PAIR / 2, sizeof po);
+      sn__pair_load(&pe, &po, gs + i);
       ge = ge * pe;
       go = go * po;
     }
@@ -444,13 +384,10 @@ SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, c
     acc[2 * m] = ae[m], acc[2 * m + 1] = ao[m];
   float a = 0.0f, bx = 0.0f;
   if (has_part) {
-    uint32_t ua = 0, ub = 0;
-    for (int m = 0; m < SN_PAIR / 2; m++) {
-      ua = mdy[0][m] > ua ? mdy[0][m] : ua, ua = mdy[1][m] > ua ? mdy[1][m] : ua;
-      ub = mx[0][m] > ub ? mx[0][m] : ub, ub = mx[1][m] > ub ? mx[1][m] : ub;
-    }
-    memcpy(&a, &ua, sizeof a);
-    memcpy(&bx, &ub, sizeof bx);
+    uint16_t ha = 0, hb = 0;
+    for (int k = 0; k < SN_PAIR; k++) ha = mdy[k] > ha ? mdy[k] : ha, hb = mx[k] > hb ? mx[k] : hb;
+    a = sn__bf16_to_f32(ha);
+    bx = sn__bf16_to_f32(hb);
   }
   for (int k = 0; k < SN_ROW_LANES && i < d; i++, k++) {
     const float dyi = sn__bf16_to_f32(dy[i]), xi = sn__bf16_to_f32(x[i]);
@@ -472,17 +409,14 @@ SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, c
     xo = xo * s;
     if (has_part) {
       sn__pf pe, po;
-      memcpy(&pe, dgq + i, sizeof pe);
-      memcpy(&po, dgq + i + SN_PAIR / 2, sizeof po);
+      sn__pair_load(&pe, &po, dgq + i);
       pe += ye * xe;
       po += yo * xo;
-      memcpy(dgq + i, &pe, sizeof pe);
-      memcpy(dgq + i + SN_PAIR / 2, &po, sizeof po);
+      sn__pair_store(dgq + i, &pe, &po);
     }
     if (has_g) {
       sn__pf pe, po;
-      memcpy(&pe, gs + i, sizeof pe);
-      memcpy(&po, gs + i + SN_PAIR / 2, sizeof po);
+      sn__pair_load(&pe, &po, gs + i);
       ye = ye * pe;
       yo = yo * po;
     }
@@ -500,7 +434,7 @@ SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, c
 
 SN_CLONES static int rms_bwd_pairs(uint16_t *dx, float *dgq, const uint16_t *dy,
                                    const uint16_t *x, const float *gs, const float *gamma,
-                                   int64_t d, float s, const rms_prefetch_t *pf) {
+                                   int64_t d, float s, const sn__bwd_prefetch_t *pf) {
   const int g = gamma != NULL, p = dgq != NULL;
   if (g && p) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, d, s, pf, 1, 1);
   if (g) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, d, s, pf, 1, 0);
@@ -516,7 +450,7 @@ static void rms_bwd_store(void *dx, float *dgp, double *dgp64, const void *dy, c
                           const float *rstd, const float *gamma, const float *gs, int64_t r,
                           int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
-  const rms_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
+  const sn__bwd_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
                              next < 0 ? NULL : (const char *)dy + next * esize,
                              (char *)dx + off * esize, (int)esize};
   if (dtype == SN_DTYPE_BF16 &&
@@ -573,7 +507,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
     sn__free(gs);
     return st;
   }
-  if (gs != NULL) rms_gamma_pairs(gs, gamma, d);
+  if (gs != NULL) sn__to_pairs(gs, gamma, d);
 
   /* rows independent without dgamma; with it, fixed chunks whose partials are added in chunk
    * order (see sn_layernorm_bwd) */

@@ -141,6 +141,88 @@ SN_INLINE void sn__pair_narrow(uint16_t *p, const sn__pf *e, const sn__pf *o) {
   sn__pair_join(p, &re, &ro);
 }
 
+/* e, o = the two halves of the pair block at q, an f32 array in pair order (each full block of
+ * SN_PAIR: its even elements, then its odd ones); sn__pair_store writes them back. */
+SN_INLINE void sn__pair_load(sn__pf *e, sn__pf *o, const float *q) {
+  memcpy(e, q, sizeof *e);
+  memcpy(o, q + SN_PAIR / 2, sizeof *o);
+}
+SN_INLINE void sn__pair_store(float *q, const sn__pf *e, const sn__pf *o) {
+  memcpy(q, e, sizeof *e);
+  memcpy(q + SN_PAIR / 2, o, sizeof *o);
+}
+
+/* dst [d] = src [d] (gamma, beta) in pair order for the kernels that read bf16 rows in pairs;
+ * the tail after the last full block as is. */
+SN_UNUSED static void sn__to_pairs(float *dst, const float *src, int64_t d) {
+  int64_t i = 0;
+  for (; i + SN_PAIR <= d; i += SN_PAIR)
+    for (int m = 0; m < SN_PAIR / 2; m++) {
+      dst[i + m] = src[i + 2 * m];
+      dst[i + SN_PAIR / 2 + m] = src[i + 2 * m + 1];
+    }
+  for (; i < d; i++) dst[i] = src[i];
+}
+
+/* y [d] = t·gamma narrowed to bf16 as it is stored, t = ((x − hi) − lo)·s (centre: LayerNorm,
+ * mean = hi + lo) or x·s (RMSNorm), in f32, for a bf16 row xb [d] read in pairs: bitwise the
+ * same f32 operations on the widened row followed by sn__f32_to_bf16. gs: gamma in pair order
+ * (sn__to_pairs; unused without has_g), gamma as is for the tail. has_g, centre: constants after
+ * inlining. y may equal xb (each block is loaded before it is stored). */
+SN_INLINE void sn__map_pairs(uint16_t *y, const uint16_t *xb, const float *gs, const float *gamma,
+                             int64_t d, float hi, float lo, float s, int has_g, int centre) {
+  int64_t i = 0;
+  for (; i + SN_PAIR <= d; i += SN_PAIR) {
+    sn__pf e, o, ge, go;
+    sn__pair_widen(&e, &o, xb + i);
+    if (centre) {
+      e = (e - hi) - lo;
+      o = (o - hi) - lo;
+    }
+    e = e * s;
+    o = o * s;
+    if (has_g) {
+      sn__pair_load(&ge, &go, gs + i);
+      e = e * ge;
+      o = o * go;
+    }
+    sn__pair_narrow(y + i, &e, &o);
+  }
+  for (; i < d; i++) {
+    float t = sn__bf16_to_f32(xb[i]);
+    if (centre) t = (t - hi) - lo;
+    t = t * s;
+    if (has_g) t = t * gamma[i];
+    y[i] = sn__f32_to_bf16(t);
+  }
+}
+
+/* Memory a backward row function prefetches during its first pass (see sn__row_shifted_sums):
+ * the next row's x and dy for reading, this row's dx for writing (esize bytes per element; NULL
+ * for none). */
+typedef struct {
+  const char *x, *dy;
+  char *dx;
+  int esize;
+} sn__bwd_prefetch_t;
+
+/* The prefetches of the bf16 pair block at element i: one line of each stream. */
+SN_INLINE void sn__pair_prefetch(const sn__bwd_prefetch_t *pf, int64_t i) {
+  if (pf->x != NULL) __builtin_prefetch(pf->x + i * 2, 0);
+  if (pf->dy != NULL) __builtin_prefetch(pf->dy + i * 2, 0);
+  if (pf->dx != NULL) __builtin_prefetch(pf->dx + i * 2, 1);
+}
+
+/* m[k] = max(m[k], |p[k]|) on the bits, for the 32 bf16 values at p: nonnegative values order
+ * as their bits, so the largest is max|p| (NaN bits lie above inf's). In the loop form GCC 12
+ * vectorizes (vpmaxuw). */
+SN_INLINE void sn__pair_absmax(uint16_t m[SN_PAIR], const uint16_t *p) {
+  for (int k = 0; k < SN_PAIR; k++) {
+    const uint16_t a = p[k] & 0x7fffu;
+    m[k] = a > m[k] ? a : m[k];
+  }
+}
+
 /* Element i of a row that is f32, or with widen bf16, as f32. */
 SN_INLINE float sn__load_w(const void *src, int widen, int64_t i) {
   return widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
@@ -549,18 +631,6 @@ SN_CLONES SN_UNUSED static void sn__flush_pairs(double *p, float *q, int64_t d) 
   for (; i < d; i++) p[i] += (double)q[i];
   memset(q, 0, (size_t)d * sizeof *q);
 }
-
-/* m[k] = max(m[k], v[k]) for the 16 words of the vector v (uint32 m[16]): through an array, in
- * the loop form GCC 12 vectorizes to vpmaxud (it scalarized the float form, and left a select
- * on vector values as a chained compare, masked move and blend). Used on the bits of |x|:
- * nonnegative floats order as their bits, so the largest bits are the largest |x| (NaN bits
- * lie above inf's; the kernels send NaN rows elsewhere first). */
-#define SN_MAX16_U32(m, v)                                                                    \
-  do {                                                                                        \
-    uint32_t vb_[16];                                                                         \
-    memcpy(vb_, &(v), sizeof vb_);                                                            \
-    for (int k_ = 0; k_ < 16; k_++) (m)[k_] = vb_[k_] > (m)[k_] ? vb_[k_] : (m)[k_];          \
-  } while (0)
 
 /* acc[k] += (double)v[k] for the 16 floats of the vector v (double acc[16]), in the loop form
  * GCC 12 vectorizes to one vcvtps2pd per 8. */
