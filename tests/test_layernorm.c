@@ -782,6 +782,42 @@ START_TEST(test_bwd_huge_dy) {
 }
 END_TEST
 
+/* dx whose f32 intermediates leave the range while dx does not (a review found dx = inf in
+ * every dtype): (1) dy = ±2.3e38 with x = [1e30, −1e30, 0, 0] (rstd ~1e-30, dx ~2e8), where
+ * g − mean(g) = 3.45e38 overflows (dgamma, 3.25e38, does not); (2) dy = ±1e36 with gamma = 300, where g alone is beyond FLT_MAX
+ * (dx ~2e38). f32 and bf16 (f16 holds neither), with and without dgamma/dbeta: dx against the
+ * fp64 reference, relative to ‖rstd·dy·gamma‖ as everywhere (and dgamma, dbeta where asked,
+ * to the f32 bound). Such rows are computed in fp64 (ln_dx_f32_ok). */
+START_TEST(test_bwd_dx_range) {
+  static const double X[2][4] = {{1e30, -1e30, 0.0, 0.0}, {1.0, -1.0, 0.0, 0.0}};
+  static const double DY[2][4] = {{2.3e38, -2.3e38, -2.3e38, -2.3e38},
+                                  {1e36, -1e36, -1e36, -1e36}};
+  const int64_t rows = 1, d = 4;
+  for (int id = 0; id < 2; id++)
+    for (int c = 0; c < 2; c++) {
+      const sn_dtype_t dt = id == 0 ? SN_DTYPE_F32 : SN_DTYPE_BF16;
+      void *x = tu_alloc(d, dt), *dy = tu_alloc(d, dt), *dx = tu_alloc(d, dt);
+      float gamma[4], mean, rstd, dg[4], db[4];
+      for (int64_t i = 0; i < d; i++) {
+        tu_set(x, i, X[c][i], dt);
+        tu_set(dy, i, DY[c][i], dt);
+        gamma[i] = c == 0 ? 1.0f : 300.0f;
+      }
+      ck_assert_int_eq(sn_layernorm_fwd(dx, &mean, &rstd, x, NULL, NULL, rows, d, EPS, dt), SN_OK);
+      char what[96];
+      snprintf(what, sizeof what, "layernorm_bwd dx range case %d (%s)", c, tu_dtype_name[dt]);
+      run_bwd(dx, dg, db, dy, x, &mean, &rstd, gamma, rows, d, dt, what);
+      tu_poison(dx, d, dt);
+      ck_assert_int_eq(sn_layernorm_bwd(dx, NULL, NULL, dy, x, &mean, &rstd, gamma, rows, d, dt),
+                       SN_OK);
+      double *xd = load(x, d, dt), *dyd = load(dy, d, dt), dxr[4], dgr[4], dbr[4];
+      const double scale = ref_bwd(dxr, dgr, dbr, dyd, xd, gamma, rows, d, EPS);
+      assert_rel_scaled(dx, dt, dxr, d, scale, bwd_tol(dt), what);
+      free(x), free(dy), free(dx), free(xd), free(dyd);
+    }
+}
+END_TEST
+
 /* The backward's re-centred x̂ keeps |mean| ≫ σ exact although the saved mean is f32. */
 START_TEST(test_bwd_large_mean) {
   for (int64_t b = 0; b < ND; b++) {
@@ -1100,6 +1136,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_bwd_shapes, 0, 3);
   tcase_add_test(tc, test_bwd_large_mean);
   tcase_add_test(tc, test_bwd_huge_dy);
+  tcase_add_test(tc, test_bwd_dx_range);
   tcase_add_test(tc, test_fd);
   tcase_add_test(tc, test_bad_input);
   tcase_add_test(tc, test_empty_batch);

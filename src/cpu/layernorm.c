@@ -508,9 +508,9 @@ SN_INLINE void ln_bwd_acc(double *a_xh, double *a_g, double *a_gxh, float x, flo
 
 /* Pass A of one row: sum[0..2] = Σx̂, Σg, Σg·x̂ in fp64 lanes (lowp: in f32 lanes over blocks
  * of LN_BWD_BLOCK elements, each block then added into the fp64 lanes); big[0] = max|dy|,
- * big[1] = max|dy|·max|x̂| (fp64; NaN inputs are skipped: they make the partials NaN in f32 as
- * in fp64). One line of each prefetched stream per L elements. */
-SN_INLINE void ln_bwd_sums(double sum[3], double big[2], const float *dy, const float *x,
+ * big[1] = max|dy|·max|x̂|, big[2] = max|x̂| (fp64; NaN inputs are skipped: they make the
+ * partials NaN in f32 as in fp64). One line of each prefetched stream per L elements. */
+SN_INLINE void ln_bwd_sums(double sum[3], double big[3], const float *dy, const float *x,
                            const float *gamma, int64_t d, float m, float s,
                            const sn__bwd_prefetch_t *pf, int has_g, int lowp) {
   enum { L = SN_ROW_LANES3 };
@@ -560,22 +560,36 @@ SN_INLINE void ln_bwd_sums(double sum[3], double big[2], const float *dy, const 
   for (int k = 0; k < L; k++) ma = sn__max_abs(ma, mdy[k]), mb = sn__max_abs(mb, mxh[k]);
   big[0] = (double)ma;
   big[1] = (double)ma * (double)mb;
+  big[2] = (double)mb;
+}
+
+/* Bound on the f32 intermediates of the backward's dx = s·((g − mean(g)) − x̂'·mean(g·x̂')):
+ * with G = max|dy|·max|gamma| and X = max|x̂|, |g − mean(g)| ≤ 2G and |x̂'·mean(g·x̂')| ≤ 4G·X²
+ * (|x̂'| ≤ 2X, |mean(g·x̂')| ≤ 2G·X). A row where G·(2 + 4X²) exceeds it is computed in fp64
+ * (ln_bwd_row_f64): a review found dx = inf for dy near 3e38 and for a large gamma, where dx
+ * itself is finite. Half of 2^127 leaves room for the roundings. */
+#define LN_DX_F32_MAX 0x1p126
+
+static inline int ln_dx_f32_ok(double gmax, double max_dy, double max_xh) {
+  return max_dy * gmax * (2.0 + 4.0 * max_xh * max_xh) <= LN_DX_F32_MAX; /* false for NaN, inf */
 }
 
 /* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x, the saved mean m and
- * rstd s. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy into the f32 partials (SN_PART_ROWS),
+ * rstd s. Returns 1, having written nothing, for a row whose dx intermediates could leave the
+ * f32 range (ln_dx_f32_ok; gmax = max|gamma|, 1 without gamma): the caller computes it in fp64. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy into the f32 partials (SN_PART_ROWS),
  * or, for a row whose terms could overflow them (max|dy| or 2·max|dy|·max|x̂| beyond
  * SN_PART_F32_MAX, infinities included), into the chunk's fp64 partials dgp64/dbp64 directly,
  * as the f32 sums would lose them. lowp (bf16/f16 rows): pass A's sums in f32 blocks
  * (LN_BWD_BLOCK), in fp64 again where those came out non-finite. */
-SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64, double *dbp64,
-                               const float *dy, const float *x, const float *gamma, int64_t d,
-                               float m, float s, const sn__bwd_prefetch_t *pf, int has_g,
-                               int has_part, int lowp) {
-  double sum[3], big[2];
+SN_INLINE int ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64, double *dbp64,
+                              const float *dy, const float *x, const float *gamma, int64_t d,
+                              float m, float s, double gmax, const sn__bwd_prefetch_t *pf,
+                              int has_g, int has_part, int lowp) {
+  double sum[3], big[3];
   ln_bwd_sums(sum, big, dy, x, gamma, d, m, s, pf, has_g, lowp);
   if (lowp && !(isfinite(sum[0]) && isfinite(sum[1]) && isfinite(sum[2])))
     ln_bwd_sums(sum, big, dy, x, gamma, d, m, s, NULL, has_g, 0);
+  if (!ln_dx_f32_ok(gmax, big[0], big[2])) return 1;
   const double sum_xh = sum[0], sum_g = sum[1], sum_gxh = sum[2];
 
   /* x̂' = x̂ − c has mean 0 even when the saved f32 mean is off by up to half an ulp of a large
@@ -597,7 +611,7 @@ SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64,
       dbp64[j] += (double)dyj;
       dx[j] = s * ((g - mg) - xh * mgx);
     }
-    return;
+    return 0;
   }
   SN_IVDEP
   for (int64_t j = 0; j < d; j++) {
@@ -610,26 +624,26 @@ SN_INLINE void ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64,
     }
     dx[j] = s * ((g - mg) - xh * mgx);
   }
+  return 0;
 }
 
-SN_CLONES static void ln_bwd_row(float *dx, float *dgp, float *dbp, double *dgp64,
-                                 double *dbp64, const float *dy, const float *x,
-                                 const float *gamma, int64_t d, float m, float s,
-                                 const sn__bwd_prefetch_t *pf, int lowp) {
+SN_CLONES static int ln_bwd_row(float *dx, float *dgp, float *dbp, double *dgp64,
+                                double *dbp64, const float *dy, const float *x,
+                                const float *gamma, int64_t d, float m, float s, double gmax,
+                                const sn__bwd_prefetch_t *pf, int lowp) {
   const int g = gamma != NULL, p = dgp != NULL;
 #define LN_BWD_ROW(G, P, LOWP) \
-  ln_bwd_row_impl(dx, dgp, dbp, dgp64, dbp64, dy, x, gamma, d, m, s, pf, G, P, LOWP)
+  ln_bwd_row_impl(dx, dgp, dbp, dgp64, dbp64, dy, x, gamma, d, m, s, gmax, pf, G, P, LOWP)
   if (lowp) {
-    if (g && p) LN_BWD_ROW(1, 1, 1);
-    else if (g) LN_BWD_ROW(1, 0, 1);
-    else if (p) LN_BWD_ROW(0, 1, 1);
-    else LN_BWD_ROW(0, 0, 1);
-  } else {
-    if (g && p) LN_BWD_ROW(1, 1, 0);
-    else if (g) LN_BWD_ROW(1, 0, 0);
-    else if (p) LN_BWD_ROW(0, 1, 0);
-    else LN_BWD_ROW(0, 0, 0);
+    if (g && p) return LN_BWD_ROW(1, 1, 1);
+    if (g) return LN_BWD_ROW(1, 0, 1);
+    if (p) return LN_BWD_ROW(0, 1, 1);
+    return LN_BWD_ROW(0, 0, 1);
   }
+  if (g && p) return LN_BWD_ROW(1, 1, 0);
+  if (g) return LN_BWD_ROW(1, 0, 0);
+  if (p) return LN_BWD_ROW(0, 1, 0);
+  return LN_BWD_ROW(0, 0, 0);
 #undef LN_BWD_ROW
 }
 
@@ -670,13 +684,14 @@ static void ln_bwd_row_f64(float *dx, double *dgp64, double *dbp64, const float 
  * matters; the lanes differ from the widened rows', so the low bits of a row's sums can). gs:
  * gamma in pairs (sn__to_pairs), gamma as is for the tail. With has_part, dgq, dbq [d]: the
  * f32 partials of dgamma and dbeta in pair order (sn__flush_pairs puts them back in order).
- * Returns 0 when done; 1, having written nothing, for a row whose sums are not finite or whose
- * terms could overflow the f32 partials (ln_bwd_row_impl's part64): the caller computes it in
- * fp64 (ln_bwd_row_f64 on the widened rows, with the fp64 partials). */
+ * Returns 0 when done; 1, having written nothing, for a row whose sums are not finite, whose
+ * terms could overflow the f32 partials (ln_bwd_row_impl's part64) or whose dx intermediates
+ * could leave the f32 range (ln_dx_f32_ok, gmax = max|gamma|): the caller computes it in fp64
+ * (ln_bwd_row_f64 on the widened rows, with the fp64 partials). */
 SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint16_t *dy,
                                 const uint16_t *x, const float *gs, const float *gamma,
-                                int64_t d, float m, float s, const sn__bwd_prefetch_t *pf, int has_g,
-                                int has_part) {
+                                int64_t d, float m, float s, double gmax,
+                                const sn__bwd_prefetch_t *pf, int has_g, int has_part) {
   enum { H = SN_PAIR / 2 };
   /* pass A: Σx̂, Σg, Σg·x̂ (e: lanes of the even elements, o: of the odd ones), and max|dy|,
    * max|x| on the bf16 bits (nonnegative values order as their bits) */
@@ -737,9 +752,10 @@ SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint
    * for the f32 roundings of x̂): a row it declines that ln_bwd_row_impl would have mapped in
    * f32 (|m| ≫ σ near 2^60 and beyond) costs only time. */
   const double big0 = (double)sn__bf16_to_f32(hy);
-  const double big1 = big0 * ((double)sn__bf16_to_f32(hx) + fabs((double)m)) * fabs((double)s) *
-                      (1.0 + 0x1p-20);
-  if (has_part && !(big0 <= SN_PART_F32_MAX && 2.0 * big1 <= SN_PART_F32_MAX)) return 1;
+  const double xmax = ((double)sn__bf16_to_f32(hx) + fabs((double)m)) * fabs((double)s) *
+                      (1.0 + 0x1p-20); /* ≥ max|x̂| */
+  if (has_part && !(big0 <= SN_PART_F32_MAX && 2.0 * big0 * xmax <= SN_PART_F32_MAX)) return 1;
+  if (!ln_dx_f32_ok(gmax, big0, xmax)) return 1;
   const double c = sum[0] / (double)d; /* as ln_bwd_row_impl */
   const float cf = (float)c, mg = (float)(sum[1] / (double)d);
   const float mgx = (float)((sum[2] - c * sum[1]) / (double)d);
@@ -787,22 +803,26 @@ SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint
 
 SN_CLONES static int ln_bwd_pairs(uint16_t *dx, float *dgq, float *dbq, const uint16_t *dy,
                                   const uint16_t *x, const float *gs, const float *gamma,
-                                  int64_t d, float m, float s, const sn__bwd_prefetch_t *pf) {
+                                  int64_t d, float m, float s, double gmax,
+                                  const sn__bwd_prefetch_t *pf) {
   const int g = gamma != NULL, p = dgq != NULL;
-  if (g && p) return ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, pf, 1, 1);
-  if (g) return ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, pf, 1, 0);
-  if (p) return ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, pf, 0, 1);
-  return ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, pf, 0, 0);
+#define LN_BWD_PAIRS(G, P) ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, gmax, pf, G, P)
+  if (g && p) return LN_BWD_PAIRS(1, 1);
+  if (g) return LN_BWD_PAIRS(1, 0);
+  if (p) return LN_BWD_PAIRS(0, 1);
+  return LN_BWD_PAIRS(0, 0);
+#undef LN_BWD_PAIRS
 }
 
 /* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
  * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32.
  * bf16 rows take ln_bwd_pairs (gs: gamma in pairs; dgp, dbp then in pair order), and the
- * widened rows in fp64 where it declines or the mean is wide. */
+ * widened rows in fp64 where it declines or the mean is wide; other rows ln_bwd_row, or
+ * ln_bwd_row_f64 where that declines or the mean is wide. gmax: max|gamma| (1 without). */
 static void ln_bwd_store(void *dx, float *dgp, float *dbp, double *dgp64, double *dbp64,
                          const void *dy, const void *x, const float *mean, const float *rstd,
-                         const float *gamma, const float *gs, int64_t r, int64_t rows,
-                         int64_t d, sn_dtype_t dtype, float *tmp) {
+                         const float *gamma, const float *gs, double gmax, int64_t r,
+                         int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
   const sn__bwd_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
                             next < 0 ? NULL : (const char *)dy + next * esize,
@@ -810,7 +830,7 @@ static void ln_bwd_store(void *dx, float *dgp, float *dbp, double *dgp64, double
   int f64 = ln_wide_mean(mean[r]);
   if (dtype == SN_DTYPE_BF16 && !f64) {
     if (ln_bwd_pairs((uint16_t *)dx + off, dgp, dbp, (const uint16_t *)dy + off,
-                     (const uint16_t *)x + off, gs, gamma, d, mean[r], rstd[r], &pf) == 0)
+                     (const uint16_t *)x + off, gs, gamma, d, mean[r], rstd[r], gmax, &pf) == 0)
       return;
     f64 = 1;
   }
@@ -818,11 +838,9 @@ static void ln_bwd_store(void *dx, float *dgp, float *dbp, double *dgp64, double
   const float *xr = sn__in_row(x, off, d, dtype, tmp);         /* [d] */
   const float *dyr = sn__in_row(dy, off, d, dtype, tmp_dy);    /* [d] */
   float *dxr = sn__out_row(dx, off, dtype, tmp_dy);          /* [d], may be dyr */
-  if (f64)
+  if (f64 || ln_bwd_row(dxr, dgp, dbp, dgp64, dbp64, dyr, xr, gamma, d, mean[r], rstd[r], gmax,
+                        &pf, dtype != SN_DTYPE_F32) != 0)
     ln_bwd_row_f64(dxr, dgp64, dbp64, dyr, xr, gamma, d, mean[r], rstd[r]);
-  else
-    ln_bwd_row(dxr, dgp, dbp, dgp64, dbp64, dyr, xr, gamma, d, mean[r], rstd[r], &pf,
-               dtype != SN_DTYPE_F32);
   sn__out_done(dx, off, d, dtype, tmp_dy);
 }
 
@@ -872,6 +890,10 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
     return st;
   }
   if (gs != NULL) sn__to_pairs(gs, gamma, d);
+  float gmaxf = gamma != NULL ? 0.0f : 1.0f; /* max|gamma| (NaN skipped), for ln_dx_f32_ok */
+  if (gamma != NULL)
+    for (int64_t j = 0; j < d; j++) gmaxf = sn__max_abs(gmaxf, gamma[j]);
+  const double gmax = (double)gmaxf;
 
   /* Without dgamma/dbeta the rows are independent. With them, the rows are cut into the fixed
    * chunks of cpu.h; a chunk's partials are summed over its rows in order (in f32 over runs of
@@ -888,8 +910,8 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
     if (!chunked) {
 #pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < rows; r++)
-        ln_bwd_store(dx, NULL, NULL, NULL, NULL, dy, x, mean, rstd, gamma, gs, r, rows, d,
-                     dtype, tmp);
+        ln_bwd_store(dx, NULL, NULL, NULL, NULL, dy, x, mean, rstd, gamma, gs, gmax, r, rows,
+                     d, dtype, tmp);
     } else {
       double *p = work + t * 2 * d;                     /* [2, d] fp64 */
       float *p32 = scratch + t * per_thread + rows_f32; /* [2, d] f32 */
@@ -900,8 +922,8 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
         const int64_t r0 = sn__chunk_begin(k, rows, chunks);
         const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
         for (int64_t r = r0; r < r1; r++) {
-          ln_bwd_store(dx, p32, p32 + d, p, p + d, dy, x, mean, rstd, gamma, gs, r, rows, d,
-                       dtype, tmp);
+          ln_bwd_store(dx, p32, p32 + d, p, p + d, dy, x, mean, rstd, gamma, gs, gmax, r, rows,
+                       d, dtype, tmp);
           if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1) {
             if (dtype == SN_DTYPE_BF16) { /* p32 in pair order */
               sn__flush_pairs(p, p32, d);
