@@ -784,10 +784,11 @@ END_TEST
 
 /* dx whose f32 intermediates leave the range while dx does not (a review found dx = inf in
  * every dtype): (1) dy = ±2.3e38 with x = [1e30, −1e30, 0, 0] (rstd ~1e-30, dx ~2e8), where
- * g − mean(g) = 3.45e38 overflows (dgamma, 3.25e38, does not); (2) dy = ±1e36 with gamma = 300, where g alone is beyond FLT_MAX
- * (dx ~2e38). f32 and bf16 (f16 holds neither), with and without dgamma/dbeta: dx against the
- * fp64 reference, relative to ‖rstd·dy·gamma‖ as everywhere (and dgamma, dbeta where asked,
- * to the f32 bound). Such rows are computed in fp64 (ln_dx_f32_ok). */
+ * g − mean(g) = 3.45e38 overflows (dgamma, 3.25e38, does not); (2) dy = ±1e36 with
+ * gamma = 300, where g alone is beyond FLT_MAX (dx ~2e38). f32 and bf16 (f16 holds neither),
+ * with and without dgamma/dbeta: dx against the fp64 reference, relative to ‖rstd·dy·gamma‖ as
+ * everywhere (and dgamma, dbeta where asked, to the f32 bound). Such rows are computed in fp64
+ * (ln_dx_f32_ok). */
 START_TEST(test_bwd_dx_range) {
   static const double X[2][4] = {{1e30, -1e30, 0.0, 0.0}, {1.0, -1.0, 0.0, 0.0}};
   static const double DY[2][4] = {{2.3e38, -2.3e38, -2.3e38, -2.3e38},

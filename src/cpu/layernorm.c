@@ -576,7 +576,8 @@ static inline int ln_dx_f32_ok(double gmax, double max_dy, double max_xh) {
 
 /* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x, the saved mean m and
  * rstd s. Returns 1, having written nothing, for a row whose dx intermediates could leave the
- * f32 range (ln_dx_f32_ok; gmax = max|gamma|, 1 without gamma): the caller computes it in fp64. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy into the f32 partials (SN_PART_ROWS),
+ * f32 range (ln_dx_f32_ok; gmax = max|gamma|, 1 without gamma): the caller computes it in
+ * fp64. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy into the f32 partials (SN_PART_ROWS),
  * or, for a row whose terms could overflow them (max|dy| or 2·max|dy|·max|x̂| beyond
  * SN_PART_F32_MAX, infinities included), into the chunk's fp64 partials dgp64/dbp64 directly,
  * as the f32 sums would lose them. lowp (bf16/f16 rows): pass A's sums in f32 blocks
@@ -806,7 +807,8 @@ SN_CLONES static int ln_bwd_pairs(uint16_t *dx, float *dgq, float *dbq, const ui
                                   int64_t d, float m, float s, double gmax,
                                   const sn__bwd_prefetch_t *pf) {
   const int g = gamma != NULL, p = dgq != NULL;
-#define LN_BWD_PAIRS(G, P) ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, gmax, pf, G, P)
+#define LN_BWD_PAIRS(G, P) \
+  ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, gmax, pf, G, P)
   if (g && p) return LN_BWD_PAIRS(1, 1);
   if (g) return LN_BWD_PAIRS(1, 0);
   if (p) return LN_BWD_PAIRS(0, 1);
