@@ -323,26 +323,35 @@ START_TEST(test_shift_fallback) {
 END_TEST
 
 /* x̂·gamma beyond the f32 range while x̂·gamma + beta is not: the f32 map gives ±inf there, and
- * its block must be recomputed in fp64 (bf16 shares f32's range). x = [0, 0, 0, 0, 1] has
- * x̂ ≈ [−0.5 ×4, 2]; gamma = 3e38 makes the last x̂·gamma 6e38, beta = −3e38 brings it back. */
+ * its block must be recomputed in fp64 (bf16 shares f32's range). A row of zeros with a one at
+ * every fifth element has x̂ ≈ −0.5 at the zeros and 2 at the ones; gamma = 3e38 makes the ones'
+ * x̂·gamma 6e38, beta = −3e38 brings them back. d = 5 is a tail only; 640 and 645 have whole
+ * blocks of the bf16 pair path, whose check of |y| > FLT_MAX this is the test of. */
 START_TEST(test_map_overflow) {
-  const int64_t d = 5;
+  const int64_t ds[] = {5, 640, 645};
   const sn_dtype_t dt = SN_DTYPE_BF16;
-  void *x = tu_alloc(d, dt), *y = tu_alloc(d, dt);
-  float gamma[5], beta[5], mean, rstd;
-  for (int64_t i = 0; i < d; i++) {
-    tu_set(x, i, i == d - 1 ? 1.0 : 0.0, dt);
-    gamma[i] = 3e38f;
-    beta[i] = i == d - 1 ? -3e38f : 0.0f;
+  for (size_t t = 0; t < sizeof ds / sizeof ds[0]; t++) {
+    const int64_t d = ds[t];
+    void *x = tu_alloc(d, dt), *y = tu_alloc(d, dt);
+    float *gamma = malloc((size_t)d * sizeof *gamma), *beta = malloc((size_t)d * sizeof *beta);
+    ck_assert(gamma != NULL && beta != NULL);
+    float mean, rstd;
+    for (int64_t i = 0; i < d; i++) {
+      const int one = i % 5 == 4;
+      tu_set(x, i, one ? 1.0 : 0.0, dt);
+      gamma[i] = 3e38f;
+      beta[i] = one ? -3e38f : 0.0f;
+    }
+    tu_poison(y, d, dt);
+    ck_assert_int_eq(sn_layernorm_fwd(y, &mean, &rstd, x, gamma, beta, 1, d, EPS, dt), SN_OK);
+    double *xd = load(x, d, dt), *yr = malloc((size_t)d * sizeof *yr);
+    ck_assert(yr != NULL);
+    ref_fwd(yr, NULL, NULL, xd, gamma, beta, 1, d, EPS);
+    ck_assert(isfinite(yr[4]) && fabs(yr[4]) > 1e38);
+    tu_assert_fwd(y, dt, yr, d, "layernorm_fwd x̂·gamma overflows f32, y does not");
+    assert_bf16_as_fused(y, &mean, &rstd, x, gamma, beta, 1, d, EPS, "map overflow");
+    free(x), free(y), free(xd), free(yr), free(gamma), free(beta);
   }
-  tu_poison(y, d, dt);
-  ck_assert_int_eq(sn_layernorm_fwd(y, &mean, &rstd, x, gamma, beta, 1, d, EPS, dt), SN_OK);
-  double *xd = load(x, d, dt), yr[5];
-  ref_fwd(yr, NULL, NULL, xd, gamma, beta, 1, d, EPS);
-  ck_assert(isfinite(yr[d - 1]) && fabs(yr[d - 1]) > 1e38);
-  tu_assert_fwd(y, dt, yr, d, "layernorm_fwd x̂·gamma overflows f32, y does not");
-  assert_bf16_as_fused(y, &mean, &rstd, x, gamma, beta, 1, d, EPS, "map overflow");
-  free(x), free(y), free(xd);
 }
 END_TEST
 

@@ -262,7 +262,7 @@ SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *g
   int64_t i = 0;
   for (; i + LN_MAP_BLOCK <= d; i += LN_MAP_BLOCK) {
     sn__pf ve[LN_PAIRS_PER_BLOCK], vo[LN_PAIRS_PER_BLOCK];
-    sn__pi bad = {0};
+    sn__pi neg = {0}; /* sign bits: some |p| > lim·|v| or |v| > FLT_MAX */
     for (int q = 0; q < LN_PAIRS_PER_BLOCK; q++) {
       const int64_t j = i + q * SN_PAIR;
       sn__pf e, o, pe, po;
@@ -282,17 +282,17 @@ SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *g
        * above any number's; lim·|v| is NaN only where v is, which the second test takes.
        * (Under DAZ without FTZ, a subnormal |p| counts as itself here, as 0 in the float
        * test: its block is recomputed in fp64, which the bound allows. A review measured it.)
-       * Signed comparisons of those bits (all below 2^31), counted (bad − (−1)) rather than
-       * or-ed: in target_clones functions GCC 12 scalarizes float and unsigned comparisons of
-       * vector values, and an or of two comparisons, which its baseline clone has no vector
-       * form for; a signed comparison on its own stays a vector one in each clone. */
+       * |p| > lim·|v| where bits(lim·|v|) − bits(|p|) is negative (no overflow: both bits
+       * below 2^31), |v| > FLT_MAX where 0x7f7fffff − bits(|v|) is: their sign bits or-ed over
+       * the block and tested once (sn__any_sign). Subtractions and ors stay vector operations
+       * in every clone; a comparison per vector cost three instructions (mask, vector, count),
+       * and in target_clones functions GCC 12 scalarizes float and unsigned comparisons. */
       const sn__pi ue = (sn__pi)ve[q] & 0x7fffffff, uo = (sn__pi)vo[q] & 0x7fffffff;
       const sn__pi pe_ = (sn__pi)e & 0x7fffffff, po_ = (sn__pi)o & 0x7fffffff;
-      const sn__pi le = (sn__pi)(lim * (sn__pf)ue), lo_ = (sn__pi)(lim * (sn__pf)uo);
-      bad = bad - (pe_ > le) - (po_ > lo_) - (ue > 0x7f7fffff) - (uo > 0x7f7fffff);
+      neg |= ((sn__pi)(lim * (sn__pf)ue) - pe_) | ((sn__pi)(lim * (sn__pf)uo) - po_) |
+             (0x7f7fffff - ue) | (0x7f7fffff - uo);
     }
-    int any = 0;
-    for (int k = 0; k < SN_PAIR / 2; k++) any |= bad[k];
+    const int any = sn__any_sign(&neg);
     if (!any) { /* all finite: the rounding without the NaN case */
       for (int q = 0; q < LN_PAIRS_PER_BLOCK; q++) {
         sn__pu re = (sn__pu)ve[q], ro = (sn__pu)vo[q];

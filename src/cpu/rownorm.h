@@ -141,6 +141,15 @@ SN_INLINE void sn__pair_narrow(uint16_t *p, const sn__pf *e, const sn__pf *o) {
   sn__pair_join(p, &re, &ro);
 }
 
+/* Whether any of the 16 int32 lanes of v is negative: its eight 64-bit words or-ed (a
+ * reduction GCC 12 keeps short; its loops over the lanes of a vector value became 16 extracts). */
+SN_INLINE int sn__any_sign(const sn__pi *v) {
+  uint64_t w[8], m = 0;
+  memcpy(w, v, sizeof w);
+  for (int k = 0; k < 8; k++) m |= w[k];
+  return (m & 0x8000000080000000u) != 0;
+}
+
 /* e, o = the two halves of the pair block at q, an f32 array in pair order (each full block of
  * SN_PAIR: its even elements, then its odd ones); sn__pair_store writes them back. */
 SN_INLINE void sn__pair_load(sn__pf *e, sn__pf *o, const float *q) {
