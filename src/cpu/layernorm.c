@@ -17,9 +17,11 @@
  * computed in fp64 throughout).
  * f16 rows are widened into per-thread f32 scratch rows ([threads, 2, d] floats: x and y,
  * allocated before the parallel region), computed there and narrowed once, round-to-nearest-even.
- * bf16 rows of sn_layernorm_fwd keep no f32 copy (ln_fwd_row_pairs): both passes read the row
- * 32 values at a time as the even and odd halves of 16 words (sn__pair_widen, rownorm.h), the
- * map narrows y the same way; the same results as the widened row. The fused kernel's bf16
+ * bf16 rows of sn_layernorm_fwd keep no f32 copy (ln_stats_pairs, ln_map_row_pairs): both
+ * passes read the row 32 values at a time as the even and odd halves of 16 words
+ * (sn__pair_widen, rownorm.h), the map narrows y the same way; the same results as the widened
+ * row. Each thread takes one range of rows and computes a row's statistics before it maps the
+ * row before (ln_fwd_rows_pairs), so that the end of one overlaps the other. The fused kernel's bf16
  * rows take a two-pass path with the same results (ln_fwd_row_bf16; [threads, d] floats of
  * scratch): widening fused with the sums, narrowing with the map. The fused kernel adds
  * x + residual in the first pass (f32 and bf16; f16 in a pass of its own over L1-sized blocks,
@@ -319,22 +321,30 @@ SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *g
   }
 }
 
-/* One bf16 row of sn_layernorm_fwd, bitwise ln_fwd_row_bf16 (and so ln_fwd_row on the widened
- * row) with no f32 copy of the row: the shifted sums with x widened in registers in pairs
- * (sn__row_shifted_sums_bf16; the two-pass fallback also reads the bf16 row), then the map in
- * pairs, checked where beta is given (ln_map_beta_pairs). Rows whose mean is tiny or wide (the
- * checked map with limit 0 and possibly no beta: rare) are widened into tmp [d] and mapped by
- * ln_map_checked. gs, bs: gamma and beta in pairs (sn__to_pairs; NULL where those are). */
-SN_CLONES static void ln_fwd_row_pairs(uint16_t *y, double *stats, const uint16_t *x, float *tmp,
-                                       const float *gamma, const float *beta, const float *gs,
-                                       const float *bs, int64_t d, float eps, const char *next) {
+/* The statistics of one bf16 row x [d] of sn_layernorm_fwd, bitwise ln_fwd_row_bf16's (and so
+ * ln_fwd_row's on the widened row), with no f32 copy of the row: stats[0] = mean, stats[1] =
+ * rstd (fp64), from the shifted sums with x widened in registers in pairs
+ * (sn__row_shifted_sums_bf16; the two-pass fallback also reads the bf16 row). next, out: the
+ * rows to prefetch (sn__row_shifted_sums; bf16). */
+SN_CLONES static void ln_stats_pairs(double stats[2], const uint16_t *x, int64_t d, float eps,
+                                     const char *next, char *out) {
   const double K = sn__row_pivot(x, NULL, 1, d);
   double sums[2], mean, m2;
-  sn__row_shifted_sums_bf16(sums, x, d, K, next, (char *)y);
+  sn__row_shifted_sums_bf16(sums, x, d, K, next, out);
   sn__row_stats_w(&mean, &m2, x, 1, d, K, sums);
-  const double rstd = 1.0 / sqrt(m2 / (double)d + (double)eps);
   stats[0] = mean;
-  stats[1] = rstd;
+  stats[1] = 1.0 / sqrt(m2 / (double)d + (double)eps);
+}
+
+/* The map of that row into y [d] (bf16) from its stats (ln_stats_pairs), bitwise
+ * ln_fwd_row_bf16's: in pairs, checked where beta is given (ln_map_beta_pairs). Rows whose mean
+ * is tiny or wide (the checked map with limit 0 and possibly no beta: rare) are widened into
+ * tmp [d] and mapped by ln_map_checked. gs, bs: gamma and beta in pairs (sn__to_pairs; NULL
+ * where those are). y may equal x. */
+SN_CLONES static void ln_map_row_pairs(uint16_t *y, const double stats[2], const uint16_t *x,
+                                       float *tmp, const float *gamma, const float *beta,
+                                       const float *gs, const float *bs, int64_t d) {
+  const double mean = stats[0], rstd = stats[1];
   const float lim = ln_check_lim(mean, beta != NULL, SN_DTYPE_BF16); /* as ln_fwd_row's */
   if (lim == 0.0f) {
     for (int64_t i = 0; i < d; i++) tmp[i] = sn__bf16_to_f32(x[i]);
@@ -347,6 +357,32 @@ SN_CLONES static void ln_fwd_row_pairs(uint16_t *y, double *stats, const uint16_
     if (gamma != NULL) sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 1, 1);
     else sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 0, 1);
   }
+}
+
+/* Rows [r0, r1) of a bf16 sn_layernorm_fwd (x, y: the whole [rows, d] tensors; mean, rstd:
+ * [rows] or NULL), software-pipelined: the statistics of row r + 1 are computed before row r is
+ * mapped, so the serial end of one (the lane totals, the division and the square root) overlaps
+ * the other's vector work instead of stalling it. Row by row the same calls, hence the same
+ * bits; with y == x, row r + 1 is read before row r is written, and the map of row r + 1 reads
+ * it after (rows do not overlap). */
+static void ln_fwd_rows_pairs(uint16_t *y, float *mean, float *rstd, const uint16_t *x,
+                              float *tmp, const float *gamma, const float *beta, const float *gs,
+                              const float *bs, int64_t r0, int64_t r1, int64_t rows, int64_t d,
+                              float eps) {
+/* row q's stats, prefetching row q + 1 of x and row q of y */
+#define LN_STATS_ROW(st, q)                                                                   \
+  ln_stats_pairs(st, x + (q) * d, d, eps,                                                     \
+                 (q) + 1 < rows ? (const char *)(x + ((q) + 1) * d) : NULL, (char *)(y + (q) * d))
+  double cur[2], nxt[2] = {0, 0};
+  LN_STATS_ROW(cur, r0);
+  for (int64_t r = r0; r < r1; r++) {
+    if (r + 1 < r1) LN_STATS_ROW(nxt, r + 1);
+    ln_map_row_pairs(y + r * d, cur, x + r * d, tmp, gamma, beta, gs, bs, d);
+    if (mean != NULL) mean[r] = (float)cur[0];
+    if (rstd != NULL) rstd[r] = (float)cur[1];
+    cur[0] = nxt[0], cur[1] = nxt[1];
+  }
+#undef LN_STATS_ROW
 }
 
 /* Row r of the forward from its f32 view xr: writes y row r and mean[r], rstd[r] when given.
@@ -406,23 +442,26 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
     if (bs != NULL) sn__to_pairs(bs, beta, d);
   }
 
+  /* each thread one range of consecutive rows, as schedule(static) over the rows: the bf16
+   * rows pipeline their statistics a row ahead within it (ln_fwd_rows_pairs) */
+  const int64_t ranges = rows < threads ? rows : threads;
 #pragma omp parallel
   {
     float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * per_thread : NULL;
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-      const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
+    for (int64_t k = 0; k < ranges; k++) {
+      const int64_t r0 = sn__chunk_begin(k, rows, ranges);
+      const int64_t r1 = sn__chunk_begin(k + 1, rows, ranges);
       if (dtype == SN_DTYPE_BF16) {
-        double stats[2];
-        ln_fwd_row_pairs((uint16_t *)y + r * d, stats, (const uint16_t *)x + r * d, tmp, gamma,
-                         beta, gs, bs, d, eps, next);
-        if (mean != NULL) mean[r] = (float)stats[0];
-        if (rstd != NULL) rstd[r] = (float)stats[1];
+        ln_fwd_rows_pairs(y, mean, rstd, x, tmp, gamma, beta, gs, bs, r0, r1, rows, d, eps);
         continue;
       }
-      const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
-      ln_fwd_store(y, mean, rstd, xr, NULL, NULL, tmp != NULL ? tmp + d : NULL, gamma, beta, r,
-                   d, eps, dtype, next);
+      for (int64_t r = r0; r < r1; r++) {
+        const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
+        const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
+        ln_fwd_store(y, mean, rstd, xr, NULL, NULL, tmp != NULL ? tmp + d : NULL, gamma, beta,
+                     r, d, eps, dtype, next);
+      }
     }
   }
   sn__free(scratch);
