@@ -2,7 +2,9 @@
 # The README's test command: installs dependencies, builds, and runs every test.
 #   scripts/test.sh           all passes: AddressSanitizer+UBSan build of the unit and MPI tests
 #                             (build-asan/), fuzzers' smoke run over their corpus (build-fuzz/),
-#                             then the RelWithDebInfo build with every test (build-test/)
+#                             the kernel tests built for the x86-64 and x86-64-v3 baselines
+#                             without target_clones (build-isa-*/, x86-64 only), then the
+#                             RelWithDebInfo build with every test (build-test/)
 #   scripts/test.sh --quick   only the RelWithDebInfo build and its tests
 # Exits non-zero if any pass fails. The last pass's ctest summary is the last thing printed.
 set -uo pipefail
@@ -13,7 +15,7 @@ quick=0
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -26,7 +28,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 failed=()
 
 if [ "$quick" = 0 ]; then
-  echo "== 1/3 sanitizers: address,undefined (build-asan) =="
+  echo "== 1/4 sanitizers: address,undefined (build-asan) =="
   if cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSN_SANITIZE=address,undefined \
        -DSN_WITH_MPI=ON -DSN_BUILD_BENCH=OFF >/dev/null &&
      cmake --build build-asan -j"$jobs" >build-asan.log 2>&1; then
@@ -42,11 +44,37 @@ if [ "$quick" = 0 ]; then
     failed+=("sanitizer build")
   fi
 
-  echo "== 2/3 fuzzers: smoke run over the corpus (build-fuzz) =="
+  echo "== 2/4 fuzzers: smoke run over the corpus (build-fuzz) =="
   bash scripts/fuzz.sh --smoke || failed+=("fuzz smoke")
+
+  # The kernels' hot functions are compiled three times (target_clones: x86-64-v4, x86-64-v3,
+  # baseline) and a machine runs one; the tests below run the other two, each built on its own
+  # without clones (SN_NO_CLONES) for that ISA. A machine without AVX2 skips x86-64-v3.
+  echo "== 3/4 the kernel tests at the x86-64 and x86-64-v3 baselines (build-isa-*) =="
+  if [ "$(uname -m)" != x86_64 ]; then
+    echo "not x86-64: no target_clones, nothing to run"
+  else
+    for isa in x86-64 x86-64-v3; do
+      if [ "$isa" = x86-64-v3 ] && ! grep -qw avx2 /proc/cpuinfo; then
+        echo "$isa: this CPU has no AVX2, skipped"
+        continue
+      fi
+      if cmake -S . -B "build-isa-$isa" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+           -DCMAKE_C_FLAGS="-DSN_NO_CLONES -march=$isa" -DSN_WITH_MPI=OFF -DSN_TEST_TORCH=OFF \
+           -DSN_BUILD_BENCH=OFF -DSN_BUILD_EXAMPLES=OFF >/dev/null &&
+         cmake --build "build-isa-$isa" -j"$jobs" >"build-isa-$isa.log" 2>&1; then
+        ctest --test-dir "build-isa-$isa" --output-on-failure -L unit -LE large \
+          -R "convert|layernorm|rmsnorm|batchnorm|groupnorm|fold|overlap" ||
+          failed+=("tests at $isa")
+      else
+        tail -n 40 "build-isa-$isa.log"
+        failed+=("build at $isa")
+      fi
+    done
+  fi
 fi
 
-echo "== 3/3 RelWithDebInfo build, every test (build-test) =="
+echo "== 4/4 RelWithDebInfo build, every test (build-test) =="
 if cmake -S . -B build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSN_WITH_MPI=ON >/dev/null &&
    cmake --build build-test -j"$jobs" >build-test.log 2>&1; then
   ctest --test-dir build-test --output-on-failure || failed+=("tests")
