@@ -778,21 +778,17 @@ SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint
     ln_bwd_acc(&a_xh[k & 1][k / 2], &a_g[k & 1][k / 2], &a_gxh[k & 1][k / 2], xi, dyi, gamma, i,
                m, s, has_g);
   }
-  uint16_t hy = 0, hx = 0;
-  for (int k = 0; k < SN_PAIR; k++) hy = mdy[k] > hy ? mdy[k] : hy, hx = mx[k] > hx ? mx[k] : hx;
   double sum[3], acc[3][SN_ROW_LANES];
-  for (int k = 0; k < H; k++) {
-    acc[0][2 * k] = a_xh[0][k], acc[0][2 * k + 1] = a_xh[1][k];
-    acc[1][2 * k] = a_g[0][k], acc[1][2 * k + 1] = a_g[1][k];
-    acc[2][2 * k] = a_gxh[0][k], acc[2][2 * k + 1] = a_gxh[1][k];
-  }
+  sn__pair_lanes(acc[0], a_xh[0], a_xh[1]);
+  sn__pair_lanes(acc[1], a_g[0], a_g[1]);
+  sn__pair_lanes(acc[2], a_gxh[0], a_gxh[1]);
   for (int j = 0; j < 3; j++) sum[j] = sn__lanes_total(acc[j]);
   if (!(isfinite(sum[0]) && isfinite(sum[1]) && isfinite(sum[2]))) return 1;
   /* The bound of ln_bwd_row_impl's part64 with max|x̂| ≤ (max|x| + |m|)·|s| (raised by 2^-20
    * for the f32 roundings of x̂): a row it declines that ln_bwd_row_impl would have mapped in
    * f32 (|m| ≫ σ near 2^60 and beyond) costs only time. */
-  const double big0 = (double)sn__bf16_to_f32(hy);
-  const double xmax = ((double)sn__bf16_to_f32(hx) + fabs((double)m)) * fabs((double)s) *
+  const double big0 = (double)sn__pair_absmax_total(mdy);
+  const double xmax = ((double)sn__pair_absmax_total(mx) + fabs((double)m)) * fabs((double)s) *
                       (1.0 + 0x1p-20); /* ≥ max|x̂| */
   if (has_part && !(big0 <= SN_PART_F32_MAX && 2.0 * big0 * xmax <= SN_PART_F32_MAX)) return 1;
   if (!ln_dx_f32_ok(gmax, big0, xmax)) return 1;

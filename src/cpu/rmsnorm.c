@@ -380,14 +380,11 @@ SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, c
     RMS_DOT16(ao, go, xo);
   }
   double acc[SN_ROW_LANES];
-  for (int m = 0; m < SN_PAIR / 2; m++)
-    acc[2 * m] = ae[m], acc[2 * m + 1] = ao[m];
+  sn__pair_lanes(acc, ae, ao);
   float a = 0.0f, bx = 0.0f;
   if (has_part) {
-    uint16_t ha = 0, hb = 0;
-    for (int k = 0; k < SN_PAIR; k++) ha = mdy[k] > ha ? mdy[k] : ha, hb = mx[k] > hb ? mx[k] : hb;
-    a = sn__bf16_to_f32(ha);
-    bx = sn__bf16_to_f32(hb);
+    a = sn__pair_absmax_total(mdy);
+    bx = sn__pair_absmax_total(mx);
   }
   for (int k = 0; k < SN_ROW_LANES && i < d; i++, k++) {
     const float dyi = sn__bf16_to_f32(dy[i]), xi = sn__bf16_to_f32(x[i]);

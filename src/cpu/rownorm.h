@@ -232,6 +232,19 @@ SN_INLINE void sn__pair_absmax(uint16_t m[SN_PAIR], const uint16_t *p) {
   }
 }
 
+/* The largest of the 32 maxima m of sn__pair_absmax, as f32 (a bf16 value). */
+SN_INLINE float sn__pair_absmax_total(const uint16_t m[SN_PAIR]) {
+  uint16_t h = 0;
+  for (int k = 0; k < SN_PAIR; k++) h = m[k] > h ? m[k] : h;
+  return sn__bf16_to_f32(h);
+}
+
+/* acc [SN_ROW_LANES] = fp64 lanes kept in pair order put back in element order: lane 2m is
+ * e[m] (the even elements' lane m), lane 2m + 1 is o[m]. */
+SN_INLINE void sn__pair_lanes(double *acc, const double *e, const double *o) {
+  for (int m = 0; m < SN_PAIR / 2; m++) acc[2 * m] = e[m], acc[2 * m + 1] = o[m];
+}
+
 /* Element i of a row that is f32, or with widen bf16, as f32. */
 SN_INLINE float sn__load_w(const void *src, int widen, int64_t i) {
   return widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
@@ -384,10 +397,8 @@ SN_INLINE void sn__row_shifted_sums_bf16(double s[2], const uint16_t *x, int64_t
     SN_SHIFTED16(ao, bo, o, K);
   }
   double a[SN_ROW_LANES], b[SN_ROW_LANES];
-  for (int m = 0; m < SN_PAIR / 2; m++) {
-    a[2 * m] = ae[m], a[2 * m + 1] = ao[m];
-    b[2 * m] = be[m], b[2 * m + 1] = bo[m];
-  }
+  sn__pair_lanes(a, ae, ao);
+  sn__pair_lanes(b, be, bo);
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
     const double t = (double)sn__bf16_to_f32(x[i]) - K;
     a[k] += t;
