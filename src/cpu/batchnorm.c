@@ -123,8 +123,10 @@ SN_CLONES static void bwd_run(double *acc, const float *dy, const float *x, int6
 SN_CLONES static int stats_rows(double *restrict l1, double *restrict l2, int64_t ls,
                                 const float *x, int64_t nr, int64_t ld, int64_t ct,
                                 const double *restrict p, int lane) {
-  for (int64_t r = 0; r < nr; r++, lane = (lane + 1) & LANE_MASK)
+  for (int64_t r = 0; r < nr; r++, lane = (lane + 1) & LANE_MASK) {
+    sn__prefetch_ahead(x + r * ld, ld, ct);
     sn__shifted_row(l1 + lane * ls, l2 + lane * ls, x + r * ld, ct, p);
+  }
   return lane;
 }
 
@@ -135,6 +137,8 @@ SN_CLONES static int bwd_rows(double *restrict l1, double *restrict l2, int64_t 
   for (int64_t r = 0; r < nr; r++, lane = (lane + 1) & LANE_MASK) {
     double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
     const float *gr = dy + r * ld, *xr = x + r * ld;
+    sn__prefetch_ahead(gr, ld, ct);
+    sn__prefetch_ahead(xr, ld, ct);
     int64_t c = 0;
     for (; c + SN_VD <= ct; c += SN_VD) {
       sn__vd g, v, mc, a1, a2;

@@ -87,7 +87,10 @@ SN_CLONES static void col_sumsq(double *restrict acc, const float *x, int64_t nr
 /* Shifted column sums in one pass: s1[c] += x − k[c], s2[c] += (x − k[c])² (fp64). */
 SN_CLONES static void col_shifted(double *restrict s1, double *restrict s2, const float *x,
                                   int64_t nr, int64_t ld, int64_t ct, const double *restrict k) {
-  for (int64_t r = 0; r < nr; r++) sn__shifted_row(s1, s2, x + r * ld, ct, k);
+  for (int64_t r = 0; r < nr; r++) {
+    sn__prefetch_ahead(x + r * ld, ld, ct);
+    sn__shifted_row(s1, s2, x + r * ld, ct, k);
+  }
 }
 
 /* Backward column sums with d = x − m[c]: sd[c] += d, sg[c] += dy, sgd[c] += dy·d (fp64). */
@@ -96,6 +99,8 @@ SN_CLONES static void col_bwd(double *restrict sd, double *restrict sg, double *
                               const double *restrict m) {
   for (int64_t r = 0; r < nr; r++) {
     const float *gr = dy + r * ld, *xr = x + r * ld;
+    sn__prefetch_ahead(gr, ld, ct);
+    sn__prefetch_ahead(xr, ld, ct);
     int64_t c = 0;
     for (; c + SN_VD <= ct; c += SN_VD) {
       sn__vd d, g, mc, a1, a2, a3;

@@ -58,6 +58,22 @@ typedef double sn__vd __attribute__((vector_size(SN_VD * sizeof(double))));
                      (double)p_[4], (double)p_[5], (double)p_[6], (double)p_[7]};             \
   } while (0)
 
+/* How far ahead the NHWC row reductions prefetch their input: 2 KiB, or one row if rows are
+ * longer. The hardware prefetcher restarts at every 4 KiB page; as for the NCHW runs
+ * (batchnorm.c, RED_PF_FLOATS), the reductions' add chains leave it behind. */
+#define SN_ROW_PF_FLOATS 512
+
+/* Prefetches for reading the first ct floats of the row SN_ROW_PF_FLOATS / ld rows (at least
+ * one) after `row` in a tensor of rows ld floats apart: a line per 16 floats. Prefetches never
+ * fault, so rows past the end cost nothing but the hint; their addresses are computed as
+ * integers (a pointer past its array would be undefined behaviour). */
+static inline __attribute__((always_inline)) void sn__prefetch_ahead(const float *row, int64_t ld,
+                                                                     int64_t ct) {
+  const int64_t ahead = ld >= SN_ROW_PF_FLOATS ? 1 : SN_ROW_PF_FLOATS / ld;
+  const uintptr_t q = (uintptr_t)row + (uintptr_t)(ahead * ld) * sizeof(float);
+  for (int64_t c = 0; c < ct; c += 16) __builtin_prefetch((const void *)(q + (uintptr_t)c * 4), 0);
+}
+
 /* One row of per-channel shifted sums: s1[c] += x[c] − k[c], s2[c] += (x[c] − k[c])² (fp64),
  * c < ct; the accumulators an sn__vd at a time, loaded and stored whole. The row step of the
  * BatchNorm NHWC statistics (one lane row per input row) and of the GroupNorm NHWC one-pass
