@@ -491,17 +491,23 @@ static void ew_nchw(const ew_t *op, void *out, const void *in, const void *x, in
     pieces = sn__min64((want + planes - 1) / planes, most);
   }
   const int checked = ew_checked(op, dtype);
-#pragma omp parallel for schedule(static) if (planes * S >= SN_PAR_MIN)
-  for (int64_t t = 0; t < planes * pieces; t++) {
-    const int64_t plane = t / pieces, piece = t % pieces;
-    const int64_t b = sn__chunk_begin(piece, S, pieces), e = sn__chunk_begin(piece + 1, S, pieces);
-    double k4[4];
-    sn__chan_k_t k;
-    ew_consts(op, plane % C, k4);
-    sn__chan_k_set(&k, k4[0], k4[1], k4[2], k4[3]);
-    if (op->kind == EW_BWD) sn__affbwd_span(out, in, x, plane * S + b, e - b, &k, dtype);
-    else if (checked) sn__aff_span_chk(out, in, plane * S + b, e - b, &k, dtype);
-    else sn__aff_span(out, in, plane * S + b, e - b, &k, dtype);
+  const int stream = sn__stream_out(planes * S * (int64_t)sn_dtype_size(dtype));
+#pragma omp parallel if (planes * S >= SN_PAR_MIN)
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < planes * pieces; t++) {
+      const int64_t plane = t / pieces, piece = t % pieces;
+      const int64_t b = sn__chunk_begin(piece, S, pieces);
+      const int64_t e = sn__chunk_begin(piece + 1, S, pieces);
+      double k4[4];
+      sn__chan_k_t k;
+      ew_consts(op, plane % C, k4);
+      sn__chan_k_set(&k, k4[0], k4[1], k4[2], k4[3]);
+      if (op->kind == EW_BWD) sn__affbwd_span(out, in, x, plane * S + b, e - b, &k, dtype, stream);
+      else if (checked) sn__aff_span_chk(out, in, plane * S + b, e - b, &k, dtype);
+      else sn__aff_span(out, in, plane * S + b, e - b, &k, dtype, stream);
+    }
+    sn__stream_fence(stream);
   }
 }
 
@@ -511,6 +517,7 @@ static void ew_nhwc(const ew_t *op, void *out, const void *in, const void *x, in
                     int64_t C, sn_dtype_t dtype) {
   const int64_t rb = sn__min64(C, SN_TILE_C) >= 16384 ? 1 : 16384 / sn__min64(C, SN_TILE_C);
   const int64_t blocks = (rows + rb - 1) / rb;
+  const int stream = sn__stream_out(rows * C * (int64_t)sn_dtype_size(dtype));
 #pragma omp parallel if (rows * C >= SN_PAR_MIN)
   {
     sn__chan_tile_t p;
@@ -526,13 +533,14 @@ static void ew_nhwc(const ew_t *op, void *out, const void *in, const void *x, in
       for (int64_t blk = 0; blk < blocks; blk++) {
         const int64_t r0 = blk * rb, r1 = sn__min64(rows, r0 + rb);
         if (op->kind == EW_BWD)
-          sn__affbwd_rowspan(out, in, x, r0, r1, C, c0, ct, &p, dtype);
+          sn__affbwd_rowspan(out, in, x, r0, r1, C, c0, ct, &p, dtype, stream);
         else if (checked)
           sn__aff_rowspan_chk(out, in, r0, r1, C, c0, ct, &p, dtype);
         else
-          sn__aff_rowspan(out, in, r0, r1, C, c0, ct, &p, dtype);
+          sn__aff_rowspan(out, in, r0, r1, C, c0, ct, &p, dtype, stream);
       }
     }
+    sn__stream_fence(stream);
   }
 }
 

@@ -190,6 +190,17 @@ SN_CLONES double sn__sumsq_shifted_f64(const float *src, int64_t n, double shift
   return s;
 }
 
+int sn__stream_out(int64_t out_bytes) {
+  int64_t min = SN_STREAM_MIN_BYTES;
+  const char *env = getenv("SN_STREAM_MIN_BYTES");
+  if (env != NULL && *env != '\0') {
+    char *end;
+    const long long v = strtoll(env, &end, 10);
+    if (*end == '\0' && v >= 0) min = v;
+  }
+  return out_bytes >= min;
+}
+
 int sn__max_threads(void) {
 #ifdef _OPENMP
   return omp_get_max_threads();

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../internal.h"
 
@@ -31,6 +32,49 @@
 /* Accumulator lanes of every fp64 row reduction: fixed so the sum order never depends on the
  * vector width the compiler picks. */
 #define SN_LANES 8
+
+/* Streaming (non-temporal) stores for large outputs. An ordinary store of a line not in the cache
+ * first reads it (read for ownership): a kernel that reads one tensor and writes another moves
+ * three tensors' bytes, a streaming store two. On the 2-core machine of docs/BENCHMARKS.md a copy
+ * loop with ordinary stores ran at 19-23 GB/s, memcpy (streaming above 127 MiB) at 32-41, and
+ * the NHWC BatchNorm map 0.76x the time with streaming stores. But a streamed output is no
+ * longer in the cache for whoever reads it next, so only outputs of at least
+ * SN_STREAM_MIN_BYTES are streamed: more than the L2 and the L3 share of a core on common server
+ * parts (oneDNN streams every f32 BatchNorm output, and its bf16 ones above L2 + L3 per core).
+ * The environment variable SN_STREAM_MIN_BYTES (a byte count, 0 = every aligned output)
+ * overrides it; read at each call. Only whole 64-byte-aligned blocks of f32 outputs are
+ * streamed, so the bits written are the same either way. */
+#define SN_STREAM_MIN_BYTES ((int64_t)16 << 20)
+/* Whether a kernel call writing out_bytes of output streams its stores. */
+SN_HIDDEN int sn__stream_out(int64_t out_bytes);
+
+/* Makes this thread's streaming stores visible to the others (sfence) when nt: each thread that
+ * streamed calls it once at the end of its share of the work, before the parallel region's end.
+ * A no-op off x86-64 (where nothing streams). */
+static inline void sn__stream_fence(int nt) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (nt) __builtin_ia32_sfence();
+#else
+  (void)nt;
+#endif
+}
+
+/* 64 bytes from v to p, streamed (four 16-byte movntps, SSE: every clone has them) when nt and p
+ * is 64-byte aligned, else an ordinary store. */
+static inline __attribute__((always_inline)) void sn__store64(void *p, const void *v, int nt) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  typedef float sn__v4sf __attribute__((vector_size(16)));
+  if (nt && ((uintptr_t)p & 63) == 0) {
+    sn__v4sf q[4];
+    memcpy(q, v, sizeof q);
+    for (int k = 0; k < 4; k++) __builtin_ia32_movntps((float *)p + 4 * k, q[k]);
+    return;
+  }
+#else
+  (void)nt;
+#endif
+  memcpy(p, v, 64);
+}
 
 /* dst[i] = (float)src[off + i] for i < n; src has dtype `dtype` (f32, bf16 or f16). */
 SN_HIDDEN void sn__to_f32(float *dst, const void *src, int64_t off, int64_t n, sn_dtype_t dtype);

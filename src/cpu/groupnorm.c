@@ -273,28 +273,33 @@ static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const 
                         const float *beta, int64_t N, int64_t C, int64_t S, int64_t G, double eps,
                         sn_dtype_t dtype) {
   const int64_t Cg = C / G, L = Cg * S;
-#pragma omp parallel for schedule(static) if (N * C * S >= SN_PAR_MIN)
-  for (int64_t t = 0; t < N * G; t++) {
-    const int64_t n = t / G, g = t % G, off = (n * C + g * Cg) * S;
-    double mu, rs;
-    if (dtype == SN_DTYPE_F32) {
-      const char *next = t + 1 < N * G ? (const char *)((const float *)x + off + L) : NULL;
-      gn_group_stats_f32(&mu, &rs, (const float *)x + off, L, eps, next,
-                         (char *)((float *)y + off));
-    } else {
-      mu = span_sum(x, off, L, dtype) / (double)L;
-      rs = 1.0 / sqrt(span_sumsq(x, off, L, mu, dtype) / (double)L + eps);
+  const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
+#pragma omp parallel if (N * C * S >= SN_PAR_MIN)
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < N * G; t++) {
+      const int64_t n = t / G, g = t % G, off = (n * C + g * Cg) * S;
+      double mu, rs;
+      if (dtype == SN_DTYPE_F32) {
+        const char *next = t + 1 < N * G ? (const char *)((const float *)x + off + L) : NULL;
+        gn_group_stats_f32(&mu, &rs, (const float *)x + off, L, eps, next,
+                           stream ? NULL : (char *)((float *)y + off)); /* streamed: no RFO */
+      } else {
+        mu = span_sum(x, off, L, dtype) / (double)L;
+        rs = 1.0 / sqrt(span_sumsq(x, off, L, mu, dtype) / (double)L + eps);
+      }
+      if (mean) mean[t] = (float)mu;
+      if (rstd) rstd[t] = (float)rs;
+      for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
+        sn__chan_k_t k;
+        sn__chan_k_set(&k, mu, rs * (gamma ? (double)gamma[ch] : 1.0), beta ? beta[ch] : 0.0, 0.0);
+        if (beta != NULL && dtype != SN_DTYPE_F32) /* beta may cancel: the checked map */
+          sn__aff_span_chk(y, x, (n * C + ch) * S, S, &k, dtype);
+        else
+          sn__aff_span(y, x, (n * C + ch) * S, S, &k, dtype, stream);
+      }
     }
-    if (mean) mean[t] = (float)mu;
-    if (rstd) rstd[t] = (float)rs;
-    for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
-      sn__chan_k_t k;
-      sn__chan_k_set(&k, mu, rs * (gamma ? (double)gamma[ch] : 1.0), beta ? beta[ch] : 0.0, 0.0);
-      if (beta != NULL && dtype != SN_DTYPE_F32) /* beta may cancel: the checked map */
-        sn__aff_span_chk(y, x, (n * C + ch) * S, S, &k, dtype);
-      else
-        sn__aff_span(y, x, (n * C + ch) * S, S, &k, dtype);
-    }
+    sn__stream_fence(stream);
   }
 }
 
@@ -374,6 +379,7 @@ static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const 
                         const float *beta, int64_t N, int64_t C, int64_t S, int64_t G, double eps,
                         sn_dtype_t dtype, double *scratch, int nt) {
   const int64_t Cg = C / G;
+  const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
     double *col = scratch + (int64_t)sn__thread_num() * per_thread(3 * C + 2 * G);
@@ -396,9 +402,10 @@ static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const 
                        beta ? beta[ch] : 0.0, 0.0);
         }
         if (checked) sn__aff_rowspan_chk(y, x, r0, r1, C, c0, ct, &p, dtype);
-        else sn__aff_rowspan(y, x, r0, r1, C, c0, ct, &p, dtype);
+        else sn__aff_rowspan(y, x, r0, r1, C, c0, ct, &p, dtype, stream);
       }
     }
+    sn__stream_fence(stream);
   }
 }
 
@@ -433,28 +440,33 @@ static void gn_bwd_nchw(void *dx, double *wq, const void *dy, const void *x, con
                         const float *rstd, const float *gamma, int64_t N, int64_t C, int64_t S,
                         int64_t G, sn_dtype_t dtype) {
   const int64_t Cg = C / G, L = Cg * S;
-#pragma omp parallel for schedule(static) if (N * C * S >= SN_PAR_MIN)
-  for (int64_t t = 0; t < N * G; t++) {
-    const int64_t n = t / G, ch0 = (t % G) * Cg;
-    const double m = (double)mean[t], rs = (double)rstd[t];
-    double A = 0.0, B = 0.0, D = 0.0; /* Σd, Σ gamma·Σdy, Σ gamma·Σdy·d over the group */
-    for (int64_t ch = ch0; ch < ch0 + Cg; ch++) { /* pass 1: sums, plane by plane */
-      double sum3[3];
-      span_bwd(sum3, dy, x, (n * C + ch) * S, S, m, dtype);
-      const double gm = gamma ? (double)gamma[ch] : 1.0;
-      A += sum3[0];
-      B += gm * sum3[1];
-      D += gm * sum3[2];
-      if (wq) wq[n * C + ch] = sum3[2], wq[N * C + n * C + ch] = sum3[1];
+  const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
+#pragma omp parallel if (N * C * S >= SN_PAR_MIN)
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < N * G; t++) {
+      const int64_t n = t / G, ch0 = (t % G) * Cg;
+      const double m = (double)mean[t], rs = (double)rstd[t];
+      double A = 0.0, B = 0.0, D = 0.0; /* Σd, Σ gamma·Σdy, Σ gamma·Σdy·d over the group */
+      for (int64_t ch = ch0; ch < ch0 + Cg; ch++) { /* pass 1: sums, plane by plane */
+        double sum3[3];
+        span_bwd(sum3, dy, x, (n * C + ch) * S, S, m, dtype);
+        const double gm = gamma ? (double)gamma[ch] : 1.0;
+        A += sum3[0];
+        B += gm * sum3[1];
+        D += gm * sum3[2];
+        if (wq) wq[n * C + ch] = sum3[2], wq[N * C + n * C + ch] = sum3[1];
+      }
+      const double mu_d = A / (double)L, mg = B / (double)L, mgx = rs * (D - mu_d * B) / (double)L;
+      for (int64_t ch = ch0; ch < ch0 + Cg; ch++) { /* pass 2: dx, and the dgamma terms */
+        if (wq) wq[n * C + ch] = rs * (wq[n * C + ch] - mu_d * wq[N * C + n * C + ch]);
+        sn__chan_k_t k;
+        sn__chan_k_set(&k, m + mu_d, rs * (gamma ? (double)gamma[ch] : 1.0), rs * mg,
+                       rs * rs * mgx);
+        sn__affbwd_span(dx, dy, x, (n * C + ch) * S, S, &k, dtype, stream);
+      }
     }
-    const double mu_d = A / (double)L, mg = B / (double)L, mgx = rs * (D - mu_d * B) / (double)L;
-    for (int64_t ch = ch0; ch < ch0 + Cg; ch++) { /* pass 2: dx, and the dgamma terms */
-      if (wq) wq[n * C + ch] = rs * (wq[n * C + ch] - mu_d * wq[N * C + n * C + ch]);
-      sn__chan_k_t k;
-      sn__chan_k_set(&k, m + mu_d, rs * (gamma ? (double)gamma[ch] : 1.0), rs * mg,
-                     rs * rs * mgx);
-      sn__affbwd_span(dx, dy, x, (n * C + ch) * S, S, &k, dtype);
-    }
+    sn__stream_fence(stream);
   }
 }
 
@@ -463,6 +475,7 @@ static void gn_bwd_nhwc(void *dx, double *wq, const void *dy, const void *x, con
                         const float *rstd, const float *gamma, int64_t N, int64_t C, int64_t S,
                         int64_t G, sn_dtype_t dtype, double *scratch, int nt) {
   const int64_t Cg = C / G, L = Cg * S;
+  const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
     double *col = scratch + (int64_t)sn__thread_num() * per_thread(4 * C + 3 * G); /* [3][C] */
@@ -500,9 +513,10 @@ static void gn_bwd_nhwc(void *dx, double *wq, const void *dy, const void *x, con
             wq[N * C + n * C + ch] = col[C + ch];
           }
         }
-        sn__affbwd_rowspan(dx, dy, x, r0, r1, C, c0, ct, &p, dtype);
+        sn__affbwd_rowspan(dx, dy, x, r0, r1, C, c0, ct, &p, dtype, stream);
       }
     }
+    sn__stream_fence(stream);
   }
 }
 

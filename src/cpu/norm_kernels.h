@@ -150,13 +150,13 @@ static inline int64_t sn__min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* y[i] = ((x[i] − hi) − lo)·a + b.  y, x: [n]; y may equal x. */
 SN_CLONES static inline void sn__aff_run(float *y, const float *x, int64_t n, float hi, float lo,
-                                         float a, float b) {
+                                         float a, float b, int nt) {
   int64_t i = 0;
   for (; i + SN_VB <= n; i += SN_VB) {
     sn__vf v;
     SN_VLOAD(v, x + i);
     v = ((v - hi) - lo) * a + b;
-    SN_VSTORE(y + i, v);
+    sn__store64(y + i, &v, nt);
   }
   for (; i < n; i++) y[i] = ((x[i] - hi) - lo) * a + b;
 }
@@ -165,7 +165,8 @@ SN_CLONES static inline void sn__aff_run(float *y, const float *x, int64_t n, fl
  * y, x: [nr, ld] (first ct <= SN_TILE_C channels of each row used); p: constants, of channel c
  * at index j0 + c. y may equal x. */
 SN_CLONES static inline void sn__aff_rows(float *y, const float *x, int64_t nr, int64_t ld,
-                                          int64_t ct, const sn__chan_tile_t *p, int64_t j0) {
+                                          int64_t ct, const sn__chan_tile_t *p, int64_t j0,
+                                          int nt) {
   const float *hi = p->hi + j0, *lo = p->lo + j0, *a = p->a + j0, *b = p->b + j0;
   for (int64_t r = 0; r < nr; r++) {
     float *yr = y + r * ld;
@@ -179,7 +180,7 @@ SN_CLONES static inline void sn__aff_rows(float *y, const float *x, int64_t nr, 
       SN_VLOAD(va, a + c);
       SN_VLOAD(vb, b + c);
       v = ((v - h) - l) * va + vb;
-      SN_VSTORE(yr + c, v);
+      sn__store64(yr + c, &v, nt);
     }
     for (; c < ct; c++) yr[c] = ((xr[c] - hi[c]) - lo[c]) * a[c] + b[c];
   }
@@ -187,14 +188,15 @@ SN_CLONES static inline void sn__aff_rows(float *y, const float *x, int64_t nr, 
 
 /* dx[i] = (dy[i]·a − b) − ((x[i] − hi) − lo)·e.  dx, dy, x: [n]; dx may equal dy. */
 SN_CLONES static inline void sn__affbwd_run(float *dx, const float *dy, const float *x, int64_t n,
-                                            float hi, float lo, float a, float b, float e) {
+                                            float hi, float lo, float a, float b, float e,
+                                            int nt) {
   int64_t i = 0;
   for (; i + SN_VB <= n; i += SN_VB) {
     sn__vf g, v;
     SN_VLOAD(g, dy + i);
     SN_VLOAD(v, x + i);
     g = (g * a - b) - ((v - hi) - lo) * e;
-    SN_VSTORE(dx + i, g);
+    sn__store64(dx + i, &g, nt);
   }
   for (; i < n; i++) dx[i] = (dy[i] * a - b) - ((x[i] - hi) - lo) * e;
 }
@@ -203,7 +205,7 @@ SN_CLONES static inline void sn__affbwd_run(float *dx, const float *dy, const fl
  * index j0 + c). dx, dy, x: [nr, ld]; dx may equal dy. */
 SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const float *x,
                                              int64_t nr, int64_t ld, int64_t ct,
-                                             const sn__chan_tile_t *p, int64_t j0) {
+                                             const sn__chan_tile_t *p, int64_t j0, int nt) {
   const float *hi = p->hi + j0, *lo = p->lo + j0, *a = p->a + j0, *b = p->b + j0;
   const float *e = p->e + j0;
   for (int64_t r = 0; r < nr; r++) {
@@ -220,7 +222,7 @@ SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const f
       SN_VLOAD(vb, b + c);
       SN_VLOAD(ve, e + c);
       g = (g * va - vb) - ((v - h) - l) * ve;
-      SN_VSTORE(dxr + c, g);
+      sn__store64(dxr + c, &g, nt);
     }
     for (; c < ct; c++) dxr[c] = (dyr[c] * a[c] - b[c]) - ((xr[c] - hi[c]) - lo[c]) * e[c];
   }
@@ -318,10 +320,10 @@ static inline int64_t sn__f64_run_end(const sn__chan_tile_t *p, int64_t j, int64
 /* Elements [off, off+n) of one channel's run: y = ((x − hi) − lo)·a + b (k->f64: in fp64).
  * y may equal x. */
 static inline void sn__aff_span(void *y, const void *x, int64_t off, int64_t n,
-                                const sn__chan_k_t *k, sn_dtype_t dtype) {
+                                const sn__chan_k_t *k, sn_dtype_t dtype, int nt) {
   if (dtype == SN_DTYPE_F32) {
     if (k->f64) sn__aff_run_f64((float *)y + off, (const float *)x + off, n, k->m, k->ad, k->bd);
-    else sn__aff_run((float *)y + off, (const float *)x + off, n, k->hi, k->lo, k->a, k->b);
+    else sn__aff_run((float *)y + off, (const float *)x + off, n, k->hi, k->lo, k->a, k->b, nt);
     return;
   }
   float t[SN_TILE];
@@ -329,19 +331,19 @@ static inline void sn__aff_span(void *y, const void *x, int64_t off, int64_t n,
     int64_t m = sn__min64(SN_TILE, n - i);
     sn__to_f32(t, x, off + i, m, dtype);
     if (k->f64) sn__aff_run_f64(t, t, m, k->m, k->ad, k->bd);
-    else sn__aff_run(t, t, m, k->hi, k->lo, k->a, k->b);
+    else sn__aff_run(t, t, m, k->hi, k->lo, k->a, k->b, 0);
     sn__from_f32(y, off + i, t, m, dtype);
   }
 }
 
 /* Backward over elements [off, off+n) of one channel's run. dx may equal dy. */
 static inline void sn__affbwd_span(void *dx, const void *dy, const void *x, int64_t off, int64_t n,
-                                   const sn__chan_k_t *k, sn_dtype_t dtype) {
+                                   const sn__chan_k_t *k, sn_dtype_t dtype, int nt) {
   if (dtype == SN_DTYPE_F32) {
     float *o = (float *)dx + off;
     const float *g = (const float *)dy + off, *v = (const float *)x + off;
     if (k->f64) sn__affbwd_run_f64(o, g, v, n, k->m, k->ad, k->bd, k->ed);
-    else sn__affbwd_run(o, g, v, n, k->hi, k->lo, k->a, k->b, k->e);
+    else sn__affbwd_run(o, g, v, n, k->hi, k->lo, k->a, k->b, k->e, nt);
     return;
   }
   float tg[SN_TILE], tx[SN_TILE];
@@ -350,7 +352,7 @@ static inline void sn__affbwd_span(void *dx, const void *dy, const void *x, int6
     sn__to_f32(tg, dy, off + i, m, dtype);
     sn__to_f32(tx, x, off + i, m, dtype);
     if (k->f64) sn__affbwd_run_f64(tg, tg, tx, m, k->m, k->ad, k->bd, k->ed);
-    else sn__affbwd_run(tg, tg, tx, m, k->hi, k->lo, k->a, k->b, k->e);
+    else sn__affbwd_run(tg, tg, tx, m, k->hi, k->lo, k->a, k->b, k->e, 0);
     sn__from_f32(dx, off + i, tg, m, dtype);
   }
 }
@@ -368,7 +370,8 @@ static inline int64_t sn__rows_per_block(int64_t rows, int64_t ld, int64_t ct, s
  * ct <= SN_TILE_C. y may equal x. */
 static inline void sn__aff_rowspan(void *y, const void *x, int64_t r0, int64_t r1, int64_t ld,
                                    int64_t c0, int64_t ct, const sn__chan_tile_t *p,
-                                   sn_dtype_t dtype) {
+                                   sn_dtype_t dtype, int nt) {
+  nt = nt && dtype == SN_DTYPE_F32; /* bf16/f16 rows go through the stack tile */
   float t[SN_TILE];
   const int wide = sn__tile_any_f64(p, ct);
   int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
@@ -378,7 +381,7 @@ static inline void sn__aff_rowspan(void *y, const void *x, int64_t r0, int64_t r
     float *yb = sn__out_row(y, off, dtype, t);
     for (int64_t j = 0, e; j < ct; j = e) { /* one run if no channel is mapped in fp64 */
       e = wide ? sn__f64_run_end(p, j, ct) : ct;
-      if (!p->f64[j] || !wide) sn__aff_rows(yb + j, xb + j, nr, ld, e - j, p, j);
+      if (!p->f64[j] || !wide) sn__aff_rows(yb + j, xb + j, nr, ld, e - j, p, j, nt);
       else
         for (int64_t k = j; k < e; k++) sn__aff_col_f64(yb + k, xb + k, nr, ld, p, k);
     }
@@ -390,7 +393,8 @@ static inline void sn__aff_rowspan(void *y, const void *x, int64_t r0, int64_t r
  * dx may equal dy. */
 static inline void sn__affbwd_rowspan(void *dx, const void *dy, const void *x, int64_t r0,
                                       int64_t r1, int64_t ld, int64_t c0, int64_t ct,
-                                      const sn__chan_tile_t *p, sn_dtype_t dtype) {
+                                      const sn__chan_tile_t *p, sn_dtype_t dtype, int nt) {
+  nt = nt && dtype == SN_DTYPE_F32; /* bf16/f16 rows go through the stack tiles */
   float tg[SN_TILE], tx[SN_TILE];
   const int wide = sn__tile_any_f64(p, ct);
   int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
@@ -401,7 +405,7 @@ static inline void sn__affbwd_rowspan(void *dx, const void *dy, const void *x, i
     float *ob = sn__out_row(dx, off, dtype, tg);
     for (int64_t j = 0, e; j < ct; j = e) {
       e = wide ? sn__f64_run_end(p, j, ct) : ct;
-      if (!p->f64[j] || !wide) sn__affbwd_rows(ob + j, gb + j, xb + j, nr, ld, e - j, p, j);
+      if (!p->f64[j] || !wide) sn__affbwd_rows(ob + j, gb + j, xb + j, nr, ld, e - j, p, j, nt);
       else
         for (int64_t k = j; k < e; k++) sn__affbwd_col_f64(ob + k, gb + k, xb + k, nr, ld, p, k);
     }
@@ -508,7 +512,7 @@ SN_CLONES static inline void sn__aff_rows_chk(float *restrict y, const float *re
 static inline void sn__aff_span_chk(void *y, const void *x, int64_t off, int64_t n,
                                     const sn__chan_k_t *k, sn_dtype_t dtype) {
   if (k->f64) {
-    sn__aff_span(y, x, off, n, k, dtype);
+    sn__aff_span(y, x, off, n, k, dtype, 0);
     return;
   }
   float tx[SN_TILE], ty[SN_TILE];
