@@ -55,17 +55,28 @@
 /* ------------------------------------------------------------------------------------------ */
 
 /* y[i] = ((x[i] − hi) − lo)·s·gamma[i] + beta[i] in f32; mean = hi + lo, s = (float)rstd.
- * has_g and has_b are constants after inlining: each combination is its own vector loop. Its
+ * has_g and has_b are constants after inlining: each combination is its own vector loop. nt: y
+ * streamed (sn__store64). Its
  * error is ~5 f32 roundings (2^-24 each) of t·gamma (x − hi, − lo, rstd rounded to f32, · rstd,
  * · gamma) plus one of y: relative to y without beta, and far inside the 1-ulp bound of any
  * output dtype then (rows whose mean is below LN_SPLIT_MIN excepted: they take ln_map_beta).
  * With beta, t·gamma + beta can cancel: fine for f32 outputs (1e-6 normwise), not for the
  * 1-ulp bound of bf16/f16 outputs, which use ln_map_beta. */
 SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const float *beta,
-                          int64_t d, double mean, double rstd, int has_g, int has_b) {
+                          int64_t d, double mean, double rstd, int has_g, int has_b, int nt) {
   const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
+  int64_t i = 0;
+  if (nt) /* streamed: vectors of 16 through sn__store64, the same operations */
+    for (; i + 16 <= d; i += 16) {
+      sn__pf v, w;
+      memcpy(&v, x + i, sizeof v);
+      v = ((v - hi) - lo) * s;
+      if (has_g) memcpy(&w, gamma + i, sizeof w), v = v * w;
+      if (has_b) memcpy(&w, beta + i, sizeof w), v = v + w;
+      sn__store64(y + i, &v, 1);
+    }
   SN_IVDEP
-  for (int64_t i = 0; i < d; i++) {
+  for (; i < d; i++) {
     float t = ((x[i] - hi) - lo) * s;
     if (has_g) t = t * gamma[i];
     y[i] = has_b ? t + beta[i] : t;
@@ -176,11 +187,12 @@ SN_INLINE void ln_map_checked(void *y, const float *x, const float *gamma, const
 /* One row: x [d] f32 → y [d] f32; stats[0] = mean, stats[1] = rstd (fp64). y may equal x.
  * With res [d] (the fused kernel; NULL for none) the row normalized is the residual sum
  * x + res, written into sum_out [d] by the first pass (sum_out may equal x or res; y may not
- * overlap them). next, out, esize: the rows to prefetch (sn__row_shifted_sums). */
+ * overlap them). next, out, esize: the rows to prefetch (sn__row_shifted_sums). nt: y streamed
+ * where the plain f32 map writes it (ln_map_f32). */
 SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const float *res,
                                  float *sum_out, const float *gamma, const float *beta,
                                  int64_t d, float eps, sn_dtype_t dtype, const char *next,
-                                 char *out, int esize) {
+                                 char *out, int esize, int nt) {
   const double K = sn__row_pivot(x, res, 0, d);
   double sums[2], mean, m2;
   if (res != NULL) {
@@ -198,11 +210,11 @@ SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const 
   if (lim >= 0.0f) {
     ln_map_checked(y, x, gamma, beta, d, mean, rstd, lim, 0);
   } else if (!b) {
-    if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, 1, 0);
-    else ln_map_f32(y, x, gamma, beta, d, mean, rstd, 0, 0);
+    if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, 1, 0, nt);
+    else ln_map_f32(y, x, gamma, beta, d, mean, rstd, 0, 0, nt);
   } else {
-    if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, 1, 1);
-    else ln_map_f32(y, x, gamma, beta, d, mean, rstd, 0, 1);
+    if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, 1, 1, nt);
+    else ln_map_f32(y, x, gamma, beta, d, mean, rstd, 0, 1, nt);
   }
 }
 
@@ -256,10 +268,12 @@ _Static_assert(LN_MAP_BLOCK % SN_PAIR == 0, "a checked block is whole pair block
  * blocks of LN_MAP_BLOCK, the same f32 values and check, a block beyond the limit recomputed in
  * fp64 element by element from xb; the full blocks read in pairs (sn__pair_widen), gs and bs
  * gamma and beta in pairs (sn__to_pairs); a last partial block widened into a stack block
- * and mapped by ln_map_beta_block. y may equal xb (a block is read whole before it is stored). */
+ * and mapped by ln_map_beta_block. y may equal xb (a block is read whole before it is stored).
+ * nt: the full blocks streamed where aligned (sn__pair_join). */
 SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *gs,
                                  const float *bs, const float *gamma, const float *beta,
-                                 int64_t d, double mean, double rstd, float lim, int has_g) {
+                                 int64_t d, double mean, double rstd, float lim, int has_g,
+                                 int nt) {
   const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
   int64_t i = 0;
   for (; i + LN_MAP_BLOCK <= d; i += LN_MAP_BLOCK) {
@@ -300,7 +314,7 @@ SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *g
         sn__pu re = (sn__pu)ve[q], ro = (sn__pu)vo[q];
         re = re + 0x7fffu + ((re >> 16) & 1u);
         ro = ro + 0x7fffu + ((ro >> 16) & 1u);
-        sn__pair_join(y + i + q * SN_PAIR, &re, &ro);
+        sn__pair_join(y + i + q * SN_PAIR, &re, &ro, nt);
       }
       continue;
     }
@@ -340,22 +354,22 @@ SN_CLONES static void ln_stats_pairs(double stats[2], const uint16_t *x, int64_t
  * ln_fwd_row_bf16's: in pairs, checked where beta is given (ln_map_beta_pairs). Rows whose mean
  * is tiny or wide (the checked map with limit 0 and possibly no beta: rare) are widened into
  * tmp [d] and mapped by ln_map_checked. gs, bs: gamma and beta in pairs (sn__to_pairs; NULL
- * where those are). y may equal x. */
+ * where those are). y may equal x. nt: y streamed (but the rare rows ln_map_checked maps). */
 SN_CLONES static void ln_map_row_pairs(uint16_t *y, const double stats[2], const uint16_t *x,
                                        float *tmp, const float *gamma, const float *beta,
-                                       const float *gs, const float *bs, int64_t d) {
+                                       const float *gs, const float *bs, int64_t d, int nt) {
   const double mean = stats[0], rstd = stats[1];
   const float lim = ln_check_lim(mean, beta != NULL, SN_DTYPE_BF16); /* as ln_fwd_row's */
   if (lim == 0.0f) {
     for (int64_t i = 0; i < d; i++) tmp[i] = sn__bf16_to_f32(x[i]);
     ln_map_checked(y, tmp, gamma, beta, d, mean, rstd, lim, 1);
   } else if (lim > 0.0f) {
-    if (gamma != NULL) ln_map_beta_pairs(y, x, gs, bs, gamma, beta, d, mean, rstd, lim, 1);
-    else ln_map_beta_pairs(y, x, gs, bs, gamma, beta, d, mean, rstd, lim, 0);
+    if (gamma != NULL) ln_map_beta_pairs(y, x, gs, bs, gamma, beta, d, mean, rstd, lim, 1, nt);
+    else ln_map_beta_pairs(y, x, gs, bs, gamma, beta, d, mean, rstd, lim, 0, nt);
   } else {
     const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
-    if (gamma != NULL) sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 1, 1);
-    else sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 0, 1);
+    if (gamma != NULL) sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 1, 1, nt);
+    else sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 0, 1, nt);
   }
 }
 
@@ -364,39 +378,43 @@ SN_CLONES static void ln_map_row_pairs(uint16_t *y, const double stats[2], const
  * mapped, so the serial end of one (the lane totals, the division and the square root) overlaps
  * the other's vector work instead of stalling it. Row by row the same calls, hence the same
  * bits; with y == x, row r + 1 is read before row r is written, and the map of row r + 1 reads
- * it after (rows do not overlap). */
+ * it after (rows do not overlap). nt: y streamed, and fenced at the end (sn__stream_fence). */
 static void ln_fwd_rows_pairs(uint16_t *y, float *mean, float *rstd, const uint16_t *x,
                               float *tmp, const float *gamma, const float *beta, const float *gs,
                               const float *bs, int64_t r0, int64_t r1, int64_t rows, int64_t d,
-                              float eps) {
-/* row q's stats, prefetching row q + 1 of x and row q of y */
+                              float eps, int nt) {
+/* row q's stats, prefetching row q + 1 of x and row q of y (not when y is streamed) */
 #define LN_STATS_ROW(st, q)                                                                   \
   ln_stats_pairs(st, x + (q) * d, d, eps,                                                     \
-                 (q) + 1 < rows ? (const char *)(x + ((q) + 1) * d) : NULL, (char *)(y + (q) * d))
+                 (q) + 1 < rows ? (const char *)(x + ((q) + 1) * d) : NULL,                   \
+                 nt ? NULL : (char *)(y + (q) * d))
   double cur[2], nxt[2] = {0, 0};
   LN_STATS_ROW(cur, r0);
   for (int64_t r = r0; r < r1; r++) {
     if (r + 1 < r1) LN_STATS_ROW(nxt, r + 1);
-    ln_map_row_pairs(y + r * d, cur, x + r * d, tmp, gamma, beta, gs, bs, d);
+    ln_map_row_pairs(y + r * d, cur, x + r * d, tmp, gamma, beta, gs, bs, d, nt);
     if (mean != NULL) mean[r] = (float)cur[0];
     if (rstd != NULL) rstd[r] = (float)cur[1];
     cur[0] = nxt[0], cur[1] = nxt[1];
   }
+  sn__stream_fence(nt);
 #undef LN_STATS_ROW
 }
 
 /* Row r of the forward from its f32 view xr: writes y row r and mean[r], rstd[r] when given.
  * ytmp: d floats of this thread's scratch where a bf16/f16 row is computed (not xr), NULL for
  * f32. f32 only: res, sum_out, the rows of the fused kernel (ln_fwd_row; NULL for none). next:
- * the next input row, to prefetch (NULL for none). */
+ * the next input row, to prefetch (NULL for none). nt: stream y (f32 only). */
 static void ln_fwd_store(void *y, float *mean, float *rstd, const float *xr, const float *res,
                          float *sum_out, float *ytmp, const float *gamma, const float *beta,
-                         int64_t r, int64_t d, float eps, sn_dtype_t dtype, const char *next) {
+                         int64_t r, int64_t d, float eps, sn_dtype_t dtype, const char *next,
+                         int nt) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype);
   double stats[2];
   float *yr = sn__out_row(y, off, dtype, ytmp);
-  char *out = (char *)y + off * esize; /* to prefetch for writing */
-  ln_fwd_row(yr, stats, xr, res, sum_out, gamma, beta, d, eps, dtype, next, out, (int)esize);
+  nt = nt && dtype == SN_DTYPE_F32; /* f16 rows are computed in ytmp */
+  char *out = nt ? NULL : (char *)y + off * esize; /* to prefetch for writing, unless streamed */
+  ln_fwd_row(yr, stats, xr, res, sum_out, gamma, beta, d, eps, dtype, next, out, (int)esize, nt);
   sn__out_done(y, off, d, dtype, ytmp);
   if (mean != NULL) mean[r] = (float)stats[0];
   if (rstd != NULL) rstd[r] = (float)stats[1];
@@ -445,6 +463,7 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
   /* each thread one range of consecutive rows, as schedule(static) over the rows: the bf16
    * rows pipeline their statistics a row ahead within it (ln_fwd_rows_pairs) */
   const int64_t ranges = rows < threads ? rows : threads;
+  const int stream = sn__stream_out(n * esize);
 #pragma omp parallel
   {
     float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * per_thread : NULL;
@@ -453,15 +472,17 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
       const int64_t r0 = sn__chunk_begin(k, rows, ranges);
       const int64_t r1 = sn__chunk_begin(k + 1, rows, ranges);
       if (dtype == SN_DTYPE_BF16) {
-        ln_fwd_rows_pairs(y, mean, rstd, x, tmp, gamma, beta, gs, bs, r0, r1, rows, d, eps);
+        ln_fwd_rows_pairs(y, mean, rstd, x, tmp, gamma, beta, gs, bs, r0, r1, rows, d, eps,
+                          stream);
         continue;
       }
       for (int64_t r = r0; r < r1; r++) {
         const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
         const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
         ln_fwd_store(y, mean, rstd, xr, NULL, NULL, tmp != NULL ? tmp + d : NULL, gamma, beta,
-                     r, d, eps, dtype, next);
+                     r, d, eps, dtype, next, stream);
       }
+      sn__stream_fence(stream);
     }
   }
   sn__free(scratch);
@@ -496,6 +517,7 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
     return st;
   }
 
+  const int stream = dtype == SN_DTYPE_F32 && sn__stream_out(n * esize); /* y of f32 rows */
 #pragma omp parallel
   {
     float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * per_thread : NULL;
@@ -512,14 +534,15 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
         if (rstd != NULL) rstd[r] = (float)stats[1];
       } else if (dtype == SN_DTYPE_F32) { /* likewise (ln_fwd_row) */
         ln_fwd_store(y, mean, rstd, (const float *)x + off, (const float *)residual + off,
-                     (float *)sum_out + off, NULL, gamma, beta, r, d, eps, dtype, next);
+                     (float *)sum_out + off, NULL, gamma, beta, r, d, eps, dtype, next, stream);
       } else {
         const float *sr = sn__residual_sum_row(sum_out, x, residual, tmp, off, d, dtype);
         /* y is computed over the residual row, no longer needed */
         ln_fwd_store(y, mean, rstd, sr, NULL, NULL, tmp + d, gamma, beta, r, d, eps, dtype,
-                     NULL);
+                     NULL, 0);
       }
     }
+    sn__stream_fence(stream);
   }
   sn__free(scratch);
   return SN_OK;
@@ -822,7 +845,7 @@ SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint
     }
     ye = s * ((ye - mg) - xe * mgx);
     yo = s * ((yo - mg) - xo * mgx);
-    sn__pair_narrow(dx + i, &ye, &yo);
+    sn__pair_narrow(dx + i, &ye, &yo, 0);
   }
   for (; i < d; i++) {
     const float dyi = sn__bf16_to_f32(dy[i]);

@@ -48,11 +48,21 @@
 /* forward                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-/* y[i] = (x[i]·s)·gamma[i] in f32 (has_g constant after inlining). y may equal x. */
+/* y[i] = (x[i]·s)·gamma[i] in f32 (has_g constant after inlining). y may equal x. nt: y
+ * streamed (sn__store64). */
 SN_INLINE void rms_map(float *y, const float *x, const float *gamma, int64_t d, float s,
-                       int has_g) {
+                       int has_g, int nt) {
+  int64_t i = 0;
+  if (nt) /* streamed: vectors of 16 through sn__store64, the same operations */
+    for (; i + 16 <= d; i += 16) {
+      sn__pf v, g;
+      memcpy(&v, x + i, sizeof v);
+      v = v * s;
+      if (has_g) memcpy(&g, gamma + i, sizeof g), v = v * g;
+      sn__store64(y + i, &v, 1);
+    }
   SN_IVDEP
-  for (int64_t i = 0; i < d; i++) {
+  for (; i < d; i++) {
     float t = x[i] * s;
     if (has_g) t = t * gamma[i];
     y[i] = t;
@@ -62,10 +72,11 @@ SN_INLINE void rms_map(float *y, const float *x, const float *gamma, int64_t d, 
 /* One row: x [d] f32 → y [d] f32 (y may equal x); returns rstd in fp64. With res [d] (the fused
  * kernel, f32 rows only; NULL for none) the row normalized is the residual sum x + res, written
  * into sum_out [d] by the first pass (sum_out may equal x or res; y may not overlap them). next,
- * out, esize: the rows the first pass prefetches (sn__row_sumsq_w; NULL for none). */
+ * out, esize: the rows the first pass prefetches (sn__row_sumsq_w; NULL for none). nt: y
+ * streamed (rms_map). */
 SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *res, float *sum_out,
                                     const float *gamma, int64_t d, float eps, const char *next,
-                                    char *out, int esize, int lowp) {
+                                    char *out, int esize, int lowp, int nt) {
   double ss;
   if (lowp) {
     ss = sn__row_sumsq_lowp(NULL, NULL, x, NULL, 0, d, next, out, esize);
@@ -77,8 +88,8 @@ SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *res, 
   }
   const double ms = ss / (double)d;
   const double rstd = 1.0 / sqrt(ms + (double)eps);
-  if (gamma != NULL) rms_map(y, x, gamma, d, (float)rstd, 1);
-  else rms_map(y, x, gamma, d, (float)rstd, 0);
+  if (gamma != NULL) rms_map(y, x, gamma, d, (float)rstd, 1, nt);
+  else rms_map(y, x, gamma, d, (float)rstd, 0, nt);
   return rstd;
 }
 
@@ -88,31 +99,34 @@ SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *res, 
  * stored (sn__map_pairs; y written once). Returns rstd. With res [d] (the fused kernel; NULL for
  * none) the row normalized is the residual sum, rounded to bf16 into sum_out [d] by the first
  * pass and read back by the second: bitwise the generic path (sn__residual_sum_row, then this
- * row on sum_out). gs: gamma in pairs (sn__to_pairs), NULL with gamma NULL. */
+ * row on sum_out). gs: gamma in pairs (sn__to_pairs), NULL with gamma NULL. nt: y streamed (and
+ * not prefetched). */
 SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, const uint16_t *res,
                                          uint16_t *sum_out, const float *gamma,
                                          const float *gs, int64_t d, float eps,
-                                         const char *next) {
-  const double ss = sn__row_sumsq_bf16(x, res, sum_out, d, next, (char *)y);
+                                         const char *next, int nt) {
+  const double ss = sn__row_sumsq_bf16(x, res, sum_out, d, next, nt ? NULL : (char *)y);
   const double ms = ss / (double)d;
   const double rstd = 1.0 / sqrt(ms + (double)eps);
   const uint16_t *xm = res != NULL ? sum_out : x;
-  if (gamma != NULL) sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, (float)rstd, 1, 0);
-  else sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, (float)rstd, 0, 0);
+  if (gamma != NULL) sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, (float)rstd, 1, 0, nt);
+  else sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, (float)rstd, 0, 0, nt);
   return rstd;
 }
 
 /* Row r of the forward from its f32 view xr: writes y row r and rstd[r] when given. tmp: this
  * thread's d floats of scratch for bf16/f16 (the row is computed there; it may be xr), NULL
  * for f32. f32 only: res, sum_out, the rows of the fused kernel (rms_fwd_row; NULL for none).
- * next: the next input row, to prefetch (NULL for none). */
+ * next: the next input row, to prefetch (NULL for none). nt: stream y (f32 only). */
 static void rms_fwd_store(void *y, float *rstd, const float *xr, const float *res,
                           float *sum_out, float *tmp, const float *gamma, int64_t r, int64_t d,
-                          float eps, sn_dtype_t dtype, const char *next) {
+                          float eps, sn_dtype_t dtype, const char *next, int nt) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype);
   float *yr = sn__out_row(y, off, dtype, tmp);
+  nt = nt && dtype == SN_DTYPE_F32; /* f16 rows are computed in tmp */
   const double rs = rms_fwd_row(yr, xr, res, sum_out, gamma, d, eps, next,
-                                (char *)y + off * esize, (int)esize, dtype != SN_DTYPE_F32);
+                                nt ? NULL : (char *)y + off * esize, (int)esize,
+                                dtype != SN_DTYPE_F32, nt);
   sn__out_done(y, off, d, dtype, tmp);
   if (rstd != NULL) rstd[r] = (float)rs;
 }
@@ -147,6 +161,7 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
     gs = scratch;
   }
 
+  const int stream = sn__stream_out(n * esize);
 #pragma omp parallel
   {
     float *tmp = scratch != NULL && dtype != SN_DTYPE_BF16
@@ -156,13 +171,14 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
       const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
       if (dtype == SN_DTYPE_BF16) {
         const double rs = rms_fwd_row_bf16((uint16_t *)y + r * d, (const uint16_t *)x + r * d,
-                                           NULL, NULL, gamma, gs, d, eps, next);
+                                           NULL, NULL, gamma, gs, d, eps, next, stream);
         if (rstd != NULL) rstd[r] = (float)rs;
         continue;
       }
       const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
-      rms_fwd_store(y, rstd, xr, NULL, NULL, tmp, gamma, r, d, eps, dtype, next);
+      rms_fwd_store(y, rstd, xr, NULL, NULL, tmp, gamma, r, d, eps, dtype, next, stream);
     }
+    sn__stream_fence(stream);
   }
   sn__free(scratch);
   return SN_OK;
@@ -202,6 +218,7 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
     gs = scratch;
   }
 
+  const int stream = sn__stream_out(n * esize); /* y (sum_out, read back at once, is not) */
 #pragma omp parallel
   {
     float *tmp = scratch != NULL && dtype != SN_DTYPE_BF16
@@ -213,16 +230,18 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
       if (dtype == SN_DTYPE_BF16) { /* the add fused into the first pass (rms_fwd_row_bf16) */
         const double rs = rms_fwd_row_bf16((uint16_t *)y + off, (const uint16_t *)x + off,
                                            (const uint16_t *)residual + off,
-                                           (uint16_t *)sum_out + off, gamma, gs, d, eps, next);
+                                           (uint16_t *)sum_out + off, gamma, gs, d, eps, next,
+                                           stream);
         if (rstd != NULL) rstd[r] = (float)rs;
       } else if (dtype == SN_DTYPE_F32) { /* likewise (rms_fwd_row) */
         rms_fwd_store(y, rstd, (const float *)x + off, (const float *)residual + off,
-                      (float *)sum_out + off, NULL, gamma, r, d, eps, dtype, next);
+                      (float *)sum_out + off, NULL, gamma, r, d, eps, dtype, next, stream);
       } else {
         const float *sr = sn__residual_sum_row(sum_out, x, residual, tmp, off, d, dtype);
-        rms_fwd_store(y, rstd, sr, NULL, NULL, tmp, gamma, r, d, eps, dtype, NULL);
+        rms_fwd_store(y, rstd, sr, NULL, NULL, tmp, gamma, r, d, eps, dtype, NULL, 0);
       }
     }
+    sn__stream_fence(stream);
   }
   sn__free(scratch);
   return SN_OK;
@@ -419,7 +438,7 @@ SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, c
     }
     ye = s * ye - xe * e;
     yo = s * yo - xo * e;
-    sn__pair_narrow(dx + i, &ye, &yo);
+    sn__pair_narrow(dx + i, &ye, &yo, 0);
   }
   for (; i < d; i++) {
     const float dyi = sn__bf16_to_f32(dy[i]), xh = sn__bf16_to_f32(x[i]) * s;

@@ -118,11 +118,12 @@ SN_INLINE void sn__pair_widen(sn__pf *e, sn__pf *o, const uint16_t *p) {
 }
 
 /* The 32 bf16 values at p from re, ro: the even and odd elements' bf16 bits in the high half
- * of each word (the low halves are ignored). */
-SN_INLINE void sn__pair_join(uint16_t *p, const sn__pu *re, const sn__pu *ro) {
+ * of each word (the low halves are ignored). nt: streamed where p is 64-byte aligned
+ * (sn__store64). */
+SN_INLINE void sn__pair_join(uint16_t *p, const sn__pu *re, const sn__pu *ro, int nt) {
   const sn__pu w = SN_PAIR_EVEN_LOW ? (*ro & 0xffff0000u) | (*re >> 16)
                                     : (*re & 0xffff0000u) | (*ro >> 16);
-  memcpy(p, &w, sizeof w);
+  sn__store64(p, &w, nt);
 }
 
 /* r = the bf16 bits of f (sn__f32_to_bf16 of each element) in the high half of each word. */
@@ -134,11 +135,11 @@ SN_INLINE void sn__pair_round(sn__pu *r, const sn__pf *f) {
 }
 
 /* The 32 bf16 values at p = e (even elements) and o (odd ones) narrowed as sn__f32_to_bf16. */
-SN_INLINE void sn__pair_narrow(uint16_t *p, const sn__pf *e, const sn__pf *o) {
+SN_INLINE void sn__pair_narrow(uint16_t *p, const sn__pf *e, const sn__pf *o, int nt) {
   sn__pu re, ro;
   sn__pair_round(&re, e);
   sn__pair_round(&ro, o);
-  sn__pair_join(p, &re, &ro);
+  sn__pair_join(p, &re, &ro, nt);
 }
 
 /* Whether any of the 16 int32 lanes of v is negative: its eight 64-bit words or-ed (a
@@ -177,9 +178,11 @@ SN_UNUSED static void sn__to_pairs(float *dst, const float *src, int64_t d) {
  * mean = hi + lo) or x·s (RMSNorm), in f32, for a bf16 row xb [d] read in pairs: bitwise the
  * same f32 operations on the widened row followed by sn__f32_to_bf16. gs: gamma in pair order
  * (sn__to_pairs; unused without has_g), gamma as is for the tail. has_g, centre: constants after
- * inlining. y may equal xb (each block is loaded before it is stored). */
+ * inlining. y may equal xb (each block is loaded before it is stored). nt: y streamed
+ * (sn__store64). */
 SN_INLINE void sn__map_pairs(uint16_t *y, const uint16_t *xb, const float *gs, const float *gamma,
-                             int64_t d, float hi, float lo, float s, int has_g, int centre) {
+                             int64_t d, float hi, float lo, float s, int has_g, int centre,
+                             int nt) {
   int64_t i = 0;
   for (; i + SN_PAIR <= d; i += SN_PAIR) {
     sn__pf e, o, ge, go;
@@ -195,7 +198,7 @@ SN_INLINE void sn__map_pairs(uint16_t *y, const uint16_t *xb, const float *gs, c
       e = e * ge;
       o = o * go;
     }
-    sn__pair_narrow(y + i, &e, &o);
+    sn__pair_narrow(y + i, &e, &o, nt);
   }
   for (; i < d; i++) {
     float t = sn__bf16_to_f32(xb[i]);
@@ -503,7 +506,7 @@ SN_INLINE double sn__row_sumsq_bf16(const uint16_t *x, const uint16_t *res, uint
         sn__pu ue, uo;
         sn__pair_round(&ue, &e);
         sn__pair_round(&uo, &o);
-        sn__pair_join(sum_out + i, &ue, &uo);
+        sn__pair_join(sum_out + i, &ue, &uo, 0);
         e = (sn__pf)(ue & 0xffff0000u); /* the rounded sums, as stored */
         o = (sn__pf)(uo & 0xffff0000u);
       }
