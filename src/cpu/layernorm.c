@@ -676,8 +676,24 @@ SN_INLINE int ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64, 
     }
     return 0;
   }
+  int64_t j = 0;
+  if (pf->nt) /* dx streamed: vectors of 16 through sn__store64, the same operations */
+    for (; j + 16 <= d; j += 16) {
+      sn__pf vdy, xh, g, w;
+      memcpy(&vdy, dy + j, sizeof vdy);
+      memcpy(&xh, x + j, sizeof xh);
+      xh = ((xh - m) * s) - cf;
+      g = vdy;
+      if (has_g) memcpy(&w, gamma + j, sizeof w), g = vdy * w;
+      if (has_part) {
+        memcpy(&w, dgp + j, sizeof w), w = w + vdy * xh, memcpy(dgp + j, &w, sizeof w);
+        memcpy(&w, dbp + j, sizeof w), w = w + vdy, memcpy(dbp + j, &w, sizeof w);
+      }
+      w = s * ((g - mg) - xh * mgx);
+      sn__store64(dx + j, &w, 1);
+    }
   SN_IVDEP
-  for (int64_t j = 0; j < d; j++) {
+  for (; j < d; j++) {
     const float dyj = dy[j];
     const float xh = ((x[j] - m) * s) - cf;
     const float g = has_g ? dyj * gamma[j] : dyj;
@@ -845,7 +861,7 @@ SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint
     }
     ye = s * ((ye - mg) - xe * mgx);
     yo = s * ((yo - mg) - xo * mgx);
-    sn__pair_narrow(dx + i, &ye, &yo, 0);
+    sn__pair_narrow(dx + i, &ye, &yo, pf->nt);
   }
   for (; i < d; i++) {
     const float dyi = sn__bf16_to_f32(dy[i]);
@@ -882,11 +898,12 @@ SN_CLONES static int ln_bwd_pairs(uint16_t *dx, float *dgq, float *dbq, const ui
 static void ln_bwd_store(void *dx, float *dgp, float *dbp, double *dgp64, double *dbp64,
                          const void *dy, const void *x, const float *mean, const float *rstd,
                          const float *gamma, const float *gs, double gmax, int64_t r,
-                         int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp) {
+                         int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp, int nt) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
+  nt = nt && dtype != SN_DTYPE_F16; /* f16 rows are computed in tmp */
   const sn__bwd_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
                             next < 0 ? NULL : (const char *)dy + next * esize,
-                            (char *)dx + off * esize, (int)esize};
+                            nt ? NULL : (char *)dx + off * esize, (int)esize, nt};
   int f64 = ln_wide_mean(mean[r]);
   if (dtype == SN_DTYPE_BF16 && !f64) {
     if (ln_bwd_pairs((uint16_t *)dx + off, dgp, dbp, (const uint16_t *)dy + off,
@@ -963,6 +980,7 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   const int64_t chunks = sn__chunks(rows);
   double *total = chunked ? work + (int64_t)threads * 2 * d : NULL; /* [2, d] */
   if (chunked) memset(total, 0, (size_t)(2 * d) * sizeof(double));
+  const int stream = sn__stream_out(n * sn_dtype_size(dtype)); /* dx */
 #pragma omp parallel
   {
     const int64_t t = sn__thread_num();
@@ -971,7 +989,7 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
 #pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < rows; r++)
         ln_bwd_store(dx, NULL, NULL, NULL, NULL, dy, x, mean, rstd, gamma, gs, gmax, r, rows,
-                     d, dtype, tmp);
+                     d, dtype, tmp, stream);
     } else {
       double *p = work + t * 2 * d;                     /* [2, d] fp64 */
       float *p32 = scratch + t * per_thread + rows_f32; /* [2, d] f32 */
@@ -983,7 +1001,7 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
         const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
         for (int64_t r = r0; r < r1; r++) {
           ln_bwd_store(dx, p32, p32 + d, p, p + d, dy, x, mean, rstd, gamma, gs, gmax, r, rows,
-                       d, dtype, tmp);
+                       d, dtype, tmp, stream);
           if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1) {
             if (dtype == SN_DTYPE_BF16) { /* p32 in pair order */
               sn__flush_pairs(p, p32, d);
@@ -997,6 +1015,7 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
         sn__add_partial(total, p, 2 * d);
       }
     }
+    sn__stream_fence(stream);
   }
   if (dgamma != NULL) sn__store_f32(dgamma, total, d);
   if (dbeta != NULL) sn__store_f32(dbeta, total + d, d);

@@ -331,8 +331,20 @@ SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const floa
     }
     return;
   }
+  int64_t j = 0;
+  if (pf->nt) /* dx streamed: vectors of 16 through sn__store64, the same operations */
+    for (; j + 16 <= d; j += 16) {
+      sn__pf vdy, xh, w;
+      memcpy(&vdy, dy + j, sizeof vdy);
+      memcpy(&xh, x + j, sizeof xh);
+      xh = xh * s;
+      if (has_part) memcpy(&w, dgp + j, sizeof w), w = w + vdy * xh, memcpy(dgp + j, &w, sizeof w);
+      if (has_g) memcpy(&w, gamma + j, sizeof w), vdy = vdy * w;
+      w = s * vdy - xh * e;
+      sn__store64(dx + j, &w, 1);
+    }
   SN_IVDEP
-  for (int64_t j = 0; j < d; j++) {
+  for (; j < d; j++) {
     const float dyj = dy[j], xh = x[j] * s;
     if (has_part) dgp[j] += dyj * xh;
     dx[j] = s * rms_g(dyj, gamma, j, has_g) - xh * e;
@@ -438,7 +450,7 @@ SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, c
     }
     ye = s * ye - xe * e;
     yo = s * yo - xo * e;
-    sn__pair_narrow(dx + i, &ye, &yo, 0);
+    sn__pair_narrow(dx + i, &ye, &yo, pf->nt);
   }
   for (; i < d; i++) {
     const float dyi = sn__bf16_to_f32(dy[i]), xh = sn__bf16_to_f32(x[i]) * s;
@@ -464,11 +476,12 @@ SN_CLONES static int rms_bwd_pairs(uint16_t *dx, float *dgq, const uint16_t *dy,
  * rows only where it declines. */
 static void rms_bwd_store(void *dx, float *dgp, double *dgp64, const void *dy, const void *x,
                           const float *rstd, const float *gamma, const float *gs, int64_t r,
-                          int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp) {
+                          int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp, int nt) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
-  const sn__bwd_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
-                             next < 0 ? NULL : (const char *)dy + next * esize,
-                             (char *)dx + off * esize, (int)esize};
+  nt = nt && dtype != SN_DTYPE_F16; /* f16 rows are computed in tmp */
+  sn__bwd_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
+                           next < 0 ? NULL : (const char *)dy + next * esize,
+                           nt ? NULL : (char *)dx + off * esize, (int)esize, nt};
   if (dtype == SN_DTYPE_BF16 &&
       rms_bwd_pairs((uint16_t *)dx + off, dgp, (const uint16_t *)dy + off,
                     (const uint16_t *)x + off, gs, gamma, d, rstd[r], &pf) == 0)
@@ -477,6 +490,7 @@ static void rms_bwd_store(void *dx, float *dgp, double *dgp64, const void *dy, c
   const float *xr = sn__in_row(x, off, d, dtype, tmp);         /* [d] */
   const float *dyr = sn__in_row(dy, off, d, dtype, tmp_dy);    /* [d] */
   float *dxr = sn__out_row(dx, off, dtype, tmp_dy);          /* [d], may be dyr */
+  pf.nt = nt && dtype == SN_DTYPE_F32; /* a bf16 row declined by the pairs is computed in tmp */
   rms_bwd_row(dxr, dgp, dgp64, dyr, xr, gamma, d, rstd[r], &pf);
   sn__out_done(dx, off, d, dtype, tmp_dy);
 }
@@ -530,6 +544,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   const int64_t chunks = sn__chunks(rows);
   double *total = dgamma != NULL ? work + (int64_t)threads * d : NULL; /* [d] */
   if (dgamma != NULL) memset(total, 0, (size_t)d * sizeof(double));
+  const int stream = sn__stream_out(n * sn_dtype_size(dtype)); /* dx */
 #pragma omp parallel
   {
     const int64_t t = sn__thread_num();
@@ -537,7 +552,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
     if (dgamma == NULL) {
 #pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < rows; r++)
-        rms_bwd_store(dx, NULL, NULL, dy, x, rstd, gamma, gs, r, rows, d, dtype, tmp);
+        rms_bwd_store(dx, NULL, NULL, dy, x, rstd, gamma, gs, r, rows, d, dtype, tmp, stream);
     } else {
       double *p = work + t * d;                         /* [d] fp64 */
       float *p32 = scratch + t * per_thread + rows_f32; /* [d] f32 */
@@ -548,7 +563,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
         const int64_t r0 = sn__chunk_begin(k, rows, chunks);
         const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
         for (int64_t r = r0; r < r1; r++) {
-          rms_bwd_store(dx, p32, p, dy, x, rstd, gamma, gs, r, rows, d, dtype, tmp);
+          rms_bwd_store(dx, p32, p, dy, x, rstd, gamma, gs, r, rows, d, dtype, tmp, stream);
           if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1) {
             if (dtype == SN_DTYPE_BF16) sn__flush_pairs(p, p32, d); /* p32 in pair order */
             else sn__flush_partial(p, p32, d);
@@ -558,6 +573,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
         sn__add_partial(total, p, d);
       }
     }
+    sn__stream_fence(stream);
   }
   if (dgamma != NULL) sn__store_f32(dgamma, total, d);
   sn__free(work);

@@ -216,6 +216,7 @@ typedef struct {
   const char *x, *dy;
   char *dx;
   int esize;
+  int nt; /* dx streamed (sn__store64) where the f32 or bf16 pair loops write it; dx NULL then */
 } sn__bwd_prefetch_t;
 
 /* The prefetches of the bf16 pair block at element i: one line of each stream. */
