@@ -67,7 +67,12 @@ static inline __attribute__((always_inline)) void sn__store64(void *p, const voi
   if (nt && ((uintptr_t)p & 63) == 0) {
     sn__v4sf q[4];
     memcpy(q, v, sizeof q);
-    for (int k = 0; k < 4; k++) __builtin_ia32_movntps((float *)p + 4 * k, q[k]);
+    for (int k = 0; k < 4; k++)
+#if defined(__clang__) /* clang has no __builtin_ia32_movntps; this is its movntps */
+      __builtin_nontemporal_store(q[k], (sn__v4sf *)((float *)p + 4 * k));
+#else
+      __builtin_ia32_movntps((float *)p + 4 * k, q[k]);
+#endif
     return;
   }
 #else
