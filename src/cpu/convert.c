@@ -191,7 +191,11 @@ SN_CLONES double sn__sumsq_shifted_f64(const float *src, int64_t n, double shift
 }
 
 int sn__stream_out(int64_t out_bytes) {
-  int64_t min = SN_STREAM_MIN_BYTES;
+#if defined(__x86_64__) && defined(__GNUC__)
+  int64_t min = __builtin_cpu_is("intel") ? SN_STREAM_MIN_BYTES : INT64_MAX; /* see cpu.h */
+#else
+  int64_t min = INT64_MAX;
+#endif
   const char *env = getenv("SN_STREAM_MIN_BYTES");
   if (env != NULL && *env != '\0') {
     char *end;

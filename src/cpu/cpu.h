@@ -35,15 +35,17 @@
 
 /* Streaming (non-temporal) stores for large outputs. An ordinary store of a line not in the cache
  * first reads it (read for ownership): a kernel that reads one tensor and writes another moves
- * three tensors' bytes, a streaming store two. On the 2-core machine of docs/BENCHMARKS.md a copy
- * loop with ordinary stores ran at 19-23 GB/s, memcpy (streaming above 127 MiB) at 32-41, and
- * the NHWC BatchNorm map 0.76x the time with streaming stores. But a streamed output is no
- * longer in the cache for whoever reads it next, so only outputs of at least
+ * three tensors' bytes, a streaming store two. On the Intel Xeon VM of docs/BENCHMARKS.md (third
+ * table) a copy loop with ordinary stores ran at 19-23 GB/s, memcpy (streaming above 127 MiB) at
+ * 32-41, and the NHWC BatchNorm map took 0.76x the time with streaming stores. On the AMD EPYC
+ * VM of the earlier tables ordinary stores copied as fast as memcpy (66 GB/s) and streaming
+ * stores made the maps 1.1-1.6x slower, so by default only Intel CPUs stream. And a streamed
+ * output is no longer in the cache for whoever reads it next, so only outputs of at least
  * SN_STREAM_MIN_BYTES are streamed: more than the L2 and the L3 share of a core on common server
- * parts (oneDNN streams every f32 BatchNorm output, and its bf16 ones above L2 + L3 per core).
- * The environment variable SN_STREAM_MIN_BYTES (a byte count, 0 = every aligned output)
- * overrides it; read at each call. Only whole 64-byte-aligned blocks of f32 outputs are
- * streamed, so the bits written are the same either way. */
+ * parts (oneDNN streams every f32 BatchNorm output, its bf16 ones above L2 + L3 per core).
+ * The environment variable SN_STREAM_MIN_BYTES (a byte count; 0 = every aligned output, on any
+ * CPU) overrides it; read at each call. Only whole 64-byte-aligned blocks are streamed, with the
+ * values an ordinary store would write, so the bits are the same either way. */
 #define SN_STREAM_MIN_BYTES ((int64_t)16 << 20)
 /* Whether a kernel call writing out_bytes of output streams its stores. */
 SN_HIDDEN int sn__stream_out(int64_t out_bytes);
