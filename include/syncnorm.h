@@ -35,11 +35,11 @@
  *    an output that overlaps an input partly, or dx that overlaps x, is SN_ERR_INVALID_ARGUMENT
  *    (checked on the activation buffers; every error below includes it).
  *  - Large outputs (y, dx of at least 16 MiB: f32, and bf16 in the LayerNorm and RMSNorm
- *    kernels) are written with streaming (non-temporal) stores on Intel x86-64 CPUs: faster where
- *    memory bandwidth bounds the call, but the output is then not in the cache for the next
- *    layer. The environment variable SN_STREAM_MIN_BYTES sets the threshold in bytes on any
- *    x86-64 CPU (0: every output; a huge value: never), read at each call. The values written are
- *    the same either way.
+ *    kernels but the fused LayerNorm) are written with streaming (non-temporal) stores on Intel
+ *    x86-64 CPUs: faster where memory bandwidth bounds the call, but the output is then not in
+ *    the cache for the next layer. The environment variable SN_STREAM_MIN_BYTES sets the
+ *    threshold in bytes on any x86-64 CPU (0: every output; a huge value: never); it is read
+ *    once per process. The values written are the same either way.
  */
 #ifndef SYNCNORM_H
 #define SYNCNORM_H

@@ -2,6 +2,8 @@
  * convert.c — f32 <-> bf16/f16 conversion of contiguous runs, fixed-lane fp64 sums, scratch
  * allocation and thread helpers for the CPU kernels.
  */
+#include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -190,20 +192,33 @@ SN_CLONES double sn__sumsq_shifted_f64(const float *src, int64_t n, double shift
   return s;
 }
 
-int sn__stream_out(int64_t out_bytes) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  int64_t min = __builtin_cpu_is("intel") ? SN_STREAM_MIN_BYTES : INT64_MAX; /* see cpu.h */
-#else
-  int64_t min = INT64_MAX;
-#endif
+static int64_t stream_min = INT64_MAX;
+static pthread_once_t stream_once = PTHREAD_ONCE_INIT;
+
+/* The threshold, once per process: SN_STREAM_MIN_BYTES when it holds a whole number >= 0 (then on
+ * any x86-64 CPU), else 16 MiB on Intel CPUs and never on others (see cpu.h). */
+static void stream_init(void) {
+  stream_min = __builtin_cpu_is("intel") ? SN_STREAM_MIN_BYTES : INT64_MAX;
   const char *env = getenv("SN_STREAM_MIN_BYTES");
   if (env != NULL && *env != '\0') {
     char *end;
+    errno = 0;
     const long long v = strtoll(env, &end, 10);
-    if (*end == '\0' && v >= 0) min = v;
+    if (*end == '\0' && v >= 0) stream_min = errno == ERANGE ? INT64_MAX : v;
   }
-  return out_bytes >= min;
 }
+
+int sn__stream_out(int64_t out_bytes) {
+  pthread_once(&stream_once, stream_init);
+  return out_bytes >= stream_min;
+}
+#else
+int sn__stream_out(int64_t out_bytes) { /* streaming stores are x86-64 only (sn__store64) */
+  (void)out_bytes;
+  return 0;
+}
+#endif
 
 int sn__max_threads(void) {
 #ifdef _OPENMP

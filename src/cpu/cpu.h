@@ -35,17 +35,19 @@
 
 /* Streaming (non-temporal) stores for large outputs. An ordinary store of a line not in the cache
  * first reads it (read for ownership): a kernel that reads one tensor and writes another moves
- * three tensors' bytes, a streaming store two. On the Intel Xeon VM of docs/BENCHMARKS.md (third
- * table) a copy loop with ordinary stores ran at 19-23 GB/s, memcpy (streaming above 127 MiB) at
+ * three tensors' bytes, a streaming store two. On the Intel Xeon VM of docs/BENCHMARKS.md (its
+ * latest bench_cpu table) a copy loop with ordinary stores ran at 19-23 GB/s, memcpy (streaming above 127 MiB) at
  * 32-41, and the NHWC BatchNorm map took 0.76x the time with streaming stores. On the AMD EPYC
  * VM of the earlier tables ordinary stores copied as fast as memcpy (66 GB/s) and streaming
  * stores made the maps 1.1-1.6x slower, so by default only Intel CPUs stream. And a streamed
  * output is no longer in the cache for whoever reads it next, so only outputs of at least
  * SN_STREAM_MIN_BYTES are streamed: more than the L2 and the L3 share of a core on common server
  * parts (oneDNN streams every f32 BatchNorm output, its bf16 ones above L2 + L3 per core).
- * The environment variable SN_STREAM_MIN_BYTES (a byte count; 0 = every aligned output, on any
- * CPU) overrides it; read at each call. Only whole 64-byte-aligned blocks are streamed, with the
- * values an ordinary store would write, so the bits are the same either way. */
+ * The environment variable SN_STREAM_MIN_BYTES (a byte count; 0 = every output, on any x86-64
+ * CPU) overrides it; read once per process (sn__stream_out). Only whole 64-byte lines are
+ * streamed, with the values an ordinary store would write, so the bits are the same either way:
+ * the f32 loops store a head up to the first line boundary ordinarily (sn__head64), the bf16 pair
+ * loops stream the rows that start on a line (sn__aligned64). */
 #define SN_STREAM_MIN_BYTES ((int64_t)16 << 20)
 /* Whether a kernel call writing out_bytes of output streams its stores. */
 SN_HIDDEN int sn__stream_out(int64_t out_bytes);
@@ -60,6 +62,20 @@ static inline void sn__stream_fence(int nt) {
   (void)nt;
 #endif
 }
+
+/* Elements of 4 bytes from p up to the first 64-byte boundary, at most n (0 where p is aligned,
+ * or not 4-byte aligned and so never): the head a streamed f32 loop writes with ordinary stores
+ * before its blocks start on whole lines. */
+static inline int64_t sn__head64(const void *p, int64_t n) {
+  const uintptr_t mis = (uintptr_t)p & 63;
+  if (mis == 0 || (mis & 3) != 0) return 0;
+  const int64_t h = (int64_t)(64 - mis) / 4;
+  return h < n ? h : n;
+}
+
+/* Whether p starts a 64-byte line: the bf16 pair loops, whose 64-byte blocks are fixed by the
+ * element index, stream only rows that start on one. */
+static inline int sn__aligned64(const void *p) { return ((uintptr_t)p & 63) == 0; }
 
 /* 64 bytes from v to p, streamed (four 16-byte movntps, SSE: every clone has them) when nt and p
  * is 64-byte aligned, else an ordinary store. */

@@ -65,8 +65,15 @@
 SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const float *beta,
                           int64_t d, double mean, double rstd, int has_g, int has_b, int nt) {
   const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
+#define LN_MAP_EL(i)                                                                          \
+  do {                                                                                        \
+    float t_ = ((x[i] - hi) - lo) * s;                                                        \
+    if (has_g) t_ = t_ * gamma[i];                                                            \
+    y[i] = has_b ? t_ + beta[i] : t_;                                                         \
+  } while (0)
   int64_t i = 0;
-  if (nt) /* streamed: vectors of 16 through sn__store64, the same operations */
+  if (nt) { /* ordinary stores up to a 64-byte line, then vectors of 16 through sn__store64 */
+    for (const int64_t h = sn__head64(y, d); i < h; i++) LN_MAP_EL(i);
     for (; i + 16 <= d; i += 16) {
       sn__pf v, w;
       memcpy(&v, x + i, sizeof v);
@@ -75,12 +82,10 @@ SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const fl
       if (has_b) memcpy(&w, beta + i, sizeof w), v = v + w;
       sn__store64(y + i, &v, 1);
     }
-  SN_IVDEP
-  for (; i < d; i++) {
-    float t = ((x[i] - hi) - lo) * s;
-    if (has_g) t = t * gamma[i];
-    y[i] = has_b ? t + beta[i] : t;
   }
+  SN_IVDEP
+  for (; i < d; i++) LN_MAP_EL(i);
+#undef LN_MAP_EL
 }
 
 /* bf16/f16 outputs with beta: y = p + beta[i], p = x̂·gamma, must round to within 1 ulp of the
@@ -383,22 +388,25 @@ static void ln_fwd_rows_pairs(uint16_t *y, float *mean, float *rstd, const uint1
                               float *tmp, const float *gamma, const float *beta, const float *gs,
                               const float *bs, int64_t r0, int64_t r1, int64_t rows, int64_t d,
                               float eps, int nt) {
+/* whether row q of y is streamed: its pair blocks are whole 64-byte lines */
+#define LN_NT_ROW(q) (nt && sn__aligned64(y + (q) * d))
 /* row q's stats, prefetching row q + 1 of x and row q of y (not when y is streamed) */
 #define LN_STATS_ROW(st, q)                                                                   \
   ln_stats_pairs(st, x + (q) * d, d, eps,                                                     \
                  (q) + 1 < rows ? (const char *)(x + ((q) + 1) * d) : NULL,                   \
-                 nt ? NULL : (char *)(y + (q) * d))
+                 LN_NT_ROW(q) ? NULL : (char *)(y + (q) * d))
   double cur[2], nxt[2] = {0, 0};
   LN_STATS_ROW(cur, r0);
   for (int64_t r = r0; r < r1; r++) {
     if (r + 1 < r1) LN_STATS_ROW(nxt, r + 1);
-    ln_map_row_pairs(y + r * d, cur, x + r * d, tmp, gamma, beta, gs, bs, d, nt);
+    ln_map_row_pairs(y + r * d, cur, x + r * d, tmp, gamma, beta, gs, bs, d, LN_NT_ROW(r));
     if (mean != NULL) mean[r] = (float)cur[0];
     if (rstd != NULL) rstd[r] = (float)cur[1];
     cur[0] = nxt[0], cur[1] = nxt[1];
   }
   sn__stream_fence(nt);
 #undef LN_STATS_ROW
+#undef LN_NT_ROW
 }
 
 /* Row r of the forward from its f32 view xr: writes y row r and mean[r], rstd[r] when given.
@@ -676,8 +684,19 @@ SN_INLINE int ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64, 
     }
     return 0;
   }
+#define LN_DX_EL(j)                                                                           \
+  do {                                                                                        \
+    const float dyj_ = dy[j], xh_ = ((x[j] - m) * s) - cf;                                    \
+    const float g_ = has_g ? dyj_ * gamma[j] : dyj_;                                          \
+    if (has_part) {                                                                           \
+      dgp[j] += dyj_ * xh_;                                                                   \
+      dbp[j] += dyj_;                                                                         \
+    }                                                                                         \
+    dx[j] = s * ((g_ - mg) - xh_ * mgx);                                                      \
+  } while (0)
   int64_t j = 0;
-  if (pf->nt) /* dx streamed: vectors of 16 through sn__store64, the same operations */
+  if (pf->nt) { /* ordinary stores up to a 64-byte line, then vectors of 16 through sn__store64 */
+    for (const int64_t h = sn__head64(dx, d); j < h; j++) LN_DX_EL(j);
     for (; j + 16 <= d; j += 16) {
       sn__pf vdy, xh, g, w;
       memcpy(&vdy, dy + j, sizeof vdy);
@@ -692,17 +711,10 @@ SN_INLINE int ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64, 
       w = s * ((g - mg) - xh * mgx);
       sn__store64(dx + j, &w, 1);
     }
-  SN_IVDEP
-  for (; j < d; j++) {
-    const float dyj = dy[j];
-    const float xh = ((x[j] - m) * s) - cf;
-    const float g = has_g ? dyj * gamma[j] : dyj;
-    if (has_part) {
-      dgp[j] += dyj * xh;
-      dbp[j] += dyj;
-    }
-    dx[j] = s * ((g - mg) - xh * mgx);
   }
+  SN_IVDEP
+  for (; j < d; j++) LN_DX_EL(j);
+#undef LN_DX_EL
   return 0;
 }
 
@@ -900,7 +912,9 @@ static void ln_bwd_store(void *dx, float *dgp, float *dbp, double *dgp64, double
                          const float *gamma, const float *gs, double gmax, int64_t r,
                          int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp, int nt) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
-  nt = nt && dtype != SN_DTYPE_F16; /* f16 rows are computed in tmp */
+  /* f16 rows are computed in tmp; bf16 pair blocks stream only where they are whole lines */
+  nt = nt && (dtype == SN_DTYPE_F32 ||
+              (dtype == SN_DTYPE_BF16 && sn__aligned64((const uint16_t *)dx + off)));
   const sn__bwd_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
                             next < 0 ? NULL : (const char *)dy + next * esize,
                             nt ? NULL : (char *)dx + off * esize, (int)esize, nt};

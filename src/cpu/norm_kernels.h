@@ -152,6 +152,7 @@ static inline int64_t sn__min64(int64_t a, int64_t b) { return a < b ? a : b; }
 SN_CLONES static inline void sn__aff_run(float *y, const float *x, int64_t n, float hi, float lo,
                                          float a, float b, int nt) {
   int64_t i = 0;
+  for (const int64_t h = nt ? sn__head64(y, n) : 0; i < h; i++) y[i] = ((x[i] - hi) - lo) * a + b;
   for (; i + SN_VB <= n; i += SN_VB) {
     sn__vf v;
     SN_VLOAD(v, x + i);
@@ -172,6 +173,8 @@ SN_CLONES static inline void sn__aff_rows(float *y, const float *x, int64_t nr, 
     float *yr = y + r * ld;
     const float *xr = x + r * ld;
     int64_t c = 0;
+    for (const int64_t hd = nt ? sn__head64(yr, ct) : 0; c < hd; c++)
+      yr[c] = ((xr[c] - hi[c]) - lo[c]) * a[c] + b[c];
     for (; c + SN_VB <= ct; c += SN_VB) {
       sn__vf v, h, l, va, vb;
       SN_VLOAD(v, xr + c);
@@ -191,6 +194,8 @@ SN_CLONES static inline void sn__affbwd_run(float *dx, const float *dy, const fl
                                             float hi, float lo, float a, float b, float e,
                                             int nt) {
   int64_t i = 0;
+  for (const int64_t h = nt ? sn__head64(dx, n) : 0; i < h; i++)
+    dx[i] = (dy[i] * a - b) - ((x[i] - hi) - lo) * e;
   for (; i + SN_VB <= n; i += SN_VB) {
     sn__vf g, v;
     SN_VLOAD(g, dy + i);
@@ -212,6 +217,8 @@ SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const f
     float *dxr = dx + r * ld;
     const float *dyr = dy + r * ld, *xr = x + r * ld;
     int64_t c = 0;
+    for (const int64_t hd = nt ? sn__head64(dxr, ct) : 0; c < hd; c++)
+      dxr[c] = (dyr[c] * a[c] - b[c]) - ((xr[c] - hi[c]) - lo[c]) * e[c];
     for (; c + SN_VB <= ct; c += SN_VB) {
       sn__vf g, v, h, l, va, vb, ve;
       SN_VLOAD(g, dyr + c);

@@ -52,8 +52,10 @@
  * streamed (sn__store64). */
 SN_INLINE void rms_map(float *y, const float *x, const float *gamma, int64_t d, float s,
                        int has_g, int nt) {
+#define RMS_MAP_EL(i) (y[i] = has_g ? (x[i] * s) * gamma[i] : x[i] * s)
   int64_t i = 0;
-  if (nt) /* streamed: vectors of 16 through sn__store64, the same operations */
+  if (nt) { /* ordinary stores up to a 64-byte line, then vectors of 16 through sn__store64 */
+    for (const int64_t h = sn__head64(y, d); i < h; i++) RMS_MAP_EL(i);
     for (; i + 16 <= d; i += 16) {
       sn__pf v, g;
       memcpy(&v, x + i, sizeof v);
@@ -61,12 +63,10 @@ SN_INLINE void rms_map(float *y, const float *x, const float *gamma, int64_t d, 
       if (has_g) memcpy(&g, gamma + i, sizeof g), v = v * g;
       sn__store64(y + i, &v, 1);
     }
-  SN_IVDEP
-  for (; i < d; i++) {
-    float t = x[i] * s;
-    if (has_g) t = t * gamma[i];
-    y[i] = t;
   }
+  SN_IVDEP
+  for (; i < d; i++) RMS_MAP_EL(i);
+#undef RMS_MAP_EL
 }
 
 /* One row: x [d] f32 → y [d] f32 (y may equal x); returns rstd in fp64. With res [d] (the fused
@@ -105,6 +105,7 @@ SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, const u
                                          uint16_t *sum_out, const float *gamma,
                                          const float *gs, int64_t d, float eps,
                                          const char *next, int nt) {
+  nt = nt && sn__aligned64(y); /* the pair blocks are whole 64-byte lines */
   const double ss = sn__row_sumsq_bf16(x, res, sum_out, d, next, nt ? NULL : (char *)y);
   const double ms = ss / (double)d;
   const double rstd = 1.0 / sqrt(ms + (double)eps);
@@ -331,8 +332,15 @@ SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const floa
     }
     return;
   }
+#define RMS_DX_EL(j)                                                                          \
+  do {                                                                                        \
+    const float dyj_ = dy[j], xh_ = x[j] * s;                                                 \
+    if (has_part) dgp[j] += dyj_ * xh_;                                                       \
+    dx[j] = s * rms_g(dyj_, gamma, j, has_g) - xh_ * e;                                       \
+  } while (0)
   int64_t j = 0;
-  if (pf->nt) /* dx streamed: vectors of 16 through sn__store64, the same operations */
+  if (pf->nt) { /* ordinary stores up to a 64-byte line, then vectors of 16 through sn__store64 */
+    for (const int64_t h = sn__head64(dx, d); j < h; j++) RMS_DX_EL(j);
     for (; j + 16 <= d; j += 16) {
       sn__pf vdy, xh, w;
       memcpy(&vdy, dy + j, sizeof vdy);
@@ -343,12 +351,10 @@ SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const floa
       w = s * vdy - xh * e;
       sn__store64(dx + j, &w, 1);
     }
-  SN_IVDEP
-  for (; j < d; j++) {
-    const float dyj = dy[j], xh = x[j] * s;
-    if (has_part) dgp[j] += dyj * xh;
-    dx[j] = s * rms_g(dyj, gamma, j, has_g) - xh * e;
   }
+  SN_IVDEP
+  for (; j < d; j++) RMS_DX_EL(j);
+#undef RMS_DX_EL
 }
 
 SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const float *dy,
@@ -478,7 +484,9 @@ static void rms_bwd_store(void *dx, float *dgp, double *dgp64, const void *dy, c
                           const float *rstd, const float *gamma, const float *gs, int64_t r,
                           int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp, int nt) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
-  nt = nt && dtype != SN_DTYPE_F16; /* f16 rows are computed in tmp */
+  /* f16 rows are computed in tmp; bf16 pair blocks stream only where they are whole lines */
+  nt = nt && (dtype == SN_DTYPE_F32 ||
+              (dtype == SN_DTYPE_BF16 && sn__aligned64((const uint16_t *)dx + off)));
   sn__bwd_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
                            next < 0 ? NULL : (const char *)dy + next * esize,
                            nt ? NULL : (char *)dx + off * esize, (int)esize, nt};
