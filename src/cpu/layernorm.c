@@ -21,8 +21,8 @@
  * passes read the row 32 values at a time as the even and odd halves of 16 words
  * (sn__pair_widen, rownorm.h), the map narrows y the same way; the same results as the widened
  * row. Each thread takes one range of rows and computes a row's statistics before it maps the
- * row before (ln_fwd_rows_pairs), so that the end of one overlaps the other. The fused kernel's bf16
- * rows take a two-pass path with the same results (ln_fwd_row_bf16; [threads, d] floats of
+ * row before (ln_fwd_rows_pairs), so that the end of one overlaps the other. The fused kernel's
+ * bf16 rows take a two-pass path with the same results (ln_fwd_row_bf16; [threads, d] floats of
  * scratch): widening fused with the sums, narrowing with the map. The fused kernel adds
  * x + residual in the first pass (f32 and bf16; f16 in a pass of its own over L1-sized blocks,
  * sn__residual_sum_row), storing sum_out as it goes, and maps the stored sums (f32) or their
