@@ -38,9 +38,9 @@
  * three tensors' bytes, a streaming store two. On the Intel Xeon VM of docs/BENCHMARKS.md (its
  * latest bench_cpu table) a copy loop with ordinary stores ran at 19-23 GB/s, memcpy (streaming
  * above 127 MiB) at 32-41, and the NHWC BatchNorm map took 0.76x the time with streaming
- * stores. On the AMD EPYC
- * VM of the earlier tables ordinary stores copied as fast as memcpy (66 GB/s) and streaming
- * stores made the maps 1.1-1.6x slower, so by default only Intel CPUs stream. And a streamed
+ * stores. On the AMD EPYC VM of the earlier tables ordinary stores copied as fast as memcpy
+ * (66 GB/s) and streaming stores made the maps 1.1-1.6x slower, so by default only Intel CPUs
+ * stream. And a streamed
  * output is no longer in the cache for whoever reads it next, so only outputs of at least
  * SN_STREAM_MIN_BYTES are streamed: more than the L2 and the L3 share of a core on common server
  * parts (oneDNN streams every f32 BatchNorm output, its bf16 ones above L2 + L3 per core).

@@ -55,9 +55,8 @@
 /* ------------------------------------------------------------------------------------------ */
 
 /* y[i] = ((x[i] − hi) − lo)·s·gamma[i] + beta[i] in f32; mean = hi + lo, s = (float)rstd.
- * has_g and has_b are constants after inlining: each combination is its own vector loop. nt: y
- * streamed (sn__store64). Its
- * error is ~5 f32 roundings (2^-24 each) of t·gamma (x − hi, − lo, rstd rounded to f32, · rstd,
+ * has_g and has_b are constants after inlining (sn__map_f32). nt: y streamed. Its error is
+ * ~5 f32 roundings (2^-24 each) of t·gamma (x − hi, − lo, rstd rounded to f32, · rstd,
  * · gamma) plus one of y: relative to y without beta, and far inside the 1-ulp bound of any
  * output dtype then (rows whose mean is below LN_SPLIT_MIN excepted: they take ln_map_beta).
  * With beta, t·gamma + beta can cancel: fine for f32 outputs (1e-6 normwise), not for the
@@ -65,27 +64,7 @@
 SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const float *beta,
                           int64_t d, double mean, double rstd, int has_g, int has_b, int nt) {
   const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
-#define LN_MAP_EL(i)                                                                          \
-  do {                                                                                        \
-    float t_ = ((x[i] - hi) - lo) * s;                                                        \
-    if (has_g) t_ = t_ * gamma[i];                                                            \
-    y[i] = has_b ? t_ + beta[i] : t_;                                                         \
-  } while (0)
-  int64_t i = 0;
-  if (nt) { /* ordinary stores up to a 64-byte line, then vectors of 16 through sn__store64 */
-    for (const int64_t h = sn__head64(y, d); i < h; i++) LN_MAP_EL(i);
-    for (; i + 16 <= d; i += 16) {
-      sn__pf v, w;
-      memcpy(&v, x + i, sizeof v);
-      v = ((v - hi) - lo) * s;
-      if (has_g) memcpy(&w, gamma + i, sizeof w), v = v * w;
-      if (has_b) memcpy(&w, beta + i, sizeof w), v = v + w;
-      sn__store64(y + i, &v, 1);
-    }
-  }
-  SN_IVDEP
-  for (; i < d; i++) LN_MAP_EL(i);
-#undef LN_MAP_EL
+  sn__map_f32(y, x, gamma, beta, d, hi, lo, s, has_g, has_b, 1, nt);
 }
 
 /* bf16/f16 outputs with beta: y = p + beta[i], p = x̂·gamma, must round to within 1 ulp of the

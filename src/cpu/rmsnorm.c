@@ -49,24 +49,10 @@
 /* ------------------------------------------------------------------------------------------ */
 
 /* y[i] = (x[i]·s)·gamma[i] in f32 (has_g constant after inlining). y may equal x. nt: y
- * streamed (sn__store64). */
+ * streamed (sn__map_f32). */
 SN_INLINE void rms_map(float *y, const float *x, const float *gamma, int64_t d, float s,
                        int has_g, int nt) {
-#define RMS_MAP_EL(i) (y[i] = has_g ? (x[i] * s) * gamma[i] : x[i] * s)
-  int64_t i = 0;
-  if (nt) { /* ordinary stores up to a 64-byte line, then vectors of 16 through sn__store64 */
-    for (const int64_t h = sn__head64(y, d); i < h; i++) RMS_MAP_EL(i);
-    for (; i + 16 <= d; i += 16) {
-      sn__pf v, g;
-      memcpy(&v, x + i, sizeof v);
-      v = v * s;
-      if (has_g) memcpy(&g, gamma + i, sizeof g), v = v * g;
-      sn__store64(y + i, &v, 1);
-    }
-  }
-  SN_IVDEP
-  for (; i < d; i++) RMS_MAP_EL(i);
-#undef RMS_MAP_EL
+  sn__map_f32(y, x, gamma, NULL, d, 0.0f, 0.0f, s, has_g, 0, 0, nt);
 }
 
 /* One row: x [d] f32 → y [d] f32 (y may equal x); returns rstd in fp64. With res [d] (the fused

@@ -209,6 +209,37 @@ SN_INLINE void sn__map_pairs(uint16_t *y, const uint16_t *xb, const float *gs, c
   }
 }
 
+/* y [d] = t·gamma + beta in f32, t = ((x − hi) − lo)·s (centre: LayerNorm, mean = hi + lo) or
+ * x·s (RMSNorm), for an f32 row x [d]; has_g, has_b, centre: constants after inlining, each
+ * combination its own vector loop. nt: y streamed, an ordinary-store head up to the first 64-byte
+ * line (sn__head64), then vectors of 16 through sn__store64 with the same operations, so the same
+ * bits. y may equal x. */
+SN_INLINE void sn__map_f32(float *y, const float *x, const float *gamma, const float *beta,
+                           int64_t d, float hi, float lo, float s, int has_g, int has_b,
+                           int centre, int nt) {
+#define SN_MAP_EL(i)                                                                          \
+  do {                                                                                        \
+    float t_ = centre ? ((x[i] - hi) - lo) * s : x[i] * s;                                    \
+    if (has_g) t_ = t_ * gamma[i];                                                            \
+    y[i] = has_b ? t_ + beta[i] : t_;                                                         \
+  } while (0)
+  int64_t i = 0;
+  if (nt) {
+    for (const int64_t h = sn__head64(y, d); i < h; i++) SN_MAP_EL(i);
+    for (; i + 16 <= d; i += 16) {
+      sn__pf v, w;
+      memcpy(&v, x + i, sizeof v);
+      v = centre ? ((v - hi) - lo) * s : v * s;
+      if (has_g) memcpy(&w, gamma + i, sizeof w), v = v * w;
+      if (has_b) memcpy(&w, beta + i, sizeof w), v = v + w;
+      sn__store64(y + i, &v, 1);
+    }
+  }
+  SN_IVDEP
+  for (; i < d; i++) SN_MAP_EL(i);
+#undef SN_MAP_EL
+}
+
 /* Memory a backward row function prefetches during its first pass (see sn__row_shifted_sums):
  * the next row's x and dy for reading, this row's dx for writing (esize bytes per element; NULL
  * for none). */
