@@ -3,7 +3,7 @@
  *
  * Whether a call streams is fixed once per process (SN_STREAM_MIN_BYTES is read once: cpu.h,
  * convert.c), so one process cannot run a call both ways. The test runs this program twice more
- * (fork + exec of /proc/self/exe --emit FILE): once with every output streamed
+ * (fork + exec of itself with --emit FILE): once with every output streamed
  * (SN_STREAM_MIN_BYTES=0) and once with none (a threshold above any size). Each child runs the
  * same cases on the same seeded inputs: every kernel with an output that can stream; f32, bf16
  * and f16; the output at several offsets from a 64-byte line (the streamed f32 loops store a head
@@ -272,6 +272,10 @@ static int emit_all(const char *path) {
 
 /* ---- the parent -------------------------------------------------------------------------- */
 
+/* This program's path, read at start (readlink of /proc/self/exe, which valgrind answers with
+ * the program it runs, not itself; else argv[0]). */
+static char self[4096];
+
 /* Runs this program with --emit path and SN_STREAM_MIN_BYTES=min_bytes; requires exit 0. */
 static void run_child(const char *path, const char *min_bytes) {
   fflush(NULL);
@@ -279,7 +283,7 @@ static void run_child(const char *path, const char *min_bytes) {
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
     setenv("SN_STREAM_MIN_BYTES", min_bytes, 1);
-    execl("/proc/self/exe", "test_stream_bitwise", "--emit", path, (char *)NULL);
+    execl(self, self, "--emit", path, (char *)NULL);
     _exit(127);
   }
   int status;
@@ -330,6 +334,9 @@ END_TEST
 
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--emit") == 0) return emit_all(argv[2]);
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len > 0) self[len] = '\0';
+  else snprintf(self, sizeof self, "%s", argv[0]);
   Suite *s = suite_create("stream_bitwise");
   TCase *tc = tcase_create("core");
   tcase_add_test(tc, test_streamed_equals_ordinary);
