@@ -197,6 +197,14 @@ static int64_t float_bits(float f) {
   return (int64_t)u;
 }
 
+/* The float whose bits float_bits gave. */
+static float float_of(int64_t bits) {
+  const uint32_t u = (uint32_t)bits;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 /* A hash of the running statistics (running_mean, running_var, num_batches_tracked), 0 without
  * them; nonnegative. */
 static int64_t running_hash(const sn_syncbn_t *bn) {
@@ -207,35 +215,114 @@ static int64_t running_hash(const sn_syncbn_t *bn) {
   return (int64_t)(h >> 2);
 }
 
-/* One field's range over the ranks, lo..hi, for the message of check_consistency: names for
- * the operation, dtype and layout, values for momentum and eps (sig holds their bits), nothing
- * for the hash of the running statistics. */
-static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi) {
+/* The name of a value of field k of the signature (check_consistency), where it has one: the
+ * operation, dtype and layout; NULL otherwise. */
+static const char *field_name(int k, int64_t v) {
   static const char *const op_name[] = {"?", "forward", "backward"};
   static const char *const dtype_name[] = {"f32", "bf16", "f16", "f64"};
   static const char *const layout_name[] = {"NCHW", "NHWC"};
   const char *const *names = k == 2 ? op_name : k == 3 ? dtype_name : k == 4 ? layout_name : NULL;
   const int64_t count = k == 2 ? 3 : k == 3 ? 4 : 2;
-  if (names != NULL && lo >= 0 && hi < count)
-    return snprintf(out, size, " (%s..%s)", names[lo], names[hi]);
-  if (k == 5 || k == 6) { /* the ranks' extreme bit patterns: two of the values */
-    const uint32_t a = (uint32_t)lo, b = (uint32_t)hi;
-    float f[2];
-    memcpy(&f[0], &a, sizeof f[0]);
-    memcpy(&f[1], &b, sizeof f[1]);
-    if (f[0] > f[1]) {
-      const float t = f[0];
-      f[0] = f[1], f[1] = t;
-    }
-    char v[2][32];
-    for (int i = 0; i < 2; i++) {
-      if (k == 5 && f[i] == SN_MOMENTUM_CUMULATIVE) snprintf(v[i], sizeof v[i], "None");
-      else snprintf(v[i], sizeof v[i], "%g", (double)f[i]);
-    }
-    return snprintf(out, size, " (e.g. %s on one rank, %s on another)", v[0], v[1]);
+  return names != NULL && v >= 0 && v < count ? names[v] : NULL;
+}
+
+/* One value of field k as text: a name (field_name), momentum and eps from their bits ("None"
+ * for SN_MOMENTUM_CUMULATIVE), the number otherwise; the running statistics' hash has no text
+ * of its own: "one state" for the first value shown (first != 0), "another" after it. */
+static void field_value(char *out, size_t size, int k, int64_t v, int first) {
+  const char *name = field_name(k, v);
+  if (name != NULL) {
+    snprintf(out, size, "%s", name);
+  } else if (k == 5 || k == 6) {
+    const float f = float_of(v);
+    if (k == 5 && f == SN_MOMENTUM_CUMULATIVE) snprintf(out, size, "None");
+    else snprintf(out, size, "%g", (double)f);
+  } else if (k == 9) {
+    snprintf(out, size, "%s", first ? "one state" : "another");
+  } else {
+    snprintf(out, size, "%lld", (long long)v);
   }
-  if (k == 9) return snprintf(out, size, "%s", "");
-  return snprintf(out, size, " (%lld..%lld)", (long long)lo, (long long)hi);
+}
+
+/* One field's range over the ranks, lo..hi (its maxima of v and −v), for the message of
+ * check_consistency beyond MSG_TABLE_RANKS: names or values as field_value, with the lowest rank
+ * holding each (rlo, rhi; −1: not known, then only the values); two momentum or eps values (the
+ * extreme bit patterns) and two ranks whose running statistics differ as examples. */
+static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi, int64_t rlo,
+                       int64_t rhi) {
+  const int ranked = rlo >= 0 && rhi >= 0;
+  if (k == 9)
+    return ranked ? snprintf(out, size, " (e.g. ranks %lld and %lld)", (long long)rlo,
+                             (long long)rhi)
+                  : snprintf(out, size, "%s", "");
+  char a[32], b[32], ra[32] = "", rb[32] = "";
+  if ((k == 5 || k == 6) && float_of(lo) > float_of(hi)) { /* order values, not bits */
+    const int64_t t = lo, rt = rlo;
+    lo = hi, rlo = rhi, hi = t, rhi = rt;
+  }
+  field_value(a, sizeof a, k, lo, 0), field_value(b, sizeof b, k, hi, 0);
+  if (ranked) {
+    snprintf(ra, sizeof ra, " on rank %lld", (long long)rlo);
+    snprintf(rb, sizeof rb, " on rank %lld", (long long)rhi);
+  }
+  if (k == 5 || k == 6) /* the extreme bit patterns: two of the values */
+    return snprintf(out, size, " (e.g. %s%s, %s%s)", a, ranked ? ra : " on one rank", b,
+                    ranked ? rb : " on another");
+  if (!ranked) return snprintf(out, size, " (%s..%s)", a, b);
+  return snprintf(out, size, " (%s..%s; e.g. %s%s, %s%s)", a, b, a, ra, b, rb);
+}
+
+/* Values listed per field, and ranks per value, in a mismatch message (then "..."). */
+enum { MSG_VALUES = 3, MSG_RANKS = 6 };
+/* Up to this many ranks, a mismatch gathers every rank's signature (on the stack: 5 KiB) and the
+ * message lists the ranks of each value (field_by_rank); beyond, the lowest rank holding each
+ * extreme (field_range). No allocation on that path: every rank must make the same collective. */
+enum { MSG_TABLE_RANKS = 64 };
+
+typedef struct {
+  int leader; /* the first rank with the value */
+  int count;  /* ranks with it */
+} group_t;
+
+static int group_order(const void *a, const void *b) { /* most ranks first, then by rank */
+  const group_t *p = a, *q = b;
+  if (p->count != q->count) return p->count > q->count ? -1 : 1;
+  return (p->leader > q->leader) - (p->leader < q->leader);
+}
+
+/* Field k from every rank's signature (table: [ranks, nf], row r rank r's), the values grouped,
+ * most common first: " (3 on ranks 0, 1, 3; 4 on rank 2)". groups: scratch of `ranks`. */
+static int field_by_rank(char *out, size_t size, int k, const int64_t *table, int ranks, int nf,
+                         group_t *groups) {
+  int ng = 0;
+  for (int r = 0; r < ranks; r++) {
+    int g = 0;
+    while (g < ng && table[(int64_t)groups[g].leader * nf + k] != table[(int64_t)r * nf + k]) g++;
+    if (g == ng) groups[ng].leader = r, groups[ng].count = 0, ng++;
+    groups[g].count++;
+  }
+  qsort(groups, (size_t)ng, sizeof *groups, group_order);
+  int len = snprintf(out, size, " (");
+  for (int g = 0; g < ng && g < MSG_VALUES && len < (int)size; g++) {
+    const int64_t v = table[(int64_t)groups[g].leader * nf + k];
+    char text[32];
+    field_value(text, sizeof text, k, v, g == 0);
+    len += snprintf(out + len, size - (size_t)len, "%s%s on rank%s", g ? "; " : "", text,
+                    groups[g].count > 1 ? "s" : "");
+    for (int r = groups[g].leader, shown = 0; r < ranks && len < (int)size; r++) {
+      if (table[(int64_t)r * nf + k] != v) continue;
+      if (shown == MSG_RANKS) {
+        len += snprintf(out + len, size - (size_t)len, ", ... (%d ranks)", groups[g].count);
+        break;
+      }
+      len += snprintf(out + len, size - (size_t)len, "%s %d", shown ? "," : "", r);
+      shown++;
+    }
+  }
+  if (ng > MSG_VALUES && len < (int)size)
+    len += snprintf(out + len, size - (size_t)len, "; %d more values", ng - MSG_VALUES);
+  if (len < (int)size) len += snprintf(out + len, size - (size_t)len, ")");
+  return len;
 }
 
 /* With cfg.check_consistency: one max-all-reduce of (v, −v) for each field of this call's
@@ -243,7 +330,11 @@ static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi) {
  * CALL_FIELDS fields say which call each rank made; where one of them differs the ranks are out
  * of step, and the others (another layer's configuration and state) differ as a consequence,
  * so only the call fields are reported then; likewise the configuration fields before the
- * running statistics (whose hash changes with track_running_stats). */
+ * running statistics (whose hash changes with track_running_stats). On a mismatch every rank
+ * (all take that path) makes one more collective: up to MSG_TABLE_RANKS ranks a sum all-reduce
+ * of a [ranks, fields] table in which each rank fills its own row (exact: one nonzero term per
+ * element), so that the message lists which ranks hold which value; beyond, a max all-reduce of
+ * the lowest rank holding each field's extremes. */
 enum { CALL_FIELDS = 5, CONFIG_FIELDS = 9 };
 static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
   enum { K = 10 };
@@ -265,16 +356,40 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
     if (v[k] == -v[K + k]) continue;
     last = k < CALL_FIELDS ? CALL_FIELDS : k < CONFIG_FIELDS ? CONFIG_FIELDS : K;
   }
-  char msg[512];
+  int differs = 0;
+  for (int k = 0; k < K; k++) differs |= v[k] != -v[K + k];
+  if (!differs) return SN_OK;
+  /* every rank is here (the same verdict everywhere): one more collective, of a size every rank
+   * knows, tells which ranks hold which values; without it (an error) only the ranges */
+  const int ranks = bn->comm->size, me = bn->comm->rank;
+  int64_t table[MSG_TABLE_RANKS * K] = {0}, who[2 * K];
+  group_t groups[MSG_TABLE_RANKS];
+  const int by_rank = ranks <= MSG_TABLE_RANKS;
+  if (by_rank) {
+    memcpy(table + (int64_t)me * K, sig, sizeof sig);
+  } else { /* −(the lowest rank) holding each field's largest value, then its smallest */
+    for (int k = 0; k < K; k++) {
+      who[k] = sig[k] == v[k] ? -me : INT64_MIN;
+      who[K + k] = sig[k] == -v[K + k] ? -me : INT64_MIN;
+    }
+  }
+  bn->collectives++;
+  snprintf(where, sizeof where, "%s (%s, ranks of a mismatch)", fn, bn->label);
+  const int known = sn__comm_allreduce(where, bn->comm, by_rank ? table : who,
+                                       by_rank ? (int64_t)ranks * K : 2 * K, SN_RED_I64,
+                                       by_rank ? SN_RED_SUM : SN_RED_MAX) == SN_OK;
+  char msg[768];
   int len = 0;
   for (int k = 0; k < last && len < (int)sizeof msg; k++) {
     if (v[k] == -v[K + k]) continue;
     len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%s differs across ranks", len ? "; " : "",
                     field[k]);
-    if (len < (int)sizeof msg)
-      len += field_range(msg + len, sizeof msg - (size_t)len, k, -v[K + k], v[k]);
+    if (len >= (int)sizeof msg) break;
+    len += known && by_rank
+               ? field_by_rank(msg + len, sizeof msg - (size_t)len, k, table, ranks, K, groups)
+               : field_range(msg + len, sizeof msg - (size_t)len, k, -v[K + k], v[k],
+                             known ? -who[K + k] : -1, known ? -who[k] : -1);
   }
-  if (len == 0) return SN_OK;
   return sn__fail(SN_ERR_MISMATCH,
                   "%s: ranks disagree on this collective (every rank must call the same layers "
                   "in the same order; a rank that got an error from an earlier call, or skipped "

@@ -125,10 +125,13 @@ typedef struct {
   int check_consistency;   /* before each collective, check all ranks call the same layer id,
                               C, operation, dtype, layout, momentum, eps, track_running_stats and
                               affine with the same running statistics (one extra all-reduce of 20
-                              int64); default 1. Off, a rank that calls another layer or another
-                              size is not detected: MPI mixes or truncates buffers (Open MPI ends
-                              the job on a size mismatch: see sn_comm_create_mpi). Set it alike
-                              on every rank: ranks that differ in it do different collectives */
+                              int64; on a mismatch one more, so that the message names the ranks
+                              holding each value: up to 64 ranks all of them, beyond the lowest
+                              rank at each end of the range); default 1. Off, a rank that calls
+                              another layer or another size is not detected: MPI mixes or
+                              truncates buffers (Open MPI ends the job on a size mismatch: see
+                              sn_comm_create_mpi). Set it alike on every rank: ranks that
+                              differ in it do different collectives */
   int check_finite;        /* fail with SN_ERR_NONFINITE on every rank, stats untouched, when any
                               rank's x (forward) or dy (backward) holds NaN/Inf; default 0 */
   int device_memory;       /* x, y, parameters and stats in CUDA device memory (needs an "nccl"
@@ -213,7 +216,8 @@ SN_API sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy,
 SN_API sn_status_t sn_syncbn_params(sn_syncbn_t *bn, sn_syncbn_params_t *params);
 
 /* Number of collectives (all-reduces) this layer has issued so far: a training forward adds 1
- * (rarely 2 or 3, see forward), a backward after it adds 1, consistency checks add 1 each. For
+ * (rarely 2 or 3, see forward), a backward after it adds 1, consistency checks add 1 each (2
+ * when they find a mismatch). For
  * benchmarks and tests. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_syncbn_collective_count(const sn_syncbn_t *bn, int64_t *count);
 

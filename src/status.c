@@ -9,7 +9,7 @@
 
 #include "internal.h"
 
-#define SN_ERRMSG_LEN 512
+#define SN_ERRMSG_LEN 1024
 
 static _Thread_local char sn__errmsg[SN_ERRMSG_LEN];
 

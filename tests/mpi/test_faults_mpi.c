@@ -117,6 +117,17 @@ static void assert_mismatch(sn_status_t st, const char *what, const char *s1, co
                 mt_rank, what, s2, msg);
 }
 
+/* "<field> differs across ranks (a on ranks 0, 1, ...; b on rank P-1)" into buf: the message's
+ * part for a field where rank ODD (the last) alone holds b, most common value first. */
+static const char *odd_one_out(char *buf, size_t size, const char *field, const char *a,
+                               const char *b) {
+  int len = snprintf(buf, size, "%s differs across ranks (%s on ranks", field, a);
+  for (int r = 0; r < mt_size - 1; r++)
+    len += snprintf(buf + len, size - (size_t)len, "%s %d", r ? "," : "", r);
+  snprintf(buf + len, size - (size_t)len, "; %s on rank %d)", b, mt_size - 1);
+  return buf;
+}
+
 /* One good training step (forward + backward) on every rank; then identical stats everywhere. */
 static void good_step(layer_t *l, uint64_t seed, const char *what) {
   float x[FT_LEN], y[FT_LEN], dx[FT_LEN], dy[FT_LEN];
@@ -145,12 +156,14 @@ START_TEST(test_skip_forward) {
   float x[FT_LEN], y[FT_LEN];
   fill_x(x, FT_LEN, 30 + (uint64_t)mt_rank);
   poison(y, FT_LEN);
+  char want[256];
+  odd_one_out(want, sizeof want, "layer id", "0", "1");
   if (mt_rank == ODD) {
     assert_mismatch(sn_syncbn_forward(b.bn, y, x, FT_N, FT_S, 1), "skipped A, called B",
-                    "'head.bn' (id 1)", "layer id differs across ranks (0..1)");
+                    "'head.bn' (id 1)", want);
   } else {
     assert_mismatch(sn_syncbn_forward(a.bn, y, x, FT_N, FT_S, 1), "called A, one rank skipped it",
-                    "'stem.bn' (id 0)", "layer id differs across ranks (0..1)");
+                    "'stem.bn' (id 0)", want);
   }
   assert_poisoned(y, FT_LEN, "mismatched forward");
   layer_unchanged(&a, "A after the mismatch"), layer_unchanged(&b, "B after the mismatch");
@@ -176,8 +189,9 @@ START_TEST(test_skip_backward) {
   poison(y, FT_LEN);
   sn_status_t st = mt_rank == ODD ? sn_syncbn_forward(a.bn, y, x, FT_N, FT_S, 1)
                                   : sn_syncbn_backward(a.bn, dx, dy, x, FT_N, FT_S);
+  char want[256];
   assert_mismatch(st, "backward skipped on one rank", "'block1.bn2' (id 3)",
-                  "operation differs across ranks (forward..backward)");
+                  odd_one_out(want, sizeof want, "operation", "backward", "forward"));
   ck_assert_msg(strstr(sn_last_error(), mt_rank == ODD ? "forward" : "backward"), "%s",
                 sn_last_error());
   assert_poisoned(dx, FT_LEN, "dx of the mismatched backward");
@@ -193,16 +207,18 @@ END_TEST
 START_TEST(test_one_rank_differs) {
   ck_assert_int_ge(mt_size, 3);
   static const struct {
-    const char *field;
+    const char *field, *usual, *other; /* the field and its values */
     int64_t C;
     sn_dtype_t dtype;
     sn_layout_t layout;
   } odd[] = {
-      {"C (num_features) differs across ranks (4..5)", FT_C + 1, SN_DTYPE_F32, SN_LAYOUT_NCHW},
-      {"dtype differs", FT_C, SN_DTYPE_F16, SN_LAYOUT_NCHW},
-      {"layout differs", FT_C, SN_DTYPE_F32, SN_LAYOUT_NHWC},
+      {"C (num_features)", "4", "5", FT_C + 1, SN_DTYPE_F32, SN_LAYOUT_NCHW},
+      {"dtype", "f32", "f16", FT_C, SN_DTYPE_F16, SN_LAYOUT_NCHW},
+      {"layout", "NCHW", "NHWC", FT_C, SN_DTYPE_F32, SN_LAYOUT_NHWC},
   };
   for (int k = 0; k < 3; k++) {
+    char want[256];
+    odd_one_out(want, sizeof want, odd[k].field, odd[k].usual, odd[k].other);
     layer_t l;
     const int me = mt_rank == ODD;
     layer_make(&l, me ? odd[k].C : FT_C, 10 + k, "fc.bn", me ? odd[k].dtype : SN_DTYPE_F32,
@@ -219,7 +235,7 @@ START_TEST(test_one_rank_differs) {
     snprintf(idname, sizeof idname, "'fc.bn' (id %d)", 10 + k);
     assert_mismatch(sn_syncbn_forward(l.bn, half ? (void *)yh : (void *)y,
                                       half ? (void *)xh : (void *)x, FT_N, FT_S, 1),
-                    odd[k].field, odd[k].field, idname);
+                    odd[k].field, want, idname);
     if (half) {
       for (int64_t i = 0; i < len; i++) ck_assert_msg(yh[i] == 0xBEEF, "f16 y written");
     } else {
@@ -243,10 +259,13 @@ START_TEST(test_order_swapped_on_one_rank) {
   fill_x(x, FT_LEN, 110 + (uint64_t)mt_rank);
   layer_t *first = mt_rank == ODD ? &b : &a, *second = mt_rank == ODD ? &a : &b;
   poison(y, FT_LEN);
+  char want[256];
   assert_mismatch(sn_syncbn_forward(first->bn, y, x, FT_N, FT_S, 1), "first call",
-                  mt_rank == ODD ? "'bn_b' (id 21)" : "'bn_a' (id 20)", "layer id differs");
+                  mt_rank == ODD ? "'bn_b' (id 21)" : "'bn_a' (id 20)",
+                  odd_one_out(want, sizeof want, "layer id", "20", "21"));
   assert_mismatch(sn_syncbn_forward(second->bn, y, x, FT_N, FT_S, 1), "second call",
-                  mt_rank == ODD ? "'bn_a' (id 20)" : "'bn_b' (id 21)", "layer id differs");
+                  mt_rank == ODD ? "'bn_a' (id 20)" : "'bn_b' (id 21)",
+                  odd_one_out(want, sizeof want, "layer id", "21", "20"));
   assert_poisoned(y, FT_LEN, "swapped order");
   layer_unchanged(&a, "A"), layer_unchanged(&b, "B");
   good_step(&a, 120, "A after");

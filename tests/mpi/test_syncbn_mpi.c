@@ -334,7 +334,7 @@ START_TEST(test_mismatch_detected) {
                                 : sn_syncbn_backward(bn, y, x, x, 2, 2);
   ck_assert_int_eq(st, SN_ERR_MISMATCH);
   ck_assert_msg(strstr(sn_last_error(), "bn1") &&
-                    strstr(sn_last_error(), "operation differs across ranks (forward..backward)"),
+                    strstr(sn_last_error(), "operation differs across ranks (forward on rank 0; backward on rank 1)"),
                 "%s", sn_last_error());
 
   /* another C on each rank (same id) */
@@ -346,7 +346,7 @@ START_TEST(test_mismatch_detected) {
   float xx[2 * 4 * 2], yy[2 * 4 * 2];
   mt_fill(xx, 16, SN_DTYPE_F32, 4, 0);
   ck_assert_int_eq(sn_syncbn_forward(b2, yy, xx, 2, 2, 1), SN_ERR_MISMATCH);
-  ck_assert_msg(strstr(sn_last_error(), "C (num_features) differs across ranks (3..4)"), "%s",
+  ck_assert_msg(strstr(sn_last_error(), "C (num_features) differs across ranks (3 on rank 0; 4 on rank 1)"), "%s",
                 sn_last_error());
   /* the running statistics differ too (3 against 4 channels), as a consequence: not reported */
   ck_assert_msg(!strstr(sn_last_error(), "running statistics"), "%s", sn_last_error());
@@ -375,7 +375,7 @@ START_TEST(test_mismatch_detected) {
   ck_assert_int_eq(sn_syncbn_forward(b3, mt_rank == 0 ? (void *)y : (void *)xh,
                                      mt_rank == 0 ? (void *)x : (void *)xh, 2, 2, 1),
                    SN_ERR_MISMATCH);
-  ck_assert_msg(strstr(sn_last_error(), "dtype differs across ranks (f32..bf16)"), "%s",
+  ck_assert_msg(strstr(sn_last_error(), "dtype differs across ranks (f32 on rank 0; bf16 on rank 1)"), "%s",
                 sn_last_error());
 
   /* momentum (None on rank 1), then eps, then track_running_stats differ */
@@ -390,8 +390,8 @@ START_TEST(test_mismatch_detected) {
     MT_OK(sn_syncbn_create(&b4, &c4, mt_world));
     ck_assert_int_eq(sn_syncbn_forward(b4, y, x, 2, 2, 1), SN_ERR_MISMATCH);
     static const char *const what[3] = {
-        "momentum differs across ranks (e.g. None on one rank, 0.1 on another)",
-        "eps differs across ranks (e.g. 1e-05 on one rank, 0.5 on another)",
+        "momentum differs across ranks (0.1 on rank 0; None on rank 1)",
+        "eps differs across ranks (1e-05 on rank 0; 0.5 on rank 1)",
         "track_running_stats differs"};
     ck_assert_msg(strstr(sn_last_error(), what[f]), "%s", sn_last_error());
     /* the running statistics' hash differs with track_running_stats: not reported then */
@@ -557,6 +557,75 @@ START_TEST(test_subgroups) {
 }
 END_TEST
 
+/* "ranks a, b, c" / "rank a": the ranks r < mt_size with pred(r), as a mismatch message lists
+ * them (up to 6; the test runs at most 7 ranks on this path). */
+static const char *ranks_where(char *buf, size_t size, int (*pred)(int)) {
+  int len = 0, n = 0;
+  for (int r = 0; r < mt_size; r++) n += pred(r);
+  len = snprintf(buf, size, "rank%s", n > 1 ? "s" : "");
+  for (int r = 0, k = 0; r < mt_size; r++)
+    if (pred(r)) len += snprintf(buf + len, size - (size_t)len, "%s %d", k++ ? "," : "", r);
+  return buf;
+}
+static int is_last(int r) { return r == mt_size - 1; }
+static int not_last(int r) { return r != mt_size - 1; }
+static int is_cumulative(int r) { return r % 3 == 1; }
+static int not_cumulative(int r) { return r % 3 != 1; }
+static int is_one(int r) { return r == 1; }
+static int not_one(int r) { return r != 1; }
+
+/* A mismatch among P ≥ 3 ranks names who holds which value: up to 64 ranks every rank's value
+ * ("3 on ranks 0, 1, 2; 4 on rank 3", most common first), beyond that the range and the lowest
+ * rank holding each end. Three layers: C larger on the last rank; momentum None on ranks 1, 4,
+ * 7, ...; running_mean changed on rank 1. */
+START_TEST(test_mismatch_names_ranks) {
+  ck_assert_int_ge(mt_size, 3);
+  const int table = mt_size <= 64; /* the library's MSG_TABLE_RANKS */
+  ck_assert_msg(!table || mt_size <= 7, "the expected rank lists assume at most 6 per value");
+  const char *running = "running statistics (load or set them on every rank, or broadcast them "
+                        "from one) differs across ranks";
+  for (int t = 0; t < 3; t++) {
+    sn_syncbn_config_t cfg = sn_syncbn_default_config(t == 0 && mt_rank == mt_size - 1 ? 4 : 3);
+    cfg.check_consistency = 1;
+    cfg.layer_id = 30 + t;
+    if (t == 1 && mt_rank % 3 == 1) cfg.momentum = SN_MOMENTUM_CUMULATIVE;
+    sn_syncbn_t *bn = NULL;
+    MT_OK(sn_syncbn_create(&bn, &cfg, mt_world));
+    if (t == 2 && mt_rank == 1) {
+      sn_syncbn_params_t p;
+      MT_OK(sn_syncbn_params(bn, &p));
+      p.running_mean[0] = 0.5f;
+    }
+    float x[2 * 4 * 2], y[2 * 4 * 2];
+    mt_fill(x, 2 * cfg.num_features * 2, SN_DTYPE_F32, 40 + (uint64_t)t, 0);
+    ck_assert_int_eq(sn_syncbn_forward(bn, y, x, 2, 2, 1), SN_ERR_MISMATCH);
+    char want[512], a[256], b[256];
+    if (t == 0 && table)
+      snprintf(want, sizeof want, "C (num_features) differs across ranks (3 on %s; 4 on %s)",
+               ranks_where(a, sizeof a, not_last), ranks_where(b, sizeof b, is_last));
+    if (t == 0 && !table)
+      snprintf(want, sizeof want,
+               "C (num_features) differs across ranks (3..4; e.g. 3 on rank 0, 4 on rank %d)",
+               mt_size - 1);
+    if (t == 1 && table) /* fewer None ranks than 0.1 ones while P <= 7 */
+      snprintf(want, sizeof want, "momentum differs across ranks (0.1 on %s; None on %s)",
+               ranks_where(a, sizeof a, not_cumulative), ranks_where(b, sizeof b, is_cumulative));
+    if (t == 1 && !table)
+      snprintf(want, sizeof want, "momentum differs across ranks (e.g. None on rank 1, 0.1 on "
+                                  "rank 0)");
+    if (t == 2 && table)
+      snprintf(want, sizeof want, "%s (one state on %s; another on %s)", running,
+               ranks_where(a, sizeof a, not_one), ranks_where(b, sizeof b, is_one));
+    if (t == 2 && !table) /* which of the two hashes is the larger is not known here */
+      snprintf(want, sizeof want, "%s (e.g. ranks %s)", running,
+               strstr(sn_last_error(), "ranks 0 and 1") ? "0 and 1" : "1 and 0");
+    ck_assert_msg(strstr(sn_last_error(), want) != NULL, "rank %d: want \"%s\" in: %s", mt_rank,
+                  want, sn_last_error());
+    sn_syncbn_destroy(bn);
+  }
+}
+END_TEST
+
 static Suite *make_suite(void) {
   Suite *s = suite_create("syncbn_mpi");
   TCase *eq = tcase_create("equivalence");
@@ -575,6 +644,10 @@ static Suite *make_suite(void) {
   tcase_add_test(two, test_partial_load);
   tcase_add_test(two, test_intercomm_rejected);
   suite_add_tcase(s, two);
+  TCase *many = tcase_create("mismatch_ranks");
+  tcase_set_timeout(many, 300);
+  tcase_add_test(many, test_mismatch_names_ranks);
+  suite_add_tcase(s, many);
   TCase *sub = tcase_create("subgroups");
   tcase_set_timeout(sub, 300);
   tcase_add_test(sub, test_subgroups);
