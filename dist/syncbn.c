@@ -227,7 +227,8 @@ static const char *field_name(int k, int64_t v) {
 }
 
 /* One value of field k as text: a name (field_name), momentum and eps from their bits ("None"
- * for SN_MOMENTUM_CUMULATIVE), the number otherwise; the running statistics' hash has no text
+ * for SN_MOMENTUM_CUMULATIVE; 0.1, or 0.100000009 where %g would print two values alike), the
+ * number otherwise; the running statistics' hash has no text
  * of its own: "one state" for the first value shown (first != 0), "another" after it. */
 static void field_value(char *out, size_t size, int k, int64_t v, int first) {
   const char *name = field_name(k, v);
@@ -235,8 +236,12 @@ static void field_value(char *out, size_t size, int k, int64_t v, int first) {
     snprintf(out, size, "%s", name);
   } else if (k == 5 || k == 6) {
     const float f = float_of(v);
-    if (k == 5 && f == SN_MOMENTUM_CUMULATIVE) snprintf(out, size, "None");
-    else snprintf(out, size, "%g", (double)f);
+    if (k == 5 && f == SN_MOMENTUM_CUMULATIVE) {
+      snprintf(out, size, "None");
+    } else { /* the shortest of %g and %.9g that reads back as f: values that differ print so */
+      snprintf(out, size, "%g", (double)f);
+      if (strtof(out, NULL) != f) snprintf(out, size, "%.9g", (double)f);
+    }
   } else if (k == 9) {
     snprintf(out, size, "%s", first ? "one state" : "another");
   } else {
@@ -320,7 +325,8 @@ static int field_by_rank(char *out, size_t size, int k, const int64_t *table, in
     }
   }
   if (ng > MSG_VALUES && len < (int)size)
-    len += snprintf(out + len, size - (size_t)len, "; %d more values", ng - MSG_VALUES);
+    len += snprintf(out + len, size - (size_t)len, "; %d more value%s", ng - MSG_VALUES,
+                    ng - MSG_VALUES > 1 ? "s" : "");
   if (len < (int)size) len += snprintf(out + len, size - (size_t)len, ")");
   return len;
 }
@@ -334,7 +340,9 @@ static int field_by_rank(char *out, size_t size, int k, const int64_t *table, in
  * (all take that path) makes one more collective: up to MSG_TABLE_RANKS ranks a sum all-reduce
  * of a [ranks, fields] table in which each rank fills its own row (exact: one nonzero term per
  * element), so that the message lists which ranks hold which value; beyond, a max all-reduce of
- * the lowest rank holding each field's extremes. */
+ * the lowest rank holding each field's extremes. The ranks are those of the layer's
+ * communicator (of a split one, not the world's). Should that collective fail (a timeout), its
+ * status is returned, with both messages: the communicator is then broken. */
 enum { CALL_FIELDS = 5, CONFIG_FIELDS = 9 };
 static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
   enum { K = 10 };
@@ -375,10 +383,13 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
   }
   bn->collectives++;
   snprintf(where, sizeof where, "%s (%s, ranks of a mismatch)", fn, bn->label);
-  const int known = sn__comm_allreduce(where, bn->comm, by_rank ? table : who,
-                                       by_rank ? (int64_t)ranks * K : 2 * K, SN_RED_I64,
-                                       by_rank ? SN_RED_SUM : SN_RED_MAX) == SN_OK;
-  char msg[768];
+  const sn_status_t got = sn__comm_allreduce(where, bn->comm, by_rank ? table : who,
+                                             by_rank ? (int64_t)ranks * K : 2 * K, SN_RED_I64,
+                                             by_rank ? SN_RED_SUM : SN_RED_MAX);
+  const int known = got == SN_OK;
+  char why[256] = ""; /* why the ranks are not named: that collective's own error */
+  if (!known) snprintf(why, sizeof why, "%s", sn_last_error());
+  char msg[640];
   int len = 0;
   for (int k = 0; k < last && len < (int)sizeof msg; k++) {
     if (v[k] == -v[K + k]) continue;
@@ -390,11 +401,15 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
                : field_range(msg + len, sizeof msg - (size_t)len, k, -v[K + k], v[k],
                              known ? -who[K + k] : -1, known ? -who[k] : -1);
   }
-  return sn__fail(SN_ERR_MISMATCH,
+  if (len >= (int)sizeof msg) memcpy(msg + sizeof msg - 4, "...", 4); /* cut: say so */
+  /* Where naming the ranks failed (a timeout or a broken communicator), that status is returned:
+   * the communicator is now unusable, which the caller must learn from the code. */
+  return sn__fail(known ? SN_ERR_MISMATCH : got,
                   "%s: ranks disagree on this collective (every rank must call the same layers "
                   "in the same order; a rank that got an error from an earlier call, or skipped "
-                  "one, is a call behind); this rank called %s with C %lld (%s): %s",
-                  fn, bn->label, (long long)bn->C, op == OP_FORWARD ? "forward" : "backward", msg);
+                  "one, is a call behind); this rank called %s with C %lld (%s): %s%s%s",
+                  fn, bn->label, (long long)bn->C, op == OP_FORWARD ? "forward" : "backward", msg,
+                  known ? "" : "; then naming the ranks failed: ", why);
 }
 
 /* The pivot slots of a forward's all-reduce: two 16-bit hashes h1, h2 of the pivot [C] and

@@ -126,8 +126,9 @@ typedef struct {
                               C, operation, dtype, layout, momentum, eps, track_running_stats and
                               affine with the same running statistics (one extra all-reduce of 20
                               int64; on a mismatch one more, so that the message names the ranks
-                              holding each value: up to 64 ranks all of them, beyond the lowest
-                              rank at each end of the range); default 1. Off, a rank that calls
+                              (of this communicator) holding each value: up to 64 ranks all of
+                              them, beyond the lowest rank at each end of the range; should that
+                              one time out, its SN_ERR_TIMEOUT is returned); default 1. Off, a rank that calls
                               another layer or another size is not detected: MPI mixes or
                               truncates buffers (Open MPI ends the job on a size mismatch: see
                               sn_comm_create_mpi). Set it alike on every rank: ranks that

@@ -378,21 +378,24 @@ START_TEST(test_mismatch_detected) {
   ck_assert_msg(strstr(sn_last_error(), "dtype differs across ranks (f32 on rank 0; bf16 on rank 1)"), "%s",
                 sn_last_error());
 
-  /* momentum (None on rank 1), then eps, then track_running_stats differ */
-  for (int f = 0; f < 3; f++) {
+  /* momentum (None on rank 1), then eps, then track_running_stats, then eps by one ulp (which
+   * %g would print alike) differ */
+  for (int f = 0; f < 4; f++) {
     sn_syncbn_config_t c4 = sn_syncbn_default_config(3);
     c4.check_consistency = 1;
     c4.layer_id = 10 + f;
     if (mt_rank == 1 && f == 0) c4.momentum = SN_MOMENTUM_CUMULATIVE;
     if (mt_rank == 1 && f == 1) c4.eps = 0.5f;
     if (mt_rank == 1 && f == 2) c4.track_running_stats = 0;
+    if (mt_rank == 1 && f == 3) c4.eps = nextafterf(c4.eps, 1.0f);
     sn_syncbn_t *b4 = NULL;
     MT_OK(sn_syncbn_create(&b4, &c4, mt_world));
     ck_assert_int_eq(sn_syncbn_forward(b4, y, x, 2, 2, 1), SN_ERR_MISMATCH);
-    static const char *const what[3] = {
+    static const char *const what[4] = {
         "momentum differs across ranks (0.1 on rank 0; None on rank 1)",
         "eps differs across ranks (1e-05 on rank 0; 0.5 on rank 1)",
-        "track_running_stats differs"};
+        "track_running_stats differs",
+        "eps differs across ranks (1e-05 on rank 0; 1.00000007e-05 on rank 1)"};
     ck_assert_msg(strstr(sn_last_error(), what[f]), "%s", sn_last_error());
     /* the running statistics' hash differs with track_running_stats: not reported then */
     ck_assert_msg(!strstr(sn_last_error(), "running statistics"), "%s", sn_last_error());

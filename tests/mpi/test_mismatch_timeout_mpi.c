@@ -1,0 +1,74 @@
+/*
+ * test_mismatch_timeout_mpi.c — a SyncBatchNorm mismatch whose second collective (the one that
+ * names the ranks, dist/syncbn.c check_consistency) does not complete in time on one rank.
+ *
+ * A profiling-interface wrapper makes rank 1 post that collective (the only int64 sum
+ * all-reduce the layer makes) LATE_S seconds late; rank 0's communicator times out after
+ * TIMEOUT_S. Rank 0 must get SN_ERR_TIMEOUT (not a plain mismatch: its communicator is broken,
+ * and its next call fails with SN_ERR_COMM), with the mismatch (the range of C, which needs no
+ * second collective) and the reason the ranks are not named in the message; rank 1, whose
+ * collective completes once it posts its part, gets SN_ERR_MISMATCH naming both ranks.
+ * Run with 2 ranks.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mpitest.h"
+
+/* Rank 0's communicator timeout, and how late rank 1 posts its part: well past it. */
+#define TIMEOUT_S 1.0
+#define LATE_S 3
+
+static int armed; /* the next int64 sum all-reduce of rank 1 is late */
+
+int MPI_Iallreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype type, MPI_Op op,
+                   MPI_Comm comm, MPI_Request *req) {
+  if (armed && mt_rank == 1 && type == MPI_INT64_T && op == MPI_SUM) {
+    armed = 0;
+    sleep(LATE_S);
+  }
+  return PMPI_Iallreduce(sendbuf, recvbuf, count, type, op, comm, req);
+}
+
+START_TEST(test_naming_times_out) {
+  ck_assert_int_eq(mt_size, 2);
+  sn_comm_t *comm = NULL;
+  MT_OK(sn_comm_create_mpi(&comm, MPI_COMM_WORLD));
+  MT_OK(sn_comm_set_timeout(comm, mt_rank == 0 ? TIMEOUT_S : MT_TIMEOUT_S));
+  sn_syncbn_config_t cfg = sn_syncbn_default_config(mt_rank == 1 ? 4 : 3);
+  cfg.check_consistency = 1;
+  cfg.layer_id = 5;
+  sn_syncbn_t *bn = NULL;
+  MT_OK(sn_syncbn_create(&bn, &cfg, comm));
+  float x[2 * 4 * 2], y[2 * 4 * 2];
+  mt_fill(x, 2 * cfg.num_features * 2, SN_DTYPE_F32, 5, 0);
+  armed = 1;
+  const sn_status_t st = sn_syncbn_forward(bn, y, x, 2, 2, 1);
+  const char *msg = sn_last_error();
+  if (mt_rank == 0) {
+    ck_assert_msg(st == SN_ERR_TIMEOUT, "rank 0: got %s: %s", sn_status_string(st), msg);
+    ck_assert_msg(strstr(msg, "C (num_features) differs across ranks (3..4)") != NULL &&
+                      strstr(msg, "then naming the ranks failed") != NULL,
+                  "rank 0: %s", msg);
+    ck_assert_int_eq(sn_syncbn_forward(bn, y, x, 2, 2, 1), SN_ERR_COMM); /* broken now */
+  } else {
+    ck_assert_msg(st == SN_ERR_MISMATCH, "rank 1: got %s: %s", sn_status_string(st), msg);
+    ck_assert_msg(strstr(msg, "C (num_features) differs across ranks (3 on rank 0; 4 on rank 1)"),
+                  "rank 1: %s", msg);
+  }
+  sn_syncbn_destroy(bn);
+  sn_comm_destroy(comm);
+}
+END_TEST
+
+static Suite *make_suite(void) {
+  Suite *s = suite_create("mismatch_timeout_mpi");
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_naming_times_out);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(int argc, char **argv) { return mt_main(argc, argv, make_suite); }
