@@ -638,8 +638,8 @@ int main(int argc, char **argv) {
     o.copy_gbs = cp.memcpy_gbs > cp.loop_gbs ? cp.memcpy_gbs : cp.loop_gbs;
     printf(
         "# copy (read + write bytes, %ld MiB buffers, median of %d): memcpy %.1f GB/s, "
-        "store loop %.1f GB/s\n",
-        copy_mib, o.copy_reps, cp.memcpy_gbs, cp.loop_gbs);
+        "store loop %.1f GB/s; read only (a sum of the source) %.1f GB/s\n",
+        copy_mib, o.copy_reps, cp.memcpy_gbs, cp.loop_gbs, cp.read_gbs);
     printf(
         "# ms: median of %d calls after %d warm-up calls; syncnorm and oneDNN alternate, "
         "on the same inputs\n",
@@ -676,8 +676,9 @@ int main(int argc, char **argv) {
   bu_copy_t end = bu_copy_bandwidth(&o.mem, o.copy_reps);
   char load[64];
   loadavg(load, sizeof load);
-  printf("# copy at the end: memcpy %.1f GB/s, store loop %.1f GB/s; load average %s\n",
-         end.memcpy_gbs, end.loop_gbs, load);
+  printf("# copy at the end: memcpy %.1f GB/s, store loop %.1f GB/s, read only %.1f GB/s; load "
+         "average %s\n",
+         end.memcpy_gbs, end.loop_gbs, end.read_gbs, load);
   if (o.max_busy > 0)
     printf("# rows still disturbed after %d re-runs (others > %.2f CPUs): %d\n", o.retries,
            o.max_busy, o.disturbed);

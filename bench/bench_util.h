@@ -71,14 +71,19 @@ void bu_mem_free(bu_mem_t *m);
 double bu_copy_once(const bu_mem_t *m, int loop);
 /* Bytes one copy moves: read + write = 2·copy_bytes. */
 double bu_copy_bytes(const bu_mem_t *m);
+/* Seconds for one parallel sum of the copy's source (copy_bytes read, nothing written): the
+ * ceiling of a reduction such as the BatchNorm statistics. */
+double bu_read_once(const bu_mem_t *m);
 /* Reads the whole sweep buffer in parallel. */
 void bu_sweep(const bu_mem_t *m);
 
 /* Copy bandwidth in GB/s (1e9 B/s, read + write bytes), median over `reps` copies of each
- * method, alternating, after one untimed copy of each. */
+ * method, alternating, after one untimed copy of each; and the read bandwidth of bu_read_once
+ * (read bytes), timed in the same rotation. */
 typedef struct {
   double memcpy_gbs; /* glibc memcpy */
   double loop_gbs;   /* ordinary-store loop */
+  double read_gbs;   /* parallel sum, read only */
 } bu_copy_t;
 bu_copy_t bu_copy_bandwidth(const bu_mem_t *m, int reps);
 
