@@ -359,13 +359,12 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
   char where[sizeof bn->label + 64];
   snprintf(where, sizeof where, "%s (%s, consistency check)", fn, bn->label);
   SN_TRY(sn__comm_allreduce(where, bn->comm, v, 2 * K, SN_RED_I64, SN_RED_MAX));
-  int last = K;
+  int last = K, differs = 0;
   for (int k = K - 1; k >= 0; k--) { /* the tier of the first field that differs */
     if (v[k] == -v[K + k]) continue;
+    differs = 1;
     last = k < CALL_FIELDS ? CALL_FIELDS : k < CONFIG_FIELDS ? CONFIG_FIELDS : K;
   }
-  int differs = 0;
-  for (int k = 0; k < K; k++) differs |= v[k] != -v[K + k];
   if (!differs) return SN_OK;
   /* every rank is here (the same verdict everywhere): one more collective, of a size every rank
    * knows, tells which ranks hold which values; without it (an error) only the ranges */

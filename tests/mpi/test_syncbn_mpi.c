@@ -560,22 +560,19 @@ START_TEST(test_subgroups) {
 }
 END_TEST
 
-/* "ranks a, b, c" / "rank a": the ranks r < mt_size with pred(r), as a mismatch message lists
- * them (up to 6; the test runs at most 7 ranks on this path). */
-static const char *ranks_where(char *buf, size_t size, int (*pred)(int)) {
+/* "ranks a, b, c" / "rank a": the ranks r < mt_size with pred(r) == want, as a mismatch message
+ * lists them (up to 6; the test runs at most 7 ranks on this path). */
+static const char *ranks_where(char *buf, size_t size, int (*pred)(int), int want) {
   int len = 0, n = 0;
-  for (int r = 0; r < mt_size; r++) n += pred(r);
+  for (int r = 0; r < mt_size; r++) n += pred(r) == want;
   len = snprintf(buf, size, "rank%s", n > 1 ? "s" : "");
   for (int r = 0, k = 0; r < mt_size; r++)
-    if (pred(r)) len += snprintf(buf + len, size - (size_t)len, "%s %d", k++ ? "," : "", r);
+    if (pred(r) == want) len += snprintf(buf + len, size - (size_t)len, "%s %d", k++ ? "," : "", r);
   return buf;
 }
 static int is_last(int r) { return r == mt_size - 1; }
-static int not_last(int r) { return r != mt_size - 1; }
 static int is_cumulative(int r) { return r % 3 == 1; }
-static int not_cumulative(int r) { return r % 3 != 1; }
 static int is_one(int r) { return r == 1; }
-static int not_one(int r) { return r != 1; }
 
 /* A mismatch among P ≥ 3 ranks names who holds which value: up to 64 ranks every rank's value
  * ("3 on ranks 0, 1, 2; 4 on rank 3", most common first), beyond that the range and the lowest
@@ -605,20 +602,21 @@ START_TEST(test_mismatch_names_ranks) {
     char want[512], a[256], b[256];
     if (t == 0 && table)
       snprintf(want, sizeof want, "C (num_features) differs across ranks (3 on %s; 4 on %s)",
-               ranks_where(a, sizeof a, not_last), ranks_where(b, sizeof b, is_last));
+               ranks_where(a, sizeof a, is_last, 0), ranks_where(b, sizeof b, is_last, 1));
     if (t == 0 && !table)
       snprintf(want, sizeof want,
                "C (num_features) differs across ranks (3..4; e.g. 3 on rank 0, 4 on rank %d)",
                mt_size - 1);
     if (t == 1 && table) /* fewer None ranks than 0.1 ones while P <= 7 */
       snprintf(want, sizeof want, "momentum differs across ranks (0.1 on %s; None on %s)",
-               ranks_where(a, sizeof a, not_cumulative), ranks_where(b, sizeof b, is_cumulative));
+               ranks_where(a, sizeof a, is_cumulative, 0),
+               ranks_where(b, sizeof b, is_cumulative, 1));
     if (t == 1 && !table)
       snprintf(want, sizeof want, "momentum differs across ranks (e.g. None on rank 1, 0.1 on "
                                   "rank 0)");
     if (t == 2 && table)
       snprintf(want, sizeof want, "%s (one state on %s; another on %s)", running,
-               ranks_where(a, sizeof a, not_one), ranks_where(b, sizeof b, is_one));
+               ranks_where(a, sizeof a, is_one, 0), ranks_where(b, sizeof b, is_one, 1));
     if (t == 2 && !table) /* which of the two hashes is the larger is not known here */
       snprintf(want, sizeof want, "%s (e.g. ranks %s)", running,
                strstr(sn_last_error(), "ranks 0 and 1") ? "0 and 1" : "1 and 0");
