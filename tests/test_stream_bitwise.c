@@ -77,8 +77,8 @@ static void fill(void *p, int64_t n, sn_dtype_t dtype, double mean, double half,
 }
 
 /* The live buffers of a case and their guard zones: the `off` bytes before each and the slack
- * after it, filled with GUARD (a byte no kernel output here has in every position) and checked
- * after the call, so that a store past either end shows. */
+ * after it, filled with GUARD and checked after the call, so that a store past either end shows
+ * (unless it stores GUARD bytes itself). */
 #define GUARD 0xa5
 enum { MAX_BUFS = 8 };
 static struct {
