@@ -51,24 +51,26 @@ SN_CLONES static void stats_run(double *acc, const float *x, int64_t n, int lane
     acc[SN_LANES + lane] += v * v;
   }
   if (i + SN_LANES <= n) { /* whole lane groups, accumulators in registers */
-    double s1[SN_LANES], s2[SN_LANES];
-    for (int k = 0; k < SN_LANES; k++) s1[k] = acc[k], s2[k] = acc[SN_LANES + k];
+    sn__vd s1, s2, v;
+    SN_VLOAD(s1, acc);
+    SN_VLOAD(s2, acc + SN_LANES);
     for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line per step */
       __builtin_prefetch(x + i + RED_PF_FLOATS, 0);
-      for (int h = 0; h < 2; h++)
-        for (int k = 0; k < SN_LANES; k++) {
-          double v = (double)x[i + h * SN_LANES + k] - p;
-          s1[k] += v;
-          s2[k] += v * v;
-        }
-    }
-    for (; i + SN_LANES <= n; i += SN_LANES)
-      for (int k = 0; k < SN_LANES; k++) {
-        double v = (double)x[i + k] - p;
-        s1[k] += v;
-        s2[k] += v * v;
+      for (int h = 0; h < 2; h++) {
+        SN_VLOAD_WIDEN(v, x + i + h * SN_LANES);
+        v -= p;
+        s1 += v;
+        s2 += v * v;
       }
-    for (int k = 0; k < SN_LANES; k++) acc[k] = s1[k], acc[SN_LANES + k] = s2[k];
+    }
+    for (; i + SN_LANES <= n; i += SN_LANES) {
+      SN_VLOAD_WIDEN(v, x + i);
+      v -= p;
+      s1 += v;
+      s2 += v * v;
+    }
+    SN_VSTORE(acc, s1);
+    SN_VSTORE(acc + SN_LANES, s2);
   }
   for (int k = 0; i < n; i++, k++) { /* tail, starting at lane 0 */
     double v = (double)x[i] - p;
@@ -86,26 +88,28 @@ SN_CLONES static void bwd_run(double *acc, const float *dy, const float *x, int6
     acc[lane] += g;
     acc[SN_LANES + lane] += g * ((double)x[i] - m);
   }
-  if (i + SN_LANES <= n) {
-    double s1[SN_LANES], s2[SN_LANES];
-    for (int k = 0; k < SN_LANES; k++) s1[k] = acc[k], s2[k] = acc[SN_LANES + k];
+  if (i + SN_LANES <= n) { /* whole lane groups, accumulators in registers */
+    sn__vd s1, s2, g, v;
+    SN_VLOAD(s1, acc);
+    SN_VLOAD(s2, acc + SN_LANES);
     for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line of each per step */
       __builtin_prefetch(dy + i + RED_PF_FLOATS, 0);
       __builtin_prefetch(x + i + RED_PF_FLOATS, 0);
-      for (int h = 0; h < 2; h++)
-        for (int k = 0; k < SN_LANES; k++) {
-          double g = (double)dy[i + h * SN_LANES + k];
-          s1[k] += g;
-          s2[k] += g * ((double)x[i + h * SN_LANES + k] - m);
-        }
-    }
-    for (; i + SN_LANES <= n; i += SN_LANES)
-      for (int k = 0; k < SN_LANES; k++) {
-        double g = (double)dy[i + k];
-        s1[k] += g;
-        s2[k] += g * ((double)x[i + k] - m);
+      for (int h = 0; h < 2; h++) {
+        SN_VLOAD_WIDEN(g, dy + i + h * SN_LANES);
+        SN_VLOAD_WIDEN(v, x + i + h * SN_LANES);
+        s1 += g;
+        s2 += g * (v - m);
       }
-    for (int k = 0; k < SN_LANES; k++) acc[k] = s1[k], acc[SN_LANES + k] = s2[k];
+    }
+    for (; i + SN_LANES <= n; i += SN_LANES) {
+      SN_VLOAD_WIDEN(g, dy + i);
+      SN_VLOAD_WIDEN(v, x + i);
+      s1 += g;
+      s2 += g * (v - m);
+    }
+    SN_VSTORE(acc, s1);
+    SN_VSTORE(acc + SN_LANES, s2);
   }
   for (int k = 0; i < n; i++, k++) {
     double g = (double)dy[i];

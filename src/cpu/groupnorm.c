@@ -130,35 +130,39 @@ SN_CLONES static void col_bwd(double *restrict sd, double *restrict sg, double *
 /* One contiguous run, SN_LANES lanes per sum (lane k gets elements i ≡ k mod SN_LANES):
  * acc[0][k] += d, acc[1][k] += dy, acc[2][k] += dy·d with d = x − m. */
 SN_CLONES static void run_bwd(double *acc, const float *dy, const float *x, int64_t n, double m) {
-  double s1[SN_LANES], s2[SN_LANES], s3[SN_LANES];
-  for (int k = 0; k < SN_LANES; k++)
-    s1[k] = acc[k], s2[k] = acc[SN_LANES + k], s3[k] = acc[2 * SN_LANES + k];
+  sn__vd s1, s2, s3, d, g; /* lane k in element k, as the scalar tail below */
+  SN_VLOAD(s1, acc);
+  SN_VLOAD(s2, acc + SN_LANES);
+  SN_VLOAD(s3, acc + 2 * SN_LANES);
   int64_t i = 0;
   for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line of each per step */
     __builtin_prefetch(dy + i + GN_PF_FLOATS, 0);
     __builtin_prefetch(x + i + GN_PF_FLOATS, 0);
-    for (int h = 0; h < 2; h++)
-      for (int k = 0; k < SN_LANES; k++) {
-        double d = (double)x[i + h * SN_LANES + k] - m, g = (double)dy[i + h * SN_LANES + k];
-        s1[k] += d;
-        s2[k] += g;
-        s3[k] += g * d;
-      }
-  }
-  for (; i + SN_LANES <= n; i += SN_LANES)
-    for (int k = 0; k < SN_LANES; k++) {
-      double d = (double)x[i + k] - m, g = (double)dy[i + k];
-      s1[k] += d;
-      s2[k] += g;
-      s3[k] += g * d;
+    for (int h = 0; h < 2; h++) {
+      SN_VLOAD_WIDEN(d, x + i + h * SN_LANES);
+      SN_VLOAD_WIDEN(g, dy + i + h * SN_LANES);
+      d -= m;
+      s1 += d;
+      s2 += g;
+      s3 += g * d;
     }
-  for (int k = 0; k < SN_LANES; k++)
-    acc[k] = s1[k], acc[SN_LANES + k] = s2[k], acc[2 * SN_LANES + k] = s3[k];
+  }
+  for (; i + SN_LANES <= n; i += SN_LANES) {
+    SN_VLOAD_WIDEN(d, x + i);
+    SN_VLOAD_WIDEN(g, dy + i);
+    d -= m;
+    s1 += d;
+    s2 += g;
+    s3 += g * d;
+  }
+  SN_VSTORE(acc, s1);
+  SN_VSTORE(acc + SN_LANES, s2);
+  SN_VSTORE(acc + 2 * SN_LANES, s3);
   for (int k = 0; i < n; i++, k++) {
-    double d = (double)x[i] - m, g = (double)dy[i];
-    acc[k] += d;
-    acc[SN_LANES + k] += g;
-    acc[2 * SN_LANES + k] += g * d;
+    double dd = (double)x[i] - m, gg = (double)dy[i];
+    acc[k] += dd;
+    acc[SN_LANES + k] += gg;
+    acc[2 * SN_LANES + k] += gg * dd;
   }
 }
 

@@ -48,6 +48,7 @@
 #define SN_VD 8
 typedef float sn__vf __attribute__((vector_size(SN_VB * sizeof(float))));
 typedef double sn__vd __attribute__((vector_size(SN_VD * sizeof(double))));
+_Static_assert(SN_VD == SN_LANES, "the contiguous-run reductions hold a lane group in one sn__vd");
 #define SN_VLOAD(dst, p) memcpy(&(dst), (p), sizeof(dst))
 #define SN_VSTORE(p, v) memcpy((p), &(v), sizeof(v))
 /* dst (sn__vd) = SN_VD floats from p, widened. */
