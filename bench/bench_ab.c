@@ -11,7 +11,8 @@
  *   KERNEL: layernorm_fwd layernorm_bwd rmsnorm_fwd rmsnorm_bwd batchnorm_stats
  *           batchnorm_apply batchnorm_bwd_reduce batchnorm_bwd_apply groupnorm_fwd
  *           groupnorm_bwd batchnorm_train_fwd (stats, finalize, apply) batchnorm_bwd
- *           (bwd_reduce, bwd_apply): these two as bench_cpu times them;
+ *           (sn_batchnorm_bwd; bwd_reduce then bwd_apply in a build without it): these two as
+ *           bench_cpu times them; batchnorm_bwd_split (bwd_reduce then bwd_apply);
  *           add_layernorm_fwd add_rmsnorm_fwd (the residual is dy's buffer)
  *   --rows R --d D          row norms (default 8192 × 1024)
  *   --n N --c C --s S       BatchNorm / GroupNorm [N, C, S] (default 32 × 64 × 3136), G = 32
@@ -44,6 +45,7 @@ typedef struct {
   __typeof__(sn_batchnorm_apply) *bn_apply;
   __typeof__(sn_batchnorm_bwd_reduce) *bn_bwd_reduce;
   __typeof__(sn_batchnorm_bwd_apply) *bn_bwd_apply;
+  __typeof__(sn_batchnorm_bwd) *bn_bwd; /* NULL in builds before it existed */
   __typeof__(sn_groupnorm_fwd) *gn_fwd;
   __typeof__(sn_groupnorm_bwd) *gn_bwd;
   __typeof__(sn_status_string) *status_string;
@@ -71,6 +73,7 @@ static lib_t load(const char *path) {
   l.bn_apply = sym(h, path, "sn_batchnorm_apply");
   l.bn_bwd_reduce = sym(h, path, "sn_batchnorm_bwd_reduce");
   l.bn_bwd_apply = sym(h, path, "sn_batchnorm_bwd_apply");
+  l.bn_bwd = (__typeof__(sn_batchnorm_bwd) *)dlsym(h, "sn_batchnorm_bwd");
   l.gn_fwd = sym(h, path, "sn_groupnorm_fwd");
   l.gn_bwd = sym(h, path, "sn_groupnorm_bwd");
   l.status_string = sym(h, path, "sn_status_string");
@@ -79,12 +82,12 @@ static lib_t load(const char *path) {
 }
 
 enum { LN_FWD, LN_BWD, RMS_FWD, RMS_BWD, BN_STATS, BN_APPLY, BN_BWD_REDUCE, BN_BWD_APPLY, GN_FWD,
-       GN_BWD, BN_TRAIN, BN_BWD, ADD_LN_FWD, ADD_RMS_FWD, NKERNELS };
+       GN_BWD, BN_TRAIN, BN_BWD, ADD_LN_FWD, ADD_RMS_FWD, BN_BWD_SPLIT, NKERNELS };
 static const char *const NAMES[NKERNELS] = {
     "layernorm_fwd",   "layernorm_bwd",        "rmsnorm_fwd",         "rmsnorm_bwd",
     "batchnorm_stats", "batchnorm_apply",      "batchnorm_bwd_reduce", "batchnorm_bwd_apply",
     "groupnorm_fwd",   "groupnorm_bwd",        "batchnorm_train_fwd", "batchnorm_bwd",
-    "add_layernorm_fwd", "add_rmsnorm_fwd"};
+    "add_layernorm_fwd", "add_rmsnorm_fwd",     "batchnorm_bwd_split"};
 #define GROUPS 32
 
 /* Exits unless a call into library l returned SN_OK. */
@@ -145,7 +148,12 @@ static sn_status_t run(const lib_t *l, int k, bufs_t *b) {
                          : l->bn_apply(b->y, b->x, b->bmean, b->brstd, b->gamma, b->beta, b->n,
                                        b->c, b->s, b->layout, dt);
     }
-    case BN_BWD: { /* backward sums → dx, as one backward */
+    case BN_BWD:
+      if (l->bn_bwd)
+        return l->bn_bwd(b->y, b->dg, b->db, b->dy, b->x, b->bmean, b->brstd, b->gamma, b->n,
+                         b->c, b->s, b->layout, dt);
+      __attribute__((fallthrough)); /* a build without it: the split */
+    case BN_BWD_SPLIT: { /* backward sums → dx, as one backward */
       sn_status_t st = l->bn_bwd_reduce(b->sum, b->sumsq, b->dy, b->x, b->bmean, b->brstd, b->n,
                                         b->c, b->s, b->layout, dt);
       return st != SN_OK ? st
@@ -207,7 +215,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(o, "--dtype") && !strcmp(v, "f16")) b.dtype = SN_DTYPE_F16, i++;
     else usage();
   }
-  const int rownorm = k <= RMS_BWD || k >= ADD_LN_FWD;
+  const int fused_add = k == ADD_LN_FWD || k == ADD_RMS_FWD;
+  const int rownorm = k <= RMS_BWD || fused_add;
   if (!rownorm && k >= GN_FWD && b.c % GROUPS != 0)
     bu_die("groupnorm: --c must be a multiple of 32");
   const lib_t lib[2] = {load(argv[1]), load(argv[2])};
@@ -216,7 +225,7 @@ int main(int argc, char **argv) {
   const int64_t feat = rownorm ? b.d : b.c, per_row = rownorm ? b.rows : b.n * GROUPS;
   b.x = get(elems, esize, use_malloc), b.y = get(elems, esize, use_malloc);
   b.dy = get(elems, esize, use_malloc);
-  b.so = k >= ADD_LN_FWD ? get(elems, esize, use_malloc) : NULL;
+  b.so = fused_add ? get(elems, esize, use_malloc) : NULL;
   bu_fill(b.x, elems, b.dtype, 1, -1.0f, 3.0f);
   bu_fill(b.dy, elems, b.dtype, 2, -1.0f, 1.0f);
   b.gamma = get(feat, 4, 1), b.beta = get(feat, 4, 1), b.dg = get(feat, 4, 1);

@@ -15,7 +15,8 @@
  * Byte rule (activations only; per-row / per-channel vectors are < 0.1% and ignored): each input
  * read once + each output written once, except BatchNorm, whose statistics must be complete
  * before any output is written: training forward = 2 reads of x + 1 write of y; backward =
- * 2 reads of (dy, x) + 1 write of dx = 4 reads + 1 write.
+ * 2 reads of (dy, x) + 1 write of dx = 4 reads + 1 write, also for the fused sn_batchnorm_bwd,
+ * whose second read of a channel comes from the cache where it fits (so the rows compare by ms).
  *
  * Run with --help for the options. Exit status: 0, 1 on an error (a failed sn_* call prints
  * sn_last_error()), 2 on bad usage, 3 when an output check against oneDNN failed.
@@ -369,7 +370,12 @@ static void bn_train_fwd(void *p) {
   BU_CHECK(sn_batchnorm_apply(b->out, b->x, b->mean, b->rstd, b->gamma, b->beta, b->n, b->c, b->s,
                               b->layout, b->dt));
 }
-static void bn_bwd(void *p) {
+static void bn_bwd(void *p) { /* the local backward; dgamma, dbeta f32 */
+  bn_t *b = p;
+  BU_CHECK(sn_batchnorm_bwd(b->out, b->dgamma, b->dbeta, b->dy, b->x, b->mean, b->rstd, b->gamma,
+                            b->n, b->c, b->s, b->layout, b->dt));
+}
+static void bn_bwd_split(void *p) { /* SyncBatchNorm's two passes, with no all-reduce between */
   bn_t *b = p;
   BU_CHECK(sn_batchnorm_bwd_reduce(b->sum_dy, b->sum_dy_xhat, b->dy, b->x, b->mean, b->rstd, b->n,
                                    b->c, b->s, b->layout, b->dt));
@@ -394,8 +400,8 @@ static void gn_bwd(void *p) {
 
 static void bench_bn_family(opts_t *o, int64_t n, int64_t c, int64_t h, int64_t w,
                             sn_layout_t layout, sn_dtype_t dt) {
-  static const char *kernels[] = {"batchnorm_train_fwd", "batchnorm_bwd", "batchnorm_infer",
-                                  "groupnorm_fwd", "groupnorm_bwd"};
+  static const char *kernels[] = {"batchnorm_train_fwd", "batchnorm_bwd", "batchnorm_bwd_split",
+                                  "batchnorm_infer",     "groupnorm_fwd", "groupnorm_bwd"};
   const int nk = (int)(sizeof kernels / sizeof *kernels);
   row_t r = {0};
   snprintf(r.shape, sizeof r.shape, "[%lld,%lld,%lld,%lld]", (long long)n, (long long)c,
@@ -444,9 +450,10 @@ static void bench_bn_family(opts_t *o, int64_t n, int64_t c, int64_t h, int64_t 
         dn = bd_batchnorm_fwd(b.ref, b.dmean, b.dvar, b.x, b.gamma, b.beta, n, c, h, w, EPS, layout,
                               dt, &why);
         break;
-      case 1: { /* bwd_reduce (read dy, x) + bwd_apply (read dy, x, write dx) */
+      case 1:   /* sn_batchnorm_bwd (fused in NCHW: the second read of a channel from L2) */
+      case 2: { /* bwd_reduce (read dy, x) + bwd_apply (read dy, x, write dx) */
         r.bytes = 5 * e;
-        fn = bn_bwd;
+        fn = k == 1 ? bn_bwd : bn_bwd_split;
         bn_train_fwd(&b); /* batch mean, rstd */
         bd_prim_t *f = bd_batchnorm_fwd(b.ref, b.dmean, b.dvar, b.x, b.gamma, b.beta, n, c, h, w,
                                         EPS, layout, dt, &why);
@@ -458,13 +465,13 @@ static void bench_bn_family(opts_t *o, int64_t n, int64_t c, int64_t h, int64_t 
         }
         break;
       }
-      case 2: /* read x, write y */
+      case 3: /* read x, write y */
         r.bytes = 2 * e;
         fn = bn_infer;
         dn = bd_batchnorm_infer(b.ref, b.x, b.run_mean, b.run_var, b.gamma, b.beta, n, c, h, w, EPS,
                                 layout, dt, &why);
         break;
-      case 3: /* read x, write y */
+      case 4: /* read x, write y */
         r.bytes = 2 * e;
         fn = gn_fwd;
         break;
@@ -478,8 +485,8 @@ static void bench_bn_family(opts_t *o, int64_t n, int64_t c, int64_t h, int64_t 
     double check = -1.0;
     if (dn) {
       check = check_close(o, &r, "y/dx", bu_rel_diff(b.out, b.ref, ne, dt));
-      if (k == 1) { /* dgamma = Σ dy·x̂, dbeta = Σ dy */
-        for (int64_t i = 0; i < c; i++) {
+      if (k == 1 || k == 2) { /* dgamma = Σ dy·x̂, dbeta = Σ dy */
+        for (int64_t i = 0; k == 2 && i < c; i++) {
           b.dgamma[i] = (float)b.sum_dy_xhat[i];
           b.dbeta[i] = (float)b.sum_dy[i];
         }

@@ -198,7 +198,7 @@ SN_API sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const
 /* x is [N, C, S] (NCHW) or [N, S, C] (NHWC). A training step is                                */
 /*   sn_batchnorm_stats → (all-reduce the sums across ranks) → sn_batchnorm_finalize →          */
 /*   sn_batchnorm_apply (and sn_batchnorm_update_running); backward: sn_batchnorm_bwd_reduce →    */
-/*   (all-reduce) → sn_batchnorm_bwd_apply.                                                      */
+/*   (all-reduce) → sn_batchnorm_bwd_apply, or sn_batchnorm_bwd where there is no all-reduce.    */
 /* Per-channel sums and the mean are f64 so that |mean| ≫ σ stays exact; rstd is f32.           */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -303,6 +303,27 @@ SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *
                                           const double *sum_dy_xhat, int64_t count, int64_t n,
                                           int64_t c, int64_t s, sn_layout_t layout,
                                           sn_dtype_t dtype);
+
+/* Local BatchNorm backward of a training step, with nothing to all-reduce (one process, or
+ * torch.nn.BatchNorm2d's backward, PyTorch's native_batch_norm_backward), x̂ = (x − mean_c)·rstd_c
+ * and count = n·s:
+ *   dbeta_c = Σ_{n,s} dy,  dgamma_c = Σ_{n,s} dy·x̂,
+ *   dx = gamma_c·rstd_c·(dy − dbeta_c/count − x̂·dgamma_c/count).
+ * dx, dy, x: [N, C, S] or [N, S, C] as layout, dtype, host memory; dx overwritten (=), may equal
+ * dy. mean: [C] f64 and rstd: [C] f32 from sn_batchnorm_finalize on this batch; gamma: [C] f32
+ * or NULL (= 1). dgamma, dbeta: [C] f32, overwritten (=), either may be NULL (not returned); the
+ * sums are the fp64 ones of sn_batchnorm_bwd_reduce, rounded once. The results are bitwise those
+ * of sn_batchnorm_bwd_reduce followed by sn_batchnorm_bwd_apply with count n·s, for any thread
+ * count. NCHW with one channel's x and dy within a core's L2 is fused: each channel is summed and
+ * then mapped while it is in the cache, so x and dy are read from memory once instead of twice.
+ * Errors (outputs untouched): SN_ERR_INSUFFICIENT_COUNT (n·s <= 1, as sn_batchnorm_finalize),
+ * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT,
+ * SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (dx overlaps dy partly, or x at all),
+ * SN_ERR_ALLOC (the unfused path's per-channel sums). */
+SN_API sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
+                                    const void *x, const double *mean, const float *rstd,
+                                    const float *gamma, int64_t n, int64_t c, int64_t s,
+                                    sn_layout_t layout, sn_dtype_t dtype);
 
 /* ------------------------------------------------------------------------------------------ */
 /* GroupNorm (Wu and He 2018; torch.nn.GroupNorm)                                               */

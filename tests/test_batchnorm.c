@@ -1,7 +1,8 @@
 /*
  * test_batchnorm.c — the BatchNorm building blocks (stats → finalize → apply, infer, bwd_reduce →
- * bwd_apply) against fp64 references, finite differences, split batches (what SyncBatchNorm
- * relies on), layouts, thread counts, adversarial data and bad input.
+ * bwd_apply, and the local backward sn_batchnorm_bwd, checked bitwise against the last two)
+ * against fp64 references, finite differences, split batches (what SyncBatchNorm relies on),
+ * layouts, thread counts, adversarial data and bad input.
  *
  * Layouts: NCHW = [N, C, S], NHWC = [N, S, C]. References read the activations as doubles from
  * the dtype buffers, so bf16/f16 tests compare against the exact function of the rounded inputs.
@@ -184,17 +185,38 @@ static void lib_train_fwd(void *y, double *mean, float *var, float *rstd, const 
   free(sq);
 }
 
-/* bwd_reduce → bwd_apply with the given forward statistics; outputs poisoned first. */
+/* bwd_reduce → bwd_apply with the given forward statistics; outputs poisoned first. Then the
+ * local backward sn_batchnorm_bwd on the same inputs, into poisoned outputs: its dx must be
+ * bitwise the split one, dgamma and dbeta the f32 roundings of the sums (fused or not). */
 static void lib_train_bwd(void *dx, double *sdy, double *sdx, const void *dy, const void *x,
                           const double *mean, const float *rstd, const float *gamma, int64_t N,
                           int64_t C, int64_t S, sn_layout_t lay, sn_dtype_t dt) {
+  const int64_t T = N * C * S;
   poison_f64(sdy, C);
   poison_f64(sdx, C);
-  tu_poison(dx, N * C * S, dt);
+  tu_poison(dx, T, dt);
   ck_assert_int_eq(sn_batchnorm_bwd_reduce(sdy, sdx, dy, x, mean, rstd, N, C, S, lay, dt), SN_OK);
   ck_assert_int_eq(sn_batchnorm_bwd_apply(dx, dy, x, mean, rstd, gamma, sdy, sdx, N * S, N, C, S,
                                           lay, dt),
                    SN_OK);
+  void *dx2 = tu_alloc(T, dt);
+  float *dg = falloc(C), *db = falloc(C);
+  tu_poison(dx2, T, dt);
+  tu_poison_f32(dg, C);
+  tu_poison_f32(db, C);
+  const sn_status_t st = sn_batchnorm_bwd(dx2, dg, db, dy, x, mean, rstd, gamma, N, C, S, lay, dt);
+  if (N * S <= 1) { /* no training forward had such a batch */
+    ck_assert_int_eq(st, SN_ERR_INSUFFICIENT_COUNT);
+  } else {
+    ck_assert_msg(st == SN_OK, "sn_batchnorm_bwd: %s", sn_last_error());
+    tu_assert_bitwise(dx2, dx, (size_t)(T * sn_dtype_size(dt)), "sn_batchnorm_bwd dx vs split");
+    for (int64_t c = 0; c < C; c++)
+      TU_CHECK(memcmp(&dg[c], &(float){(float)sdx[c]}, 4) == 0 &&
+                   memcmp(&db[c], &(float){(float)sdy[c]}, 4) == 0,
+               "sn_batchnorm_bwd channel %lld: dgamma %.9g dbeta %.9g, sums %.17g %.17g",
+               (long long)c, (double)dg[c], (double)db[c], sdx[c], sdy[c]);
+  }
+  free(dx2), free(dg), free(db);
 }
 
 /* Checks mean (f64), var and rstd (f32) of every channel against the fp64 reference of x. */
@@ -1066,7 +1088,7 @@ END_TEST
 
 enum { BT = 24, BC = 3 }; /* N = 2, C = 3, S = 4 */
 typedef struct {
-  float y[BT], dx[BT], var[BC], rstd[BC];
+  float y[BT], dx[BT], var[BC], rstd[BC], dg[BC], db[BC];
   double sum[BC], sq[BC], mean[BC];
 } outs_t;
 
@@ -1163,6 +1185,30 @@ START_TEST(test_bad_inputs) {
   check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, 8, big, big, big, L, D), SN_ERR_OVERFLOW, fb, &o, &o0, "bwd_apply overflow");
   check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, 8, 2, 3, 4, BADL, D), SN_ERR_INVALID_LAYOUT, fb, &o, &o0, "bwd_apply layout");
   check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, NULL, NULL, 0, 2, 3, 4, L, F64), SN_ERR_INVALID_DTYPE, fb, &o, &o0, "bwd_apply eval f64");
+  /* the local backward */
+  const char *fl = "sn_batchnorm_bwd";
+  check_bad(sn_batchnorm_bwd(NULL, o.dg, o.db, dy, x, m, rs, g, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fl, &o, &o0, "bwd dx NULL");
+  check_bad(sn_batchnorm_bwd(o.dx, o.dg, o.db, NULL, x, m, rs, g, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fl, &o, &o0, "bwd dy NULL");
+  check_bad(sn_batchnorm_bwd(o.dx, o.dg, o.db, dy, NULL, m, rs, g, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fl, &o, &o0, "bwd x NULL");
+  check_bad(sn_batchnorm_bwd(o.dx, o.dg, o.db, dy, x, NULL, rs, g, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fl, &o, &o0, "bwd mean NULL");
+  check_bad(sn_batchnorm_bwd(o.dx, o.dg, o.db, dy, x, m, NULL, g, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fl, &o, &o0, "bwd rstd NULL");
+  check_bad(sn_batchnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 2, 0, 4, L, D), SN_ERR_INVALID_SIZE, fl, &o, &o0, "bwd c 0");
+  check_bad(sn_batchnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, -2, 3, 4, L, D), SN_ERR_INVALID_SIZE, fl, &o, &o0, "bwd n -2");
+  check_bad(sn_batchnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, big, big, big, L, D), SN_ERR_OVERFLOW, fl, &o, &o0, "bwd overflow");
+  check_bad(sn_batchnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 2, 3, 4, BADL, D), SN_ERR_INVALID_LAYOUT, fl, &o, &o0, "bwd layout");
+  check_bad(sn_batchnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 2, 3, 4, L, F64), SN_ERR_INVALID_DTYPE, fl, &o, &o0, "bwd f64");
+  check_bad(sn_batchnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 2, 3, 4, L, BADD), SN_ERR_INVALID_DTYPE, fl, &o, &o0, "bwd dtype");
+  check_bad(sn_batchnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 1, 3, 1, L, D), SN_ERR_INSUFFICIENT_COUNT, fl, &o, &o0, "bwd count 1");
+  check_bad(sn_batchnorm_bwd(o.dx, o.dg, o.db, dy, x, m, rs, g, 0, 3, 4, L, D), SN_ERR_INSUFFICIENT_COUNT, fl, &o, &o0, "bwd count 0");
+  check_bad(sn_batchnorm_bwd(o.dx, o.dg, o.db, NULL, NULL, m, rs, g, 2, 3, 0, L, D), SN_ERR_INSUFFICIENT_COUNT, fl, &o, &o0, "bwd empty");
+  {
+    float buf[2 * BT];
+    memcpy(buf, dy, sizeof dy);
+    check_bad(sn_batchnorm_bwd(buf + 1, o.dg, o.db, buf, x, m, rs, g, 2, 3, 4, L, D), SN_ERR_INVALID_ARGUMENT, fl, &o, &o0, "bwd dx overlaps dy");
+    memcpy(buf, x, sizeof x);
+    check_bad(sn_batchnorm_bwd(buf, o.dg, o.db, dy, buf, m, rs, g, 2, 3, 4, L, D), SN_ERR_INVALID_ARGUMENT, fl, &o, &o0, "bwd dx == x");
+    tu_assert_bitwise(buf, x, sizeof x, "bwd dx == x: x untouched");
+  }
 }
 END_TEST
 
@@ -1282,6 +1328,9 @@ START_TEST(test_in_place) {
       memcpy(buf, dy, bytes);
       ck_assert_int_eq(sn_batchnorm_bwd_apply(buf, buf, x, mean, rstd, gamma, sdy, sdx, N * S, N, C, S, lay, dt), SN_OK);
       tu_assert_bitwise(buf, dx, bytes, "bwd_apply in place");
+      memcpy(buf, dy, bytes); /* the local backward in place, without dgamma and dbeta */
+      ck_assert_int_eq(sn_batchnorm_bwd(buf, NULL, NULL, buf, x, mean, rstd, gamma, N, C, S, lay, dt), SN_OK);
+      tu_assert_bitwise(buf, dx, bytes, "sn_batchnorm_bwd in place");
       free(x), free(y), free(dy), free(dx), free(buf), free(rstd), free(gamma), free(beta), free(rv);
       free(mean), free(sdy), free(sdx);
     }
@@ -1292,8 +1341,9 @@ END_TEST
  * the parallel path, chunks crossing planes, C above one channel tile). */
 START_TEST(test_threads_bitwise) {
 #ifdef _OPENMP
+  /* the last: a channel's x and dy (8 MiB) beyond any L2, so sn_batchnorm_bwd does not fuse */
   static const int64_t shapes[][3] = {{5, 65, 301}, {7, 300, 19}, {2, 3, 20000}, {4000, 17, 1},
-                                      {5, 160, 97}};
+                                      {5, 160, 97}, {2, 2, 524289}};
   tu_rng_t r;
   tu_rng_seed(&r, 11);
   const int saved = omp_get_max_threads();

@@ -229,13 +229,13 @@ static void row_case(FILE *f, int k, int64_t rows, int64_t d, sn_dtype_t dtype, 
   free(gamma), free(beta), free(mean), free(rstd), free(dgamma), free(dbeta);
 }
 
-enum { BN_APPLY, BN_INFER, BN_BWD_APPLY, GN_FWD, GN_BWD, N_CH_KERNELS };
+enum { BN_APPLY, BN_INFER, BN_BWD_APPLY, BN_BWD, GN_FWD, GN_BWD, N_CH_KERNELS };
 static const char *const CH_KERNEL[] = {"batchnorm_apply", "batchnorm_infer", "batchnorm_bwd_apply",
-                                        "groupnorm_fwd", "groupnorm_bwd"};
+                                        "batchnorm_bwd",   "groupnorm_fwd",   "groupnorm_bwd"};
 
 /* Channel kernel k on [N, C, S] (layout, dtype), the output `off` elements past a line; in
  * place: y == x, dx == dy. BatchNorm takes the statistics of x (sn_batchnorm_stats and
- * finalize), its backward the sums of sn_batchnorm_bwd_reduce; GroupNorm has groups G
+ * finalize), bwd_apply the sums of sn_batchnorm_bwd_reduce; GroupNorm has groups G
  * (C % G == 0) and its backward the statistics of a forward on x. extreme: channel 1 holds
  * 1e33 + 1e31·U[-1, 1) (a mean beyond 2^103: mapped in fp64 among f32 channels; f32 and bf16). */
 static void ch_case(FILE *f, int k, int64_t N, int64_t C, int64_t S, int64_t G, sn_layout_t layout,
@@ -263,7 +263,7 @@ static void ch_case(FILE *f, int k, int64_t N, int64_t C, int64_t S, int64_t G, 
   for (int64_t c = 0; c < C; c++)
     rmean[c] = (float)(3.0 + 0.1 * tu_rng_normal(&r)), rvar[c] = (float)(4.0 + tu_rng_uniform(&r));
   sn_status_t st = SN_OK;
-  if (k <= BN_BWD_APPLY) {
+  if (k <= BN_BWD) {
     st = sn_batchnorm_stats(sum, sumsq, x, NULL, N, C, S, layout, dtype);
     if (st == SN_OK) st = sn_batchnorm_finalize(mean, var, rstd, sum, sumsq, NULL, N * S, C, EPS);
     if (st == SN_OK && k == BN_BWD_APPLY)
@@ -291,6 +291,11 @@ static void ch_case(FILE *f, int k, int64_t N, int64_t C, int64_t S, int64_t G, 
         out(&o, yo, (size_t)bytes), out(&o, gmean, (size_t)(N * G) * 4);
         out(&o, grstd, (size_t)(N * G) * 4);
         st = sn_groupnorm_fwd(yo, gmean, grstd, x, gamma, beta, N, C, S, G, EPS, layout, dtype);
+        break;
+      case BN_BWD: /* the local backward: fused in NCHW (a channel's map right after its sums) */
+        out_or_keep(&o, dxo, (size_t)bytes, inplace);
+        out(&o, dgamma, (size_t)C * 4), out(&o, dbeta, (size_t)C * 4);
+        st = sn_batchnorm_bwd(dxo, dgamma, dbeta, dy, x, mean, rstd, gamma, N, C, S, layout, dtype);
         break;
       default: /* GN_BWD */
         out_or_keep(&o, dxo, (size_t)bytes, inplace);

@@ -319,6 +319,23 @@ static int64_t red_begin(const red_chunks_t *ch, int64_t k) {
   return n * ch->S + sn__chunk_begin(j, ch->S, ch->per);
 }
 
+/* The two sums of chunk k of channel c in the NCHW layout: its rows, one plane segment at a
+ * time, into SN_LANES lanes, then the lanes in lane order. */
+static void red_nchw_chunk(const red_t *op, const red_chunks_t *ch, int64_t C, int64_t c,
+                           int64_t k, sn_dtype_t dtype, double out[2]) {
+  const int64_t S = ch->S, b = red_begin(ch, k), e = red_begin(ch, k + 1);
+  const double shift = red_shift(op, c);
+  double acc[2 * SN_LANES] = {0};
+  for (int64_t r = b; r < e;) {
+    const int64_t n = r / S, s0 = r - n * S, len = sn__min64(S - s0, e - r);
+    red_span(op, acc, (n * C + c) * S + s0, len, (int)((r - b) & LANE_MASK), shift, dtype);
+    r += len;
+  }
+  double s1 = 0.0, s2 = 0.0;
+  for (int l = 0; l < SN_LANES; l++) s1 += acc[l], s2 += acc[SN_LANES + l];
+  out[0] = s1, out[1] = s2;
+}
+
 /* Chunk partials of the NCHW layout. part: [K][C][2]. */
 static void reduce_nchw(const red_t *op, double *part, const red_chunks_t *ch, int64_t C,
                         sn_dtype_t dtype) {
@@ -327,18 +344,7 @@ static void reduce_nchw(const red_t *op, double *part, const red_chunks_t *ch, i
   for (int64_t t = 0; t < K * C; t++) {
     /* task order: (sample, channel, piece) = memory order when chunks are pieces of samples */
     const int64_t k = P ? (t / (C * P)) * P + t % P : t / C, c = P ? (t / P) % C : t % C;
-    const int64_t b = red_begin(ch, k), e = red_begin(ch, k + 1);
-    const double shift = red_shift(op, c);
-    double acc[2 * SN_LANES] = {0};
-    for (int64_t r = b; r < e;) { /* the chunk's rows, one plane segment at a time */
-      const int64_t n = r / S, s0 = r - n * S, len = sn__min64(S - s0, e - r);
-      red_span(op, acc, (n * C + c) * S + s0, len, (int)((r - b) & LANE_MASK), shift, dtype);
-      r += len;
-    }
-    double s1 = 0.0, s2 = 0.0;
-    for (int l = 0; l < SN_LANES; l++) s1 += acc[l], s2 += acc[SN_LANES + l];
-    part[(k * C + c) * 2 + 0] = s1;
-    part[(k * C + c) * 2 + 1] = s2;
+    red_nchw_chunk(op, ch, C, c, k, dtype, part + (k * C + c) * 2);
   }
 }
 
@@ -448,6 +454,15 @@ typedef struct {
  *   infer:    m = running_mean, a = gamma/√(running_var + eps), b = beta
  *   bwd:      k = gamma·rstd: a = k, b = k·Σdy/count, e = k·rstd·Σdy·x̂/count, m = mean
  *   bwd eval: dx = dy·gamma·rstd, run as the forward map of dy with m = b = 0. */
+static void bwd_consts(double mean, float rstd, double g, double sum_dy, double sum_dy_xhat,
+                       double count, double k4[4]) {
+  const double k = g * (double)rstd;
+  k4[0] = mean;
+  k4[1] = k;
+  k4[2] = k * (sum_dy / count);
+  k4[3] = k * (double)rstd * (sum_dy_xhat / count);
+}
+
 static void ew_consts(const ew_t *op, int64_t c, double k4[4]) {
   const double g = op->gamma ? (double)op->gamma[c] : 1.0;
   double m = 0.0, a = 0.0, b = 0.0, e = 0.0;
@@ -462,14 +477,9 @@ static void ew_consts(const ew_t *op, int64_t c, double k4[4]) {
       a = g / sqrt((double)op->rvar[c] + op->eps);
       b = op->beta ? op->beta[c] : 0.0;
       break;
-    case EW_BWD: {
-      const double k = g * (double)op->rstd[c];
-      m = op->mean[c];
-      a = k;
-      b = k * (op->sum_dy[c] / op->count);
-      e = k * (double)op->rstd[c] * (op->sum_dy_xhat[c] / op->count);
-      break;
-    }
+    case EW_BWD:
+      bwd_consts(op->mean[c], op->rstd[c], g, op->sum_dy[c], op->sum_dy_xhat[c], op->count, k4);
+      return;
     case EW_BWD_EVAL:
       a = g * (double)op->rstd[c];
       break;
@@ -554,6 +564,74 @@ static void ew_run(const ew_t *op, void *out, const void *in, const void *x, int
     ew_nhwc(op, out, in, x, N * S, C, dtype);
   else
     ew_nchw(op, out, in, x, N, C, S, dtype);
+}
+
+/* ---- fused local backward ---------------------------------------------------------------------- */
+
+/* Bytes of one sample's run of a block of channels that the fused backward reads at least (when
+ * the block fits in L2): with one channel per task a 28×28 f32 plane is a 3 KiB run, too short
+ * for the hardware prefetcher (bench_ab cold, two threads, [64,256,28,28]: blocks of 4 channels
+ * 0.85x the time of blocks of 1). */
+#define FUSED_RUN_BYTES 12288
+/* Most channels in a fused block (the sums of a block are on the stack). */
+#define FUSED_MAX_BLOCK 8
+
+/* Channels per task of the fused NCHW backward, or 0 where it does not fuse: NHWC (and S == 1)
+ * never, nor where the channels do not share evenly enough between the threads, nor where one
+ * channel's x and dy exceed a core's L2 (then the second read could not come from there). */
+static int64_t bwd_fused_block(int64_t N, int64_t C, int64_t S, sn_layout_t layout,
+                               sn_dtype_t dtype) {
+  if (layout == SN_LAYOUT_NHWC || S == 1) return 0;
+  const int64_t nt = sn__max_threads(), es = sn_dtype_size(dtype), l2 = sn__l2_bytes();
+  const int64_t chan = 2 * N * S * es; /* x and dy of one channel */
+  if (chan > l2) return 0;
+  int64_t cb = (FUSED_RUN_BYTES + S * es - 1) / (S * es);
+  cb = sn__min64(sn__min64(cb, FUSED_MAX_BLOCK), l2 / chan);
+  const int64_t tasks = (C + cb - 1) / cb;
+  if (tasks % nt != 0 && tasks < 4 * nt) return 0;
+  return cb;
+}
+
+/* NCHW, a task per block of cb channels: their backward sums in the order of bn_reduce (each
+ * chunk's lanes, then the chunks in chunk order; the block's channels side by side in each
+ * chunk, so a sample's part of the block is read as one run), dgamma and dbeta, then dx over
+ * the block, while x and dy are still in the cache. Bitwise the same as
+ * sn_batchnorm_bwd_reduce then sn_batchnorm_bwd_apply. */
+static void bwd_fused_nchw(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
+                           const double *mean, const float *rstd, const float *gamma, int64_t N,
+                           int64_t C, int64_t S, int64_t cb, sn_dtype_t dtype) {
+  const red_chunks_t ch = red_chunks(N, S);
+  const red_t red = {RED_BWD, dy, x, NULL, mean, rstd};
+  const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
+#pragma omp parallel if (N * C * S >= SN_PAR_MIN)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c0 = 0; c0 < C; c0 += cb) {
+      const int64_t nc = sn__min64(cb, C - c0);
+      double s1[FUSED_MAX_BLOCK] = {0}, s2[FUSED_MAX_BLOCK] = {0};
+      for (int64_t k = 0; k < ch.K; k++)
+        for (int64_t j = 0; j < nc; j++) {
+          double part[2];
+          red_nchw_chunk(&red, &ch, C, c0 + j, k, dtype, part);
+          s1[j] += part[0], s2[j] += part[1];
+        }
+      sn__chan_k_t kc[FUSED_MAX_BLOCK];
+      for (int64_t j = 0; j < nc; j++) {
+        const int64_t c = c0 + j;
+        s2[j] *= (double)rstd[c];
+        if (dgamma) dgamma[c] = (float)s2[j];
+        if (dbeta) dbeta[c] = (float)s1[j];
+        double k4[4];
+        bwd_consts(mean[c], rstd[c], gamma ? (double)gamma[c] : 1.0, s1[j], s2[j],
+                   (double)(N * S), k4);
+        sn__chan_k_set(&kc[j], k4[0], k4[1], k4[2], k4[3]);
+      }
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t j = 0; j < nc; j++)
+          sn__affbwd_span(dx, dy, x, (n * C + c0 + j) * S, S, &kc[j], dtype, stream);
+    }
+    sn__stream_fence(stream);
+  }
 }
 
 /* ---- public entry points ---------------------------------------------------------------------- */
@@ -734,4 +812,46 @@ sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *x, cons
                    .count = (double)count};
   ew_run(&op, dx, dy, x, n, c, s, layout, dtype);
   return SN_OK;
+}
+
+sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
+                             const double *mean, const float *rstd, const float *gamma, int64_t n,
+                             int64_t c, int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
+  static const char fn[] = "sn_batchnorm_bwd";
+  int64_t rows;
+  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_layout(fn, layout));
+  SN_TRY(sn__check_act_dtype(fn, dtype));
+  if (rows <= 1) /* as finalize: the forward of such a batch was an error */
+    return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
+                    "%s: expected more than 1 value per channel when training, got count %lld", fn,
+                    (long long)rows);
+  SN_TRY(sn__check_ptr(fn, "mean", mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  SN_TRY(sn__check_ptr(fn, "dx", dx));
+  SN_TRY(sn__check_ptr(fn, "dy", dy));
+  SN_TRY(sn__check_ptr(fn, "x", x));
+  SN_TRY(sn__check_bwd_overlap(fn, dx, dy, x, rows * c * sn_dtype_size(dtype)));
+  const int64_t cb = bwd_fused_block(n, c, s, layout, dtype);
+  if (cb > 0) {
+    bwd_fused_nchw(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, cb, dtype);
+    return SN_OK;
+  }
+  /* the two passes of SyncBatchNorm with nothing to all-reduce between them */
+  sn_status_t st;
+  double *sums = sn__alloc(fn, 2, c, (int64_t)sizeof(double), &st); /* Σdy, Σdy·x̂ */
+  if (sums == NULL) return st;
+  const red_t red = {RED_BWD, dy, x, NULL, mean, rstd};
+  st = bn_reduce(fn, sums, sums + c, &red, n, c, s, layout, dtype);
+  if (st == SN_OK) {
+    const ew_t op = {.kind = EW_BWD, .mean = mean, .rstd = rstd, .gamma = gamma,
+                     .sum_dy = sums, .sum_dy_xhat = sums + c, .count = (double)rows};
+    ew_run(&op, dx, dy, x, n, c, s, layout, dtype);
+    for (int64_t ch = 0; ch < c; ch++) {
+      if (dgamma) dgamma[ch] = (float)sums[c + ch];
+      if (dbeta) dbeta[ch] = (float)sums[ch];
+    }
+  }
+  sn__free(sums);
+  return st;
 }

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -219,6 +220,23 @@ int sn__stream_out(int64_t out_bytes) { /* streaming stores are x86-64 only (sn_
   return 0;
 }
 #endif
+
+static int64_t l2_bytes;
+static pthread_once_t l2_once = PTHREAD_ONCE_INIT;
+
+/* sysconf reads the cache sizes with cpuid on every call (a VM exit under a hypervisor). */
+static void l2_init(void) {
+  long v = -1;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+  v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+  l2_bytes = v > 0 ? (int64_t)v : SN_L2_DEFAULT_BYTES;
+}
+
+int64_t sn__l2_bytes(void) {
+  pthread_once(&l2_once, l2_init);
+  return l2_bytes;
+}
 
 int sn__max_threads(void) {
 #ifdef _OPENMP

@@ -135,6 +135,11 @@ static inline int sn__f32_holds(double v) {
   return (double)f == v || (fabsf(f) >= FLT_MIN && fabsf(f) <= FLT_MAX);
 }
 
+/* L2 cache bytes of one core, as sysconf(_SC_LEVEL2_CACHE_SIZE) reports it once per process, or
+ * SN_L2_DEFAULT_BYTES where it reports nothing (0 or -1: some VMs and non-x86 systems). */
+#define SN_L2_DEFAULT_BYTES ((int64_t)1 << 20)
+SN_HIDDEN int64_t sn__l2_bytes(void);
+
 /* Number of OpenMP threads a parallel region started now would get (1 without OpenMP). */
 SN_HIDDEN int sn__max_threads(void);
 /* This thread's number inside a parallel region (0 outside or without OpenMP). */
