@@ -575,6 +575,13 @@ sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy, const 
       for (int64_t c = 0; c < C; c++) bn->grad_weight[c] = bn->grad_bias[c] = 0.0f;
     return SN_OK;
   }
+  if (!synced && bn->saved.batch_stats && !cfg->check_finite)
+    /* nothing to all-reduce (no communicator, or eval mode without running statistics): the
+     * local backward, fused where it can be; bitwise the two passes below, grad_weight and
+     * grad_bias the same roundings of the same sums */
+    return sn_batchnorm_bwd(dx, cfg->affine ? bn->grad_weight : NULL,
+                            cfg->affine ? bn->grad_bias : NULL, dy, x, bn->mean, bn->rstd,
+                            bn->weight, n, C, s, cfg->layout, cfg->dtype);
   if (synced && cfg->check_consistency) SN_TRY(check_consistency(bn, fn, OP_BACKWARD));
   /* local Σdy, Σdy·x̂: this rank's dβ, dγ — and, summed over ranks, what dx needs */
   SN_TRY(sn_batchnorm_bwd_reduce(bn->red, bn->red + C, dy, x, bn->mean, bn->rstd, n, C, s,

@@ -3,7 +3,13 @@
  * validation, handles, timeouts, and local BatchNorm semantics (comm == NULL and "self" agree).
  */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "syncnorm_dist.h"
 #include "testutil.h"
@@ -175,12 +181,95 @@ START_TEST(test_null_comm_equals_self) {
 }
 END_TEST
 
+/* comm == NULL runs the local backward (sn_batchnorm_bwd, fused in NCHW); a "self"
+ * communicator the two passes around its all-reduce. Both must give the same bits in y, dx,
+ * grad_weight and grad_bias after every step: layouts, f32 and bf16, with and without affine,
+ * training and eval without running statistics (batch statistics, local), 1 and 2 threads, and
+ * shapes that fuse (many channels, or planes of 3136) and one that does not (3 channels on 2
+ * threads). */
+START_TEST(test_null_comm_backward_equals_self) {
+  static const int64_t shapes[][3] = {{4, 3, 5}, {3, 64, 49}, {2, 16, 3136}};
+  static const sn_dtype_t dts[2] = {SN_DTYPE_F32, SN_DTYPE_BF16};
+  sn_comm_t *self = NULL;
+  ck_assert_int_eq(sn_comm_create_self(&self), SN_OK);
+  tu_rng_t r;
+  tu_rng_seed(&r, 21);
+#ifdef _OPENMP
+  const int saved_threads = omp_get_max_threads();
+#endif
+  for (int threads = 1; threads <= 2; threads++)
+    for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
+      for (int lay = 0; lay < 2; lay++)
+        for (int di = 0; di < 2; di++)
+          for (int affine = 0; affine < 2; affine++)
+            for (int track = 0; track < 2; track++) {
+#ifdef _OPENMP
+              omp_set_num_threads(threads);
+#endif
+              const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2];
+              const int64_t T = N * C * S;
+              sn_syncbn_config_t cfg = sn_syncbn_default_config(C);
+              cfg.layout = lay ? SN_LAYOUT_NHWC : SN_LAYOUT_NCHW;
+              cfg.dtype = dts[di];
+              cfg.affine = affine;
+              cfg.track_running_stats = track;
+              sn_syncbn_t *a = NULL, *b = NULL;
+              ck_assert_int_eq(sn_syncbn_create(&a, &cfg, NULL), SN_OK);
+              ck_assert_int_eq(sn_syncbn_create(&b, &cfg, self), SN_OK);
+              sn_syncbn_params_t pa, pb;
+              ck_assert_int_eq(sn_syncbn_params(a, &pa), SN_OK);
+              ck_assert_int_eq(sn_syncbn_params(b, &pb), SN_OK);
+              if (affine)
+                for (int64_t c = 0; c < C; c++) { /* the same non-trivial parameters in both */
+                  pa.weight[c] = pb.weight[c] = (float)(1.0 + 0.3 * tu_rng_normal(&r));
+                  pa.bias[c] = pb.bias[c] = (float)(0.2 * tu_rng_normal(&r));
+                }
+              void *x = tu_alloc(T, cfg.dtype), *dy = tu_alloc(T, cfg.dtype);
+              void *ya = tu_alloc(T, cfg.dtype), *yb = tu_alloc(T, cfg.dtype);
+              void *dxa = tu_alloc(T, cfg.dtype), *dxb = tu_alloc(T, cfg.dtype);
+              const size_t bytes = (size_t)(T * sn_dtype_size(cfg.dtype));
+              char what[160];
+              snprintf(what, sizeof what, "[%lld,%lld,%lld] %s %s affine %d track %d, %d threads",
+                       (long long)N, (long long)C, (long long)S, lay ? "NHWC" : "NCHW",
+                       tu_dtype_name[cfg.dtype], affine, track, threads);
+              for (int step = 0; step < 3; step++) {
+                /* training, then (without running statistics) eval mode, also on batch stats */
+                const int training = track || step < 2;
+                tu_fill_normal(x, T, cfg.dtype, 2.0, 3.0, &r);
+                tu_fill_normal(dy, T, cfg.dtype, 0.0, 1.0, &r);
+                tu_poison(dxa, T, cfg.dtype);
+                tu_poison(dxb, T, cfg.dtype);
+                if (affine) tu_poison_f32(pa.grad_weight, C), tu_poison_f32(pa.grad_bias, C);
+                ck_assert_int_eq(sn_syncbn_forward(a, ya, x, N, S, training), SN_OK);
+                ck_assert_int_eq(sn_syncbn_forward(b, yb, x, N, S, training), SN_OK);
+                tu_assert_bitwise(ya, yb, bytes, what);
+                ck_assert_msg(sn_syncbn_backward(a, dxa, dy, x, N, S) == SN_OK, "%s: %s", what,
+                              sn_last_error());
+                ck_assert_int_eq(sn_syncbn_backward(b, dxb, dy, x, N, S), SN_OK);
+                tu_assert_bitwise(dxa, dxb, bytes, what);
+                tu_assert_all_finite(dxa, cfg.dtype, T, what);
+                if (affine) {
+                  tu_assert_bitwise(pa.grad_weight, pb.grad_weight, (size_t)C * 4, what);
+                  tu_assert_bitwise(pa.grad_bias, pb.grad_bias, (size_t)C * 4, what);
+                }
+              }
+              free(x), free(dy), free(ya), free(yb), free(dxa), free(dxb);
+              sn_syncbn_destroy(a), sn_syncbn_destroy(b);
+            }
+#ifdef _OPENMP
+  omp_set_num_threads(saved_threads);
+#endif
+  sn_comm_destroy(self);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("comm_self");
   TCase *tc = tcase_create("core");
   tcase_add_test(tc, test_self_comm_basics);
   tcase_add_test(tc, test_layer_config_validation);
   tcase_add_test(tc, test_null_comm_equals_self);
+  tcase_add_test(tc, test_null_comm_backward_equals_self);
   tcase_add_test(tc, test_failed_forward_and_saved);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
