@@ -314,8 +314,12 @@ SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *
  * or NULL (= 1). dgamma, dbeta: [C] f32, overwritten (=), either may be NULL (not returned); the
  * sums are the fp64 ones of sn_batchnorm_bwd_reduce, rounded once. The results are bitwise those
  * of sn_batchnorm_bwd_reduce followed by sn_batchnorm_bwd_apply with count n·s, for any thread
- * count. NCHW with one channel's x and dy within a core's L2 is fused: each channel is summed and
- * then mapped while it is in the cache, so x and dy are read from memory once instead of twice.
+ * count (every input is read before dgamma and dbeta are written, so they may even be written
+ * over gamma or rstd). Fused in NCHW (s > 1) where one channel's x and dy fit in a core's L2
+ * (sysconf(_SC_LEVEL2_CACHE_SIZE), else 1 MiB) and the tasks (blocks of up to 8 channels) are a
+ * multiple of the thread count or at least 4 per thread: a block is summed and then mapped while
+ * it is in the cache, so x and dy are read from memory once instead of twice; otherwise the two
+ * passes.
  * Errors (outputs untouched): SN_ERR_INSUFFICIENT_COUNT (n·s <= 1, as sn_batchnorm_finalize),
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT,
  * SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (dx overlaps dy partly, or x at all),

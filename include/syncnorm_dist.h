@@ -205,9 +205,10 @@ SN_API sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, in
  * with Σ over all ranks (one all-reduce of 2C fp64 values, collective) after a training forward;
  * dx = γ·dy/√(running_var+eps), local, after an eval forward (frozen BatchNorm). grad_weight,
  * grad_bias (=) get this rank's local Σdy·x̂ and Σdy, as PyTorch (data-parallel gradient averaging
- * combines them later). With nothing to all-reduce (comm == NULL, or eval mode without running
- * statistics) and check_finite off it is sn_batchnorm_bwd (fused in NCHW where a channel fits in
- * L2), with the same bits. dx may equal dy. Shapes and dtype as forward; host memory. Formula:
+ * combines them later). After a forward on batch statistics with nothing to all-reduce
+ * (comm == NULL in training mode, or eval mode without running statistics) and check_finite off,
+ * it is sn_batchnorm_bwd (fused in NCHW where a channel fits in L2), with the same bits. dx may
+ * equal dy. Shapes and dtype as forward; host memory. Formula:
  * the BatchNorm backward of Ioffe & Szegedy 2015, as torch.nn.SyncBatchNorm's. Errors: as
  * forward (SN_ERR_ALLOC included), plus SN_ERR_INVALID_ARGUMENT (no successful forward since the
  * last error, or n/s differ from the forward's). */

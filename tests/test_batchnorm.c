@@ -1388,6 +1388,63 @@ START_TEST(test_threads_bitwise) {
 }
 END_TEST
 
+/* sn_batchnorm_bwd with dgamma written over gamma, or dbeta over rstd (inputs read before the
+ * outputs are written, as by the two passes), and with NaN sums times a NaN rstd (the two paths
+ * scale the sum in one place, so even the NaN's sign matches): the split's bits, with 1 thread
+ * (fused) and 2 (C = 6 on 2 threads: not fused). */
+START_TEST(test_bwd_aliasing_and_nan) {
+  enum { N = 4, C = 6, S = 50, T = N * C * S };
+  tu_rng_t r;
+  tu_rng_seed(&r, 13);
+  float x[T], dy[T], dx[T], dx2[T], gamma[C], rstd[C], var[C], buf[C], other[C];
+  double mean[C], sum[C], sq[C], sdy[C], sdx[C];
+  tu_fill_normal(x, T, SN_DTYPE_F32, 1.0, 2.0, &r);
+  tu_fill_normal(dy, T, SN_DTYPE_F32, 0.0, 1.0, &r);
+  for (int c = 0; c < C; c++) gamma[c] = 1.0f + 0.25f * (float)c;
+  ck_assert_int_eq(sn_batchnorm_stats(sum, sq, x, NULL, N, C, S, SN_LAYOUT_NCHW, SN_DTYPE_F32), SN_OK);
+  ck_assert_int_eq(sn_batchnorm_finalize(mean, var, rstd, sum, sq, NULL, N * S, C, EPS), SN_OK);
+#ifdef _OPENMP
+  const int saved = omp_get_max_threads();
+#endif
+  for (int nan = 0; nan < 2; nan++)
+    for (int threads = 1; threads <= 2; threads++) {
+#ifdef _OPENMP
+      omp_set_num_threads(threads);
+#endif
+      if (nan) { /* NaN sums in channel 0, times a negative NaN rstd */
+        dy[3] = NAN;
+        uint32_t neg_nan = 0xffc00000u;
+        memcpy(&rstd[0], &neg_nan, 4);
+      }
+      lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, SN_LAYOUT_NCHW, SN_DTYPE_F32);
+      for (int alias = 0; alias < 2; alias++) {
+        /* alias 0: dgamma over (a copy of) gamma; 1: dbeta over (a copy of) rstd */
+        memcpy(buf, alias ? rstd : gamma, sizeof buf);
+        tu_poison(dx2, T, SN_DTYPE_F32);
+        tu_poison_f32(other, C);
+        const sn_status_t st =
+            alias ? sn_batchnorm_bwd(dx2, other, buf, dy, x, mean, buf, gamma, N, C, S,
+                                     SN_LAYOUT_NCHW, SN_DTYPE_F32)
+                  : sn_batchnorm_bwd(dx2, buf, other, dy, x, mean, rstd, buf, N, C, S,
+                                     SN_LAYOUT_NCHW, SN_DTYPE_F32);
+        ck_assert_int_eq(st, SN_OK);
+        tu_assert_bitwise(dx2, dx, sizeof dx, alias ? "dbeta over rstd: dx" : "dgamma over gamma: dx");
+        for (int c = 0; c < C; c++) {
+          const float g = (float)sdx[c], b = (float)sdy[c];
+          ck_assert_msg(memcmp(alias ? &other[c] : &buf[c], &g, 4) == 0 &&
+                            memcmp(alias ? &buf[c] : &other[c], &b, 4) == 0,
+                        "alias %d nan %d threads %d channel %d: dgamma %g dbeta %g", alias, nan,
+                        threads, c, (double)(alias ? other[c] : buf[c]),
+                        (double)(alias ? buf[c] : other[c]));
+        }
+      }
+    }
+#ifdef _OPENMP
+  omp_set_num_threads(saved);
+#endif
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("batchnorm");
   TCase *tc = tcase_create("core");
@@ -1410,6 +1467,7 @@ int main(void) {
   tcase_add_test(tc, test_tiny_mean);
   tcase_add_test(tc, test_in_place);
   tcase_add_test(tc, test_threads_bitwise);
+  tcase_add_test(tc, test_bwd_aliasing_and_nan);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

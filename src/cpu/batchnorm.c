@@ -399,6 +399,13 @@ static void reduce_nhwc(const red_t *op, double *part, double *scratch, int nt,
   }
 }
 
+/* Σ dy·x̂ = rstd·Σ dy·(x − mean), for bn_reduce and the fused backward alike: one function, not
+ * inlined, so both give the same bits even for NaN operands (which of two NaNs a multiply
+ * returns depends on the operand order the compiler picks at each site). */
+static __attribute__((noinline)) double bwd_scale(double sum, float rstd) {
+  return sum * (double)rstd;
+}
+
 /* out1, out2: [C] f64 (=), as described at red_t; rows = N·S > 0. Allocates the chunk partials
  * (and NHWC lane scratch) first, so SN_ERR_ALLOC leaves the outputs untouched. */
 static sn_status_t bn_reduce(const char *fn, double *out1, double *out2, const red_t *op,
@@ -426,7 +433,7 @@ static sn_status_t bn_reduce(const char *fn, double *out1, double *out2, const r
     double s1 = 0.0, s2 = 0.0;
     for (int64_t k = 0; k < K; k++) s1 += part[(k * C + c) * 2 + 0], s2 += part[(k * C + c) * 2 + 1];
     out1[c] = s1;
-    out2[c] = op->kind == RED_BWD ? s2 * (double)op->rstd[c] : s2;
+    out2[c] = op->kind == RED_BWD ? bwd_scale(s2, op->rstd[c]) : s2;
   }
   sn__free(scratch);
   sn__free(part);
@@ -568,10 +575,10 @@ static void ew_run(const ew_t *op, void *out, const void *in, const void *x, int
 
 /* ---- fused local backward ---------------------------------------------------------------------- */
 
-/* Bytes of one sample's run of a block of channels that the fused backward reads at least (when
- * the block fits in L2): with one channel per task a 28×28 f32 plane is a 3 KiB run, too short
- * for the hardware prefetcher (bench_ab cold, two threads, [64,256,28,28]: blocks of 4 channels
- * 0.85x the time of blocks of 1). */
+/* Bytes of one sample's run of a block of channels that the fused backward aims for (fewer where
+ * FUSED_MAX_BLOCK planes are shorter, or the block would not fit in L2): with one channel per
+ * task a 28×28 f32 plane is a 3 KiB run, too short for the hardware prefetcher (bench_ab cold,
+ * two threads, [64,256,28,28]: blocks of 4 channels 0.85x the time of blocks of 1). */
 #define FUSED_RUN_BYTES 12288
 /* Most channels in a fused block (the sums of a block are on the stack). */
 #define FUSED_MAX_BLOCK 8
@@ -616,15 +623,17 @@ static void bwd_fused_nchw(void *dx, float *dgamma, float *dbeta, const void *dy
           s1[j] += part[0], s2[j] += part[1];
         }
       sn__chan_k_t kc[FUSED_MAX_BLOCK];
-      for (int64_t j = 0; j < nc; j++) {
+      for (int64_t j = 0; j < nc; j++) { /* every input read before dgamma, dbeta are written */
         const int64_t c = c0 + j;
-        s2[j] *= (double)rstd[c];
-        if (dgamma) dgamma[c] = (float)s2[j];
-        if (dbeta) dbeta[c] = (float)s1[j];
+        s2[j] = bwd_scale(s2[j], rstd[c]);
         double k4[4];
         bwd_consts(mean[c], rstd[c], gamma ? (double)gamma[c] : 1.0, s1[j], s2[j],
                    (double)(N * S), k4);
         sn__chan_k_set(&kc[j], k4[0], k4[1], k4[2], k4[3]);
+      }
+      for (int64_t j = 0; j < nc; j++) {
+        if (dgamma) dgamma[c0 + j] = (float)s2[j];
+        if (dbeta) dbeta[c0 + j] = (float)s1[j];
       }
       for (int64_t n = 0; n < N; n++)
         for (int64_t j = 0; j < nc; j++)

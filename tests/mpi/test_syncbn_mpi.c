@@ -599,7 +599,7 @@ START_TEST(test_mismatch_names_ranks) {
     float x[2 * 4 * 2], y[2 * 4 * 2];
     mt_fill(x, 2 * cfg.num_features * 2, SN_DTYPE_F32, 40 + (uint64_t)t, 0);
     ck_assert_int_eq(sn_syncbn_forward(bn, y, x, 2, 2, 1), SN_ERR_MISMATCH);
-    char want[512], a[256], b[256];
+    char want[1024], a[256], b[256];
     if (t == 0 && table)
       snprintf(want, sizeof want, "C (num_features) differs across ranks (3 on %s; 4 on %s)",
                ranks_where(a, sizeof a, is_last, 0), ranks_where(b, sizeof b, is_last, 1));
