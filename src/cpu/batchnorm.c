@@ -455,12 +455,8 @@ typedef struct {
   double eps, count;
 } ew_t;
 
-/* The fp64 constants (m, a, b, e) of channel c for the maps of norm_kernels.h
- * (y = (x − m)·a + b, dx = (dy·a − b) − (x − m)·e; sn__chan_k_set rounds them for the f32 maps):
- *   apply:    m = mean, a = gamma·rstd, b = beta
- *   infer:    m = running_mean, a = gamma/√(running_var + eps), b = beta
- *   bwd:      k = gamma·rstd: a = k, b = k·Σdy/count, e = k·rstd·Σdy·x̂/count, m = mean
- *   bwd eval: dx = dy·gamma·rstd, run as the forward map of dy with m = b = 0. */
+/* The backward map's constants of one channel (ew_consts' bwd, below) from its mean, rstd,
+ * gamma g and the global sums over count values: the fused backward calls it too. */
 static void bwd_consts(double mean, float rstd, double g, double sum_dy, double sum_dy_xhat,
                        double count, double k4[4]) {
   const double k = g * (double)rstd;
@@ -470,6 +466,12 @@ static void bwd_consts(double mean, float rstd, double g, double sum_dy, double 
   k4[3] = k * (double)rstd * (sum_dy_xhat / count);
 }
 
+/* The fp64 constants (m, a, b, e) of channel c for the maps of norm_kernels.h
+ * (y = (x − m)·a + b, dx = (dy·a − b) − (x − m)·e; sn__chan_k_set rounds them for the f32 maps):
+ *   apply:    m = mean, a = gamma·rstd, b = beta
+ *   infer:    m = running_mean, a = gamma/√(running_var + eps), b = beta
+ *   bwd:      k = gamma·rstd: a = k, b = k·Σdy/count, e = k·rstd·Σdy·x̂/count, m = mean
+ *   bwd eval: dx = dy·gamma·rstd, run as the forward map of dy with m = b = 0. */
 static void ew_consts(const ew_t *op, int64_t c, double k4[4]) {
   const double g = op->gamma ? (double)op->gamma[c] : 1.0;
   double m = 0.0, a = 0.0, b = 0.0, e = 0.0;
@@ -600,9 +602,9 @@ static int64_t bwd_fused_block(int64_t N, int64_t C, int64_t S, sn_layout_t layo
 }
 
 /* NCHW, a task per block of cb channels: their backward sums in the order of bn_reduce (each
- * chunk's lanes, then the chunks in chunk order; the block's channels side by side in each
- * chunk, so a sample's part of the block is read as one run), dgamma and dbeta, then dx over
- * the block, while x and dy are still in the cache. Bitwise the same as
+ * chunk's lanes, then the chunks in chunk order; chunk by chunk, the block's channels one after
+ * another, so where a chunk is one sample the block's part of it is one run), dgamma and
+ * dbeta, then dx over the block, while x and dy are still in the cache. Bitwise the same as
  * sn_batchnorm_bwd_reduce then sn_batchnorm_bwd_apply. */
 static void bwd_fused_nchw(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
                            const double *mean, const float *rstd, const float *gamma, int64_t N,
