@@ -647,6 +647,15 @@ static void bwd_fused_nchw(void *dx, float *dgamma, float *dbeta, const void *dy
 
 /* ---- public entry points ---------------------------------------------------------------------- */
 
+/* SN_ERR_INSUFFICIENT_COUNT unless count > 1 values per channel, as PyTorch's "Expected more than
+ * 1 value per channel when training". */
+static sn_status_t check_train_count(const char *fn, int64_t count) {
+  if (count > 1) return SN_OK;
+  return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
+                  "%s: expected more than 1 value per channel when training, got count %lld", fn,
+                  (long long)count);
+}
+
 sn_status_t sn_batchnorm_stats(double *sum, double *sumsq, const void *x, const float *pivot,
                                int64_t n, int64_t c, int64_t s, sn_layout_t layout,
                                sn_dtype_t dtype) {
@@ -671,10 +680,7 @@ sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, const d
                                   int64_t c, float eps) {
   static const char fn[] = "sn_batchnorm_finalize";
   SN_TRY(sn__check_size(fn, "c", c, 1));
-  if (count <= 1)
-    return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
-                    "%s: expected more than 1 value per channel when training, got count %lld", fn,
-                    (long long)count);
+  SN_TRY(check_train_count(fn, count));
   SN_TRY(sn__check_eps(fn, eps));
   SN_TRY(sn__check_ptr(fn, "mean", mean));
   SN_TRY(sn__check_ptr(fn, "rstd", rstd));
@@ -706,9 +712,7 @@ sn_status_t sn_batchnorm_update_running(float *running_mean, float *running_var,
   if (num_batches_tracked != NULL && *num_batches_tracked < 0) /* 1/0 or a negative factor */
     return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: num_batches_tracked must be >= 0, got %lld", fn,
                     (long long)*num_batches_tracked);
-  if (count == 1)
-    return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
-                    "%s: expected more than 1 value per channel when training, got count 1", fn);
+  if (count == 1) return check_train_count(fn, count); /* 0: an empty batch, counted */
   if (count > 1) {
     SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
     SN_TRY(sn__check_ptr(fn, "running_var", running_var));
@@ -808,10 +812,7 @@ sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *x, cons
   if (!eval) {
     SN_TRY(sn__check_ptr(fn, "sum_dy", sum_dy));
     SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", sum_dy_xhat));
-    if (count <= 1) /* as finalize: the forward of such a batch was an error */
-      return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
-                      "%s: expected more than 1 value per channel when training, got count %lld",
-                      fn, (long long)count);
+    SN_TRY(check_train_count(fn, count)); /* as finalize: such a batch had no forward */
   }
   if (rows == 0) return SN_OK;
   SN_TRY(sn__check_ptr(fn, "dx", dx));
@@ -833,10 +834,7 @@ sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
   SN_TRY(sn__check_layout(fn, layout));
   SN_TRY(sn__check_act_dtype(fn, dtype));
-  if (rows <= 1) /* as finalize: the forward of such a batch was an error */
-    return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
-                    "%s: expected more than 1 value per channel when training, got count %lld", fn,
-                    (long long)rows);
+  SN_TRY(check_train_count(fn, rows)); /* as finalize: such a batch had no forward */
   SN_TRY(sn__check_ptr(fn, "mean", mean));
   SN_TRY(sn__check_ptr(fn, "rstd", rstd));
   SN_TRY(sn__check_ptr(fn, "dx", dx));
