@@ -197,8 +197,9 @@ SN_API sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const
 /*                                                                                              */
 /* x is [N, C, S] (NCHW) or [N, S, C] (NHWC). A training step is                                */
 /*   sn_batchnorm_stats → (all-reduce the sums across ranks) → sn_batchnorm_finalize →          */
-/*   sn_batchnorm_apply (and sn_batchnorm_update_running); backward: sn_batchnorm_bwd_reduce →    */
-/*   (all-reduce) → sn_batchnorm_bwd_apply, or sn_batchnorm_bwd where there is no all-reduce.    */
+/*   sn_batchnorm_apply, or sn_batchnorm_fwd where there is no all-reduce (and                  */
+/*   sn_batchnorm_update_running); backward: sn_batchnorm_bwd_reduce →                          */
+/*   (all-reduce) → sn_batchnorm_bwd_apply, or sn_batchnorm_bwd where there is no all-reduce.   */
 /* Per-channel sums and the mean are f64 so that |mean| ≫ σ stays exact; rstd is f32.           */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -264,6 +265,34 @@ SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean
                                       const float *rstd, const float *gamma, const float *beta,
                                       int64_t n, int64_t c, int64_t s, sn_layout_t layout,
                                       sn_dtype_t dtype);
+
+/* Local BatchNorm training forward, with nothing to all-reduce (one process, or
+ * torch.nn.BatchNorm2d in training mode, PyTorch's native_batch_norm with training=True, without
+ * the running statistics: call sn_batchnorm_update_running with count n·s for them). Per channel
+ * c, over its count = n·s values:
+ *   sum = Σ (x − p_c), sumsq = Σ (x − p_c)² around the pivot p (sn_batchnorm_stats); where those
+ *   lost more than 24 bits to cancellation, (mean − p_c)² > 2^24·var, summed again around
+ *   p_c + (mean − p_c) rounded to f32 (SyncBatchNorm's refinement, per channel);
+ *   mean, var (biased), rstd = 1/√(var + eps) as sn_batchnorm_finalize;
+ *   y = (x − mean_c)·rstd_c·gamma_c + beta_c as sn_batchnorm_apply (its accuracy notes hold).
+ * y, x: [N, C, S] or [N, S, C] as layout, dtype, host memory; y overwritten (=), may equal x.
+ * mean: [C] f64 (=); var: [C] f32 (=) biased, or NULL; rstd: [C] f32 (=); pivot: [C] f32 or
+ * NULL (= 0), best near the channel means (e.g. the previous batch's mean, as SyncBatchNorm
+ * keeps it); gamma, beta: [C] f32 or NULL (1 / 0). mean, var and rstd must not overlap the
+ * inputs. The results are bitwise those of sn_batchnorm_stats, the refinement above (summing
+ * again with the refined pivots where any channel needs it), sn_batchnorm_finalize and
+ * sn_batchnorm_apply, for any thread count. Fused in NCHW (s > 1) where one channel's x fits in
+ * a core's L2 and the tasks (blocks of up to 8 channels) share evenly between the threads, as
+ * sn_batchnorm_bwd: a block is summed, its statistics computed and y mapped while x is in the
+ * cache, so x is read from memory once instead of twice; otherwise the separate passes.
+ * Errors (outputs untouched): SN_ERR_INSUFFICIENT_COUNT (n·s <= 1, as sn_batchnorm_finalize),
+ * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
+ * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y overlaps x partly),
+ * SN_ERR_ALLOC (the unfused path's per-channel sums). */
+SN_API sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, const void *x,
+                                    const float *pivot, const float *gamma, const float *beta,
+                                    int64_t n, int64_t c, int64_t s, float eps, sn_layout_t layout,
+                                    sn_dtype_t dtype);
 
 /* Inference (eval mode) with running statistics:
  *   y = (x − running_mean_c)/√(running_var_c + eps)·gamma_c + beta_c.

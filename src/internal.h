@@ -58,6 +58,14 @@ SN_HIDDEN sn_status_t sn__check_running_var(const char *fn, const float *running
 /* layout is NCHW or NHWC, else SN_ERR_INVALID_LAYOUT. */
 SN_HIDDEN sn_status_t sn__check_layout(const char *fn, sn_layout_t layout);
 
+/* The pivot refinement of a BatchNorm training forward (sn_batchnorm_fwd, SyncBatchNorm): sums
+ * shifted by `pivot` over `count` values lost more than 24 bits to cancellation where, with
+ * m = sum/count and var = sumsq/count − m², m ≠ 0 and m² > SN_BN_REFINE_RATIO·var. Then sets
+ * *refined = (float)(pivot + m), the pivot to sum around again, and returns 1 (fp64 keeps at
+ * least 29 of its 53 bits around it); else returns 0 and leaves *refined (NaN sums: 0). */
+#define SN_BN_REFINE_RATIO 16777216.0 /* 2^24 */
+SN_HIDDEN int sn__bn_refine(double sum, double sumsq, double count, float pivot, float *refined);
+
 /* Evaluate a check and return its status from the calling function if it failed. */
 #define SN_TRY(expr)                    \
   do {                                  \

@@ -167,7 +167,78 @@ static double dot(const double *a, const double *b, int64_t n) {
 
 /* ---- library pipeline ---------------------------------------------------------------------- */
 
-/* stats → finalize → apply on one whole batch; every output poisoned first. */
+/* SyncBatchNorm's refinement, as sn_batchnorm_fwd documents it: the channels whose sums around
+ * pv lost more than 24 bits, (mean − p)² > 2^24·var, get pv[c] = p + (mean − p) in f32. Returns
+ * how many. Written from the documentation, not from the library's code. */
+static int64_t refine_oracle(float *pv, const double *sum, const double *sq, int64_t count,
+                             int64_t C) {
+  int64_t n = 0;
+  for (int64_t c = 0; c < C; c++) {
+    const double m = sum[c] / (double)count, v = sq[c] / (double)count - m * m;
+    if (m != 0.0 && m * m > v * 0x1p24) pv[c] = (float)((double)pv[c] + m), n++;
+  }
+  return n;
+}
+
+/* The local training forward sn_batchnorm_fwd on x into poisoned outputs must be bitwise the
+ * building blocks with the refinement: stats around pivot (sum, sq: its sums, given), where
+ * any channel needs it the stats again around the refined pivots, finalize, apply. y0, mean0,
+ * var0, rstd0: the unrefined pipeline's outputs (the same where nothing is refined). Returns
+ * the number of refined channels. */
+static int64_t check_fwd_local(const void *y0, const double *mean0, const float *var0,
+                               const float *rstd0, const double *sum, const double *sq,
+                               const void *x, const float *pivot, const float *gamma,
+                               const float *beta, int64_t N, int64_t C, int64_t S,
+                               sn_layout_t lay, sn_dtype_t dt) {
+  const int64_t T = N * C * S;
+  const size_t bytes = (size_t)(T * sn_dtype_size(dt));
+  float *pv = falloc(C), *var = falloc(C), *rstd = falloc(C), *var2 = falloc(C), *rstd2 = falloc(C);
+  double *mean = dalloc(C), *mean2 = dalloc(C), *sum2 = dalloc(C), *sq2 = dalloc(C);
+  void *y = tu_alloc(T, dt), *y2 = tu_alloc(T, dt);
+  for (int64_t c = 0; c < C; c++) pv[c] = pivot ? pivot[c] : 0.0f;
+  const int64_t refined = refine_oracle(pv, sum, sq, N * S, C);
+  if (refined > 0) { /* the oracle's second pass */
+    ck_assert_int_eq(sn_batchnorm_stats(sum2, sq2, x, pv, N, C, S, lay, dt), SN_OK);
+    ck_assert_int_eq(sn_batchnorm_finalize(mean, var, rstd, sum2, sq2, pv, N * S, C, EPS), SN_OK);
+    ck_assert_int_eq(sn_batchnorm_apply(y, x, mean, rstd, gamma, beta, N, C, S, lay, dt), SN_OK);
+  } else {
+    memcpy(y, y0, bytes);
+    memcpy(mean, mean0, (size_t)C * 8);
+    memcpy(rstd, rstd0, (size_t)C * 4);
+    if (var0) memcpy(var, var0, (size_t)C * 4);
+  }
+  poison_f64(mean2, C);
+  tu_poison_f32(var2, C);
+  tu_poison_f32(rstd2, C);
+  tu_poison(y2, T, dt);
+  const sn_status_t st = sn_batchnorm_fwd(y2, mean2, var0 ? var2 : NULL, rstd2, x, pivot, gamma,
+                                          beta, N, C, S, EPS, lay, dt);
+  ck_assert_msg(st == SN_OK, "sn_batchnorm_fwd: %s", sn_last_error());
+  char what[128];
+  snprintf(what, sizeof what, "sn_batchnorm_fwd [%lld,%lld,%lld] %s %s, %lld refined: ",
+           (long long)N, (long long)C, (long long)S, LNAME[lay == SN_LAYOUT_NHWC],
+           tu_dtype_name[dt], (long long)refined);
+  const size_t w = strlen(what);
+  snprintf(what + w, sizeof what - w, "y");
+  tu_assert_bitwise(y2, y, bytes, what);
+  snprintf(what + w, sizeof what - w, "mean");
+  tu_assert_bitwise(mean2, mean, (size_t)C * 8, what);
+  snprintf(what + w, sizeof what - w, "rstd");
+  tu_assert_bitwise(rstd2, rstd, (size_t)C * 4, what);
+  if (var0) {
+    snprintf(what + w, sizeof what - w, "var");
+    tu_assert_bitwise(var2, var, (size_t)C * 4, what);
+  } else {
+    snprintf(what + w, sizeof what - w, "var NULL untouched");
+    for (int64_t c = 0; c < C; c++) TU_CHECK(isnan(var2[c]), "%s", what);
+  }
+  free(pv), free(var), free(rstd), free(var2), free(rstd2), free(mean), free(mean2), free(sum2);
+  free(sq2), free(y), free(y2);
+  return refined;
+}
+
+/* stats → finalize → apply on one whole batch; every output poisoned first. Then the local
+ * forward sn_batchnorm_fwd on the same inputs (check_fwd_local). */
 static void lib_train_fwd(void *y, double *mean, float *var, float *rstd, const void *x,
                           const float *pivot, const float *gamma, const float *beta, int64_t N,
                           int64_t C, int64_t S, sn_layout_t lay, sn_dtype_t dt) {
@@ -181,6 +252,8 @@ static void lib_train_fwd(void *y, double *mean, float *var, float *rstd, const 
   ck_assert_int_eq(sn_batchnorm_stats(sum, sq, x, pivot, N, C, S, lay, dt), SN_OK);
   ck_assert_int_eq(sn_batchnorm_finalize(mean, var, rstd, sum, sq, pivot, N * S, C, EPS), SN_OK);
   ck_assert_int_eq(sn_batchnorm_apply(y, x, mean, rstd, gamma, beta, N, C, S, lay, dt), SN_OK);
+  if (y != x) /* in place, x is gone */
+    check_fwd_local(y, mean, var, rstd, sum, sq, x, pivot, gamma, beta, N, C, S, lay, dt);
   free(sum);
   free(sq);
 }
@@ -1185,6 +1258,29 @@ START_TEST(test_bad_inputs) {
   check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, 8, big, big, big, L, D), SN_ERR_OVERFLOW, fb, &o, &o0, "bwd_apply overflow");
   check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, sd, sx, 8, 2, 3, 4, BADL, D), SN_ERR_INVALID_LAYOUT, fb, &o, &o0, "bwd_apply layout");
   check_bad(sn_batchnorm_bwd_apply(o.dx, dy, x, m, rs, g, NULL, NULL, 0, 2, 3, 4, L, F64), SN_ERR_INVALID_DTYPE, fb, &o, &o0, "bwd_apply eval f64");
+  /* the local forward */
+  const char *fw = "sn_batchnorm_fwd";
+  check_bad(sn_batchnorm_fwd(NULL, o.mean, o.var, o.rstd, x, NULL, g, g, 2, 3, 4, EPS, L, D), SN_ERR_NULL_POINTER, fw, &o, &o0, "fwd y NULL");
+  check_bad(sn_batchnorm_fwd(o.y, NULL, o.var, o.rstd, x, NULL, g, g, 2, 3, 4, EPS, L, D), SN_ERR_NULL_POINTER, fw, &o, &o0, "fwd mean NULL");
+  check_bad(sn_batchnorm_fwd(o.y, o.mean, o.var, NULL, x, NULL, g, g, 2, 3, 4, EPS, L, D), SN_ERR_NULL_POINTER, fw, &o, &o0, "fwd rstd NULL");
+  check_bad(sn_batchnorm_fwd(o.y, o.mean, o.var, o.rstd, NULL, NULL, g, g, 2, 3, 4, EPS, L, D), SN_ERR_NULL_POINTER, fw, &o, &o0, "fwd x NULL");
+  check_bad(sn_batchnorm_fwd(o.y, o.mean, o.var, o.rstd, x, NULL, g, g, 2, 0, 4, EPS, L, D), SN_ERR_INVALID_SIZE, fw, &o, &o0, "fwd c 0");
+  check_bad(sn_batchnorm_fwd(o.y, o.mean, o.var, o.rstd, x, NULL, g, g, 2, 3, -4, EPS, L, D), SN_ERR_INVALID_SIZE, fw, &o, &o0, "fwd s -4");
+  check_bad(sn_batchnorm_fwd(o.y, o.mean, o.var, o.rstd, x, NULL, g, g, big, big, big, EPS, L, D), SN_ERR_OVERFLOW, fw, &o, &o0, "fwd overflow");
+  check_bad(sn_batchnorm_fwd(o.y, o.mean, o.var, o.rstd, x, NULL, g, g, 2, 3, 4, EPS, BADL, D), SN_ERR_INVALID_LAYOUT, fw, &o, &o0, "fwd layout");
+  check_bad(sn_batchnorm_fwd(o.y, o.mean, o.var, o.rstd, x, NULL, g, g, 2, 3, 4, EPS, L, F64), SN_ERR_INVALID_DTYPE, fw, &o, &o0, "fwd f64");
+  check_bad(sn_batchnorm_fwd(o.y, o.mean, o.var, o.rstd, x, NULL, g, g, 2, 3, 4, EPS, L, BADD), SN_ERR_INVALID_DTYPE, fw, &o, &o0, "fwd dtype");
+  check_bad(sn_batchnorm_fwd(o.y, o.mean, o.var, o.rstd, x, NULL, g, g, 1, 3, 1, EPS, L, D), SN_ERR_INSUFFICIENT_COUNT, fw, &o, &o0, "fwd count 1");
+  check_bad(sn_batchnorm_fwd(o.y, o.mean, o.var, o.rstd, x, NULL, g, g, 0, 3, 4, EPS, L, D), SN_ERR_INSUFFICIENT_COUNT, fw, &o, &o0, "fwd count 0");
+  check_bad(sn_batchnorm_fwd(o.y, o.mean, o.var, o.rstd, NULL, NULL, g, g, 2, 3, 0, EPS, L, D), SN_ERR_INSUFFICIENT_COUNT, fw, &o, &o0, "fwd empty");
+  for (int i = 0; i < 4; i++)
+    check_bad(sn_batchnorm_fwd(o.y, o.mean, o.var, o.rstd, x, NULL, g, g, 2, 3, 4, bad_eps[i], L, D), SN_ERR_INVALID_EPS, fw, &o, &o0, "fwd eps");
+  {
+    float buf[2 * BT];
+    memcpy(buf, x, sizeof x);
+    check_bad(sn_batchnorm_fwd(buf + 1, o.mean, o.var, o.rstd, buf, NULL, g, g, 2, 3, 4, EPS, L, D), SN_ERR_INVALID_ARGUMENT, fw, &o, &o0, "fwd y overlaps x");
+    tu_assert_bitwise(buf, x, sizeof x, "fwd y overlaps x: x untouched");
+  }
   /* the local backward */
   const char *fl = "sn_batchnorm_bwd";
   check_bad(sn_batchnorm_bwd(NULL, o.dg, o.db, dy, x, m, rs, g, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fl, &o, &o0, "bwd dx NULL");
@@ -1445,6 +1541,95 @@ START_TEST(test_bwd_aliasing_and_nan) {
 }
 END_TEST
 
+/* The local training forward sn_batchnorm_fwd: bitwise the building blocks with SyncBatchNorm's
+ * refinement (check_fwd_local), fused (NCHW, planes > 1, channels in L2) and not (NHWC, S == 1,
+ * 5 channels on 2 threads), on 1, 2 and 3 threads; channels alternating |mean| ≫ σ (refined
+ * around pivot 0: must be, and then match the fp64 statistics) and ordinary ones; pivots 0
+ * (NULL), the batch means (nothing refined) and 1000 off; var NULL; in place; f32, bf16, f16. */
+START_TEST(test_fwd_local) {
+  static const int64_t shapes[][3] = {{4, 16, 250}, {3, 5, 37}, {64, 6, 1}, {2, 3, 3136}};
+  tu_rng_t r;
+  tu_rng_seed(&r, 23);
+#ifdef _OPENMP
+  const int saved = omp_get_max_threads();
+#endif
+  for (int threads = 1; threads <= 3; threads++)
+    for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
+      for (int il = 0; il < 2; il++)
+        for (int id = 0; id < 3; id++) {
+#ifdef _OPENMP
+          omp_set_num_threads(threads);
+#endif
+          const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2], T = N * C * S;
+          const sn_layout_t lay = LAYOUTS[il];
+          const sn_dtype_t dt = DTYPES[id];
+          const size_t bytes = (size_t)(T * sn_dtype_size(dt));
+          /* the huge means: far beyond σ in every dtype (bf16 rounds such a channel constant) */
+          const double big = dt == SN_DTYPE_F32 ? 1e4 : 2000.0;
+          void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *y0 = tu_alloc(T, dt);
+          float *gamma = falloc(C), *beta = falloc(C), *var = falloc(C), *rstd = falloc(C);
+          float *piv = falloc(C);
+          double *mean = dalloc(C), *sum = dalloc(C), *sq = dalloc(C), *rm = dalloc(C);
+          double *rv = dalloc(C);
+          for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++)
+              for (int64_t k = 0; k < S; k++) {
+                const double v = c % 2 == 0 ? big + 1e-2 * tu_rng_normal(&r)
+                                            : 1.0 + 2.0 * tu_rng_normal(&r);
+                tu_set(x, at(lay, n, c, k, C, S), v, dt);
+              }
+          fill_params(gamma, beta, C, &r);
+          double *xd = as_f64(x, T, dt);
+          ref_stats(rm, rv, xd, N, C, S, lay);
+          char what[128];
+          for (int kind = 0; kind < 3; kind++) {
+            for (int64_t c = 0; c < C; c++)
+              piv[c] = kind == 1 ? (float)rm[c] : kind == 2 ? (float)(rm[c] + 1000.0) : 0.0f;
+            const float *pivot = kind == 0 ? NULL : piv;
+            const int affine = kind != 1;
+            snprintf(what, sizeof what, "[%lld,%lld,%lld] %s %s pivot kind %d, %d threads",
+                     (long long)N, (long long)C, (long long)S, LNAME[il], tu_dtype_name[dt],
+                     kind, threads);
+            poison_f64(mean, C);
+            tu_poison_f32(var, C);
+            tu_poison_f32(rstd, C);
+            tu_poison(y0, T, dt);
+            ck_assert_int_eq(sn_batchnorm_stats(sum, sq, x, pivot, N, C, S, lay, dt), SN_OK);
+            ck_assert_int_eq(sn_batchnorm_finalize(mean, var, rstd, sum, sq, pivot, N * S, C, EPS),
+                             SN_OK);
+            ck_assert_int_eq(sn_batchnorm_apply(y0, x, mean, rstd, affine ? gamma : NULL,
+                                                affine ? beta : NULL, N, C, S, lay, dt),
+                             SN_OK);
+            const int64_t refined =
+                check_fwd_local(y0, mean, kind == 2 ? NULL : var, rstd, sum, sq, x, pivot,
+                                affine ? gamma : NULL, affine ? beta : NULL, N, C, S, lay, dt);
+            /* pivot 0: every huge-mean channel; the means: none; 1000 off: the σ = 1e-2 ones */
+            if (kind == 1) ck_assert_msg(refined == 0, "%s: %lld refined", what, (long long)refined);
+            else ck_assert_msg(refined >= 1, "%s: nothing refined", what);
+            /* its statistics against the fp64 ones (the refined channels included) */
+            ck_assert_int_eq(sn_batchnorm_fwd(y, mean, var, rstd, x, pivot, affine ? gamma : NULL,
+                                              affine ? beta : NULL, N, C, S, EPS, lay, dt),
+                             SN_OK);
+            check_stats(mean, var, rstd, xd, N, C, S, lay, what);
+            /* in place: the same bits */
+            void *buf = tu_alloc(T, dt);
+            memcpy(buf, x, bytes);
+            ck_assert_int_eq(sn_batchnorm_fwd(buf, mean, var, rstd, buf, pivot,
+                                              affine ? gamma : NULL, affine ? beta : NULL, N, C, S,
+                                              EPS, lay, dt),
+                             SN_OK);
+            tu_assert_bitwise(buf, y, bytes, what);
+            free(buf);
+          }
+          free(x), free(y), free(y0), free(gamma), free(beta), free(var), free(rstd), free(piv);
+          free(mean), free(sum), free(sq), free(rm), free(rv), free(xd);
+        }
+#ifdef _OPENMP
+  omp_set_num_threads(saved);
+#endif
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("batchnorm");
   TCase *tc = tcase_create("core");
@@ -1468,6 +1653,7 @@ int main(void) {
   tcase_add_test(tc, test_in_place);
   tcase_add_test(tc, test_threads_bitwise);
   tcase_add_test(tc, test_bwd_aliasing_and_nan);
+  tcase_add_test(tc, test_fwd_local);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

@@ -319,12 +319,12 @@ static int64_t red_begin(const red_chunks_t *ch, int64_t k) {
   return n * ch->S + sn__chunk_begin(j, ch->S, ch->per);
 }
 
-/* The two sums of chunk k of channel c in the NCHW layout: its rows, one plane segment at a
- * time, into SN_LANES lanes, then the lanes in lane order. */
-static void red_nchw_chunk(const red_t *op, const red_chunks_t *ch, int64_t C, int64_t c,
-                           int64_t k, sn_dtype_t dtype, double out[2]) {
+/* The two sums of chunk k of channel c in the NCHW layout, shifted by `shift` (the statistics'
+ * pivot, or the backward's mean): its rows, one plane segment at a time, into SN_LANES lanes,
+ * then the lanes in lane order. */
+static void red_nchw_chunk_at(const red_t *op, const red_chunks_t *ch, int64_t C, int64_t c,
+                              int64_t k, double shift, sn_dtype_t dtype, double out[2]) {
   const int64_t S = ch->S, b = red_begin(ch, k), e = red_begin(ch, k + 1);
-  const double shift = red_shift(op, c);
   double acc[2 * SN_LANES] = {0};
   for (int64_t r = b; r < e;) {
     const int64_t n = r / S, s0 = r - n * S, len = sn__min64(S - s0, e - r);
@@ -334,6 +334,12 @@ static void red_nchw_chunk(const red_t *op, const red_chunks_t *ch, int64_t C, i
   double s1 = 0.0, s2 = 0.0;
   for (int l = 0; l < SN_LANES; l++) s1 += acc[l], s2 += acc[SN_LANES + l];
   out[0] = s1, out[1] = s2;
+}
+
+/* red_nchw_chunk_at with channel c's own shift (red_shift). */
+static void red_nchw_chunk(const red_t *op, const red_chunks_t *ch, int64_t C, int64_t c,
+                           int64_t k, sn_dtype_t dtype, double out[2]) {
+  red_nchw_chunk_at(op, ch, C, c, k, red_shift(op, c), dtype, out);
 }
 
 /* Chunk partials of the NCHW layout. part: [K][C][2]. */
@@ -575,9 +581,9 @@ static void ew_run(const ew_t *op, void *out, const void *in, const void *x, int
     ew_nchw(op, out, in, x, N, C, S, dtype);
 }
 
-/* ---- fused local backward ---------------------------------------------------------------------- */
+/* ---- fused local forward and backward ---------------------------------------------------------- */
 
-/* Bytes of one sample's run of a block of channels that the fused backward aims for (fewer where
+/* Bytes of one sample's run of a block of channels that the fused passes aim for (fewer where
  * FUSED_MAX_BLOCK planes are shorter, or the block would not fit in L2): with one channel per
  * task a 28×28 f32 plane is a 3 KiB run, too short for the hardware prefetcher (bench_ab cold,
  * two threads, [64,256,28,28]: blocks of 4 channels 0.85x the time of blocks of 1). */
@@ -585,14 +591,15 @@ static void ew_run(const ew_t *op, void *out, const void *in, const void *x, int
 /* Most channels in a fused block (the sums of a block are on the stack). */
 #define FUSED_MAX_BLOCK 8
 
-/* Channels per task of the fused NCHW backward, or 0 where it does not fuse: NHWC (and S == 1)
- * never, nor where the channels do not share evenly enough between the threads, nor where one
- * channel's x and dy exceed a core's L2 (then the second read could not come from there). */
-static int64_t bwd_fused_block(int64_t N, int64_t C, int64_t S, sn_layout_t layout,
-                               sn_dtype_t dtype) {
+/* Channels per task of a fused NCHW pass, or 0 where it does not fuse: NHWC (and S == 1) never,
+ * nor where the channels do not share evenly enough between the threads, nor where one
+ * channel's inputs (`inputs` tensors: x for the forward, x and dy for the backward) exceed a
+ * core's L2 (then the second read could not come from there). */
+static int64_t fused_block(int64_t N, int64_t C, int64_t S, sn_layout_t layout, sn_dtype_t dtype,
+                           int64_t inputs) {
   if (layout == SN_LAYOUT_NHWC || S == 1) return 0;
   const int64_t nt = sn__max_threads(), es = sn_dtype_size(dtype), l2 = sn__l2_bytes();
-  const int64_t chan = 2 * N * S * es; /* x and dy of one channel */
+  const int64_t chan = inputs * N * S * es; /* the inputs of one channel */
   if (chan > l2) return 0;
   int64_t cb = (FUSED_RUN_BYTES + S * es - 1) / (S * es);
   cb = sn__min64(sn__min64(cb, FUSED_MAX_BLOCK), l2 / chan);
@@ -601,10 +608,23 @@ static int64_t bwd_fused_block(int64_t N, int64_t C, int64_t S, sn_layout_t layo
   return cb;
 }
 
-/* NCHW, a task per block of cb channels: their backward sums in the order of bn_reduce (each
- * chunk's lanes, then the chunks in chunk order; chunk by chunk, the block's channels one after
- * another, so where a chunk is one sample the block's part of it is one run), dgamma and
- * dbeta, then dx over the block, while x and dy are still in the cache. Bitwise the same as
+/* The two sums of channels [c0, c0 + nc) of an NCHW reduction into s1, s2 [nc] (=), in the
+ * order of bn_reduce (each chunk's lanes, then the chunks in chunk order); chunk by chunk, the
+ * block's channels one after another, so where a chunk is one sample the block's part of it is
+ * one run. */
+static void block_sums(const red_t *op, const red_chunks_t *ch, int64_t C, int64_t c0, int64_t nc,
+                       sn_dtype_t dtype, double *s1, double *s2) {
+  for (int64_t j = 0; j < nc; j++) s1[j] = 0.0, s2[j] = 0.0;
+  for (int64_t k = 0; k < ch->K; k++)
+    for (int64_t j = 0; j < nc; j++) {
+      double part[2];
+      red_nchw_chunk(op, ch, C, c0 + j, k, dtype, part);
+      s1[j] += part[0], s2[j] += part[1];
+    }
+}
+
+/* NCHW, a task per block of cb channels: their backward sums (block_sums), dgamma and dbeta,
+ * then dx over the block, while x and dy are still in the cache. Bitwise the same as
  * sn_batchnorm_bwd_reduce then sn_batchnorm_bwd_apply. */
 static void bwd_fused_nchw(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
                            const double *mean, const float *rstd, const float *gamma, int64_t N,
@@ -617,13 +637,8 @@ static void bwd_fused_nchw(void *dx, float *dgamma, float *dbeta, const void *dy
 #pragma omp for schedule(dynamic, 1)
     for (int64_t c0 = 0; c0 < C; c0 += cb) {
       const int64_t nc = sn__min64(cb, C - c0);
-      double s1[FUSED_MAX_BLOCK] = {0}, s2[FUSED_MAX_BLOCK] = {0};
-      for (int64_t k = 0; k < ch.K; k++)
-        for (int64_t j = 0; j < nc; j++) {
-          double part[2];
-          red_nchw_chunk(&red, &ch, C, c0 + j, k, dtype, part);
-          s1[j] += part[0], s2[j] += part[1];
-        }
+      double s1[FUSED_MAX_BLOCK], s2[FUSED_MAX_BLOCK];
+      block_sums(&red, &ch, C, c0, nc, dtype, s1, s2);
       sn__chan_k_t kc[FUSED_MAX_BLOCK];
       for (int64_t j = 0; j < nc; j++) { /* every input read before dgamma, dbeta are written */
         const int64_t c = c0 + j;
@@ -640,6 +655,80 @@ static void bwd_fused_nchw(void *dx, float *dgamma, float *dbeta, const void *dy
       for (int64_t n = 0; n < N; n++)
         for (int64_t j = 0; j < nc; j++)
           sn__affbwd_span(dx, dy, x, (n * C + c0 + j) * S, S, &kc[j], dtype, stream);
+    }
+    sn__stream_fence(stream);
+  }
+}
+
+/* Channel c's statistics from its shifted sums over count values, p its pivot: mean = p + d,
+ * var = sumsq/count − d² (biased, clamped at 0), rstd = 1/√(var + eps), with d = sum/count
+ * (inv = 1/count): sn_batchnorm_finalize's formula, and the fused forward's. */
+static void finalize_channel(double sum, double sumsq, double p, double inv, float eps,
+                             double *mean, float *var, float *rstd) {
+  const double d = sum * inv;      /* mean − pivot */
+  double v = sumsq * inv - d * d;  /* biased variance; fp64 cancellation only */
+  if (v < 0.0) v = 0.0;            /* rounding can leave a tiny negative */
+  *mean = p + d;
+  *var = (float)v;
+  *rstd = (float)(1.0 / sqrt(v + (double)eps));
+}
+
+int sn__bn_refine(double sum, double sumsq, double count, float pivot, float *refined) {
+  const double m = sum / count, v = sumsq / count - m * m;
+  if (!(m != 0.0 && m * m > v * SN_BN_REFINE_RATIO)) return 0; /* NaN sums: no */
+  *refined = (float)((double)pivot + m);
+  return 1;
+}
+
+/* NCHW, a task per block of cb channels: their shifted sums (block_sums), the channels whose
+ * sums lost too much to cancellation summed again around their refined pivot (sn__bn_refine),
+ * the statistics (finalize_channel), then y over the block, while x is still in the cache.
+ * Bitwise sn_batchnorm_fwd's unfused path. pv: [C] the pivot (NULL = 0). */
+static void fwd_fused_nchw(void *y, double *mean, float *var, float *rstd, const void *x,
+                           const float *pv, const float *gamma, const float *beta, int64_t N,
+                           int64_t C, int64_t S, float eps, int64_t cb, sn_dtype_t dtype) {
+  const red_chunks_t ch = red_chunks(N, S);
+  const red_t red = {RED_STATS, x, NULL, pv, NULL, NULL};
+  const double count = (double)(N * S), inv = 1.0 / count;
+  const int checked = beta != NULL && dtype != SN_DTYPE_F32; /* as ew_checked's apply */
+  const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
+#pragma omp parallel if (N * C * S >= SN_PAR_MIN)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c0 = 0; c0 < C; c0 += cb) {
+      const int64_t nc = sn__min64(cb, C - c0);
+      double s1[FUSED_MAX_BLOCK], s2[FUSED_MAX_BLOCK], p[FUSED_MAX_BLOCK];
+      block_sums(&red, &ch, C, c0, nc, dtype, s1, s2);
+      for (int64_t j = 0; j < nc; j++) {
+        const float p0 = pv ? pv[c0 + j] : 0.0f;
+        float rp;
+        p[j] = (double)p0;
+        if (!sn__bn_refine(s1[j], s2[j], count, p0, &rp)) continue;
+        p[j] = (double)rp;
+        s1[j] = s2[j] = 0.0;
+        for (int64_t k = 0; k < ch.K; k++) {
+          double part[2];
+          red_nchw_chunk_at(&red, &ch, C, c0 + j, k, p[j], dtype, part);
+          s1[j] += part[0], s2[j] += part[1];
+        }
+      }
+      sn__chan_k_t kc[FUSED_MAX_BLOCK];
+      for (int64_t j = 0; j < nc; j++) {
+        const int64_t c = c0 + j;
+        double m;
+        float v, r;
+        finalize_channel(s1[j], s2[j], p[j], inv, eps, &m, &v, &r);
+        const double g = gamma ? (double)gamma[c] : 1.0, b = beta ? (double)beta[c] : 0.0;
+        sn__chan_k_set(&kc[j], m, g * (double)r, b, 0.0); /* ew_consts' apply */
+        mean[c] = m, rstd[c] = r;
+        if (var) var[c] = v;
+      }
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t j = 0; j < nc; j++) {
+          const int64_t off = (n * C + c0 + j) * S;
+          if (checked) sn__aff_span_chk(y, x, off, S, &kc[j], dtype);
+          else sn__aff_span(y, x, off, S, &kc[j], dtype, stream);
+        }
     }
     sn__stream_fence(stream);
   }
@@ -688,13 +777,11 @@ sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, const d
   SN_TRY(sn__check_ptr(fn, "sumsq", sumsq));
   const double inv = 1.0 / (double)count;
   for (int64_t ch = 0; ch < c; ch++) {
-    const double d = sum[ch] * inv;      /* mean − pivot */
-    double v = sumsq[ch] * inv - d * d;  /* biased variance; fp64 cancellation only */
-    if (v < 0.0) v = 0.0;                /* rounding can leave a tiny negative */
-    const double p = pivot ? (double)pivot[ch] : 0.0;
-    mean[ch] = p + d;
-    if (var) var[ch] = (float)v;
-    rstd[ch] = (float)(1.0 / sqrt(v + (double)eps));
+    double m;
+    float v, r;
+    finalize_channel(sum[ch], sumsq[ch], pivot ? (double)pivot[ch] : 0.0, inv, eps, &m, &v, &r);
+    mean[ch] = m, rstd[ch] = r;
+    if (var) var[ch] = v;
   }
   return SN_OK;
 }
@@ -748,6 +835,59 @@ sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean, const
   const ew_t op = {.kind = EW_APPLY, .mean = mean, .rstd = rstd, .gamma = gamma, .beta = beta};
   ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
   return SN_OK;
+}
+
+sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, const void *x,
+                             const float *pivot, const float *gamma, const float *beta,
+                             int64_t n, int64_t c, int64_t s, float eps, sn_layout_t layout,
+                             sn_dtype_t dtype) {
+  static const char fn[] = "sn_batchnorm_fwd";
+  int64_t rows;
+  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_layout(fn, layout));
+  SN_TRY(sn__check_act_dtype(fn, dtype));
+  SN_TRY(check_train_count(fn, rows));
+  SN_TRY(sn__check_eps(fn, eps));
+  SN_TRY(sn__check_ptr(fn, "mean", mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  SN_TRY(sn__check_ptr(fn, "y", y));
+  SN_TRY(sn__check_ptr(fn, "x", x));
+  SN_TRY(sn__check_overlap(fn, "y", y, "x", x, rows * c * sn_dtype_size(dtype), 1));
+  const int64_t cb = fused_block(n, c, s, layout, dtype, 1);
+  if (cb > 0) {
+    fwd_fused_nchw(y, mean, var, rstd, x, pivot, gamma, beta, n, c, s, eps, cb, dtype);
+    return SN_OK;
+  }
+  /* stats, the refinement, finalize and apply: SyncBatchNorm's steps with no all-reduce */
+  sn_status_t st;
+  double *sums = sn__alloc(fn, 2, c, (int64_t)sizeof(double), &st); /* Σ(x − p), Σ(x − p)² */
+  float *pv = sums ? sn__alloc(fn, 1, c, (int64_t)sizeof(float), &st) : NULL;
+  if (pv == NULL) {
+    sn__free(sums);
+    return st;
+  }
+  for (int64_t ch = 0; ch < c; ch++) pv[ch] = pivot ? pivot[ch] : 0.0f;
+  const red_t red = {RED_STATS, x, NULL, pv, NULL, NULL};
+  st = bn_reduce(fn, sums, sums + c, &red, n, c, s, layout, dtype);
+  int refine = 0;
+  for (int64_t ch = 0; st == SN_OK && ch < c; ch++)
+    refine |= sn__bn_refine(sums[ch], sums[c + ch], (double)rows, pv[ch], &pv[ch]);
+  if (st == SN_OK && refine) st = bn_reduce(fn, sums, sums + c, &red, n, c, s, layout, dtype);
+  if (st == SN_OK) {
+    const double inv = 1.0 / (double)rows;
+    for (int64_t ch = 0; ch < c; ch++) {
+      double m;
+      float v, r;
+      finalize_channel(sums[ch], sums[c + ch], (double)pv[ch], inv, eps, &m, &v, &r);
+      mean[ch] = m, rstd[ch] = r;
+      if (var) var[ch] = v;
+    }
+    const ew_t op = {.kind = EW_APPLY, .mean = mean, .rstd = rstd, .gamma = gamma, .beta = beta};
+    ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
+  }
+  sn__free(pv);
+  sn__free(sums);
+  return st;
 }
 
 sn_status_t sn_batchnorm_infer(void *y, const void *x, const float *running_mean,
@@ -841,7 +981,7 @@ sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   SN_TRY(sn__check_ptr(fn, "dy", dy));
   SN_TRY(sn__check_ptr(fn, "x", x));
   SN_TRY(sn__check_bwd_overlap(fn, dx, dy, x, rows * c * sn_dtype_size(dtype)));
-  const int64_t cb = bwd_fused_block(n, c, s, layout, dtype);
+  const int64_t cb = fused_block(n, c, s, layout, dtype, 2);
   if (cb > 0) {
     bwd_fused_nchw(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, cb, dtype);
     return SN_OK;
