@@ -8,7 +8,8 @@
  * The pivot p is the previous synchronized batch mean, identical on every rank, so the fp64
  * shifted sums stay exact when |mean| ≫ σ; if p was so far off that fp64 would lose more than
  * 24 bits (first step on data with a huge mean), every rank sees it in the same reduced sums and
- * all redo the sums around the new mean: a second all-reduce, taken by all or none. The pivot
+ * all redo the sums, around the new mean in such channels (sn__bn_refine): a second all-reduce,
+ * taken by all or none. The pivot
  * is state (a checkpoint load sets it to the loaded running mean): a rank whose pivot differs
  * (a checkpoint loaded on some ranks only) would add sums around another point, so two hashes
  * of it ride in the same all-reduce, and if they disagree every rank redoes the sums around 0
@@ -25,8 +26,6 @@
 #include "syncbn_internal.h"
 
 enum { OP_FORWARD = 1, OP_BACKWARD = 2 };
-/* Refine the pivot when (mean−p)² > 2^24·var: fp64 then keeps ≥ 29 of its 53 bits. */
-#define SN_PIVOT_REFINE_RATIO 16777216.0
 /* A forward's all-reduce holds 2C sums, then the count and the SN_PIVOT_SLOTS pivot slots. */
 #define SN_PIVOT_SLOTS 4
 #define SN_RED_EXTRA (1 + SN_PIVOT_SLOTS)
@@ -450,13 +449,18 @@ static int all_finite(const double *v, int64_t count) {
   return 1;
 }
 
-/* Whether any channel's shifted sums lost more than 24 bits to cancellation. */
-static int needs_refine(const double *red, int64_t C, double count) {
+/* The pivots to sum around again, into tmp [C]: channel c's refined one where its shifted sums
+ * lost more than 24 bits to cancellation (sn__bn_refine), its pivot otherwise (its sums come
+ * out bitwise the same). Returns whether any channel was refined: every rank decides alike, as
+ * the sums are the same. */
+static int refine_pivots(float *tmp, const double *red, const float *pivot, int64_t C,
+                         double count) {
+  int any = 0;
   for (int64_t c = 0; c < C; c++) {
-    double m = red[c] / count, v = red[C + c] / count - m * m;
-    if (m != 0.0 && m * m > v * SN_PIVOT_REFINE_RATIO) return 1;
+    tmp[c] = pivot[c];
+    any |= sn__bn_refine(red[c], red[C + c], count, pivot[c], &tmp[c]);
   }
-  return 0;
+  return any;
 }
 
 /* Local sums with `pivot` into red (+ count, + pivot slots), then the all-reduce. */
@@ -467,6 +471,41 @@ static sn_status_t batch_sums(sn_syncbn_t *bn, const char *fn, const void *x, co
   bn->red[2 * C] = (double)(n * s);
   pivot_slots(bn->red + 2 * C + 1, pivot, C);
   return reduce(bn, fn, 2 * C + SN_RED_EXTRA, synced);
+}
+
+/* The batch statistics (bn->mean, var, rstd) of x, summed over comm when `synced`, and y;
+ * *count: the (global) count of values per channel. A (global) count of 0 writes nothing. */
+static sn_status_t batch_stats(sn_syncbn_t *bn, const char *fn, void *y, const void *x,
+                               int64_t n, int64_t s, int synced, int64_t *count) {
+  const int64_t C = bn->C;
+  const sn_syncbn_config_t *cfg = &bn->cfg;
+  SN_TRY(batch_sums(bn, fn, x, bn->pivot, n, s, synced));
+  if (synced && !pivots_agree(bn->red + 2 * C + 1, bn->comm->size)) {
+    /* the ranks summed around different pivots: all redo the sums around 0 */
+    for (int64_t c = 0; c < C; c++) bn->pivot[c] = 0.0f;
+    SN_TRY(batch_sums(bn, fn, x, bn->pivot, n, s, synced));
+  }
+  *count = (int64_t)bn->red[2 * C];
+  if (*count == 0) return SN_OK;
+  if (*count == 1)
+    return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
+                    "%s: %s: expected more than 1 value per channel when training, got a %s count "
+                    "of 1 (input [%lld, %lld, %lld] on this rank)",
+                    fn, bn->label, synced ? "global" : "batch", (long long)n, (long long)C,
+                    (long long)s);
+  if (cfg->check_finite && !all_finite(bn->red, 2 * C))
+    return sn__fail(SN_ERR_NONFINITE,
+                    "%s: %s: x holds NaN or Inf on %s; nothing was written or updated", fn,
+                    bn->label, synced ? "at least one rank" : "this rank");
+  const float *pivot = bn->pivot;
+  if (refine_pivots(bn->tmp, bn->red, bn->pivot, C, (double)*count)) {
+    pivot = bn->tmp;
+    SN_TRY(batch_sums(bn, fn, x, pivot, n, s, synced));
+  }
+  SN_TRY(sn_batchnorm_finalize(bn->mean, bn->var, bn->rstd, bn->red, bn->red + C, pivot, *count,
+                               C, cfg->eps));
+  return sn_batchnorm_apply(y, x, bn->mean, bn->rstd, bn->weight, bn->bias, n, C, s, cfg->layout,
+                            cfg->dtype);
 }
 
 /* Training-mode forward (or track_running_stats = 0): batch statistics, synced over comm when
@@ -482,13 +521,15 @@ static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const
   for (int64_t c = 0; c < C; c++)
     if (!isfinite(bn->pivot[c])) bn->pivot[c] = 0.0f;
   if (synced && cfg->check_consistency) SN_TRY(check_consistency(bn, fn, OP_FORWARD));
-  SN_TRY(batch_sums(bn, fn, x, bn->pivot, n, s, synced));
-  if (synced && !pivots_agree(bn->red + 2 * C + 1, bn->comm->size)) {
-    /* the ranks summed around different pivots: all redo the sums around 0 */
-    for (int64_t c = 0; c < C; c++) bn->pivot[c] = 0.0f;
-    SN_TRY(batch_sums(bn, fn, x, bn->pivot, n, s, synced));
+  int64_t count = n * s;
+  if (!synced && !cfg->check_finite && count > 1) {
+    /* nothing to all-reduce, nothing to check before y is written: the local forward, bitwise
+     * the steps of batch_stats, fused where x fits in the cache (x read from memory once) */
+    SN_TRY(sn_batchnorm_fwd(y, bn->mean, bn->var, bn->rstd, x, bn->pivot, bn->weight, bn->bias,
+                            n, C, s, cfg->eps, cfg->layout, cfg->dtype));
+  } else {
+    SN_TRY(batch_stats(bn, fn, y, x, n, s, synced, &count));
   }
-  const int64_t count = (int64_t)bn->red[2 * C];
   if (count == 0) { /* the whole (global) batch is empty: nothing to normalize, but counted as
                        * torch's module forward counts it (num_batches_tracked before F.batch_norm) */
     if (update) /* counts the batch only (cannot fail) */
@@ -498,26 +539,6 @@ static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const
     bn->saved = (sn_syncbn_saved_t){1, 1, synced, n, s, 0};
     return SN_OK;
   }
-  if (count == 1)
-    return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
-                    "%s: %s: expected more than 1 value per channel when training, got a %s count "
-                    "of 1 (input [%lld, %lld, %lld] on this rank)",
-                    fn, bn->label, synced ? "global" : "batch", (long long)n, (long long)C,
-                    (long long)s);
-  if (cfg->check_finite && !all_finite(bn->red, 2 * C))
-    return sn__fail(SN_ERR_NONFINITE,
-                    "%s: %s: x holds NaN or Inf on %s; nothing was written or updated", fn,
-                    bn->label, synced ? "at least one rank" : "this rank");
-  const float *pivot = bn->pivot;
-  if (needs_refine(bn->red, C, (double)count)) { /* every rank decides alike: same sums */
-    for (int64_t c = 0; c < C; c++) bn->tmp[c] = (float)(bn->pivot[c] + bn->red[c] / (double)count);
-    pivot = bn->tmp;
-    SN_TRY(batch_sums(bn, fn, x, pivot, n, s, synced));
-  }
-  SN_TRY(sn_batchnorm_finalize(bn->mean, bn->var, bn->rstd, bn->red, bn->red + C, pivot, count, C,
-                               cfg->eps));
-  SN_TRY(sn_batchnorm_apply(y, x, bn->mean, bn->rstd, bn->weight, bn->bias, n, C, s, cfg->layout,
-                            cfg->dtype));
   if (update) /* cannot fail: count > 1 and momentum were checked */
     SN_TRY(sn_batchnorm_update_running(bn->running_mean, bn->running_var, &bn->num_batches_tracked,
                                        bn->mean, bn->var, count, C, cfg->momentum));

@@ -176,15 +176,19 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
 /* Forward of x [n, C, s] (NCHW) or [n, s, C] (NHWC) into y (same shape, cfg.dtype); y may equal x.
  * training != 0: batch statistics over all ranks —
  * one all-reduce of 2C+5 fp64 values (count, Σ(x−p), Σ(x−p)² with a pivot p, and 4 values that
- * check p is the same on every rank; one more only in the rare step where p was so far from the
- * mean that fp64 lost more than 24 bits, and one more before that where p differed across ranks
+ * check p is the same on every rank; one more only in the rare step where p was so far from a
+ * channel's mean that fp64 lost more than 24 bits (such channels are summed again around their
+ * mean, the others around p), and one more before that where p differed across ranks
  * — a checkpoint loaded on some ranks only: then every rank redoes the sums around 0, so such a
  * step takes up to 3) — normalized with the biased variance; then, tracking, num_batches_tracked += 1
  * and running_x = (1−f)·running_x + f·batch_x with f = momentum (or 1/num_batches_tracked),
  * batch_var unbiased by the global count N: var·N/(N−1). Collective (training) — a rank with
  * n·s == 0 still calls it. training == 0: y from the running stats, local, no communication;
  * without running stats (track_running_stats 0) from this rank's own batch statistics, local
- * too (as torch.nn.SyncBatchNorm, which synchronizes only in training mode). Formulas: Ioffe &
+ * too (as torch.nn.SyncBatchNorm, which synchronizes only in training mode). With nothing to
+ * all-reduce (comm == NULL in training mode, or eval mode without running statistics) and
+ * check_finite off, the batch statistics and y are sn_batchnorm_fwd's (fused in NCHW where a
+ * channel's x fits in L2), with the same bits as the steps above. Formulas: Ioffe &
  * Szegedy 2015 (arXiv:1502.03167), running stats as torch.nn.BatchNorm; the shifted sums:
  * Chan, Golub & LeVeque 1983. Errors (y, parameters and running stats untouched, the same on
  * every rank for the collective ones; bad arguments, a running_var < 0 in eval mode included,
