@@ -229,9 +229,10 @@ static void row_case(FILE *f, int k, int64_t rows, int64_t d, sn_dtype_t dtype, 
   free(gamma), free(beta), free(mean), free(rstd), free(dgamma), free(dbeta);
 }
 
-enum { BN_APPLY, BN_INFER, BN_BWD_APPLY, BN_BWD, GN_FWD, GN_BWD, N_CH_KERNELS };
+enum { BN_APPLY, BN_INFER, BN_BWD_APPLY, BN_BWD, GN_FWD, GN_BWD, BN_FWD, N_CH_KERNELS };
 static const char *const CH_KERNEL[] = {"batchnorm_apply", "batchnorm_infer", "batchnorm_bwd_apply",
-                                        "batchnorm_bwd",   "groupnorm_fwd",   "groupnorm_bwd"};
+                                        "batchnorm_bwd",   "groupnorm_fwd",   "groupnorm_bwd",
+                                        "batchnorm_fwd"};
 
 /* Channel kernel k on [N, C, S] (layout, dtype), the output `off` elements past a line; in
  * place: y == x, dx == dy. BatchNorm takes the statistics of x (sn_batchnorm_stats and
@@ -296,6 +297,12 @@ static void ch_case(FILE *f, int k, int64_t N, int64_t C, int64_t S, int64_t G, 
         out_or_keep(&o, dxo, (size_t)bytes, inplace);
         out(&o, dgamma, (size_t)C * 4), out(&o, dbeta, (size_t)C * 4);
         st = sn_batchnorm_bwd(dxo, dgamma, dbeta, dy, x, mean, rstd, gamma, N, C, S, layout, dtype);
+        break;
+      case BN_FWD: /* the local forward: fused in NCHW (a channel's map right after its sums) */
+        out_or_keep(&o, yo, (size_t)bytes, inplace), out(&o, mean, (size_t)C * 8);
+        out(&o, var, (size_t)C * 4), out(&o, rstd, (size_t)C * 4);
+        st = sn_batchnorm_fwd(yo, mean, var, rstd, x, NULL, gamma, beta, N, C, S, EPS, layout,
+                              dtype);
         break;
       default: /* GN_BWD */
         out_or_keep(&o, dxo, (size_t)bytes, inplace);

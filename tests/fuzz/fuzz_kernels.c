@@ -3,9 +3,10 @@
  * (syncnorm.h), SyncBatchNorm without a communicator or with a "self" one, and the
  * communicator calls that take sizes (syncnorm_dist.h).
  *
- * Each input is a sequence of up to 16 operations: a byte choosing the function (mod 20: 0-5 the
+ * Each input is a sequence of up to 16 operations: a byte choosing the function (mod 21: 0-5 the
  * row norms, 6-11 the BatchNorm blocks, 12-13 GroupNorm, 14 fold, 15 a communicator call, 16
- * status strings, 17-18 a SyncBatchNorm layer, 19 sn_batchnorm_bwd), a byte choosing "tame" or "wild" arguments (see
+ * status strings, 17-18 a SyncBatchNorm layer, 19 sn_batchnorm_bwd, 20 sn_batchnorm_fwd), a
+ * byte choosing "tame" or "wild" arguments (see
  * fuzz_call.h), then the function's arguments. The bytes choose the function and every argument:
  * sizes (small, odd, negative, huge, overflowing products, raw 64-bit), dtype and layout enum
  * values (valid and not), NULL or real pointers, in-place aliasing where the API allows it, eps
@@ -155,9 +156,9 @@ static int negative_var(const float *running_var, int64_t c) {
 }
 
 static void op_batchnorm(fz_t *in, int which) {
-  static const char *const names[7] = {"sn_batchnorm_stats", "sn_batchnorm_finalize", "sn_batchnorm_apply",
+  static const char *const names[8] = {"sn_batchnorm_stats", "sn_batchnorm_finalize", "sn_batchnorm_apply",
                                        "sn_batchnorm_infer", "sn_batchnorm_bwd_reduce", "sn_batchnorm_bwd_apply",
-                                       "sn_batchnorm_bwd"};
+                                       "sn_batchnorm_bwd",   "sn_batchnorm_fwd"};
   call_t c;
   sn_status_t st;
   if (which == 1) { /* finalize: c, count, eps only */
@@ -181,7 +182,7 @@ static void op_batchnorm(fz_t *in, int which) {
     return;
   }
   ncs_t v = pick_ncs(in);
-  const float eps = which == 3 ? pick_eps(in) : 1.0f;
+  const float eps = which == 3 || which == 7 ? pick_eps(in) : 1.0f;
   call_init(&c, names[which], v.dtype, v.sizes_ok, v.rows == 0);
   c.errs = v.errs;
   if (!eps_ok(eps)) c.errs |= ERR(SN_ERR_INVALID_EPS);
@@ -252,6 +253,23 @@ static void op_batchnorm(fz_t *in, int which) {
       if (!setup(&c, in)) return;
       st = sn_batchnorm_bwd(P(&c, dx), P(&c, dg), P(&c, db), P(&c, dy), P(&c, x), P(&c, m), P(&c, r),
                             P(&c, g), v.n, v.c, v.s, lay, dt);
+      break;
+    }
+    case 7: { /* the local forward: count n·s <= 1 is an error, even for an empty batch */
+      const int y = add_arg(&c, "y", T_ACT, R_NONEMPTY, OUT, v.total, 1);
+      const int m = add_arg(&c, "mean", T_F64, R_REQ, OUT, v.c, 1);
+      const int var = add_arg(&c, "var", T_F32, R_OPT, OUT, v.c, 1);
+      const int r = add_arg(&c, "rstd", T_F32, R_REQ, OUT, v.c, 1);
+      const int x = add_arg(&c, "x", T_ACT, R_NONEMPTY, IN, v.total, 0);
+      const int piv = add_arg(&c, "pivot", T_F32, R_OPT, IN, v.c, 0);
+      const int g = add_arg(&c, "gamma", T_F32, R_OPT, IN, v.c, 0);
+      const int b = add_arg(&c, "beta", T_F32, R_OPT, IN, v.c, 0);
+      choose_pointers(&c, in);
+      if (v.sizes_ok && v.rows <= 1) c.errs |= ERR(SN_ERR_INSUFFICIENT_COUNT);
+      maybe_alias(&c, in, y, x);
+      if (!setup(&c, in)) return;
+      st = sn_batchnorm_fwd(P(&c, y), P(&c, m), P(&c, var), P(&c, r), P(&c, x), P(&c, piv), P(&c, g), P(&c, b),
+                            v.n, v.c, v.s, eps, lay, dt);
       break;
     }
     default: { /* bwd_apply: both sums NULL = eval mode; one NULL is an error */
@@ -452,7 +470,7 @@ static void op_misc(fz_t *in) {
 int fuzz_kernels_one(const uint8_t *data, size_t size) {
   fz_t in = {data, size};
   for (int op = 0; op < 16 && in.n > 0; op++) {
-    const uint8_t which = fz_u8(&in) % 20;
+    const uint8_t which = fz_u8(&in) % 21;
     g_tame = (fz_u8(&in) & 3) != 0;
     if (which < 6) op_rownorm(&in, which);
     else if (which < 12) op_batchnorm(&in, which - 6);
@@ -461,6 +479,7 @@ int fuzz_kernels_one(const uint8_t *data, size_t size) {
     else if (which == 15) op_comm(&in);
     else if (which == 16) op_misc(&in);
     else if (which == 19) op_batchnorm(&in, 6); /* sn_batchnorm_bwd, added after the others */
+    else if (which == 20) op_batchnorm(&in, 7); /* sn_batchnorm_fwd, added after that */
     else fuzz_op_syncbn(&in);
   }
   return 0;

@@ -133,6 +133,11 @@ def seeds_kernels():
     body = bytes([19, 0x01, 0x03, 0x05, 0x02, 0x01, 0x00, 0x01, 0x00, 0x02]) + b"\xff" * 16
     body += bytes(r19.randrange(256) for _ in range(24))
     write(t, "op19", body)
+    # op 20 (sn_batchnorm_fwd) came after it, the same way
+    r20 = random.Random(20)
+    body = bytes([20, 0x01, 0x03, 0x05, 0x02, 0x01, 0x00, 0x01, 0x00, 0x02]) + b"\xff" * 16
+    body += bytes(r20.randrange(256) for _ in range(24))
+    write(t, "op20", body)
     # a SyncBatchNorm sequence (op 17, tame): C = 2 (tame size index 1), no config change, no
     # communicator; forward (training) on data mode 4 (NaN/Inf among normal values), then a
     # training forward and a backward on small integers (mode 0)
