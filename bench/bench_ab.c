@@ -10,9 +10,10 @@
  *   bench_ab LIB_A LIB_B KERNEL [options]
  *   KERNEL: layernorm_fwd layernorm_bwd rmsnorm_fwd rmsnorm_bwd batchnorm_stats
  *           batchnorm_apply batchnorm_bwd_reduce batchnorm_bwd_apply groupnorm_fwd
- *           groupnorm_bwd batchnorm_train_fwd (stats, finalize, apply) batchnorm_bwd
- *           (sn_batchnorm_bwd; bwd_reduce then bwd_apply in a build without it): these two as
- *           bench_cpu times them; batchnorm_bwd_split (bwd_reduce then bwd_apply);
+ *           groupnorm_bwd batchnorm_train_fwd (sn_batchnorm_fwd; stats, finalize, apply in
+ *           a build without it) batchnorm_bwd (sn_batchnorm_bwd; bwd_reduce then bwd_apply in
+ *           a build without it): these two as bench_cpu times them; batchnorm_train_fwd_split
+ *           (stats, finalize, apply); batchnorm_bwd_split (bwd_reduce then bwd_apply);
  *           add_layernorm_fwd add_rmsnorm_fwd (the residual is dy's buffer)
  *   --rows R --d D          row norms (default 8192 × 1024)
  *   --n N --c C --s S       BatchNorm / GroupNorm [N, C, S] (default 32 × 64 × 3136), G = 32
@@ -46,6 +47,7 @@ typedef struct {
   __typeof__(sn_batchnorm_bwd_reduce) *bn_bwd_reduce;
   __typeof__(sn_batchnorm_bwd_apply) *bn_bwd_apply;
   __typeof__(sn_batchnorm_bwd) *bn_bwd; /* NULL in builds before it existed */
+  __typeof__(sn_batchnorm_fwd) *bn_fwd; /* NULL in builds before it existed */
   __typeof__(sn_groupnorm_fwd) *gn_fwd;
   __typeof__(sn_groupnorm_bwd) *gn_bwd;
   __typeof__(sn_status_string) *status_string;
@@ -74,6 +76,7 @@ static lib_t load(const char *path) {
   l.bn_bwd_reduce = sym(h, path, "sn_batchnorm_bwd_reduce");
   l.bn_bwd_apply = sym(h, path, "sn_batchnorm_bwd_apply");
   l.bn_bwd = (__typeof__(sn_batchnorm_bwd) *)dlsym(h, "sn_batchnorm_bwd");
+  l.bn_fwd = (__typeof__(sn_batchnorm_fwd) *)dlsym(h, "sn_batchnorm_fwd");
   l.gn_fwd = sym(h, path, "sn_groupnorm_fwd");
   l.gn_bwd = sym(h, path, "sn_groupnorm_bwd");
   l.status_string = sym(h, path, "sn_status_string");
@@ -82,12 +85,13 @@ static lib_t load(const char *path) {
 }
 
 enum { LN_FWD, LN_BWD, RMS_FWD, RMS_BWD, BN_STATS, BN_APPLY, BN_BWD_REDUCE, BN_BWD_APPLY, GN_FWD,
-       GN_BWD, BN_TRAIN, BN_BWD, ADD_LN_FWD, ADD_RMS_FWD, BN_BWD_SPLIT, NKERNELS };
+       GN_BWD, BN_TRAIN, BN_BWD, ADD_LN_FWD, ADD_RMS_FWD, BN_BWD_SPLIT, BN_TRAIN_SPLIT,
+       NKERNELS };
 static const char *const NAMES[NKERNELS] = {
     "layernorm_fwd",   "layernorm_bwd",        "rmsnorm_fwd",         "rmsnorm_bwd",
     "batchnorm_stats", "batchnorm_apply",      "batchnorm_bwd_reduce", "batchnorm_bwd_apply",
     "groupnorm_fwd",   "groupnorm_bwd",        "batchnorm_train_fwd", "batchnorm_bwd",
-    "add_layernorm_fwd", "add_rmsnorm_fwd",     "batchnorm_bwd_split"};
+    "add_layernorm_fwd", "add_rmsnorm_fwd",     "batchnorm_bwd_split", "batchnorm_train_fwd_split"};
 #define GROUPS 32
 
 /* Exits unless a call into library l returned SN_OK. */
@@ -139,7 +143,12 @@ static sn_status_t run(const lib_t *l, int k, bufs_t *b) {
     case GN_FWD:
       return l->gn_fwd(b->y, b->mean, b->rstd, b->x, b->gamma, b->beta, b->n, b->c, b->s, GROUPS,
                        1e-5f, b->layout, dt);
-    case BN_TRAIN: { /* stats → finalize → apply, as one training forward (bench_cpu's row) */
+    case BN_TRAIN:
+      if (l->bn_fwd)
+        return l->bn_fwd(b->y, b->bmean, b->var, b->brstd, b->x, NULL, b->gamma, b->beta, b->n,
+                         b->c, b->s, 1e-5f, b->layout, dt);
+      __attribute__((fallthrough)); /* a build without it: the split */
+    case BN_TRAIN_SPLIT: { /* stats → finalize → apply, as one training forward */
       sn_status_t st = l->bn_stats(b->sum, b->sumsq, b->x, NULL, b->n, b->c, b->s, b->layout, dt);
       if (st == SN_OK)
         st = l->bn_finalize(b->bmean, b->var, b->brstd, b->sum, b->sumsq, NULL, b->n * b->s, b->c,

@@ -158,7 +158,7 @@ static meas_t measure_row(const opts_t *o, run_fn ours, void *ctx, bd_prim_t *dn
 }
 
 static void print_header(const opts_t *o) {
-  printf("%-20s %-17s %-6s %-5s %7s %9s %8s %9s %16s %9s\n", "kernel", "shape", "layout", "dtype",
+  printf("%-25s %-17s %-6s %-5s %7s %9s %8s %9s %16s %9s\n", "kernel", "shape", "layout", "dtype",
          "threads", "ms", "GB/s", "%-of-copy", "ratio-vs-oneDNN", "oneDNN-ms");
   if (o->csv)
     fprintf(o->csv,
@@ -175,7 +175,7 @@ static void emit(opts_t *o, const row_t *r, meas_t m, const bd_prim_t *dnnl, dou
     snprintf(ratio, sizeof ratio, "%.2f", m.dnnl_ms / m.ms);
     snprintf(dms, sizeof dms, "%.3f", m.dnnl_ms);
   }
-  printf("%-20s %-17s %-6s %-5s %7d %9.3f %8.1f %9.1f %16s %9s\n", r->kernel, r->shape, r->layout,
+  printf("%-25s %-17s %-6s %-5s %7d %9.3f %8.1f %9.1f %16s %9s\n", r->kernel, r->shape, r->layout,
          dtype_name(r->dtype), o->threads, m.ms, gbs, pct, ratio, dms);
   if (o->verbose) {
     printf("#   p10..p90 %.3f..%.3f ms; copy %.1f GB/s; others %.2f CPUs", m.p10, m.p90, m.copy_gbs,
@@ -361,7 +361,12 @@ typedef struct {
   float *dmean, *dvar, *ddgamma, *ddbeta;                        /* oneDNN's [C] */
 } bn_t;
 
-static void bn_train_fwd(void *p) {
+static void bn_train_fwd(void *p) { /* the local forward */
+  bn_t *b = p;
+  BU_CHECK(sn_batchnorm_fwd(b->out, b->mean, b->var, b->rstd, b->x, b->pivot, b->gamma, b->beta,
+                            b->n, b->c, b->s, EPS, b->layout, b->dt));
+}
+static void bn_train_fwd_split(void *p) { /* SyncBatchNorm's steps (no all-reduce between) */
   bn_t *b = p;
   BU_CHECK(
       sn_batchnorm_stats(b->sum, b->sumsq, b->x, b->pivot, b->n, b->c, b->s, b->layout, b->dt));
@@ -400,8 +405,10 @@ static void gn_bwd(void *p) {
 
 static void bench_bn_family(opts_t *o, int64_t n, int64_t c, int64_t h, int64_t w,
                             sn_layout_t layout, sn_dtype_t dt) {
-  static const char *kernels[] = {"batchnorm_train_fwd", "batchnorm_bwd", "batchnorm_bwd_split",
-                                  "batchnorm_infer",     "groupnorm_fwd", "groupnorm_bwd"};
+  static const char *kernels[] = {"batchnorm_train_fwd", "batchnorm_train_fwd_split",
+                                  "batchnorm_bwd",       "batchnorm_bwd_split",
+                                  "batchnorm_infer",     "groupnorm_fwd",
+                                  "groupnorm_bwd"};
   const int nk = (int)(sizeof kernels / sizeof *kernels);
   row_t r = {0};
   snprintf(r.shape, sizeof r.shape, "[%lld,%lld,%lld,%lld]", (long long)n, (long long)c,
@@ -444,16 +451,18 @@ static void bench_bn_family(opts_t *o, int64_t n, int64_t c, int64_t h, int64_t 
     const char *why = NULL; /* set when oneDNN has the kernel but not this case */
     run_fn fn = NULL;
     switch (k) {
-      case 0: /* stats (read x) + finalize + apply (read x, write y) */
+      case 0:   /* sn_batchnorm_fwd (fused in NCHW: the second read of a channel from L2) */
+      case 1: { /* stats (read x) + finalize + apply (read x, write y) */
         r.bytes = 3 * e;
-        fn = bn_train_fwd;
+        fn = k == 0 ? bn_train_fwd : bn_train_fwd_split;
         dn = bd_batchnorm_fwd(b.ref, b.dmean, b.dvar, b.x, b.gamma, b.beta, n, c, h, w, EPS, layout,
                               dt, &why);
         break;
-      case 1:   /* sn_batchnorm_bwd (fused in NCHW: the second read of a channel from L2) */
-      case 2: { /* bwd_reduce (read dy, x) + bwd_apply (read dy, x, write dx) */
+      }
+      case 2:   /* sn_batchnorm_bwd (fused in NCHW: the second read of a channel from L2) */
+      case 3: { /* bwd_reduce (read dy, x) + bwd_apply (read dy, x, write dx) */
         r.bytes = 5 * e;
-        fn = k == 1 ? bn_bwd : bn_bwd_split;
+        fn = k == 2 ? bn_bwd : bn_bwd_split;
         bn_train_fwd(&b); /* batch mean, rstd */
         bd_prim_t *f = bd_batchnorm_fwd(b.ref, b.dmean, b.dvar, b.x, b.gamma, b.beta, n, c, h, w,
                                         EPS, layout, dt, &why);
@@ -465,13 +474,13 @@ static void bench_bn_family(opts_t *o, int64_t n, int64_t c, int64_t h, int64_t 
         }
         break;
       }
-      case 3: /* read x, write y */
+      case 4: /* read x, write y */
         r.bytes = 2 * e;
         fn = bn_infer;
         dn = bd_batchnorm_infer(b.ref, b.x, b.run_mean, b.run_var, b.gamma, b.beta, n, c, h, w, EPS,
                                 layout, dt, &why);
         break;
-      case 4: /* read x, write y */
+      case 5: /* read x, write y */
         r.bytes = 2 * e;
         fn = gn_fwd;
         break;
@@ -485,8 +494,8 @@ static void bench_bn_family(opts_t *o, int64_t n, int64_t c, int64_t h, int64_t 
     double check = -1.0;
     if (dn) {
       check = check_close(o, &r, "y/dx", bu_rel_diff(b.out, b.ref, ne, dt));
-      if (k == 1 || k == 2) { /* dgamma = Σ dy·x̂, dbeta = Σ dy */
-        for (int64_t i = 0; k == 2 && i < c; i++) {
+      if (k == 2 || k == 3) { /* dgamma = Σ dy·x̂, dbeta = Σ dy */
+        for (int64_t i = 0; k == 3 && i < c; i++) {
           b.dgamma[i] = (float)b.sum_dy_xhat[i];
           b.dbeta[i] = (float)b.sum_dy[i];
         }
