@@ -278,8 +278,8 @@ SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean
  * y, x: [N, C, S] or [N, S, C] as layout, dtype, host memory; y overwritten (=), may equal x.
  * mean: [C] f64 (=); var: [C] f32 (=) biased, or NULL; rstd: [C] f32 (=); pivot: [C] f32 or
  * NULL (= 0), best near the channel means (e.g. the previous batch's mean, as SyncBatchNorm
- * keeps it); gamma, beta: [C] f32 or NULL (1 / 0). mean, var and rstd must not overlap the
- * inputs. The results are bitwise those of sn_batchnorm_stats, the refinement above (summing
+ * keeps it); gamma, beta: [C] f32 or NULL (1 / 0). mean, var and rstd may not overlap each
+ * other, pivot, gamma or beta (SN_ERR_INVALID_ARGUMENT), nor x. The results are bitwise those of sn_batchnorm_stats, the refinement above (summing
  * again with the refined pivots where any channel needs it), sn_batchnorm_finalize and
  * sn_batchnorm_apply, for any thread count. Fused in NCHW (s > 1) where one channel's x fits in
  * a core's L2 and the tasks (blocks of up to 8 channels) share evenly between the threads, as
@@ -287,8 +287,8 @@ SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean
  * cache, so x is read from memory once instead of twice; otherwise the separate passes.
  * Errors (outputs untouched): SN_ERR_INSUFFICIENT_COUNT (n·s <= 1, as sn_batchnorm_finalize),
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
- * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y overlaps x partly),
- * SN_ERR_ALLOC (the unfused path's per-channel sums). */
+ * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y overlaps x partly,
+ * or a [C] output another [C] array), SN_ERR_ALLOC (the unfused path's per-channel sums). */
 SN_API sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, const void *x,
                                     const float *pivot, const float *gamma, const float *beta,
                                     int64_t n, int64_t c, int64_t s, float eps, sn_layout_t layout,

@@ -1281,6 +1281,29 @@ START_TEST(test_bad_inputs) {
     check_bad(sn_batchnorm_fwd(buf + 1, o.mean, o.var, o.rstd, buf, NULL, g, g, 2, 3, 4, EPS, L, D), SN_ERR_INVALID_ARGUMENT, fw, &o, &o0, "fwd y overlaps x");
     tu_assert_bitwise(buf, x, sizeof x, "fwd y overlaps x: x untouched");
   }
+  { /* the [C] outputs against each other and the [C] inputs: the same, or partly */
+    _Alignas(8) float pool[4 * BC];
+    const float g0[BC] = {1, 1, 1};
+    double mpool[2 * BC];
+    float *in = pool + BC; /* the input; pool[0, BC) is the first half of a mean at pool */
+    memcpy(in, g0, sizeof g0);
+    for (int which = 0; which < 3; which++) { /* over pivot / gamma / beta */
+      const float *p = which == 0 ? in : NULL, *gg = which == 1 ? in : NULL;
+      const float *bb = which == 2 ? in : NULL;
+      check_bad(sn_batchnorm_fwd(o.y, o.mean, o.var, in, x, p, gg, bb, 2, 3, 4, EPS, L, D), SN_ERR_INVALID_ARGUMENT, fw, &o, &o0, "fwd rstd over an input");
+      check_bad(sn_batchnorm_fwd(o.y, o.mean, in + 1, o.rstd, x, p, gg, bb, 2, 3, 4, EPS, L, D), SN_ERR_INVALID_ARGUMENT, fw, &o, &o0, "fwd var partly over an input");
+      check_bad(sn_batchnorm_fwd(o.y, (double *)(void *)pool, o.var, o.rstd, x, p, gg, bb, 2, 3, 4, EPS, L, D), SN_ERR_INVALID_ARGUMENT, fw, &o, &o0, "fwd mean's second half over an input");
+      tu_assert_bitwise(in, g0, sizeof g0, "fwd [C] overlap: input untouched");
+    }
+    check_bad(sn_batchnorm_fwd(o.y, mpool, o.var, (float *)(void *)(mpool + 1), x, NULL, g, g, 2, 3, 4, EPS, L, D), SN_ERR_INVALID_ARGUMENT, fw, &o, &o0, "fwd rstd inside mean");
+    check_bad(sn_batchnorm_fwd(o.y, o.mean, o.rstd, o.rstd, x, NULL, g, g, 2, 3, 4, EPS, L, D), SN_ERR_INVALID_ARGUMENT, fw, &o, &o0, "fwd var == rstd");
+    /* adjacent [C] arrays are fine */
+    float adj[3 * BC];
+    memcpy(adj, g0, sizeof g0);
+    double madj[BC];
+    ck_assert_int_eq(sn_batchnorm_fwd(o.y, madj, adj + BC, adj + 2 * BC, x, NULL, adj, NULL, 2, 3, 4, EPS, L, D), SN_OK);
+    memset(&o, 0xA5, sizeof o); /* poisoned again for the checks below */
+  }
   /* the local backward */
   const char *fl = "sn_batchnorm_bwd";
   check_bad(sn_batchnorm_bwd(NULL, o.dg, o.db, dy, x, m, rs, g, 2, 3, 4, L, D), SN_ERR_NULL_POINTER, fl, &o, &o0, "bwd dx NULL");

@@ -837,6 +837,32 @@ sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean, const
   return SN_OK;
 }
 
+/* SN_ERR_INVALID_ARGUMENT where an output of sn_batchnorm_fwd — mean [C] f64, var, rstd [C] f32
+ * (var may be NULL) — overlaps another one or a per-channel input (pivot, gamma, beta [C] f32,
+ * each may be NULL): the fused path writes a block's statistics while other threads still read
+ * other channels' inputs. An f64 array is checked as its two halves of 4·C bytes. */
+static sn_status_t check_fwd_stat_overlap(const char *fn, const double *mean, const float *var,
+                                          const float *rstd, const float *pivot,
+                                          const float *gamma, const float *beta, int64_t c) {
+  const int64_t b = 4 * c;
+  const char *mean_hi = (const char *)mean + b;
+  const void *ins[3] = {pivot, gamma, beta};
+  static const char *const in_names[3] = {"pivot", "gamma", "beta"};
+  for (int i = 0; i < 3; i++) {
+    if (ins[i] == NULL) continue;
+    SN_TRY(sn__check_overlap(fn, "mean", mean, in_names[i], ins[i], b, 0));
+    SN_TRY(sn__check_overlap(fn, "mean", mean_hi, in_names[i], ins[i], b, 0));
+    SN_TRY(sn__check_overlap(fn, "rstd", rstd, in_names[i], ins[i], b, 0));
+    if (var) SN_TRY(sn__check_overlap(fn, "var", var, in_names[i], ins[i], b, 0));
+  }
+  SN_TRY(sn__check_overlap(fn, "mean", mean, "rstd", rstd, b, 0));
+  SN_TRY(sn__check_overlap(fn, "mean", mean_hi, "rstd", rstd, b, 0));
+  if (var == NULL) return SN_OK;
+  SN_TRY(sn__check_overlap(fn, "mean", mean, "var", var, b, 0));
+  SN_TRY(sn__check_overlap(fn, "mean", mean_hi, "var", var, b, 0));
+  return sn__check_overlap(fn, "var", var, "rstd", rstd, b, 0);
+}
+
 sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, const void *x,
                              const float *pivot, const float *gamma, const float *beta,
                              int64_t n, int64_t c, int64_t s, float eps, sn_layout_t layout,
@@ -853,6 +879,7 @@ sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, con
   SN_TRY(sn__check_ptr(fn, "y", y));
   SN_TRY(sn__check_ptr(fn, "x", x));
   SN_TRY(sn__check_overlap(fn, "y", y, "x", x, rows * c * sn_dtype_size(dtype), 1));
+  SN_TRY(check_fwd_stat_overlap(fn, mean, var, rstd, pivot, gamma, beta, c));
   const int64_t cb = fused_block(n, c, s, layout, dtype, 1);
   if (cb > 0) {
     fwd_fused_nchw(y, mean, var, rstd, x, pivot, gamma, beta, n, c, s, eps, cb, dtype);
