@@ -279,9 +279,10 @@ SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean
  * mean: [C] f64 (=); var: [C] f32 (=) biased, or NULL; rstd: [C] f32 (=); pivot: [C] f32 or
  * NULL (= 0), best near the channel means (e.g. the previous batch's mean, as SyncBatchNorm
  * keeps it); gamma, beta: [C] f32 or NULL (1 / 0). mean, var and rstd may not overlap each
- * other, pivot, gamma or beta (SN_ERR_INVALID_ARGUMENT), nor x. The results are bitwise those of sn_batchnorm_stats, the refinement above (summing
- * again with the refined pivots where any channel needs it), sn_batchnorm_finalize and
- * sn_batchnorm_apply, for any thread count. Fused in NCHW (s > 1) where one channel's x fits in
+ * other, pivot, gamma or beta (SN_ERR_INVALID_ARGUMENT), nor x or y (not checked). The results
+ * are bitwise those of sn_batchnorm_stats, the refinement above (summing again with the refined
+ * pivots where any channel needs it), sn_batchnorm_finalize and sn_batchnorm_apply, for any
+ * thread count. Fused in NCHW (s > 1) where one channel's x fits in
  * a core's L2 and the tasks (blocks of up to 8 channels) share evenly between the threads, as
  * sn_batchnorm_bwd: a block is summed, its statistics computed and y mapped while x is in the
  * cache, so x is read from memory once instead of twice; otherwise the separate passes.
