@@ -20,6 +20,8 @@
  *         SN_LANES rows of per-channel accumulators in per-thread scratch.
  * With S == 1 both layouts are the same memory [N, C] and the NHWC code runs.
  *
+ * The reduction kernels (NCHW runs, NHWC rows) are in bn_kernels.h.
+ *
  * Elementwise passes (apply, infer, bwd_apply) use the shared f32 maps of norm_kernels.h with
  * per-channel constants computed in fp64; NCHW is parallel over planes (split into pieces when
  * there are few), NHWC over blocks of rows. They never allocate: bf16/f16 go through stack tiles,
@@ -28,228 +30,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "bn_kernels.h"
 #include "cpu.h"
 #include "norm_kernels.h"
-
-#define LANE_MASK (SN_LANES - 1)
-_Static_assert((SN_LANES & (SN_LANES - 1)) == 0, "SN_LANES must be a power of two");
-
-/* ---- reduction kernels (f32 in, fp64 lanes) --------------------------------------------------- */
-
-/* How far ahead (in floats) the NCHW runs prefetch their input: 2 KiB. The lanes' add chains
- * bound these loops to a few elements per cycle, so the hardware prefetcher alone (which
- * restarts at every 4 KiB page) left the reductions at ~70 % of the read bandwidth. */
-#define RED_PF_FLOATS 512
-
-/* NCHW run of one channel, x: [n], continuing the chunk's lanes; `lane` is the lane of x[0].
- * acc: [2][SN_LANES]:  acc[0][l] += x − p,  acc[1][l] += (x − p)². */
-SN_CLONES static void stats_run(double *acc, const float *x, int64_t n, int lane, double p) {
-  int64_t i = 0;
-  for (; i < n && lane != 0; i++, lane = (lane + 1) & LANE_MASK) { /* up to lane 0 */
-    double v = (double)x[i] - p;
-    acc[lane] += v;
-    acc[SN_LANES + lane] += v * v;
-  }
-  if (i + SN_LANES <= n) { /* whole lane groups, accumulators in registers */
-    sn__vd s1, s2, v;
-    SN_VLOAD(s1, acc);
-    SN_VLOAD(s2, acc + SN_LANES);
-    for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line per step */
-      __builtin_prefetch(x + i + RED_PF_FLOATS, 0);
-      for (int h = 0; h < 2; h++) {
-        SN_VLOAD_WIDEN(v, x + i + h * SN_LANES);
-        v -= p;
-        s1 += v;
-        s2 += v * v;
-      }
-    }
-    for (; i + SN_LANES <= n; i += SN_LANES) {
-      SN_VLOAD_WIDEN(v, x + i);
-      v -= p;
-      s1 += v;
-      s2 += v * v;
-    }
-    SN_VSTORE(acc, s1);
-    SN_VSTORE(acc + SN_LANES, s2);
-  }
-  for (int k = 0; i < n; i++, k++) { /* tail, starting at lane 0 */
-    double v = (double)x[i] - p;
-    acc[k] += v;
-    acc[SN_LANES + k] += v * v;
-  }
-}
-
-/* NCHW run of the backward sums, dy, x: [n]:  acc[0][l] += dy,  acc[1][l] += dy·(x − m). */
-SN_CLONES static void bwd_run(double *acc, const float *dy, const float *x, int64_t n, int lane,
-                              double m) {
-  int64_t i = 0;
-  for (; i < n && lane != 0; i++, lane = (lane + 1) & LANE_MASK) {
-    double g = (double)dy[i];
-    acc[lane] += g;
-    acc[SN_LANES + lane] += g * ((double)x[i] - m);
-  }
-  if (i + SN_LANES <= n) { /* whole lane groups, accumulators in registers */
-    sn__vd s1, s2, g, v;
-    SN_VLOAD(s1, acc);
-    SN_VLOAD(s2, acc + SN_LANES);
-    for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line of each per step */
-      __builtin_prefetch(dy + i + RED_PF_FLOATS, 0);
-      __builtin_prefetch(x + i + RED_PF_FLOATS, 0);
-      for (int h = 0; h < 2; h++) {
-        SN_VLOAD_WIDEN(g, dy + i + h * SN_LANES);
-        SN_VLOAD_WIDEN(v, x + i + h * SN_LANES);
-        s1 += g;
-        s2 += g * (v - m);
-      }
-    }
-    for (; i + SN_LANES <= n; i += SN_LANES) {
-      SN_VLOAD_WIDEN(g, dy + i);
-      SN_VLOAD_WIDEN(v, x + i);
-      s1 += g;
-      s2 += g * (v - m);
-    }
-    SN_VSTORE(acc, s1);
-    SN_VSTORE(acc + SN_LANES, s2);
-  }
-  for (int k = 0; i < n; i++, k++) {
-    double g = (double)dy[i];
-    acc[k] += g;
-    acc[SN_LANES + k] += g * ((double)x[i] - m);
-  }
-}
-
-/* The NHWC row kernels hold 8 channels' accumulators as one sn__vd (norm_kernels.h), loaded
- * and stored whole: left to the auto-vectorizer, GCC split the stores of a lane row into 32-,
- * 16- and 8-byte pieces, which the next full-width loads of that lane row (8 rows later) could
- * not take from the store buffer, a stall per load. */
-/* NHWC rows, x: [nr, ld], first ct channels; row r goes to lane (lane + r) mod SN_LANES.
- * l1, l2: [SN_LANES][ls] accumulators (ls >= ct); p: [ct] shifts. Returns the next row's lane. */
-SN_CLONES static int stats_rows(double *restrict l1, double *restrict l2, int64_t ls,
-                                const float *x, int64_t nr, int64_t ld, int64_t ct,
-                                const double *restrict p, int lane) {
-  for (int64_t r = 0; r < nr; r++, lane = (lane + 1) & LANE_MASK) {
-    sn__prefetch_ahead(x + r * ld, ld, ct);
-    sn__shifted_row(l1 + lane * ls, l2 + lane * ls, x + r * ld, ct, p);
-  }
-  return lane;
-}
-
-/* NHWC rows of the backward sums: l1 += dy, l2 += dy·(x − m); m: [ct] means. */
-SN_CLONES static int bwd_rows(double *restrict l1, double *restrict l2, int64_t ls,
-                              const float *dy, const float *x, int64_t nr, int64_t ld, int64_t ct,
-                              const double *restrict m, int lane) {
-  for (int64_t r = 0; r < nr; r++, lane = (lane + 1) & LANE_MASK) {
-    double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
-    const float *gr = dy + r * ld, *xr = x + r * ld;
-    sn__prefetch_ahead(gr, ld, ct);
-    sn__prefetch_ahead(xr, ld, ct);
-    int64_t c = 0;
-    for (; c + SN_VD <= ct; c += SN_VD) {
-      sn__vd g, v, mc, a1, a2;
-      SN_VLOAD_WIDEN(g, gr + c);
-      SN_VLOAD_WIDEN(v, xr + c);
-      SN_VLOAD(mc, m + c);
-      SN_VLOAD(a1, s1 + c);
-      SN_VLOAD(a2, s2 + c);
-      a1 += g;
-      a2 += g * (v - mc);
-      SN_VSTORE(s1 + c, a1);
-      SN_VSTORE(s2 + c, a2);
-    }
-    for (; c < ct; c++) {
-      double g = (double)gr[c];
-      s1[c] += g;
-      s2[c] += g * ((double)xr[c] - m[c]);
-    }
-  }
-  return lane;
-}
-
-/* The NHWC kernels above load and store a lane row of accumulators for every input row; with a
- * wide channel tile the [2][SN_LANES][ls] accumulators (32 KiB for 256 channels) do not stay in
- * L1 next to the streamed rows. The grouped kernels below take GROUP_ROWS rows at a time,
- * starting at lane 0: lane l gets rows l, l + 8, ..., l + 8·(GROUP_K − 1) of the group in that
- * order, so the sums and their order are those of stats_rows/bwd_rows, with one load and store
- * of each accumulator (an sn__vd of 8 channels) per GROUP_K rows. GROUP_K 8 against 4: statistics
- * 0.79-0.85x, backward sums 0.91-1.06x at 128 and 256 channels; 16 was slower. */
-#define GROUP_K 8
-#define GROUP_ROWS (GROUP_K * SN_LANES)
-
-/* ng groups of GROUP_ROWS rows of x: [ng·GROUP_ROWS, ld], first ct channels (as stats_rows). */
-SN_CLONES static void stats_groups(double *restrict l1, double *restrict l2, int64_t ls,
-                                   const float *x, int64_t ng, int64_t ld, int64_t ct,
-                                   const double *restrict p) {
-  for (int64_t gi = 0; gi < ng; gi++) {
-    const float *xg = x + gi * GROUP_ROWS * ld;
-    for (int lane = 0; lane < SN_LANES; lane++) {
-      double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
-      int64_t c = 0;
-      for (; c + SN_VD <= ct; c += SN_VD) {
-        sn__vd a1, a2, pc, v;
-        SN_VLOAD(a1, s1 + c);
-        SN_VLOAD(a2, s2 + c);
-        SN_VLOAD(pc, p + c);
-#pragma GCC unroll 8
-        for (int m = 0; m < GROUP_K; m++) {
-          SN_VLOAD_WIDEN(v, xg + (m * SN_LANES + lane) * ld + c);
-          v -= pc;
-          a1 += v;
-          a2 += v * v;
-        }
-        SN_VSTORE(s1 + c, a1);
-        SN_VSTORE(s2 + c, a2);
-      }
-      for (; c < ct; c++) {
-        double a1 = s1[c], a2 = s2[c];
-        for (int m = 0; m < GROUP_K; m++) {
-          double v = (double)xg[(m * SN_LANES + lane) * ld + c] - p[c];
-          a1 += v;
-          a2 += v * v;
-        }
-        s1[c] = a1, s2[c] = a2;
-      }
-    }
-  }
-}
-
-/* ng groups of GROUP_ROWS rows of the backward sums (as bwd_rows). */
-SN_CLONES static void bwd_groups(double *restrict l1, double *restrict l2, int64_t ls,
-                                 const float *dy, const float *x, int64_t ng, int64_t ld,
-                                 int64_t ct, const double *restrict m) {
-  for (int64_t gi = 0; gi < ng; gi++) {
-    const float *gg = dy + gi * GROUP_ROWS * ld, *xg = x + gi * GROUP_ROWS * ld;
-    for (int lane = 0; lane < SN_LANES; lane++) {
-      double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
-      int64_t c = 0;
-      for (; c + SN_VD <= ct; c += SN_VD) {
-        sn__vd a1, a2, mc, g, v;
-        SN_VLOAD(a1, s1 + c);
-        SN_VLOAD(a2, s2 + c);
-        SN_VLOAD(mc, m + c);
-#pragma GCC unroll 8
-        for (int j = 0; j < GROUP_K; j++) {
-          const int64_t o = (j * SN_LANES + lane) * ld + c;
-          SN_VLOAD_WIDEN(g, gg + o);
-          SN_VLOAD_WIDEN(v, xg + o);
-          a1 += g;
-          a2 += g * (v - mc);
-        }
-        SN_VSTORE(s1 + c, a1);
-        SN_VSTORE(s2 + c, a2);
-      }
-      for (; c < ct; c++) {
-        double a1 = s1[c], a2 = s2[c];
-        for (int j = 0; j < GROUP_K; j++) {
-          const int64_t o = (j * SN_LANES + lane) * ld + c;
-          double g = (double)gg[o];
-          a1 += g;
-          a2 += g * ((double)xg[o] - m[c]);
-        }
-        s1[c] = a1, s2[c] = a2;
-      }
-    }
-  }
-}
 
 /* ---- reduction driver ------------------------------------------------------------------------- */
 
@@ -581,7 +364,7 @@ static void ew_run(const ew_t *op, void *out, const void *in, const void *x, int
     ew_nchw(op, out, in, x, N, C, S, dtype);
 }
 
-/* ---- fused local forward and backward ---------------------------------------------------------- */
+/* ---- fused local forward and backward ---------------------------------------------- */
 
 /* Bytes of one sample's run of a block of channels that the fused passes aim for (fewer where
  * FUSED_MAX_BLOCK planes are shorter, or the block would not fit in L2): with one channel per
