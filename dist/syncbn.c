@@ -451,20 +451,6 @@ static int all_finite(const double *v, int64_t count) {
   return 1;
 }
 
-/* The pivots to sum around again, into tmp [C]: channel c's refined one where its shifted sums
- * lost more than 24 bits to cancellation (sn__bn_refine), its pivot otherwise (its sums come
- * out bitwise the same). Returns whether any channel was refined: every rank decides alike, as
- * the sums are the same. */
-static int refine_pivots(float *tmp, const double *red, const float *pivot, int64_t C,
-                         double count) {
-  int any = 0;
-  for (int64_t c = 0; c < C; c++) {
-    tmp[c] = pivot[c];
-    any |= sn__bn_refine(red[c], red[C + c], count, pivot[c], &tmp[c]);
-  }
-  return any;
-}
-
 /* Local sums with `pivot` into red (+ count, + pivot slots), then the all-reduce. */
 static sn_status_t batch_sums(sn_syncbn_t *bn, const char *fn, const void *x, const float *pivot,
                               int64_t n, int64_t s, int synced) {
@@ -500,7 +486,8 @@ static sn_status_t batch_stats(sn_syncbn_t *bn, const char *fn, void *y, const v
                     "%s: %s: x holds NaN or Inf on %s; nothing was written or updated", fn,
                     bn->label, synced ? "at least one rank" : "this rank");
   const float *pivot = bn->pivot;
-  if (refine_pivots(bn->tmp, bn->red, bn->pivot, C, (double)*count)) {
+  /* the pivots to sum around again, per channel; every rank decides alike (the same sums) */
+  if (sn__bn_refine_pivots(bn->tmp, bn->red, bn->red + C, bn->pivot, C, (double)*count)) {
     pivot = bn->tmp;
     SN_TRY(batch_sums(bn, fn, x, pivot, n, s, synced));
   }

@@ -65,6 +65,11 @@ SN_HIDDEN sn_status_t sn__check_layout(const char *fn, sn_layout_t layout);
  * least 29 of its 53 bits around it); else returns 0 and leaves *refined (NaN sums: 0). */
 #define SN_BN_REFINE_RATIO 16777216.0 /* 2^24 */
 SN_HIDDEN int sn__bn_refine(double sum, double sumsq, double count, float pivot, float *refined);
+/* The same over C channels: out [C] (=) gets each channel's pivot (pivot [C], NULL = 0), refined
+ * where its sums sum, sumsq [C] over count values need it. Returns whether any was. out may not
+ * overlap the inputs. */
+SN_HIDDEN int sn__bn_refine_pivots(float *out, const double *sum, const double *sumsq,
+                                   const float *pivot, int64_t c, double count);
 
 /* Evaluate a check and return its status from the calling function if it failed. */
 #define SN_TRY(expr)                    \

@@ -394,14 +394,15 @@ static int64_t fused_block(int64_t N, int64_t C, int64_t S, sn_layout_t layout, 
 /* The two sums of channels [c0, c0 + nc) of an NCHW reduction into s1, s2 [nc] (=), in the
  * order of bn_reduce (each chunk's lanes, then the chunks in chunk order); chunk by chunk, the
  * block's channels one after another, so where a chunk is one sample the block's part of it is
- * one run. */
+ * one run. shift: [nc] the channels' shifts, or NULL for their own (red_shift). */
 static void block_sums(const red_t *op, const red_chunks_t *ch, int64_t C, int64_t c0, int64_t nc,
-                       sn_dtype_t dtype, double *s1, double *s2) {
+                       const double *shift, sn_dtype_t dtype, double *s1, double *s2) {
   for (int64_t j = 0; j < nc; j++) s1[j] = 0.0, s2[j] = 0.0;
   for (int64_t k = 0; k < ch->K; k++)
     for (int64_t j = 0; j < nc; j++) {
       double part[2];
-      red_nchw_chunk(op, ch, C, c0 + j, k, dtype, part);
+      red_nchw_chunk_at(op, ch, C, c0 + j, k, shift ? shift[j] : red_shift(op, c0 + j), dtype,
+                        part);
       s1[j] += part[0], s2[j] += part[1];
     }
 }
@@ -421,7 +422,7 @@ static void bwd_fused_nchw(void *dx, float *dgamma, float *dbeta, const void *dy
     for (int64_t c0 = 0; c0 < C; c0 += cb) {
       const int64_t nc = sn__min64(cb, C - c0);
       double s1[FUSED_MAX_BLOCK], s2[FUSED_MAX_BLOCK];
-      block_sums(&red, &ch, C, c0, nc, dtype, s1, s2);
+      block_sums(&red, &ch, C, c0, nc, NULL, dtype, s1, s2);
       sn__chan_k_t kc[FUSED_MAX_BLOCK];
       for (int64_t j = 0; j < nc; j++) { /* every input read before dgamma, dbeta are written */
         const int64_t c = c0 + j;
@@ -443,17 +444,18 @@ static void bwd_fused_nchw(void *dx, float *dgamma, float *dbeta, const void *dy
   }
 }
 
-/* Channel c's statistics from its shifted sums over count values, p its pivot: mean = p + d,
- * var = sumsq/count − d² (biased, clamped at 0), rstd = 1/√(var + eps), with d = sum/count
- * (inv = 1/count): sn_batchnorm_finalize's formula, and the fused forward's. */
-static void finalize_channel(double sum, double sumsq, double p, double inv, float eps,
+/* Channel c's statistics from its shifted sums over count values, p its pivot, into mean[c],
+ * var[c] (unless var is NULL) and rstd[c]: mean = p + d, var = sumsq/count − d² (biased,
+ * clamped at 0), rstd = 1/√(var + eps), with d = sum/count (inv = 1/count):
+ * sn_batchnorm_finalize's formula, and the fused forward's. */
+static void finalize_channel(double sum, double sumsq, double p, double inv, float eps, int64_t c,
                              double *mean, float *var, float *rstd) {
   const double d = sum * inv;      /* mean − pivot */
   double v = sumsq * inv - d * d;  /* biased variance; fp64 cancellation only */
   if (v < 0.0) v = 0.0;            /* rounding can leave a tiny negative */
-  *mean = p + d;
-  *var = (float)v;
-  *rstd = (float)(1.0 / sqrt(v + (double)eps));
+  mean[c] = p + d;
+  if (var) var[c] = (float)v;
+  rstd[c] = (float)(1.0 / sqrt(v + (double)eps));
 }
 
 int sn__bn_refine(double sum, double sumsq, double count, float pivot, float *refined) {
@@ -461,6 +463,16 @@ int sn__bn_refine(double sum, double sumsq, double count, float pivot, float *re
   if (!(m != 0.0 && m * m > v * SN_BN_REFINE_RATIO)) return 0; /* NaN sums: no */
   *refined = (float)((double)pivot + m);
   return 1;
+}
+
+int sn__bn_refine_pivots(float *out, const double *sum, const double *sumsq, const float *pivot,
+                         int64_t c, double count) {
+  int any = 0;
+  for (int64_t ch = 0; ch < c; ch++) {
+    out[ch] = pivot ? pivot[ch] : 0.0f;
+    any |= sn__bn_refine(sum[ch], sumsq[ch], count, out[ch], &out[ch]);
+  }
+  return any;
 }
 
 /* NCHW, a task per block of cb channels: their shifted sums (block_sums), the channels whose
@@ -481,30 +493,21 @@ static void fwd_fused_nchw(void *y, double *mean, float *var, float *rstd, const
     for (int64_t c0 = 0; c0 < C; c0 += cb) {
       const int64_t nc = sn__min64(cb, C - c0);
       double s1[FUSED_MAX_BLOCK], s2[FUSED_MAX_BLOCK], p[FUSED_MAX_BLOCK];
-      block_sums(&red, &ch, C, c0, nc, dtype, s1, s2);
+      block_sums(&red, &ch, C, c0, nc, NULL, dtype, s1, s2);
       for (int64_t j = 0; j < nc; j++) {
         const float p0 = pv ? pv[c0 + j] : 0.0f;
         float rp;
         p[j] = (double)p0;
         if (!sn__bn_refine(s1[j], s2[j], count, p0, &rp)) continue;
-        p[j] = (double)rp;
-        s1[j] = s2[j] = 0.0;
-        for (int64_t k = 0; k < ch.K; k++) {
-          double part[2];
-          red_nchw_chunk_at(&red, &ch, C, c0 + j, k, p[j], dtype, part);
-          s1[j] += part[0], s2[j] += part[1];
-        }
+        p[j] = (double)rp; /* this channel summed again around it */
+        block_sums(&red, &ch, C, c0 + j, 1, &p[j], dtype, &s1[j], &s2[j]);
       }
       sn__chan_k_t kc[FUSED_MAX_BLOCK];
       for (int64_t j = 0; j < nc; j++) {
         const int64_t c = c0 + j;
-        double m;
-        float v, r;
-        finalize_channel(s1[j], s2[j], p[j], inv, eps, &m, &v, &r);
+        finalize_channel(s1[j], s2[j], p[j], inv, eps, c, mean, var, rstd);
         const double g = gamma ? (double)gamma[c] : 1.0, b = beta ? (double)beta[c] : 0.0;
-        sn__chan_k_set(&kc[j], m, g * (double)r, b, 0.0); /* ew_consts' apply */
-        mean[c] = m, rstd[c] = r;
-        if (var) var[c] = v;
+        sn__chan_k_set(&kc[j], mean[c], g * (double)rstd[c], b, 0.0); /* ew_consts' apply */
       }
       for (int64_t n = 0; n < N; n++)
         for (int64_t j = 0; j < nc; j++) {
@@ -559,13 +562,9 @@ sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, const d
   SN_TRY(sn__check_ptr(fn, "sum", sum));
   SN_TRY(sn__check_ptr(fn, "sumsq", sumsq));
   const double inv = 1.0 / (double)count;
-  for (int64_t ch = 0; ch < c; ch++) {
-    double m;
-    float v, r;
-    finalize_channel(sum[ch], sumsq[ch], pivot ? (double)pivot[ch] : 0.0, inv, eps, &m, &v, &r);
-    mean[ch] = m, rstd[ch] = r;
-    if (var) var[ch] = v;
-  }
+  for (int64_t ch = 0; ch < c; ch++)
+    finalize_channel(sum[ch], sumsq[ch], pivot ? (double)pivot[ch] : 0.0, inv, eps, ch, mean, var,
+                     rstd);
   return SN_OK;
 }
 
@@ -676,22 +675,14 @@ sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, con
     sn__free(sums);
     return st;
   }
-  for (int64_t ch = 0; ch < c; ch++) pv[ch] = pivot ? pivot[ch] : 0.0f;
-  const red_t red = {RED_STATS, x, NULL, pv, NULL, NULL};
-  st = bn_reduce(fn, sums, sums + c, &red, n, c, s, layout, dtype);
-  int refine = 0;
-  for (int64_t ch = 0; st == SN_OK && ch < c; ch++)
-    refine |= sn__bn_refine(sums[ch], sums[c + ch], (double)rows, pv[ch], &pv[ch]);
-  if (st == SN_OK && refine) st = bn_reduce(fn, sums, sums + c, &red, n, c, s, layout, dtype);
+  const red_t first = {RED_STATS, x, NULL, pivot, NULL, NULL};
+  const red_t again = {RED_STATS, x, NULL, pv, NULL, NULL}; /* around the refined pivots */
+  st = bn_reduce(fn, sums, sums + c, &first, n, c, s, layout, dtype);
+  if (st == SN_OK && sn__bn_refine_pivots(pv, sums, sums + c, pivot, c, (double)rows))
+    st = bn_reduce(fn, sums, sums + c, &again, n, c, s, layout, dtype);
+  /* cannot fail: count > 1, eps and the pointers were checked */
+  if (st == SN_OK) st = sn_batchnorm_finalize(mean, var, rstd, sums, sums + c, pv, rows, c, eps);
   if (st == SN_OK) {
-    const double inv = 1.0 / (double)rows;
-    for (int64_t ch = 0; ch < c; ch++) {
-      double m;
-      float v, r;
-      finalize_channel(sums[ch], sums[c + ch], (double)pv[ch], inv, eps, &m, &v, &r);
-      mean[ch] = m, rstd[ch] = r;
-      if (var) var[ch] = v;
-    }
     const ew_t op = {.kind = EW_APPLY, .mean = mean, .rstd = rstd, .gamma = gamma, .beta = beta};
     ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
   }
