@@ -7,7 +7,8 @@
  * times one SyncBatchNorm forward+backward over MPI_COMM_WORLD against the same layer with
  * comm == NULL (local BatchNorm on each rank's batch), medians over R repetitions, every rank
  * starting together after a barrier. Also counts the collectives a forward and a backward issue
- * (must be 1 and 1) and the cost of the optional checks (check_consistency, check_finite).
+ * (must be 1 and 1; 0 and 0 with one rank, which has nothing to synchronize) and the cost of
+ * the optional checks (check_consistency, check_finite).
  * Rank 0 prints one line per configuration:
  *   P C n local_ms sync_ms overhead_ms ratio coll_fwd coll_bwd consistency_ms finite_ms
  */

@@ -9,13 +9,13 @@
  * shifted sums stay exact when |mean| ≫ σ; if p was so far off that fp64 would lose more than
  * 24 bits (first step on data with a huge mean), every rank sees it in the same reduced sums and
  * all redo the sums, around the new mean in such channels (sn__bn_refine): a second
- * all-reduce, taken by all or none. With nothing to all-reduce (comm == NULL, or eval mode
- * without running statistics) and check_finite off, sn_batchnorm_fwd does the same steps in one
- * call (fused in NCHW). The pivot is state (a checkpoint load sets it to the loaded running
- * mean): a rank whose pivot differs (a checkpoint loaded on some ranks only) would add sums
- * around another point, so two hashes of it ride in the same all-reduce, and if they disagree
- * every rank redoes the sums around 0 (then refined as above): correct statistics, one or two
- * all-reduces more, only then.
+ * all-reduce, taken by all or none. With nothing to all-reduce (comm == NULL or of one rank, or
+ * eval mode without running statistics) and check_finite off, sn_batchnorm_fwd does the same steps
+ * in one call (fused in NCHW). The pivot is state (a checkpoint load sets it to the loaded running
+ * mean): a rank whose pivot differs (a checkpoint loaded on some ranks only) would add sums around
+ * another point, so two hashes of it ride in the same all-reduce, and if they disagree every rank
+ * redoes the sums around 0 (then refined as above): correct statistics, one or two all-reduces
+ * more, only then.
  * Backward: local Σdy, Σdy·x̂  →  ONE all-reduce of 2C fp64  →  dx with the global count.
  * References: Ioffe & Szegedy 2015 (BatchNorm); torch.nn.SyncBatchNorm and
  * torch.nn.functional.batch_norm docs (momentum, unbiased running_var, num_batches_tracked).
@@ -497,6 +497,9 @@ static sn_status_t batch_stats(sn_syncbn_t *bn, const char *fn, void *y, const v
                             cfg->dtype);
 }
 
+/* No other rank to agree with: no communicator, or one of a single rank. */
+static int alone(const sn_syncbn_t *bn) { return bn->comm == NULL || bn->comm->size == 1; }
+
 /* Training-mode forward (or track_running_stats = 0): batch statistics, synced over comm when
  * `synced`, running stats updated when `update`. */
 static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const void *x,
@@ -532,7 +535,7 @@ static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const
     SN_TRY(sn_batchnorm_update_running(bn->running_mean, bn->running_var, &bn->num_batches_tracked,
                                        bn->mean, bn->var, count, C, cfg->momentum));
   /* the next pivot: this batch's mean — identical on every rank only when synchronized */
-  if (synced || bn->comm == NULL)
+  if (synced || alone(bn))
     for (int64_t c = 0; c < C; c++) bn->pivot[c] = (float)bn->mean[c];
   bn->saved = (sn_syncbn_saved_t){1, 1, synced, n, s, count};
   return SN_OK;
@@ -556,8 +559,9 @@ sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, int64_t n
   const char *fn = "sn_syncbn_forward";
   SN_TRY(check_call(fn, bn, n, s, x, "x", y, "y", NULL, NULL));
   if (!training && bn->cfg.track_running_stats) return forward_eval(bn, y, x, n, s);
-  /* PyTorch synchronizes only in training mode; eval without running stats is local */
-  const int synced = training && bn->comm != NULL;
+  /* PyTorch synchronizes only in training mode and with more than one rank
+   * (torch.nn.SyncBatchNorm.forward: need_sync = ... and world_size > 1) */
+  const int synced = training && !alone(bn);
   const int update = training && bn->cfg.track_running_stats;
   if (update && bn->num_batches_tracked < 0) /* written through sn_syncbn_params */
     return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: %s: num_batches_tracked must be >= 0, got %lld",

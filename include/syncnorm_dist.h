@@ -162,12 +162,13 @@ typedef struct {
  * above. Validation happens in sn_syncbn_create. */
 SN_API sn_syncbn_config_t sn_syncbn_default_config(int64_t num_features);
 
-/* Creates a layer. comm == NULL: plain local BatchNorm (no communication); otherwise statistics
- * are synchronized over comm, which must outlive the layer; creation is local (no collective),
- * but layers must be created in the same order on every rank when layer_id is -1. *bn receives
- * the handle. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (num_features <= 0),
- * SN_ERR_INVALID_EPS, SN_ERR_INVALID_ARGUMENT (momentum, flags), SN_ERR_INVALID_DTYPE,
- * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_HANDLE, SN_ERR_UNSUPPORTED (device_memory without CUDA
+/* Creates a layer. comm == NULL: plain local BatchNorm (no communication); otherwise statistics are
+ * synchronized over comm (a comm of one rank: nothing to synchronize, the layer makes no
+ * collective, as torch.nn.SyncBatchNorm at world size 1), which must outlive the layer; creation is
+ * local (no collective), but layers must be created in the same order on every rank when layer_id
+ * is -1. *bn receives the handle. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE
+ * (num_features <= 0), SN_ERR_INVALID_EPS, SN_ERR_INVALID_ARGUMENT (momentum, flags),
+ * SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_HANDLE, SN_ERR_UNSUPPORTED (device_memory without CUDA
  * or with a host communicator), SN_ERR_OVERFLOW (num_features too large to allocate its
  * buffers), SN_ERR_COMM (comm broken by an earlier failure), SN_ERR_ALLOC. */
 SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *cfg,
@@ -185,10 +186,11 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
  * batch_var unbiased by the global count N: var·N/(N−1). Collective (training) — a rank with
  * n·s == 0 still calls it. training == 0: y from the running stats, local, no communication;
  * without running stats (track_running_stats 0) from this rank's own batch statistics, local
- * too (as torch.nn.SyncBatchNorm, which synchronizes only in training mode). With nothing to
- * all-reduce (comm == NULL in training mode, or eval mode without running statistics) and
- * check_finite off, the batch statistics and y are sn_batchnorm_fwd's (fused in NCHW where a
- * channel's x fits in L2), with the same bits as the steps above. Formulas: Ioffe &
+ * too (as torch.nn.SyncBatchNorm, which synchronizes only in training mode and only with more
+ * than one rank). With nothing to all-reduce (comm == NULL or of one rank in training mode, or
+ * eval mode without running statistics) and check_finite off, the batch statistics and y are
+ * sn_batchnorm_fwd's (fused in NCHW where a channel's x fits in L2), with the same bits as the
+ * steps above. Formulas: Ioffe &
  * Szegedy 2015 (arXiv:1502.03167), running stats as torch.nn.BatchNorm; the shifted sums:
  * Chan, Golub & LeVeque 1983. Errors (y, parameters and running stats untouched, the same on
  * every rank for the collective ones; bad arguments, a running_var < 0 in eval mode included,
@@ -210,9 +212,9 @@ SN_API sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, in
  * dx = γ·dy/√(running_var+eps), local, after an eval forward (frozen BatchNorm). grad_weight,
  * grad_bias (=) get this rank's local Σdy·x̂ and Σdy, as PyTorch (data-parallel gradient averaging
  * combines them later). After a forward on batch statistics with nothing to all-reduce
- * (comm == NULL in training mode, or eval mode without running statistics) and check_finite off,
- * it is sn_batchnorm_bwd (fused in NCHW where a channel fits in L2), with the same bits. dx may
- * equal dy. Shapes and dtype as forward; host memory. Formula:
+ * (comm == NULL or of one rank in training mode, or eval mode without running statistics) and
+ * check_finite off, it is sn_batchnorm_bwd (fused in NCHW where a channel fits in L2), with the
+ * same bits. dx may equal dy. Shapes and dtype as forward; host memory. Formula:
  * the BatchNorm backward of Ioffe & Szegedy 2015, as torch.nn.SyncBatchNorm's. Errors: as
  * forward (SN_ERR_ALLOC included), plus SN_ERR_INVALID_ARGUMENT (no successful forward since the
  * last error, or n/s differ from the forward's). */
@@ -225,7 +227,7 @@ SN_API sn_status_t sn_syncbn_params(sn_syncbn_t *bn, sn_syncbn_params_t *params)
 
 /* Number of collectives (all-reduces) this layer has issued so far: a training forward adds 1
  * (rarely 2 or 3, see forward), a backward after it adds 1, consistency checks add 1 each (2
- * when they find a mismatch). For
+ * when they find a mismatch); none on a communicator of one rank. For
  * benchmarks and tests. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_syncbn_collective_count(const sn_syncbn_t *bn, int64_t *count);
 

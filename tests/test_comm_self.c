@@ -182,13 +182,15 @@ START_TEST(test_null_comm_equals_self) {
 END_TEST
 
 /* comm == NULL runs the local forward and backward (sn_batchnorm_fwd, sn_batchnorm_bwd, fused
- * in NCHW); a "self" communicator the separate passes around its all-reduces. Both must give
- * the same bits in y, the running statistics, dx, grad_weight and grad_bias after every step:
+ * in NCHW), and so does a "self" communicator (one rank: nothing to all-reduce, no collective);
+ * with check_finite on, the layer takes the separate passes it takes around its all-reduces
+ * (the sums are checked before y is written). All three must give the same bits in y, the
+ * running statistics, dx, grad_weight and grad_bias after every step:
  * layouts, f32 and bf16, with and without affine, training and eval without running statistics
  * (batch statistics, local), 1 and 2 threads, and shapes that fuse (many channels, or planes of
  * 3136) and one that does not (3 channels on 2 threads). The first step's channels lie 1000 and
  * 2000 from the initial pivot 0: only the even ones are refined. */
-START_TEST(test_null_comm_local_passes_equal_self) {
+START_TEST(test_local_paths_equal_steps) {
   static const int64_t shapes[][3] = {{4, 3, 5}, {3, 64, 49}, {2, 16, 3136}};
   static const sn_dtype_t dts[2] = {SN_DTYPE_F32, SN_DTYPE_BF16};
   sn_comm_t *self = NULL;
@@ -214,19 +216,25 @@ START_TEST(test_null_comm_local_passes_equal_self) {
               cfg.dtype = dts[di];
               cfg.affine = affine;
               cfg.track_running_stats = track;
-              sn_syncbn_t *a = NULL, *b = NULL;
+              sn_syncbn_t *a = NULL, *b = NULL, *o = NULL; /* local, steps, one-rank comm */
               ck_assert_int_eq(sn_syncbn_create(&a, &cfg, NULL), SN_OK);
-              ck_assert_int_eq(sn_syncbn_create(&b, &cfg, self), SN_OK);
-              sn_syncbn_params_t pa, pb;
+              ck_assert_int_eq(sn_syncbn_create(&o, &cfg, self), SN_OK);
+              cfg.check_finite = 1;
+              ck_assert_int_eq(sn_syncbn_create(&b, &cfg, NULL), SN_OK);
+              sn_syncbn_params_t pa, pb, po;
               ck_assert_int_eq(sn_syncbn_params(a, &pa), SN_OK);
               ck_assert_int_eq(sn_syncbn_params(b, &pb), SN_OK);
+              ck_assert_int_eq(sn_syncbn_params(o, &po), SN_OK);
               if (affine)
-                for (int64_t c = 0; c < C; c++) { /* the same non-trivial parameters in both */
-                  pa.weight[c] = pb.weight[c] = (float)(1.0 + 0.3 * tu_rng_normal(&r));
-                  pa.bias[c] = pb.bias[c] = (float)(0.2 * tu_rng_normal(&r));
+                for (int64_t c = 0; c < C; c++) { /* the same non-trivial parameters in all */
+                  pa.weight[c] = (float)(1.0 + 0.3 * tu_rng_normal(&r));
+                  pa.bias[c] = (float)(0.2 * tu_rng_normal(&r));
+                  pb.weight[c] = po.weight[c] = pa.weight[c];
+                  pb.bias[c] = po.bias[c] = pa.bias[c];
                 }
               void *x = tu_alloc(T, cfg.dtype), *dy = tu_alloc(T, cfg.dtype);
               void *ya = tu_alloc(T, cfg.dtype), *yb = tu_alloc(T, cfg.dtype);
+              void *yo = tu_alloc(T, cfg.dtype), *dxo = tu_alloc(T, cfg.dtype);
               void *dxa = tu_alloc(T, cfg.dtype), *dxb = tu_alloc(T, cfg.dtype);
               const size_t bytes = (size_t)(T * sn_dtype_size(cfg.dtype));
               char what[160];
@@ -249,29 +257,47 @@ START_TEST(test_null_comm_local_passes_equal_self) {
                         tu_set(x, i, v, cfg.dtype);
                       }
                 tu_fill_normal(dy, T, cfg.dtype, 0.0, 1.0, &r);
-                tu_poison(dxa, T, cfg.dtype);
-                tu_poison(dxb, T, cfg.dtype);
-                if (affine) tu_poison_f32(pa.grad_weight, C), tu_poison_f32(pa.grad_bias, C);
+                tu_poison(ya, T, cfg.dtype), tu_poison(yb, T, cfg.dtype);
+                tu_poison(yo, T, cfg.dtype);
+                tu_poison(dxa, T, cfg.dtype), tu_poison(dxb, T, cfg.dtype);
+                tu_poison(dxo, T, cfg.dtype);
+                if (affine) {
+                  tu_poison_f32(pa.grad_weight, C), tu_poison_f32(pa.grad_bias, C);
+                  tu_poison_f32(pb.grad_weight, C), tu_poison_f32(pb.grad_bias, C);
+                  tu_poison_f32(po.grad_weight, C), tu_poison_f32(po.grad_bias, C);
+                }
                 ck_assert_int_eq(sn_syncbn_forward(a, ya, x, N, S, training), SN_OK);
                 ck_assert_int_eq(sn_syncbn_forward(b, yb, x, N, S, training), SN_OK);
+                ck_assert_int_eq(sn_syncbn_forward(o, yo, x, N, S, training), SN_OK);
                 tu_assert_bitwise(ya, yb, bytes, what);
+                tu_assert_bitwise(ya, yo, bytes, what);
                 ck_assert_msg(sn_syncbn_backward(a, dxa, dy, x, N, S) == SN_OK, "%s: %s", what,
                               sn_last_error());
                 ck_assert_int_eq(sn_syncbn_backward(b, dxb, dy, x, N, S), SN_OK);
+                ck_assert_int_eq(sn_syncbn_backward(o, dxo, dy, x, N, S), SN_OK);
                 tu_assert_bitwise(dxa, dxb, bytes, what);
+                tu_assert_bitwise(dxa, dxo, bytes, what);
                 tu_assert_all_finite(dxa, cfg.dtype, T, what);
                 if (track) {
                   tu_assert_bitwise(pa.running_mean, pb.running_mean, (size_t)C * 4, what);
                   tu_assert_bitwise(pa.running_var, pb.running_var, (size_t)C * 4, what);
+                  tu_assert_bitwise(pa.running_mean, po.running_mean, (size_t)C * 4, what);
+                  tu_assert_bitwise(pa.running_var, po.running_var, (size_t)C * 4, what);
                   ck_assert(*pa.num_batches_tracked == *pb.num_batches_tracked);
+                  ck_assert(*pa.num_batches_tracked == *po.num_batches_tracked);
                 }
                 if (affine) {
                   tu_assert_bitwise(pa.grad_weight, pb.grad_weight, (size_t)C * 4, what);
                   tu_assert_bitwise(pa.grad_bias, pb.grad_bias, (size_t)C * 4, what);
+                  tu_assert_bitwise(pa.grad_weight, po.grad_weight, (size_t)C * 4, what);
+                  tu_assert_bitwise(pa.grad_bias, po.grad_bias, (size_t)C * 4, what);
                 }
               }
-              free(x), free(dy), free(ya), free(yb), free(dxa), free(dxb);
-              sn_syncbn_destroy(a), sn_syncbn_destroy(b);
+              int64_t collectives = -1; /* one rank: nothing was all-reduced */
+              ck_assert_int_eq(sn_syncbn_collective_count(o, &collectives), SN_OK);
+              ck_assert_int_eq(collectives, 0);
+              free(x), free(dy), free(ya), free(yb), free(yo), free(dxa), free(dxb), free(dxo);
+              sn_syncbn_destroy(a), sn_syncbn_destroy(b), sn_syncbn_destroy(o);
             }
 #ifdef _OPENMP
   omp_set_num_threads(saved_threads);
@@ -286,7 +312,7 @@ int main(void) {
   tcase_add_test(tc, test_self_comm_basics);
   tcase_add_test(tc, test_layer_config_validation);
   tcase_add_test(tc, test_null_comm_equals_self);
-  tcase_add_test(tc, test_null_comm_local_passes_equal_self);
+  tcase_add_test(tc, test_local_paths_equal_steps);
   tcase_add_test(tc, test_failed_forward_and_saved);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
