@@ -1,5 +1,5 @@
 /*
- * rownorm.h — helpers shared by the row normalizations (layernorm.c, rmsnorm.c): argument
+ * rownorm.h — helpers shared by the row normalizations (layernorm*.c, rmsnorm.c): argument
  * validation, fixed-lane fp64 row sums (the one-pass statistics and the sums of squares with
  * optional software prefetching and the fused kernels' residual add; bf16/f16 sums of squares in
  * f32 blocks), bf16 narrowing, the f16 residual add and the chunk partials of dgamma/dbeta. Not
@@ -709,5 +709,12 @@ SN_INLINE void sn__add_partial(double *total, const double *part, int64_t n) {
 static inline void sn__store_f32(float *out, const double *total, int64_t n) {
   for (int64_t j = 0; j < n; j++) out[j] = (float)total[j];
 }
+
+/* x − mean of an f32 map cannot overflow while |mean| (rounded to f32) < SN_CENTRE_F32_MAX
+ * (cpu.h): rows with a larger mean can hold values of both signs near FLT_MAX, whose difference
+ * is beyond the f32 range although the output is not. The LayerNorm forward maps such rows with
+ * the checked map at limit 0 (every block with a nonzero term in fp64, layernorm.c), the
+ * backward computes them in fp64 (ln_bwd_row_f64, layernorm_bwd.c). */
+static inline int sn__ln_wide_mean(float mean) { return fabsf(mean) >= SN_CENTRE_F32_MAX; }
 
 #endif /* SN_ROWNORM_H */
