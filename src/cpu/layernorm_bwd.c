@@ -423,28 +423,10 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   const int chunked = dgamma != NULL || dbeta != NULL;
   const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
   const int64_t per_thread = rows_f32 + (chunked ? 2 * d : 0);
-  sn_status_t st = SN_OK;
-  double *work = NULL;
-  float *scratch = NULL, *gs = NULL; /* gs: bf16, gamma in pairs (ln_bwd_pairs) */
-  if (chunked && (work = sn__alloc(fn, threads + 1, 2 * d, sizeof(double), &st)) == NULL)
-    return st;
-  if ((per_thread > 0 &&
-       (scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) ||
-      (dtype == SN_DTYPE_BF16 && gamma != NULL &&
-       (gs = sn__alloc(fn, 1, d, sizeof(float), &st)) == NULL)) {
-    sn__free(work);
-    sn__free(scratch);
-    return st;
-  }
-  /* after the scratch (its failure tests pass sizes no buffer has), before any write */
-  st = sn__check_bwd_overlap(fn, dx, dy, x, n * sn_dtype_size(dtype));
-  if (st != SN_OK) {
-    sn__free(work);
-    sn__free(scratch);
-    sn__free(gs);
-    return st;
-  }
-  if (gs != NULL) sn__to_pairs(gs, gamma, d);
+  double *work;
+  float *scratch, *gs; /* gs: bf16, gamma in pairs (ln_bwd_pairs) */
+  SN_TRY(sn__bwd_buffers(fn, &work, &scratch, &gs, threads, chunked ? 2 * d : 0, per_thread,
+                         gamma, d, dtype, dx, dy, x, n * sn_dtype_size(dtype)));
   float gmaxf = gamma != NULL ? 0.0f : 1.0f; /* max|gamma| (NaN skipped), for ln_dx_f32_ok */
   if (gamma != NULL)
     for (int64_t j = 0; j < d; j++) gmaxf = sn__max_abs(gmaxf, gamma[j]);

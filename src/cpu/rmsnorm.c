@@ -510,28 +510,10 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   const int threads = sn__max_threads();
   const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
   const int64_t per_thread = rows_f32 + (dgamma != NULL ? d : 0);
-  sn_status_t st = SN_OK;
-  double *work = NULL;
-  float *scratch = NULL, *gs = NULL; /* gs: bf16, gamma in pairs (rms_bwd_pairs) */
-  if (dgamma != NULL && (work = sn__alloc(fn, threads + 1, d, sizeof(double), &st)) == NULL)
-    return st;
-  if ((per_thread > 0 &&
-       (scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) ||
-      (dtype == SN_DTYPE_BF16 && gamma != NULL &&
-       (gs = sn__alloc(fn, 1, d, sizeof(float), &st)) == NULL)) {
-    sn__free(work);
-    sn__free(scratch);
-    return st;
-  }
-  /* after the scratch (its failure tests pass sizes no buffer has), before any write */
-  st = sn__check_bwd_overlap(fn, dx, dy, x, n * sn_dtype_size(dtype));
-  if (st != SN_OK) {
-    sn__free(work);
-    sn__free(scratch);
-    sn__free(gs);
-    return st;
-  }
-  if (gs != NULL) sn__to_pairs(gs, gamma, d);
+  double *work;
+  float *scratch, *gs; /* gs: bf16, gamma in pairs (rms_bwd_pairs) */
+  SN_TRY(sn__bwd_buffers(fn, &work, &scratch, &gs, threads, dgamma != NULL ? d : 0, per_thread,
+                         gamma, d, dtype, dx, dy, x, n * sn_dtype_size(dtype)));
 
   /* rows independent without dgamma; with it, fixed chunks whose partials are added in chunk
    * order (see sn_layernorm_bwd) */

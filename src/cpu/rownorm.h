@@ -174,6 +174,34 @@ SN_UNUSED static void sn__to_pairs(float *dst, const float *src, int64_t d) {
   for (; i < d; i++) dst[i] = src[i];
 }
 
+/* The row backwards' buffers, all taken before anything is written: *work [threads + 1,
+ * work_cols] fp64 when work_cols > 0 (the chunk partials of dgamma/dbeta and their total),
+ * *scratch [threads, per_thread] f32 when per_thread > 0, and, for bf16 rows with gamma, *gs
+ * [d] = gamma in pair order (sn__to_pairs); then the dx/dy/x overlap check over `bytes` (after
+ * the allocations: the allocation-failure tests pass sizes no buffer has). SN_ERR_ALLOC or
+ * SN_ERR_INVALID_ARGUMENT with every pointer left NULL (nothing held). */
+SN_UNUSED static sn_status_t sn__bwd_buffers(const char *fn, double **work, float **scratch,
+                                             float **gs, int threads, int64_t work_cols,
+                                             int64_t per_thread, const float *gamma, int64_t d,
+                                             sn_dtype_t dtype, const void *dx, const void *dy,
+                                             const void *x, int64_t bytes) {
+  sn_status_t st = SN_OK;
+  *work = NULL, *scratch = NULL, *gs = NULL;
+  if ((work_cols > 0 &&
+       (*work = sn__alloc(fn, threads + 1, work_cols, sizeof(double), &st)) == NULL) ||
+      (per_thread > 0 &&
+       (*scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) ||
+      (dtype == SN_DTYPE_BF16 && gamma != NULL &&
+       (*gs = sn__alloc(fn, 1, d, sizeof(float), &st)) == NULL) ||
+      (st = sn__check_bwd_overlap(fn, dx, dy, x, bytes)) != SN_OK) {
+    sn__free(*work), sn__free(*scratch), sn__free(*gs);
+    *work = NULL, *scratch = NULL, *gs = NULL;
+    return st;
+  }
+  if (*gs != NULL) sn__to_pairs(*gs, gamma, d);
+  return SN_OK;
+}
+
 /* y [d] = t·gamma narrowed to bf16 as it is stored, t = ((x − hi) − lo)·s (centre: LayerNorm,
  * mean = hi + lo) or x·s (RMSNorm), in f32, for a bf16 row xb [d] read in pairs: bitwise the
  * same f32 operations on the widened row followed by sn__f32_to_bf16. gs: gamma in pair order
