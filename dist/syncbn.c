@@ -590,9 +590,9 @@ sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy, const 
     return SN_OK;
   }
   if (!synced && bn->saved.batch_stats && !cfg->check_finite)
-    /* nothing to all-reduce (no communicator, or eval mode without running statistics): the
-     * local backward, fused where it can be; bitwise the two passes below, grad_weight and
-     * grad_bias the same roundings of the same sums */
+    /* nothing to all-reduce (no communicator or one of one rank, or eval mode without running
+     * statistics): the local backward, fused where it can be; bitwise the two passes below,
+     * grad_weight and grad_bias the same roundings of the same sums */
     return sn_batchnorm_bwd(dx, cfg->affine ? bn->grad_weight : NULL,
                             cfg->affine ? bn->grad_bias : NULL, dy, x, bn->mean, bn->rstd,
                             bn->weight, n, C, s, cfg->layout, cfg->dtype);

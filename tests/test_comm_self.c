@@ -187,9 +187,10 @@ END_TEST
  * (the sums are checked before y is written). All three must give the same bits in y, the
  * running statistics, dx, grad_weight and grad_bias after every step:
  * layouts, f32 and bf16, with and without affine, training and eval without running statistics
- * (batch statistics, local), 1 and 2 threads, and shapes that fuse (many channels, or planes of
- * 3136) and one that does not (3 channels on 2 threads). The first step's channels lie 1000 and
- * 2000 from the initial pivot 0: only the even ones are refined. */
+ * (batch statistics, local; it moves the pivot as a training step does), 1 and 2 threads, and
+ * shapes that fuse (many channels, or planes of 3136) and one that does not (3 channels on 2
+ * threads). The first step's channels lie 1000 and 2000 from the initial pivot 0: only the even
+ * ones are refined. */
 START_TEST(test_local_paths_equal_steps) {
   static const int64_t shapes[][3] = {{4, 3, 5}, {3, 64, 49}, {2, 16, 3136}};
   static const sn_dtype_t dts[2] = {SN_DTYPE_F32, SN_DTYPE_BF16};
@@ -241,10 +242,15 @@ START_TEST(test_local_paths_equal_steps) {
               snprintf(what, sizeof what, "[%lld,%lld,%lld] %s %s affine %d track %d, %d threads",
                        (long long)N, (long long)C, (long long)S, lay ? "NHWC" : "NCHW",
                        tu_dtype_name[cfg.dtype], affine, track, threads);
-              for (int step = 0; step < 3; step++) {
-                /* training, then (without running statistics) eval mode, also on batch stats */
-                const int training = track || step < 2;
-                tu_fill_normal(x, T, cfg.dtype, 2.0, 3.0, &r);
+              for (int step = 0; step < 4; step++) {
+                /* training; without running statistics, step 2 in eval mode (batch statistics
+                 * too), far from the others (mean 3500): the pivot it leaves changes the sums
+                 * of step 3 (training again) in their last bits */
+                const int training = track || step != 2;
+                if (step == 2)
+                  tu_fill_normal(x, T, cfg.dtype, 3500.0, 1.0, &r);
+                else
+                  tu_fill_normal(x, T, cfg.dtype, 2.0, 3.0, &r);
                 if (step == 0) /* even channels refined; odd ones just not, where their
                                   * sums around 0 keep only ~30 bits, so that summing them
                                   * again around their mean would change some y */
