@@ -514,15 +514,68 @@ START_TEST(test_shift_fallback) {
       for (int64_t s = 0; s < S; s++)
         x[at(lay, 0, c, s, C, S)] = s < 32 ? (float)(1.7 + 1e-3 * tu_rng_normal(&r)) : 1.0009765625f;
     double *xd = as_f64(x, T, SN_DTYPE_F32);
-    tu_poison_f32(y, T);
-    ck_assert_int_eq(sn_groupnorm_fwd(y, mean, rstd, x, NULL, NULL, N, C, S, G, EPS, lay,
-                                      SN_DTYPE_F32), SN_OK);
     ref_fwd(yr, rm, rr, xd, NULL, NULL, N, C, S, G, lay, EPS);
-    check_stats(mean, rstd, rm, rr, N * G, LNAME[il]);
-    tu_assert_fwd(y, SN_DTYPE_F32, yr, T, LNAME[il]);
+#ifdef _OPENMP
+    const int saved = omp_get_max_threads();
+#endif
+    for (int threads = 1; threads <= 3; threads++) { /* NHWC, N = 1: the team shares the sample */
+#ifdef _OPENMP
+      omp_set_num_threads(threads);
+#endif
+      tu_poison_f32(y, T);
+      ck_assert_int_eq(sn_groupnorm_fwd(y, mean, rstd, x, NULL, NULL, N, C, S, G, EPS, lay,
+                                        SN_DTYPE_F32), SN_OK);
+      check_stats(mean, rstd, rm, rr, N * G, LNAME[il]);
+      tu_assert_fwd(y, SN_DTYPE_F32, yr, T, LNAME[il]);
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(saved);
+#endif
     free(xd);
   }
   free(x), free(y), free(mean), free(rstd), free(yr), free(rm), free(rr);
+}
+END_TEST
+
+/* NHWC sums a sample in fixed pieces of rows and adds the pieces in order, whichever thread
+ * summed which (a team shares the sample when it has fewer samples than threads). Here the
+ * order shows (channel 0 below); 1, 2 and 3 threads must give the same bits in y, mean and
+ * rstd. */
+START_TEST(test_nhwc_pieces_threads) {
+  const int64_t N = 1, C = 2, G = 1, S = 4099, T = N * C * S;
+  tu_rng_t r;
+  tu_rng_seed(&r, 33);
+  float *x = falloc(T), *y[3], *mean[3], *rstd[3];
+  /* channel 0: zeros (its pivot, the mean of its first 128 rows, is 0), 2^60 in row 200 (piece
+   * 0 of 8), -2^60 in row 1600 (piece 3), and 100 once in each piece: in fp64 (ulp 256 at 2^60)
+   * the pieces added forward give 528, backward 768 */
+  static const int64_t small_rows[8] = {300, 600, 1100, 1601, 2100, 2600, 3100, 3600};
+  for (int64_t s = 0; s < S; s++)
+    x[s * C] = 0.0f, x[s * C + 1] = (float)(0.5 + tu_rng_normal(&r));
+  x[200 * C] = 0x1p60f, x[1600 * C] = -0x1p60f;
+  for (int k = 0; k < 8; k++) x[small_rows[k] * C] = 100.0f;
+#ifdef _OPENMP
+  const int saved = omp_get_max_threads();
+#endif
+  for (int t = 0; t < 3; t++) {
+#ifdef _OPENMP
+    omp_set_num_threads(t + 1);
+#endif
+    y[t] = falloc(T), mean[t] = falloc(N * G), rstd[t] = falloc(N * G);
+    tu_poison_f32(y[t], T);
+    ck_assert_int_eq(sn_groupnorm_fwd(y[t], mean[t], rstd[t], x, NULL, NULL, N, C, S, G, EPS,
+                                      SN_LAYOUT_NHWC, SN_DTYPE_F32), SN_OK);
+    tu_assert_all_finite(y[t], SN_DTYPE_F32, T, "pieces: y");
+    if (t == 0) continue;
+    tu_assert_bitwise(mean[t], mean[0], sizeof(float), "pieces, threads: mean");
+    tu_assert_bitwise(rstd[t], rstd[0], sizeof(float), "pieces, threads: rstd");
+    tu_assert_bitwise(y[t], y[0], (size_t)T * sizeof(float), "pieces, threads: y");
+  }
+#ifdef _OPENMP
+  omp_set_num_threads(saved);
+#endif
+  for (int t = 0; t < 3; t++) free(y[t]), free(mean[t]), free(rstd[t]);
+  free(x);
 }
 END_TEST
 
@@ -530,8 +583,10 @@ END_TEST
  * different order, so not bitwise); in place equals out of place bitwise; 1, 2, 3 threads give
  * identical bits. Shapes large enough for the parallel path. */
 START_TEST(test_layouts_inplace_threads) {
+  /* {1, 300, 150, 1}, {2, 64, 9000, 8}: fewer samples than threads, or (f32) samples of 2.3 MB,
+   * above the L2 of most cores: NHWC shares each sample between the threads (gn_fwd_nhwc) */
   static const int64_t shapes[][4] = {{4, 64, 300, 32}, {3, 65, 97, 5}, {1, 300, 150, 1},
-                                      {9, 8, 1000, 4}};
+                                      {9, 8, 1000, 4}, {2, 64, 9000, 8}};
   tu_rng_t r;
   tu_rng_seed(&r, 24);
   for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
@@ -677,6 +732,7 @@ int main(void) {
   tcase_add_test(tc, test_near_f32_max);
   tcase_add_test(tc, test_beta_cancels);
   tcase_add_test(tc, test_shift_fallback);
+  tcase_add_test(tc, test_nhwc_pieces_threads);
   tcase_add_test(tc, test_layouts_inplace_threads);
   tcase_add_test(tc, test_empty_batch);
   tcase_add_test(tc, test_bad_inputs);

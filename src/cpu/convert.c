@@ -246,6 +246,14 @@ int sn__max_threads(void) {
 #endif
 }
 
+int sn__team_size(void) {
+#ifdef _OPENMP
+  return omp_get_num_threads();
+#else
+  return 1;
+#endif
+}
+
 int sn__thread_num(void) {
 #ifdef _OPENMP
   return omp_get_thread_num();

@@ -144,6 +144,8 @@ SN_HIDDEN int64_t sn__l2_bytes(void);
 SN_HIDDEN int sn__max_threads(void);
 /* This thread's number inside a parallel region (0 outside or without OpenMP). */
 SN_HIDDEN int sn__thread_num(void);
+/* Threads of the current team (1 outside a parallel region or without OpenMP). */
+SN_HIDDEN int sn__team_size(void);
 
 /* Allocates `count` blocks of `per_block` elements of `elem_size` bytes each, 64-byte aligned,
  * or returns NULL and records SN_ERR_ALLOC / SN_ERR_OVERFLOW for `fn` in *status. Free with

@@ -15,7 +15,10 @@
  *   NHWC: a group is strided inside each row. Tasks are the N samples; per-channel column sums
  *         over the S rows (vectorized across channels, fp64), shifted by each channel's mean
  *         over the sample's first 128 rows, give each channel's mean and M2, combined into
- *         groups in channel order (gn_nhwc_stats); then the sample's rows are normalized.
+ *         groups in channel order (gn_nhwc_stats); then the sample's rows are normalized. The
+ *         sums are taken over GN_PIECES fixed pieces of rows, added in piece order, so that a
+ *         batch of fewer samples than threads, or a sample larger than a core's L2, can be
+ *         shared by the whole team with the same bits.
  * The normalization is norm_kernels.h's f32 map y = ((x − hi) − lo)·a + b; for bf16/f16 outputs
  * with beta its checked variant (SN_CANCEL_LOG2_BF16), which recomputes in fp64 the elements
  * where beta cancels x̂·gamma too deeply for the 1-ulp bound.
@@ -26,8 +29,9 @@
  *   a second pass writes dx = rstd·(g − mean(g) − x̂·mean(g·x̂)).
  *   dgamma_c = Σ_n rstd·(Σdy·d − μ_d·Σdy) and dbeta_c = Σ_n Σdy are summed over n in order.
  * Each group is computed by one thread in a fixed order, and dgamma/dbeta by channel in n order:
- * results are bitwise identical for any thread count. Parallelism is over groups (NCHW) or
- * samples (NHWC), so N·G (NCHW) or N (NHWC) below the thread count leaves threads idle.
+ * results are bitwise identical for any thread count. Parallelism is over groups (NCHW),
+ * samples or pieces of a sample (NHWC forward) and samples (NHWC backward, so there N below the
+ * thread count leaves threads idle).
  */
 #include <math.h>
 #include <string.h>
@@ -316,18 +320,72 @@ static int64_t per_thread(int64_t n) { return (n + 7) & ~(int64_t)7; }
  * samples), 1e-8 at m = 128. */
 #define GN_PIVOT_ROWS 128
 
-/* The NHWC group statistics of sample rows [r0, r1) (S rows of C channels) into gm, gr [G]:
- * one pass of per-channel sums shifted by a pivot k[c], the channel's mean over the sample's
- * first GN_PIVOT_ROWS rows rounded to f32 (col_shifted), giving each channel's mean
+/* The NHWC sums of a sample are taken in pieces: its S rows are cut into gn_pieces(S) runs of
+ * consecutive rows, each summed from zero, and the pieces' sums are added in piece order. The
+ * pieces depend on S only, so the bits do not depend on which thread sums which piece: a sample
+ * too large for one core's L2 (or a batch of fewer samples than threads) is shared by the
+ * whole team, each thread summing and then normalizing its own pieces while they are in its
+ * L2 (gn_fwd_nhwc). */
+#define GN_PIECES 8
+
+static int64_t gn_pieces(int64_t S) { return S < GN_PIECES ? S : GN_PIECES; }
+
+/* First row, from the sample's start, of piece p of the P pieces of S rows (p = P: S). */
+static int64_t gn_piece_row(int64_t S, int64_t P, int64_t p) {
+  return p * (S / P) + sn__min64(p, S % P);
+}
+
+/* rows_reduce of `kind` over pieces [p0, p1) of the sample whose rows start at r0, each piece
+ * summed from zero. shared: piece p into part[p·width, (p+1)·width) (overwritten), for
+ * gn_piece_total once the team is done; otherwise acc [width] = Σ_p piece p in piece order (as
+ * gn_piece_total adds them), piece by piece through part [width], which stays in L1. */
+static void gn_piece_reduce(int kind, double *acc, double *part, int64_t width, const void *x,
+                            const double *m, int64_t r0, int64_t S, int64_t p0, int64_t p1,
+                            int64_t C, sn_dtype_t dtype, int shared) {
+  const int64_t P = gn_pieces(S);
+  if (!shared) memset(acc, 0, (size_t)width * sizeof(double));
+  for (int64_t p = p0; p < p1; p++) {
+    double *piece = shared ? part + p * width : part;
+    memset(piece, 0, (size_t)width * sizeof(double));
+    rows_reduce(kind, piece, NULL, x, m, r0 + gn_piece_row(S, P, p),
+                r0 + gn_piece_row(S, P, p + 1), C, dtype);
+    if (!shared)
+      for (int64_t i = 0; i < width; i++) acc[i] += piece[i];
+  }
+}
+
+/* acc [width] = Σ_p part[p·width + i] over the sample's pieces, in piece order, once the whole
+ * team has summed its pieces (gn_piece_reduce with shared). */
+static void gn_piece_total(double *acc, const double *part, int64_t width, int64_t S) {
+#pragma omp barrier
+  memset(acc, 0, (size_t)width * sizeof(double));
+  for (int64_t p = 0; p < gn_pieces(S); p++)
+    for (int64_t i = 0; i < width; i++) acc[i] += part[p * width + i];
+}
+
+/* The sums of `kind` over the sample's rows into acc [width], by pieces (gn_piece_reduce). */
+static void gn_sample_sums(int kind, double *acc, double *part, int64_t width, const void *x,
+                           const double *m, int64_t r0, int64_t S, int64_t p0, int64_t p1,
+                           int64_t C, sn_dtype_t dtype, int shared) {
+  gn_piece_reduce(kind, acc, part, width, x, m, r0, S, p0, p1, C, dtype, shared);
+  if (shared) gn_piece_total(acc, part, width, S);
+}
+
+/* The NHWC group statistics of the sample whose S rows (of C channels) start at row r0, into
+ * gm, gr [G]: one pass of per-channel sums shifted by a pivot k[c], the channel's mean over the
+ * sample's first GN_PIVOT_ROWS rows rounded to f32 (col_shifted), giving each channel's mean
  * μ_c = k_c + A_c/S and M2_c = B_c − A_c²/S (A, B: the shifted sums), combined per group without
  * cancellation (Chan et al.): M2_g = Σ_c M2_c + S·(μ_c − μ_g)², μ_g the mean of the μ_c. A
  * channel whose pivot lies more than σ_c/2 from its mean (ρ above SN_SHIFT_RHO_MAX, see
  * rownorm.h), or with anything not finite, sends the sample to the two passes: Σx, then
- * Σ(x − μ_g)². col: [2][C] scratch; k: [C]. */
-static void gn_nhwc_stats(double *gm, double *gr, double *col, double *k, const void *x,
-                          int64_t r0, int64_t r1, int64_t C, int64_t G, double eps,
-                          sn_dtype_t dtype) {
-  const int64_t Cg = C / G, S = r1 - r0, L = Cg * S;
+ * Σ(x − μ_g)². Sums by pieces (GN_PIECES): this thread sums pieces [p0, p1); with `shared`
+ * the team's threads call it together, each with its own pieces, into part (the team's,
+ * [gn_pieces(S)][2][C]), and all get the same gm, gr (every thread adds all pieces); otherwise
+ * part is this thread's [2][C]. col: [2][C], k: [C], this thread's. */
+static void gn_nhwc_stats(double *gm, double *gr, double *col, double *k, double *part,
+                          const void *x, int64_t r0, int64_t S, int64_t C, int64_t G, double eps,
+                          sn_dtype_t dtype, int64_t p0, int64_t p1, int shared) {
+  const int64_t Cg = C / G, L = Cg * S;
   float t[SN_TILE];
   const int64_t pr = sn__min64(S, GN_PIVOT_ROWS); /* k = the mean of the first pr rows, as f32 */
   memset(k, 0, (size_t)C * sizeof(double));
@@ -338,8 +396,7 @@ static void gn_nhwc_stats(double *gm, double *gr, double *col, double *k, const 
       for (int64_t j = 0; j < m; j++) k[c0 + j] += (double)f[j];
     }
   for (int64_t ch = 0; ch < C; ch++) k[ch] = (double)(float)(k[ch] / (double)pr);
-  memset(col, 0, (size_t)(2 * C) * sizeof(double));
-  rows_reduce(3, col, NULL, x, k, r0, r1, C, dtype);
+  gn_sample_sums(3, col, part, 2 * C, x, k, r0, S, p0, p1, C, dtype, shared);
   int ok = 1;
   for (int64_t ch = 0; ch < C; ch++) { /* col[ch] = μ_c, col[C + ch] = M2_c */
     const double a = col[ch], m2 = col[C + ch] - a * a / (double)S;
@@ -361,16 +418,22 @@ static void gn_nhwc_stats(double *gm, double *gr, double *col, double *k, const 
     }
     return;
   }
-  memset(col, 0, (size_t)C * sizeof(double));
-  rows_reduce(0, col, NULL, x, NULL, r0, r1, C, dtype);
+  /* every thread of a team decides alike (the same totals); part is rewritten only once all
+   * have read it */
+  if (shared) {
+#pragma omp barrier
+  }
+  gn_sample_sums(0, col, part, C, x, NULL, r0, S, p0, p1, C, dtype, shared);
   for (int64_t g = 0; g < G; g++) {
     double s = 0.0;
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) s += col[ch];
     gm[g] = s / (double)L;
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) k[ch] = gm[g];
   }
-  memset(col, 0, (size_t)C * sizeof(double));
-  rows_reduce(1, col, NULL, x, k, r0, r1, C, dtype);
+  if (shared) {
+#pragma omp barrier
+  }
+  gn_sample_sums(1, col, part, C, x, k, r0, S, p0, p1, C, dtype, shared);
   for (int64_t g = 0; g < G; g++) {
     double s = 0.0;
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) s += col[ch];
@@ -378,35 +441,73 @@ static void gn_nhwc_stats(double *gm, double *gr, double *col, double *k, const 
   }
 }
 
-/* scratch: per thread per_thread(3·C + 2·G) doubles. */
+/* y for sample rows [r0, r1) (of the sample starting at row n·S) from its group statistics. */
+static void gn_nhwc_map(void *y, const void *x, const float *gamma, const float *beta,
+                        const double *gm, const double *gr, int64_t r0, int64_t r1, int64_t C,
+                        int64_t G, sn_dtype_t dtype, int stream) {
+  const int64_t Cg = C / G;
+  const int checked = beta != NULL && dtype != SN_DTYPE_F32; /* beta may cancel */
+  sn__chan_tile_t p;
+  for (int64_t c0 = 0; c0 < C; c0 += SN_TILE_C) {
+    const int64_t ct = sn__min64(SN_TILE_C, C - c0);
+    for (int64_t j = 0; j < ct; j++) {
+      const int64_t ch = c0 + j, g = ch / Cg;
+      sn__tile_set(&p, j, gm[g], gr[g] * (gamma ? (double)gamma[ch] : 1.0), beta ? beta[ch] : 0.0,
+                   0.0);
+    }
+    if (checked) sn__aff_rowspan_chk(y, x, r0, r1, C, c0, ct, &p, dtype);
+    else sn__aff_rowspan(y, x, r0, r1, C, c0, ct, &p, dtype, stream);
+  }
+}
+
+/* Scratch doubles of one thread: col [2][C], k [C], gm, gr [G], part [2][C]; a shared block
+ * holds GN_PIECES·2·C. */
+static int64_t gn_fwd_nhwc_scratch(int64_t C, int64_t G) {
+  const int64_t own = 5 * C + 2 * G, team = GN_PIECES * 2 * C;
+  return per_thread(own > team ? own : team);
+}
+
+/* scratch: (nt + 2)·gn_fwd_nhwc_scratch(C, G) doubles, a block per thread and two shared blocks
+ * whose first GN_PIECES·2·C doubles are the team's part buffers, one per sample parity, so that
+ * a thread may sum the next sample's pieces while another still adds this one's. A sample larger than a core's L2, or a batch of fewer samples
+ * than threads, is shared by the team (`split`): x is then read from memory once, where a
+ * sample per thread reads it twice (sums, then map); otherwise each thread takes whole samples.
+ * The same bits either way (pieces). */
 static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const float *gamma,
                         const float *beta, int64_t N, int64_t C, int64_t S, int64_t G, double eps,
                         sn_dtype_t dtype, double *scratch, int nt) {
-  const int64_t Cg = C / G;
   const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
+  const int64_t P = gn_pieces(S);
+  const int split = nt > 1 && (N < nt || S * C * (int64_t)sn_dtype_size(dtype) > sn__l2_bytes());
+  const int64_t block = gn_fwd_nhwc_scratch(C, G);
+  double *shared = scratch + (int64_t)nt * block;
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
-    double *col = scratch + (int64_t)sn__thread_num() * per_thread(3 * C + 2 * G);
-    double *k = col + 2 * C, *gm = k + C, *gr = gm + G; /* [2][C], [C], [G], [G] */
-    sn__chan_tile_t p;
-    const int checked = beta != NULL && dtype != SN_DTYPE_F32; /* beta may cancel */
+    double *col = scratch + (int64_t)sn__thread_num() * block;
+    double *k = col + 2 * C, *gm = k + C, *gr = gm + G, *part = gr + G;
+    if (!split) {
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-      const int64_t r0 = n * S, r1 = r0 + S;
-      gn_nhwc_stats(gm, gr, col, k, x, r0, r1, C, G, eps, dtype);
-      for (int64_t g = 0; g < G; g++) {
-        if (mean) mean[n * G + g] = (float)gm[g];
-        if (rstd) rstd[n * G + g] = (float)gr[g];
-      }
-      for (int64_t c0 = 0; c0 < C; c0 += SN_TILE_C) {
-        const int64_t ct = sn__min64(SN_TILE_C, C - c0);
-        for (int64_t j = 0; j < ct; j++) {
-          const int64_t ch = c0 + j, g = ch / Cg;
-          sn__tile_set(&p, j, gm[g], gr[g] * (gamma ? (double)gamma[ch] : 1.0),
-                       beta ? beta[ch] : 0.0, 0.0);
+      for (int64_t n = 0; n < N; n++) {
+        gn_nhwc_stats(gm, gr, col, k, part, x, n * S, S, C, G, eps, dtype, 0, P, 0);
+        for (int64_t g = 0; g < G; g++) {
+          if (mean) mean[n * G + g] = (float)gm[g];
+          if (rstd) rstd[n * G + g] = (float)gr[g];
         }
-        if (checked) sn__aff_rowspan_chk(y, x, r0, r1, C, c0, ct, &p, dtype);
-        else sn__aff_rowspan(y, x, r0, r1, C, c0, ct, &p, dtype, stream);
+        gn_nhwc_map(y, x, gamma, beta, gm, gr, n * S, (n + 1) * S, C, G, dtype, stream);
+      }
+    } else {
+      const int64_t T = sn__team_size(), t = sn__thread_num();
+      const int64_t p0 = t * P / T, p1 = (t + 1) * P / T; /* this thread's pieces */
+      for (int64_t n = 0; n < N; n++) {
+        double *sp = shared + (n & 1) * block;
+        gn_nhwc_stats(gm, gr, col, k, sp, x, n * S, S, C, G, eps, dtype, p0, p1, 1);
+        if (t == 0)
+          for (int64_t g = 0; g < G; g++) {
+            if (mean) mean[n * G + g] = (float)gm[g];
+            if (rstd) rstd[n * G + g] = (float)gr[g];
+          }
+        gn_nhwc_map(y, x, gamma, beta, gm, gr, n * S + gn_piece_row(S, P, p0),
+                    n * S + gn_piece_row(S, P, p1), C, G, dtype, stream);
       }
     }
     sn__stream_fence(stream);
@@ -430,7 +531,8 @@ sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x, c
   }
   const int nt = sn__max_threads();
   sn_status_t st;
-  double *scratch = sn__alloc(fn, nt, per_thread(3 * c + 2 * groups), (int64_t)sizeof(double), &st);
+  double *scratch = sn__alloc(fn, nt + 2, gn_fwd_nhwc_scratch(c, groups), (int64_t)sizeof(double),
+                              &st); /* a block per thread, and two for the team (gn_fwd_nhwc) */
   if (scratch == NULL) return st;
   gn_fwd_nhwc(y, mean, rstd, x, gamma, beta, n, c, s, groups, (double)eps, dtype, scratch, nt);
   sn__free(scratch);
