@@ -538,14 +538,16 @@ START_TEST(test_shift_fallback) {
 END_TEST
 
 /* NHWC sums a sample in fixed pieces of rows and adds the pieces in order, whichever thread
- * summed which (a team shares the sample when it has fewer samples than threads). Here the
+ * summed which (a team shares the sample when it has fewer samples than threads), forward and
+ * backward. Here the
  * order shows (channel 0 below); 1, 2 and 3 threads must give the same bits in y, mean and
  * rstd. */
 START_TEST(test_nhwc_pieces_threads) {
   const int64_t N = 1, C = 2, G = 1, S = 4099, T = N * C * S;
   tu_rng_t r;
   tu_rng_seed(&r, 33);
-  float *x = falloc(T), *y[3], *mean[3], *rstd[3];
+  float *x = falloc(T), *dy = falloc(T), *y[3], *mean[3], *rstd[3], *dx[3], *dg[3], *db[3];
+  tu_fill_normal(dy, T, SN_DTYPE_F32, 0.0, 1.0, &r);
   /* channel 0: zeros (its pivot, the mean of its first 128 rows, is 0), 2^60 in row 200 (piece
    * 0 of 8), -2^60 in row 1600 (piece 3), and 100 once in each piece: in fp64 (ulp 256 at 2^60)
    * the pieces added forward give 528, backward 768 */
@@ -562,20 +564,29 @@ START_TEST(test_nhwc_pieces_threads) {
     omp_set_num_threads(t + 1);
 #endif
     y[t] = falloc(T), mean[t] = falloc(N * G), rstd[t] = falloc(N * G);
-    tu_poison_f32(y[t], T);
+    dx[t] = falloc(T), dg[t] = falloc(C), db[t] = falloc(C);
+    tu_poison_f32(y[t], T), tu_poison_f32(dx[t], T);
     ck_assert_int_eq(sn_groupnorm_fwd(y[t], mean[t], rstd[t], x, NULL, NULL, N, C, S, G, EPS,
                                       SN_LAYOUT_NHWC, SN_DTYPE_F32), SN_OK);
+    /* the backward from the 1-thread statistics, so that only its own sums can differ */
+    ck_assert_int_eq(sn_groupnorm_bwd(dx[t], dg[t], db[t], dy, x, mean[0], rstd[0], NULL, N, C, S,
+                                      G, SN_LAYOUT_NHWC, SN_DTYPE_F32), SN_OK);
     tu_assert_all_finite(y[t], SN_DTYPE_F32, T, "pieces: y");
+    tu_assert_all_finite(dx[t], SN_DTYPE_F32, T, "pieces: dx");
     if (t == 0) continue;
     tu_assert_bitwise(mean[t], mean[0], sizeof(float), "pieces, threads: mean");
     tu_assert_bitwise(rstd[t], rstd[0], sizeof(float), "pieces, threads: rstd");
     tu_assert_bitwise(y[t], y[0], (size_t)T * sizeof(float), "pieces, threads: y");
+    tu_assert_bitwise(dx[t], dx[0], (size_t)T * sizeof(float), "pieces, threads: dx");
+    tu_assert_bitwise(dg[t], dg[0], (size_t)C * sizeof(float), "pieces, threads: dgamma");
+    tu_assert_bitwise(db[t], db[0], (size_t)C * sizeof(float), "pieces, threads: dbeta");
   }
 #ifdef _OPENMP
   omp_set_num_threads(saved);
 #endif
-  for (int t = 0; t < 3; t++) free(y[t]), free(mean[t]), free(rstd[t]);
-  free(x);
+  for (int t = 0; t < 3; t++)
+    free(y[t]), free(mean[t]), free(rstd[t]), free(dx[t]), free(dg[t]), free(db[t]);
+  free(x), free(dy);
 }
 END_TEST
 

@@ -29,9 +29,9 @@
  *   a second pass writes dx = rstd·(g − mean(g) − x̂·mean(g·x̂)).
  *   dgamma_c = Σ_n rstd·(Σdy·d − μ_d·Σdy) and dbeta_c = Σ_n Σdy are summed over n in order.
  * Each group is computed by one thread in a fixed order, and dgamma/dbeta by channel in n order:
- * results are bitwise identical for any thread count. Parallelism is over groups (NCHW),
- * samples or pieces of a sample (NHWC forward) and samples (NHWC backward, so there N below the
- * thread count leaves threads idle).
+ * results are bitwise identical for any thread count. Parallelism is over groups (NCHW), or
+ * samples or pieces of a sample (NHWC: the backward shares samples only when there are fewer
+ * than threads; the forward also when a sample exceeds a core's L2).
  */
 #include <math.h>
 #include <string.h>
@@ -339,15 +339,15 @@ static int64_t gn_piece_row(int64_t S, int64_t P, int64_t p) {
  * summed from zero. shared: piece p into part[p·width, (p+1)·width) (overwritten), for
  * gn_piece_total once the team is done; otherwise acc [width] = Σ_p piece p in piece order (as
  * gn_piece_total adds them), piece by piece through part [width], which stays in L1. */
-static void gn_piece_reduce(int kind, double *acc, double *part, int64_t width, const void *x,
-                            const double *m, int64_t r0, int64_t S, int64_t p0, int64_t p1,
-                            int64_t C, sn_dtype_t dtype, int shared) {
+static void gn_piece_reduce(int kind, double *acc, double *part, int64_t width, const void *dy,
+                            const void *x, const double *m, int64_t r0, int64_t S, int64_t p0,
+                            int64_t p1, int64_t C, sn_dtype_t dtype, int shared) {
   const int64_t P = gn_pieces(S);
   if (!shared) memset(acc, 0, (size_t)width * sizeof(double));
   for (int64_t p = p0; p < p1; p++) {
     double *piece = shared ? part + p * width : part;
     memset(piece, 0, (size_t)width * sizeof(double));
-    rows_reduce(kind, piece, NULL, x, m, r0 + gn_piece_row(S, P, p),
+    rows_reduce(kind, piece, dy, x, m, r0 + gn_piece_row(S, P, p),
                 r0 + gn_piece_row(S, P, p + 1), C, dtype);
     if (!shared)
       for (int64_t i = 0; i < width; i++) acc[i] += piece[i];
@@ -363,11 +363,12 @@ static void gn_piece_total(double *acc, const double *part, int64_t width, int64
     for (int64_t i = 0; i < width; i++) acc[i] += part[p * width + i];
 }
 
-/* The sums of `kind` over the sample's rows into acc [width], by pieces (gn_piece_reduce). */
-static void gn_sample_sums(int kind, double *acc, double *part, int64_t width, const void *x,
-                           const double *m, int64_t r0, int64_t S, int64_t p0, int64_t p1,
-                           int64_t C, sn_dtype_t dtype, int shared) {
-  gn_piece_reduce(kind, acc, part, width, x, m, r0, S, p0, p1, C, dtype, shared);
+/* The sums of `kind` over the sample's rows into acc [width], by pieces (gn_piece_reduce; dy
+ * for kind 2 only). */
+static void gn_sample_sums(int kind, double *acc, double *part, int64_t width, const void *dy,
+                           const void *x, const double *m, int64_t r0, int64_t S, int64_t p0,
+                           int64_t p1, int64_t C, sn_dtype_t dtype, int shared) {
+  gn_piece_reduce(kind, acc, part, width, dy, x, m, r0, S, p0, p1, C, dtype, shared);
   if (shared) gn_piece_total(acc, part, width, S);
 }
 
@@ -396,7 +397,7 @@ static void gn_nhwc_stats(double *gm, double *gr, double *col, double *k, double
       for (int64_t j = 0; j < m; j++) k[c0 + j] += (double)f[j];
     }
   for (int64_t ch = 0; ch < C; ch++) k[ch] = (double)(float)(k[ch] / (double)pr);
-  gn_sample_sums(3, col, part, 2 * C, x, k, r0, S, p0, p1, C, dtype, shared);
+  gn_sample_sums(3, col, part, 2 * C, NULL, x, k, r0, S, p0, p1, C, dtype, shared);
   int ok = 1;
   for (int64_t ch = 0; ch < C; ch++) { /* col[ch] = μ_c, col[C + ch] = M2_c */
     const double a = col[ch], m2 = col[C + ch] - a * a / (double)S;
@@ -423,7 +424,7 @@ static void gn_nhwc_stats(double *gm, double *gr, double *col, double *k, double
   if (shared) {
 #pragma omp barrier
   }
-  gn_sample_sums(0, col, part, C, x, NULL, r0, S, p0, p1, C, dtype, shared);
+  gn_sample_sums(0, col, part, C, NULL, x, NULL, r0, S, p0, p1, C, dtype, shared);
   for (int64_t g = 0; g < G; g++) {
     double s = 0.0;
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) s += col[ch];
@@ -433,7 +434,7 @@ static void gn_nhwc_stats(double *gm, double *gr, double *col, double *k, double
   if (shared) {
 #pragma omp barrier
   }
-  gn_sample_sums(1, col, part, C, x, k, r0, S, p0, p1, C, dtype, shared);
+  gn_sample_sums(1, col, part, C, NULL, x, k, r0, S, p0, p1, C, dtype, shared);
   for (int64_t g = 0; g < G; g++) {
     double s = 0.0;
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) s += col[ch];
@@ -576,51 +577,83 @@ static void gn_bwd_nchw(void *dx, double *wq, const void *dy, const void *x, con
   }
 }
 
-/* scratch: per thread per_thread(4·C + 3·G) doubles. */
+/* Scratch doubles of one thread: col [3][C], shift [C], mu_d, mg, mgx [G], part [3][C]; a
+ * shared block holds GN_PIECES·3·C. */
+static int64_t gn_bwd_nhwc_scratch(int64_t C, int64_t G) {
+  const int64_t own = 7 * C + 3 * G, team = GN_PIECES * 3 * C;
+  return per_thread(own > team ? own : team);
+}
+
+/* Sample n of the NHWC backward: its sums by pieces (this thread's [p0, p1) into part, added by
+ * the team when shared), the group constants, wq's terms when `writer`, and dx over the rows of
+ * pieces [p0, p1). w: this thread's block (gn_bwd_nhwc_scratch). */
+static void gn_bwd_sample(void *dx, double *wq, const void *dy, const void *x, const float *mean,
+                          const float *rstd, const float *gamma, int64_t n, int64_t N, int64_t C,
+                          int64_t S, int64_t G, sn_dtype_t dtype, double *w, double *part,
+                          int64_t p0, int64_t p1, int shared, int writer, int stream) {
+  const int64_t Cg = C / G, L = Cg * S, P = gn_pieces(S), r0 = n * S;
+  double *col = w, *shift = col + 3 * C;                   /* [3][C]; [C] the group's saved mean */
+  double *mu_d = shift + C, *mg = mu_d + G, *mgx = mg + G; /* [G] each */
+  for (int64_t ch = 0; ch < C; ch++) shift[ch] = (double)mean[n * G + ch / Cg];
+  /* Σd, Σdy, Σdy·d per channel */
+  gn_sample_sums(2, col, part, 3 * C, dy, x, shift, r0, S, p0, p1, C, dtype, shared);
+  for (int64_t g = 0; g < G; g++) {
+    const double rs = (double)rstd[n * G + g];
+    double A = 0.0, B = 0.0, D = 0.0;
+    for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
+      const double gm = gamma ? (double)gamma[ch] : 1.0;
+      A += col[ch];
+      B += gm * col[C + ch];
+      D += gm * col[2 * C + ch];
+    }
+    mu_d[g] = A / (double)L;
+    mg[g] = B / (double)L;
+    mgx[g] = rs * (D - mu_d[g] * B) / (double)L;
+  }
+  if (wq && writer)
+    for (int64_t ch = 0; ch < C; ch++) {
+      const int64_t g = ch / Cg;
+      wq[n * C + ch] = (double)rstd[n * G + g] * (col[2 * C + ch] - mu_d[g] * col[C + ch]);
+      wq[N * C + n * C + ch] = col[C + ch];
+    }
+  sn__chan_tile_t p;
+  for (int64_t c0 = 0; c0 < C; c0 += SN_TILE_C) { /* pass 2: dx */
+    const int64_t ct = sn__min64(SN_TILE_C, C - c0);
+    for (int64_t j = 0; j < ct; j++) {
+      const int64_t ch = c0 + j, g = ch / Cg;
+      const double rs = (double)rstd[n * G + g];
+      sn__tile_set(&p, j, shift[ch] + mu_d[g], rs * (gamma ? (double)gamma[ch] : 1.0), rs * mg[g],
+                   rs * rs * mgx[g]);
+    }
+    sn__affbwd_rowspan(dx, dy, x, r0 + gn_piece_row(S, P, p0), r0 + gn_piece_row(S, P, p1), C,
+                       c0, ct, &p, dtype, stream);
+  }
+}
+
+/* scratch: (nt + 2)·gn_bwd_nhwc_scratch(C, G) doubles, as gn_fwd_nhwc's: a block per thread,
+ * two shared ones. A batch of fewer samples than threads is shared by the team (`split`), each
+ * thread summing and then mapping a fixed range of each sample's rows; otherwise each thread
+ * takes whole samples. The same bits either way (the sums by pieces). */
 static void gn_bwd_nhwc(void *dx, double *wq, const void *dy, const void *x, const float *mean,
                         const float *rstd, const float *gamma, int64_t N, int64_t C, int64_t S,
                         int64_t G, sn_dtype_t dtype, double *scratch, int nt) {
-  const int64_t Cg = C / G, L = Cg * S;
+  const int64_t P = gn_pieces(S), block = gn_bwd_nhwc_scratch(C, G);
   const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
+  const int split = nt > 1 && N < nt;
+  double *shared = scratch + (int64_t)nt * block;
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
-    double *col = scratch + (int64_t)sn__thread_num() * per_thread(4 * C + 3 * G); /* [3][C] */
-    double *shift = col + 3 * C;                           /* [C] saved mean of the group */
-    double *mu_d = shift + C, *mg = mu_d + G, *mgx = mg + G; /* [G] each */
-    sn__chan_tile_t p;
+    double *w = scratch + (int64_t)sn__thread_num() * block, *own = w + 4 * C + 3 * G;
+    if (!split) {
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-      const int64_t r0 = n * S, r1 = r0 + S;
-      for (int64_t ch = 0; ch < C; ch++) shift[ch] = (double)mean[n * G + ch / Cg];
-      memset(col, 0, (size_t)(3 * C) * sizeof(double));
-      rows_reduce(2, col, dy, x, shift, r0, r1, C, dtype); /* Σd, Σdy, Σdy·d per channel */
-      for (int64_t g = 0; g < G; g++) {
-        const double rs = (double)rstd[n * G + g];
-        double A = 0.0, B = 0.0, D = 0.0;
-        for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
-          const double gm = gamma ? (double)gamma[ch] : 1.0;
-          A += col[ch];
-          B += gm * col[C + ch];
-          D += gm * col[2 * C + ch];
-        }
-        mu_d[g] = A / (double)L;
-        mg[g] = B / (double)L;
-        mgx[g] = rs * (D - mu_d[g] * B) / (double)L;
-      }
-      for (int64_t c0 = 0; c0 < C; c0 += SN_TILE_C) { /* pass 2: dx */
-        const int64_t ct = sn__min64(SN_TILE_C, C - c0);
-        for (int64_t j = 0; j < ct; j++) {
-          const int64_t ch = c0 + j, g = ch / Cg;
-          const double rs = (double)rstd[n * G + g];
-          sn__tile_set(&p, j, shift[ch] + mu_d[g], rs * (gamma ? (double)gamma[ch] : 1.0),
-                       rs * mg[g], rs * rs * mgx[g]);
-          if (wq) {
-            wq[n * C + ch] = rs * (col[2 * C + ch] - mu_d[g] * col[C + ch]);
-            wq[N * C + n * C + ch] = col[C + ch];
-          }
-        }
-        sn__affbwd_rowspan(dx, dy, x, r0, r1, C, c0, ct, &p, dtype, stream);
-      }
+      for (int64_t n = 0; n < N; n++)
+        gn_bwd_sample(dx, wq, dy, x, mean, rstd, gamma, n, N, C, S, G, dtype, w, own, 0, P, 0, 1,
+                      stream);
+    } else {
+      const int64_t T = sn__team_size(), t = sn__thread_num();
+      for (int64_t n = 0; n < N; n++)
+        gn_bwd_sample(dx, wq, dy, x, mean, rstd, gamma, n, N, C, S, G, dtype, w,
+                      shared + (n & 1) * block, t * P / T, (t + 1) * P / T, 1, t == 0, stream);
     }
     sn__stream_fence(stream);
   }
@@ -652,7 +685,7 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
     if (wq == NULL) return st;
   }
   if (layout == SN_LAYOUT_NHWC) {
-    scratch = sn__alloc(fn, nt, per_thread(4 * c + 3 * groups), (int64_t)sizeof(double), &st);
+    scratch = sn__alloc(fn, nt + 2, gn_bwd_nhwc_scratch(c, groups), (int64_t)sizeof(double), &st);
     if (scratch == NULL) {
       sn__free(wq);
       return st;
