@@ -28,8 +28,9 @@
  *   mean(g) = Σ_c gamma_c·Σdy / L and mean(g·x̂) = rstd·(Σ_c gamma_c·Σdy·d − μ_d·Σ_c gamma_c·Σdy)/L;
  *   a second pass writes dx = rstd·(g − mean(g) − x̂·mean(g·x̂)).
  *   dgamma_c = Σ_n rstd·(Σdy·d − μ_d·Σdy) and dbeta_c = Σ_n Σdy are summed over n in order.
- * Each group is computed by one thread in a fixed order, and dgamma/dbeta by channel in n order:
- * results are bitwise identical for any thread count. Parallelism is over groups (NCHW), or
+ * Each group is computed in a fixed order (NHWC: over fixed pieces of rows, whichever threads
+ * sum them), and dgamma/dbeta by channel in n order: results are bitwise identical for any
+ * thread count. Parallelism is over groups (NCHW), or
  * samples or pieces of a sample (NHWC: the backward shares samples only when there are fewer
  * than threads; the forward also when a sample exceeds a core's L2).
  */
@@ -461,30 +462,30 @@ static void gn_nhwc_map(void *y, const void *x, const float *gamma, const float 
   }
 }
 
-/* Scratch doubles of one thread: col [2][C], k [C], gm, gr [G], part [2][C]; a shared block
- * holds GN_PIECES·2·C. */
-static int64_t gn_fwd_nhwc_scratch(int64_t C, int64_t G) {
-  const int64_t own = 5 * C + 2 * G, team = GN_PIECES * 2 * C;
-  return per_thread(own > team ? own : team);
+/* Scratch doubles of one thread: col [2][C], k [C], gm, gr [G], part [2][C]. */
+static int64_t gn_fwd_nhwc_scratch(int64_t C, int64_t G) { return per_thread(5 * C + 2 * G); }
+
+/* Whether the NHWC forward shares each sample between the threads: fewer samples than
+ * threads, or a sample larger than a core's L2. */
+static int gn_fwd_split(int64_t N, int64_t C, int64_t S, sn_dtype_t dtype, int nt) {
+  return nt > 1 && (N < nt || S * C * (int64_t)sn_dtype_size(dtype) > sn__l2_bytes());
 }
 
-/* scratch: (nt + 2)·gn_fwd_nhwc_scratch(C, G) doubles, a block per thread and two shared blocks
- * whose first GN_PIECES·2·C doubles are the team's part buffers, one per sample parity, so that
- * a thread may sum the next sample's pieces while another still adds this one's. A sample larger than a core's L2, or a batch of fewer samples
- * than threads, is shared by the team (`split`): x is then read from memory once, where a
- * sample per thread reads it twice (sums, then map); otherwise each thread takes whole samples.
- * The same bits either way (pieces). */
+/* scratch: nt·gn_fwd_nhwc_scratch(C, G) doubles, a block per thread; team (when
+ * gn_fwd_split): [2][GN_PIECES][2][C] doubles, the team's part buffers, one per sample parity,
+ * so that a thread may sum the next sample's pieces while another still adds this one's. A
+ * shared sample is read from memory once, where a sample per thread larger than L2 is read
+ * twice (sums, then map); otherwise each thread takes whole samples. The same bits either way
+ * (pieces). */
 static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const float *gamma,
                         const float *beta, int64_t N, int64_t C, int64_t S, int64_t G, double eps,
-                        sn_dtype_t dtype, double *scratch, int nt) {
+                        sn_dtype_t dtype, double *scratch, double *team, int nt) {
   const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
   const int64_t P = gn_pieces(S);
-  const int split = nt > 1 && (N < nt || S * C * (int64_t)sn_dtype_size(dtype) > sn__l2_bytes());
-  const int64_t block = gn_fwd_nhwc_scratch(C, G);
-  double *shared = scratch + (int64_t)nt * block;
+  const int split = team != NULL;
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
-    double *col = scratch + (int64_t)sn__thread_num() * block;
+    double *col = scratch + (int64_t)sn__thread_num() * gn_fwd_nhwc_scratch(C, G);
     double *k = col + 2 * C, *gm = k + C, *gr = gm + G, *part = gr + G;
     if (!split) {
 #pragma omp for schedule(static)
@@ -500,7 +501,7 @@ static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const 
       const int64_t T = sn__team_size(), t = sn__thread_num();
       const int64_t p0 = t * P / T, p1 = (t + 1) * P / T; /* this thread's pieces */
       for (int64_t n = 0; n < N; n++) {
-        double *sp = shared + (n & 1) * block;
+        double *sp = team + (n & 1) * GN_PIECES * 2 * C;
         gn_nhwc_stats(gm, gr, col, k, sp, x, n * S, S, C, G, eps, dtype, p0, p1, 1);
         if (t == 0)
           for (int64_t g = 0; g < G; g++) {
@@ -532,10 +533,17 @@ sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x, c
   }
   const int nt = sn__max_threads();
   sn_status_t st;
-  double *scratch = sn__alloc(fn, nt + 2, gn_fwd_nhwc_scratch(c, groups), (int64_t)sizeof(double),
-                              &st); /* a block per thread, and two for the team (gn_fwd_nhwc) */
+  double *scratch = sn__alloc(fn, nt, gn_fwd_nhwc_scratch(c, groups), (int64_t)sizeof(double), &st);
   if (scratch == NULL) return st;
-  gn_fwd_nhwc(y, mean, rstd, x, gamma, beta, n, c, s, groups, (double)eps, dtype, scratch, nt);
+  double *team = NULL;
+  if (gn_fwd_split(n, c, s, dtype, nt) &&
+      (team = sn__alloc(fn, 2 * GN_PIECES * 2, c, (int64_t)sizeof(double), &st)) == NULL) {
+    sn__free(scratch);
+    return st;
+  }
+  gn_fwd_nhwc(y, mean, rstd, x, gamma, beta, n, c, s, groups, (double)eps, dtype, scratch, team,
+              nt);
+  sn__free(team);
   sn__free(scratch);
   return SN_OK;
 }
@@ -577,12 +585,8 @@ static void gn_bwd_nchw(void *dx, double *wq, const void *dy, const void *x, con
   }
 }
 
-/* Scratch doubles of one thread: col [3][C], shift [C], mu_d, mg, mgx [G], part [3][C]; a
- * shared block holds GN_PIECES·3·C. */
-static int64_t gn_bwd_nhwc_scratch(int64_t C, int64_t G) {
-  const int64_t own = 7 * C + 3 * G, team = GN_PIECES * 3 * C;
-  return per_thread(own > team ? own : team);
-}
+/* Scratch doubles of one thread: col [3][C], shift [C], mu_d, mg, mgx [G], part [3][C]. */
+static int64_t gn_bwd_nhwc_scratch(int64_t C, int64_t G) { return per_thread(7 * C + 3 * G); }
 
 /* Sample n of the NHWC backward: its sums by pieces (this thread's [p0, p1) into part, added by
  * the team when shared), the group constants, wq's terms when `writer`, and dx over the rows of
@@ -630,17 +634,17 @@ static void gn_bwd_sample(void *dx, double *wq, const void *dy, const void *x, c
   }
 }
 
-/* scratch: (nt + 2)·gn_bwd_nhwc_scratch(C, G) doubles, as gn_fwd_nhwc's: a block per thread,
- * two shared ones. A batch of fewer samples than threads is shared by the team (`split`), each
- * thread summing and then mapping a fixed range of each sample's rows; otherwise each thread
- * takes whole samples. The same bits either way (the sums by pieces). */
+/* scratch: nt·gn_bwd_nhwc_scratch(C, G) doubles, a block per thread; team: NULL, or (a batch of
+ * fewer samples than threads) [2][GN_PIECES][3][C] doubles, the team's part buffers by sample
+ * parity. With team each sample is shared by the team, each thread summing and then mapping a
+ * fixed range of its rows; otherwise each thread takes whole samples. The same bits either way
+ * (the sums by pieces). */
 static void gn_bwd_nhwc(void *dx, double *wq, const void *dy, const void *x, const float *mean,
                         const float *rstd, const float *gamma, int64_t N, int64_t C, int64_t S,
-                        int64_t G, sn_dtype_t dtype, double *scratch, int nt) {
+                        int64_t G, sn_dtype_t dtype, double *scratch, double *team, int nt) {
   const int64_t P = gn_pieces(S), block = gn_bwd_nhwc_scratch(C, G);
   const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
-  const int split = nt > 1 && N < nt;
-  double *shared = scratch + (int64_t)nt * block;
+  const int split = team != NULL;
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
     double *w = scratch + (int64_t)sn__thread_num() * block, *own = w + 4 * C + 3 * G;
@@ -653,7 +657,8 @@ static void gn_bwd_nhwc(void *dx, double *wq, const void *dy, const void *x, con
       const int64_t T = sn__team_size(), t = sn__thread_num();
       for (int64_t n = 0; n < N; n++)
         gn_bwd_sample(dx, wq, dy, x, mean, rstd, gamma, n, N, C, S, G, dtype, w,
-                      shared + (n & 1) * block, t * P / T, (t + 1) * P / T, 1, t == 0, stream);
+                      team + (n & 1) * GN_PIECES * 3 * C, t * P / T, (t + 1) * P / T, 1, t == 0,
+                      stream);
     }
     sn__stream_fence(stream);
   }
@@ -679,18 +684,21 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   SN_TRY(sn__check_bwd_overlap(fn, dx, dy, x, rows * c * sn_dtype_size(dtype)));
   const int nt = sn__max_threads();
   sn_status_t st = SN_OK;
-  double *wq = NULL, *scratch = NULL;
+  double *wq = NULL, *scratch = NULL, *team = NULL;
   if (dgamma || dbeta) {
     wq = sn__alloc(fn, 2, n * c, (int64_t)sizeof(double), &st); /* [2][N·C] */
     if (wq == NULL) return st;
   }
   if (layout == SN_LAYOUT_NHWC) {
-    scratch = sn__alloc(fn, nt + 2, gn_bwd_nhwc_scratch(c, groups), (int64_t)sizeof(double), &st);
-    if (scratch == NULL) {
+    scratch = sn__alloc(fn, nt, gn_bwd_nhwc_scratch(c, groups), (int64_t)sizeof(double), &st);
+    if (scratch != NULL && nt > 1 && n < nt) /* the team shares each sample (gn_bwd_nhwc) */
+      team = sn__alloc(fn, 2 * GN_PIECES * 3, c, (int64_t)sizeof(double), &st);
+    if (scratch == NULL || (nt > 1 && n < nt && team == NULL)) {
+      sn__free(scratch);
       sn__free(wq);
       return st;
     }
-    gn_bwd_nhwc(dx, wq, dy, x, mean, rstd, gamma, n, c, s, groups, dtype, scratch, nt);
+    gn_bwd_nhwc(dx, wq, dy, x, mean, rstd, gamma, n, c, s, groups, dtype, scratch, team, nt);
   } else {
     gn_bwd_nchw(dx, wq, dy, x, mean, rstd, gamma, n, c, s, groups, dtype);
   }
@@ -703,6 +711,7 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
       if (dbeta) dbeta[ch] = (float)db;
     }
   }
+  sn__free(team);
   sn__free(scratch);
   sn__free(wq);
   return SN_OK;
