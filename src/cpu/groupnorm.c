@@ -30,9 +30,9 @@
  *   dgamma_c = Σ_n rstd·(Σdy·d − μ_d·Σdy) and dbeta_c = Σ_n Σdy are summed over n in order.
  * Each group is computed in a fixed order (NHWC: over fixed pieces of rows, whichever threads
  * sum them), and dgamma/dbeta by channel in n order: results are bitwise identical for any
- * thread count. Parallelism is over groups (NCHW), or
- * samples or pieces of a sample (NHWC: the backward shares samples only when there are fewer
- * than threads; the forward also when a sample exceeds a core's L2).
+ * thread count. Parallelism is over groups (NCHW), or over samples or pieces of a sample (NHWC:
+ * the backward shares a sample between the threads only when there are fewer samples than
+ * threads; the forward also when a sample exceeds a core's L2).
  */
 #include <math.h>
 #include <string.h>
