@@ -539,9 +539,10 @@ END_TEST
 
 /* NHWC sums a sample in fixed pieces of rows and adds the pieces in order, whichever thread
  * summed which (a team shares the sample when it has fewer samples than threads), forward and
- * backward. Here the
- * order shows (channel 0 below); 1, 2 and 3 threads must give the same bits in y, mean and
- * rstd. */
+ * backward. Here the order shows (channel 0 below); 1, 2 and 3 threads must give the same bits
+ * in y, mean, rstd, dx, dgamma and dbeta. The batch is below SN_PAR_MIN, so the shared path runs
+ * on a team of one: this checks its order against the per-sample path's; the thread and
+ * fallback tests run shared samples on real teams. */
 START_TEST(test_nhwc_pieces_threads) {
   const int64_t N = 1, C = 2, G = 1, S = 4099, T = N * C * S;
   tu_rng_t r;
