@@ -471,6 +471,25 @@ static int gn_fwd_split(int64_t N, int64_t C, int64_t S, sn_dtype_t dtype, int n
   return nt > 1 && (N < nt || S * C * (int64_t)sn_dtype_size(dtype) > sn__l2_bytes());
 }
 
+/* Sample n of the NHWC forward: its statistics (this thread's pieces [p0, p1) into part, added
+ * by the team when shared; mean and rstd written when `writer`), then y over the rows of pieces
+ * [p0, p1). w: this thread's block (gn_fwd_nhwc_scratch). */
+static void gn_fwd_sample(void *y, float *mean, float *rstd, const void *x, const float *gamma,
+                          const float *beta, int64_t n, int64_t C, int64_t S, int64_t G,
+                          double eps, sn_dtype_t dtype, double *w, double *part, int64_t p0,
+                          int64_t p1, int shared, int writer, int stream) {
+  const int64_t P = gn_pieces(S), r0 = n * S;
+  double *col = w, *k = col + 2 * C, *gm = k + C, *gr = gm + G; /* [2][C], [C], [G], [G] */
+  gn_nhwc_stats(gm, gr, col, k, part, x, r0, S, C, G, eps, dtype, p0, p1, shared);
+  if (writer)
+    for (int64_t g = 0; g < G; g++) {
+      if (mean) mean[n * G + g] = (float)gm[g];
+      if (rstd) rstd[n * G + g] = (float)gr[g];
+    }
+  gn_nhwc_map(y, x, gamma, beta, gm, gr, r0 + gn_piece_row(S, P, p0), r0 + gn_piece_row(S, P, p1),
+              C, G, dtype, stream);
+}
+
 /* scratch: nt·gn_fwd_nhwc_scratch(C, G) doubles, a block per thread; team (when
  * gn_fwd_split): [2][GN_PIECES][2][C] doubles, the team's part buffers, one per sample parity,
  * so that a thread may sum the next sample's pieces while another still adds this one's. A
@@ -480,37 +499,22 @@ static int gn_fwd_split(int64_t N, int64_t C, int64_t S, sn_dtype_t dtype, int n
 static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const float *gamma,
                         const float *beta, int64_t N, int64_t C, int64_t S, int64_t G, double eps,
                         sn_dtype_t dtype, double *scratch, double *team, int nt) {
+  const int64_t P = gn_pieces(S), block = gn_fwd_nhwc_scratch(C, G);
   const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
-  const int64_t P = gn_pieces(S);
-  const int split = team != NULL;
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
-    double *col = scratch + (int64_t)sn__thread_num() * gn_fwd_nhwc_scratch(C, G);
-    double *k = col + 2 * C, *gm = k + C, *gr = gm + G, *part = gr + G;
-    if (!split) {
+    double *w = scratch + (int64_t)sn__thread_num() * block, *own = w + 3 * C + 2 * G;
+    if (team == NULL) {
 #pragma omp for schedule(static)
-      for (int64_t n = 0; n < N; n++) {
-        gn_nhwc_stats(gm, gr, col, k, part, x, n * S, S, C, G, eps, dtype, 0, P, 0);
-        for (int64_t g = 0; g < G; g++) {
-          if (mean) mean[n * G + g] = (float)gm[g];
-          if (rstd) rstd[n * G + g] = (float)gr[g];
-        }
-        gn_nhwc_map(y, x, gamma, beta, gm, gr, n * S, (n + 1) * S, C, G, dtype, stream);
-      }
+      for (int64_t n = 0; n < N; n++)
+        gn_fwd_sample(y, mean, rstd, x, gamma, beta, n, C, S, G, eps, dtype, w, own, 0, P, 0, 1,
+                      stream);
     } else {
       const int64_t T = sn__team_size(), t = sn__thread_num();
-      const int64_t p0 = t * P / T, p1 = (t + 1) * P / T; /* this thread's pieces */
-      for (int64_t n = 0; n < N; n++) {
-        double *sp = team + (n & 1) * GN_PIECES * 2 * C;
-        gn_nhwc_stats(gm, gr, col, k, sp, x, n * S, S, C, G, eps, dtype, p0, p1, 1);
-        if (t == 0)
-          for (int64_t g = 0; g < G; g++) {
-            if (mean) mean[n * G + g] = (float)gm[g];
-            if (rstd) rstd[n * G + g] = (float)gr[g];
-          }
-        gn_nhwc_map(y, x, gamma, beta, gm, gr, n * S + gn_piece_row(S, P, p0),
-                    n * S + gn_piece_row(S, P, p1), C, G, dtype, stream);
-      }
+      for (int64_t n = 0; n < N; n++)
+        gn_fwd_sample(y, mean, rstd, x, gamma, beta, n, C, S, G, eps, dtype, w,
+                      team + (n & 1) * GN_PIECES * 2 * C, t * P / T, (t + 1) * P / T, 1, t == 0,
+                      stream);
     }
     sn__stream_fence(stream);
   }
@@ -644,11 +648,10 @@ static void gn_bwd_nhwc(void *dx, double *wq, const void *dy, const void *x, con
                         int64_t G, sn_dtype_t dtype, double *scratch, double *team, int nt) {
   const int64_t P = gn_pieces(S), block = gn_bwd_nhwc_scratch(C, G);
   const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
-  const int split = team != NULL;
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
     double *w = scratch + (int64_t)sn__thread_num() * block, *own = w + 4 * C + 3 * G;
-    if (!split) {
+    if (team == NULL) {
 #pragma omp for schedule(static)
       for (int64_t n = 0; n < N; n++)
         gn_bwd_sample(dx, wq, dy, x, mean, rstd, gamma, n, N, C, S, G, dtype, w, own, 0, P, 0, 1,
@@ -691,9 +694,9 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   }
   if (layout == SN_LAYOUT_NHWC) {
     scratch = sn__alloc(fn, nt, gn_bwd_nhwc_scratch(c, groups), (int64_t)sizeof(double), &st);
-    if (scratch != NULL && nt > 1 && n < nt) /* the team shares each sample (gn_bwd_nhwc) */
-      team = sn__alloc(fn, 2 * GN_PIECES * 3, c, (int64_t)sizeof(double), &st);
-    if (scratch == NULL || (nt > 1 && n < nt && team == NULL)) {
+    if (scratch == NULL ||
+        (nt > 1 && n < nt && /* fewer samples than threads: the team shares each (gn_bwd_nhwc) */
+         (team = sn__alloc(fn, 2 * GN_PIECES * 3, c, (int64_t)sizeof(double), &st)) == NULL)) {
       sn__free(scratch);
       sn__free(wq);
       return st;
