@@ -246,6 +246,15 @@ int sn__max_threads(void) {
 #endif
 }
 
+int sn__concurrent_threads(void) {
+#ifdef _OPENMP
+  const int nt = omp_get_max_threads(), procs = omp_get_num_procs();
+  return nt < procs ? nt : procs;
+#else
+  return 1;
+#endif
+}
+
 int sn__team_size(void) {
 #ifdef _OPENMP
   return omp_get_num_threads();

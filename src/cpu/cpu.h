@@ -142,6 +142,9 @@ SN_HIDDEN int64_t sn__l2_bytes(void);
 
 /* Number of OpenMP threads a parallel region started now would get (1 without OpenMP). */
 SN_HIDDEN int sn__max_threads(void);
+/* Threads that can run at the same time: sn__max_threads(), at most the processors this process
+ * may run on (omp_get_num_procs); 1 without OpenMP. */
+SN_HIDDEN int sn__concurrent_threads(void);
 /* This thread's number inside a parallel region (0 outside or without OpenMP). */
 SN_HIDDEN int sn__thread_num(void);
 /* Threads of the current team (1 outside a parallel region or without OpenMP). */
