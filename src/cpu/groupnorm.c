@@ -391,15 +391,9 @@ static void gn_nhwc_stats(double *gm, double *gr, double *col, double *k, double
                           const void *x, int64_t r0, int64_t S, int64_t C, int64_t G, double eps,
                           sn_dtype_t dtype, int64_t p0, int64_t p1, int shared) {
   const int64_t Cg = C / G, L = Cg * S;
-  float t[SN_TILE];
   const int64_t pr = sn__min64(S, GN_PIVOT_ROWS); /* k = the mean of the first pr rows, as f32 */
   memset(k, 0, (size_t)C * sizeof(double));
-  for (int64_t r = r0; r < r0 + pr; r++)
-    for (int64_t c0 = 0; c0 < C; c0 += SN_TILE) {
-      const int64_t m = sn__min64(SN_TILE, C - c0);
-      const float *f = sn__in_row(x, r * C + c0, m, dtype, t);
-      for (int64_t j = 0; j < m; j++) k[c0 + j] += (double)f[j];
-    }
+  rows_reduce(0, k, NULL, x, NULL, r0, r0 + pr, C, dtype); /* each channel's rows in order */
   for (int64_t ch = 0; ch < C; ch++) k[ch] = (double)(float)(k[ch] / (double)pr);
   gn_sample_sums(3, col, part, 2 * C, NULL, x, k, r0, S, p0, p1, C, dtype, shared);
   int ok = 1;
