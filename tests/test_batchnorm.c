@@ -13,9 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
 #include <omp.h>
-#endif
 
 #include "testutil.h"
 
@@ -1459,7 +1457,6 @@ END_TEST
 /* 1, 2 and 3 threads give bitwise identical sums, statistics, y and dx (shapes big enough for
  * the parallel path, chunks crossing planes, C above one channel tile). */
 START_TEST(test_threads_bitwise) {
-#ifdef _OPENMP
   /* the last: a channel's x and dy (8 MiB) beyond any L2, so sn_batchnorm_bwd does not fuse */
   static const int64_t shapes[][3] = {{5, 65, 301}, {7, 300, 19}, {2, 3, 20000}, {4000, 17, 1},
                                       {5, 160, 97}, {2, 2, 524289}};
@@ -1501,9 +1498,6 @@ START_TEST(test_threads_bitwise) {
           free(y[t]), free(dx[t]), free(rstd[t]), free(mean[t]), free(sdy[t]), free(sdx[t]);
         free(x), free(dy), free(gamma), free(beta);
       }
-#else
-  ck_assert_msg(1, "built without OpenMP: one thread only");
-#endif
 }
 END_TEST
 
@@ -1522,14 +1516,10 @@ START_TEST(test_bwd_aliasing_and_nan) {
   for (int c = 0; c < C; c++) gamma[c] = 1.0f + 0.25f * (float)c;
   ck_assert_int_eq(sn_batchnorm_stats(sum, sq, x, NULL, N, C, S, SN_LAYOUT_NCHW, SN_DTYPE_F32), SN_OK);
   ck_assert_int_eq(sn_batchnorm_finalize(mean, var, rstd, sum, sq, NULL, N * S, C, EPS), SN_OK);
-#ifdef _OPENMP
   const int saved = omp_get_max_threads();
-#endif
   for (int nan = 0; nan < 2; nan++)
     for (int threads = 1; threads <= 2; threads++) {
-#ifdef _OPENMP
       omp_set_num_threads(threads);
-#endif
       if (nan) { /* NaN sums in channel 0, times a negative NaN rstd */
         dy[3] = NAN;
         uint32_t neg_nan = 0xffc00000u;
@@ -1558,9 +1548,7 @@ START_TEST(test_bwd_aliasing_and_nan) {
         }
       }
     }
-#ifdef _OPENMP
   omp_set_num_threads(saved);
-#endif
 }
 END_TEST
 
@@ -1573,16 +1561,12 @@ START_TEST(test_fwd_local) {
   static const int64_t shapes[][3] = {{4, 16, 250}, {3, 5, 37}, {64, 6, 1}, {2, 3, 3136}};
   tu_rng_t r;
   tu_rng_seed(&r, 23);
-#ifdef _OPENMP
   const int saved = omp_get_max_threads();
-#endif
   for (int threads = 1; threads <= 3; threads++)
     for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
       for (int il = 0; il < 2; il++)
         for (int id = 0; id < 3; id++) {
-#ifdef _OPENMP
           omp_set_num_threads(threads);
-#endif
           const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2], T = N * C * S;
           const sn_layout_t lay = LAYOUTS[il];
           const sn_dtype_t dt = DTYPES[id];
@@ -1647,9 +1631,7 @@ START_TEST(test_fwd_local) {
           free(x), free(y), free(y0), free(gamma), free(beta), free(var), free(rstd), free(piv);
           free(mean), free(sum), free(sq), free(rm), free(rv), free(xd);
         }
-#ifdef _OPENMP
   omp_set_num_threads(saved);
-#endif
 }
 END_TEST
 

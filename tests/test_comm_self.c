@@ -7,9 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
 #include <omp.h>
-#endif
 
 #include "syncnorm_dist.h"
 #include "testutil.h"
@@ -198,18 +196,14 @@ START_TEST(test_local_paths_equal_steps) {
   ck_assert_int_eq(sn_comm_create_self(&self), SN_OK);
   tu_rng_t r;
   tu_rng_seed(&r, 21);
-#ifdef _OPENMP
   const int saved_threads = omp_get_max_threads();
-#endif
   for (int threads = 1; threads <= 2; threads++)
     for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
       for (int lay = 0; lay < 2; lay++)
         for (int di = 0; di < 2; di++)
           for (int affine = 0; affine < 2; affine++)
             for (int track = 0; track < 2; track++) {
-#ifdef _OPENMP
               omp_set_num_threads(threads);
-#endif
               const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2];
               const int64_t T = N * C * S;
               sn_syncbn_config_t cfg = sn_syncbn_default_config(C);
@@ -305,9 +299,7 @@ START_TEST(test_local_paths_equal_steps) {
               free(x), free(dy), free(ya), free(yb), free(yo), free(dxa), free(dxb), free(dxo);
               sn_syncbn_destroy(a), sn_syncbn_destroy(b), sn_syncbn_destroy(o);
             }
-#ifdef _OPENMP
   omp_set_num_threads(saved_threads);
-#endif
   sn_comm_destroy(self);
 }
 END_TEST

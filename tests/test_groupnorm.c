@@ -10,9 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
 #include <omp.h>
-#endif
 
 #include "testutil.h"
 
@@ -515,22 +513,16 @@ START_TEST(test_shift_fallback) {
         x[at(lay, 0, c, s, C, S)] = s < 32 ? (float)(1.7 + 1e-3 * tu_rng_normal(&r)) : 1.0009765625f;
     double *xd = as_f64(x, T, SN_DTYPE_F32);
     ref_fwd(yr, rm, rr, xd, NULL, NULL, N, C, S, G, lay, EPS);
-#ifdef _OPENMP
     const int saved = omp_get_max_threads();
-#endif
     for (int threads = 1; threads <= 3; threads++) { /* NHWC, N = 1: the team shares the sample */
-#ifdef _OPENMP
       omp_set_num_threads(threads);
-#endif
       tu_poison_f32(y, T);
       ck_assert_int_eq(sn_groupnorm_fwd(y, mean, rstd, x, NULL, NULL, N, C, S, G, EPS, lay,
                                         SN_DTYPE_F32), SN_OK);
       check_stats(mean, rstd, rm, rr, N * G, LNAME[il]);
       tu_assert_fwd(y, SN_DTYPE_F32, yr, T, LNAME[il]);
     }
-#ifdef _OPENMP
     omp_set_num_threads(saved);
-#endif
     free(xd);
   }
   free(x), free(y), free(mean), free(rstd), free(yr), free(rm), free(rr);
@@ -557,13 +549,9 @@ START_TEST(test_nhwc_pieces_threads) {
     x[s * C] = 0.0f, x[s * C + 1] = (float)(0.5 + tu_rng_normal(&r));
   x[200 * C] = 0x1p60f, x[1600 * C] = -0x1p60f;
   for (int k = 0; k < 8; k++) x[small_rows[k] * C] = 100.0f;
-#ifdef _OPENMP
   const int saved = omp_get_max_threads();
-#endif
   for (int t = 0; t < 3; t++) {
-#ifdef _OPENMP
     omp_set_num_threads(t + 1);
-#endif
     y[t] = falloc(T), mean[t] = falloc(N * G), rstd[t] = falloc(N * G);
     dx[t] = falloc(T), dg[t] = falloc(C), db[t] = falloc(C);
     tu_poison_f32(y[t], T), tu_poison_f32(dx[t], T);
@@ -582,9 +570,7 @@ START_TEST(test_nhwc_pieces_threads) {
     tu_assert_bitwise(dg[t], dg[0], (size_t)C * sizeof(float), "pieces, threads: dgamma");
     tu_assert_bitwise(db[t], db[0], (size_t)C * sizeof(float), "pieces, threads: dbeta");
   }
-#ifdef _OPENMP
   omp_set_num_threads(saved);
-#endif
   for (int t = 0; t < 3; t++)
     free(y[t]), free(mean[t]), free(rstd[t]), free(dx[t]), free(dg[t]), free(db[t]);
   free(x), free(dy);
@@ -616,13 +602,9 @@ START_TEST(test_layouts_inplace_threads) {
       transpose(x[1], SN_LAYOUT_NHWC, x[0], SN_LAYOUT_NCHW, N, C, S, dt);
       transpose(dy[1], SN_LAYOUT_NHWC, dy[0], SN_LAYOUT_NCHW, N, C, S, dt);
       for (int l = 0; l < 2; l++) {
-#ifdef _OPENMP
         const int saved = omp_get_max_threads();
-#endif
         for (int t = 0; t < 3; t++) {
-#ifdef _OPENMP
           omp_set_num_threads(t + 1);
-#endif
           y[l][t] = tu_alloc(T, dt), dx[l][t] = tu_alloc(T, dt);
           mean[l][t] = falloc(N * G), rstd[l][t] = falloc(N * G), dg[l][t] = falloc(C), db[l][t] = falloc(C);
           tu_poison(y[l][t], T, dt), tu_poison(dx[l][t], T, dt);
@@ -636,9 +618,7 @@ START_TEST(test_layouts_inplace_threads) {
           tu_assert_bitwise(dg[l][t], dg[l][0], (size_t)C * 4, "threads: dgamma");
           tu_assert_bitwise(db[l][t], db[l][0], (size_t)C * 4, "threads: dbeta");
         }
-#ifdef _OPENMP
         omp_set_num_threads(saved);
-#endif
         memcpy(buf, x[l], bytes); /* in place */
         ck_assert_int_eq(sn_groupnorm_fwd(buf, NULL, NULL, buf, gamma, beta, N, C, S, G, EPS, LAYOUTS[l], dt), SN_OK);
         tu_assert_bitwise(buf, y[l][0], bytes, "in-place fwd");
