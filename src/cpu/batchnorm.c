@@ -292,6 +292,12 @@ static int ew_checked(const ew_t *op, sn_dtype_t dtype) {
          dtype != SN_DTYPE_F32;
 }
 
+/* The maps' nt for an elementwise pass writing out_bytes: streamed and, as its inputs come from
+ * memory, prefetched (SN_NT_PREFETCH), or neither. */
+static int ew_stream(int64_t out_bytes) {
+  return sn__stream_out(out_bytes) ? SN_NT_STREAM | SN_NT_PREFETCH : 0;
+}
+
 /* NCHW: tasks are planes (n, c), cut into pieces when there are fewer than 4 per thread (any
  * split gives the same bits: the map is elementwise). */
 static void ew_nchw(const ew_t *op, void *out, const void *in, const void *x, int64_t N,
@@ -303,7 +309,7 @@ static void ew_nchw(const ew_t *op, void *out, const void *in, const void *x, in
     pieces = sn__min64((want + planes - 1) / planes, most);
   }
   const int checked = ew_checked(op, dtype);
-  const int stream = sn__stream_out(planes * S * (int64_t)sn_dtype_size(dtype));
+  const int stream = ew_stream(planes * S * (int64_t)sn_dtype_size(dtype));
 #pragma omp parallel if (planes * S >= SN_PAR_MIN)
   {
 #pragma omp for schedule(static)
@@ -329,7 +335,7 @@ static void ew_nhwc(const ew_t *op, void *out, const void *in, const void *x, in
                     int64_t C, sn_dtype_t dtype) {
   const int64_t rb = sn__min64(C, SN_TILE_C) >= 16384 ? 1 : 16384 / sn__min64(C, SN_TILE_C);
   const int64_t blocks = (rows + rb - 1) / rb;
-  const int stream = sn__stream_out(rows * C * (int64_t)sn_dtype_size(dtype));
+  const int stream = ew_stream(rows * C * (int64_t)sn_dtype_size(dtype));
 #pragma omp parallel if (rows * C >= SN_PAR_MIN)
   {
     sn__chan_tile_t p;
