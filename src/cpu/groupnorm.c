@@ -644,10 +644,17 @@ static void gn_bwd_nhwc(void *dx, double *wq, const void *dy, const void *x, con
                         const float *rstd, const float *gamma, int64_t N, int64_t C, int64_t S,
                         int64_t G, sn_dtype_t dtype, double *scratch, double *team, int nt) {
   const int64_t P = gn_pieces(S), block = gn_bwd_nhwc_scratch(C, G);
-  const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
+  const int64_t es = sn_dtype_size(dtype);
+  const int stream0 = sn__stream_out(N * C * S * es);
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
     double *w = scratch + (int64_t)sn__thread_num() * block, *own = w + 4 * C + 3 * G;
+    /* x and dy of this thread's rows of a sample: beyond its L2, the dx pass reads them from
+     * memory again, and then prefetches them (SN_NT_PREFETCH) */
+    const int64_t rows = team == NULL ? S : S / sn__team_size() + 1;
+    const int stream = stream0 && 2 * rows * C * es > sn__l2_bytes()
+                           ? stream0 | SN_NT_PREFETCH
+                           : stream0;
     if (team == NULL) {
 #pragma omp for schedule(static)
       for (int64_t n = 0; n < N; n++)
