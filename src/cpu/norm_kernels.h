@@ -64,14 +64,20 @@ _Static_assert(SN_VD == SN_LANES, "the contiguous-run reductions hold a lane gro
  * (batchnorm.c, RED_PF_FLOATS), the reductions' add chains leave it behind. */
 #define SN_ROW_PF_FLOATS 512
 
+/* Bytes from a row to the row `floats` / ld rows (at least one) after it, in a tensor of rows
+ * ld floats apart (ld = 1: a contiguous run, `floats` on): how far the prefetches below reach. */
+static inline uintptr_t sn__rows_ahead_bytes(int64_t ld, int64_t floats) {
+  const int64_t ahead = ld >= floats ? 1 : floats / ld;
+  return (uintptr_t)(ahead * ld) * sizeof(float);
+}
+
 /* Prefetches for reading the first ct floats of the row SN_ROW_PF_FLOATS / ld rows (at least
  * one) after `row` in a tensor of rows ld floats apart: a line per 16 floats. Prefetches never
  * fault, so rows past the end cost nothing but the hint; their addresses are computed as
  * integers (a pointer past its array would be undefined behaviour). */
 static inline __attribute__((always_inline)) void sn__prefetch_ahead(const float *row, int64_t ld,
                                                                      int64_t ct) {
-  const int64_t ahead = ld >= SN_ROW_PF_FLOATS ? 1 : SN_ROW_PF_FLOATS / ld;
-  const uintptr_t q = (uintptr_t)row + (uintptr_t)(ahead * ld) * sizeof(float);
+  const uintptr_t q = (uintptr_t)row + sn__rows_ahead_bytes(ld, SN_ROW_PF_FLOATS);
   for (int64_t c = 0; c < ct; c += 16) __builtin_prefetch((const void *)(q + (uintptr_t)c * 4), 0);
 }
 
@@ -168,9 +174,7 @@ static inline int64_t sn__min64(int64_t a, int64_t b) { return a < b ? a : b; }
 /* Bytes ahead the maps prefetch in rows ld floats apart (ld = 1 for runs), or 0 when nt lacks
  * SN_NT_PREFETCH. */
 static inline uintptr_t sn__map_pf_bytes(int64_t ld, int nt) {
-  if (!(nt & SN_NT_PREFETCH)) return 0;
-  const int64_t ahead = ld >= SN_MAP_PF_FLOATS ? 1 : SN_MAP_PF_FLOATS / ld;
-  return (uintptr_t)(ahead * ld) * sizeof(float);
+  return nt & SN_NT_PREFETCH ? sn__rows_ahead_bytes(ld, SN_MAP_PF_FLOATS) : 0;
 }
 
 /* Prefetches the line `bytes` after p for reading, when bytes != 0 (the address computed as an
