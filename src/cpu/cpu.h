@@ -157,6 +157,18 @@ SN_HIDDEN void *sn__alloc(const char *fn, int64_t count, int64_t per_block, int6
                           sn_status_t *status);
 SN_HIDDEN void sn__free(void *p);
 
+/* n elements of elem_size bytes (a divisor of 64) rounded up to whole 64-byte lines, in
+ * elements: the stride of per-thread scratch blocks, which sn__alloc starts on a line. Every
+ * thread's block then has the same alignment, so the compiler's alignment peeling (a few
+ * elements in scalar code before the vector loop) splits each thread's loops alike. Scalar and
+ * vector code may order the operands of an add or multiply differently, which decides the sign
+ * of NaN op NaN: with blocks of different alignments the sign of a NaN output could change with
+ * the thread count. */
+static inline int64_t sn__line_stride(int64_t n, int64_t elem_size) {
+  const int64_t per_line = 64 / elem_size;
+  return (n + per_line - 1) / per_line * per_line;
+}
+
 /* Cross-row reductions (dgamma, per-channel sums) are split into at most SN_RED_CHUNKS chunks of
  * consecutive rows: chunk k of K covers [k·rows/K, (k+1)·rows/K). Partials are summed in chunk
  * order, so the result depends on rows only, never on the thread count. */

@@ -317,7 +317,7 @@ static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const 
 }
 
 /* Per-thread scratch of n doubles, rounded up to whole cache lines (8 doubles). */
-static int64_t per_thread(int64_t n) { return (n + 7) & ~(int64_t)7; }
+static int64_t per_thread(int64_t n) { return sn__line_stride(n, (int64_t)sizeof(double)); }
 
 /* Rows the NHWC pivots average: a sample falls back to two passes when any of its C channels
  * has ρ > SN_SHIFT_RHO_MAX; with the mean of m shuffled rows as pivot, ρ ~ χ²(1)/m, so each

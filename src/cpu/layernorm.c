@@ -404,7 +404,8 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
   /* scratch, per thread: f16 2·d f32 (the x row, then the y row), bf16 d f32 (a row of tiny
    * or wide mean, widened); f32 works on x and y directly. bf16, after those: gamma and beta in
    * pairs (sn__to_pairs), 2·d f32 */
-  const int64_t esize = sn_dtype_size(dtype), per_thread = ln_fwd_scratch(d, dtype);
+  const int64_t esize = sn_dtype_size(dtype);
+  const int64_t per_thread = sn__line_stride(ln_fwd_scratch(d, dtype), (int64_t)sizeof(float));
   const int threads = sn__max_threads();
   sn_status_t st = SN_OK;
   float *scratch = NULL, *gs = NULL, *bs = NULL;
@@ -419,8 +420,8 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
     return st;
   }
   if (dtype == SN_DTYPE_BF16) {
-    gs = gamma != NULL ? scratch + (int64_t)threads * d : NULL;
-    bs = beta != NULL ? scratch + (int64_t)(threads + 1) * d : NULL;
+    gs = gamma != NULL ? scratch + (int64_t)threads * per_thread : NULL;
+    bs = beta != NULL ? scratch + (int64_t)(threads + 1) * per_thread : NULL;
     if (gs != NULL) sn__to_pairs(gs, gamma, d);
     if (bs != NULL) sn__to_pairs(bs, beta, d);
   }
@@ -469,7 +470,8 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
 
   /* scratch, per thread: f16 2·d f32 (the sum row, then the y row), bf16 d f32 (the widened
    * sum row) */
-  const int64_t esize = sn_dtype_size(dtype), per_thread = ln_fwd_scratch(d, dtype);
+  const int64_t esize = sn_dtype_size(dtype);
+  const int64_t per_thread = sn__line_stride(ln_fwd_scratch(d, dtype), (int64_t)sizeof(float));
   sn_status_t st = SN_OK;
   float *scratch = NULL;
   if (per_thread > 0 &&

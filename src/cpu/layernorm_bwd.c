@@ -422,10 +422,11 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   const int threads = sn__max_threads();
   const int chunked = dgamma != NULL || dbeta != NULL;
   const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
-  const int64_t per_thread = rows_f32 + (chunked ? 2 * d : 0);
+  const int64_t per_thread = sn__line_stride(rows_f32 + (chunked ? 2 * d : 0), sizeof(float));
+  const int64_t work_cols = chunked ? sn__line_stride(2 * d, sizeof(double)) : 0;
   double *work;
   float *scratch, *gs; /* gs: bf16, gamma in pairs (ln_bwd_pairs) */
-  SN_TRY(sn__bwd_buffers(fn, &work, &scratch, &gs, threads, chunked ? 2 * d : 0, per_thread,
+  SN_TRY(sn__bwd_buffers(fn, &work, &scratch, &gs, threads, work_cols, per_thread,
                          gamma, d, dtype, dx, dy, x, n * sn_dtype_size(dtype)));
   float gmaxf = gamma != NULL ? 0.0f : 1.0f; /* max|gamma| (NaN skipped), for ln_dx_f32_ok */
   if (gamma != NULL)
@@ -438,7 +439,7 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
    * (the ordered region): the result never depends on the thread count. Chunks go round-robin,
    * so the threads reach the ordered region one after the other and hardly wait. */
   const int64_t chunks = sn__chunks(rows);
-  double *total = chunked ? work + (int64_t)threads * 2 * d : NULL; /* [2, d] */
+  double *total = chunked ? work + (int64_t)threads * work_cols : NULL; /* [2, d] */
   if (chunked) memset(total, 0, (size_t)(2 * d) * sizeof(double));
   const int stream = sn__stream_out(n * sn_dtype_size(dtype)); /* dx */
 #pragma omp parallel
@@ -451,7 +452,7 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
         ln_bwd_store(dx, NULL, NULL, NULL, NULL, dy, x, mean, rstd, gamma, gs, gmax, r, rows,
                      d, dtype, tmp, stream);
     } else {
-      double *p = work + t * 2 * d;                     /* [2, d] fp64 */
+      double *p = work + t * work_cols;                 /* [2, d] fp64 */
       float *p32 = scratch + t * per_thread + rows_f32; /* [2, d] f32 */
 #pragma omp for ordered schedule(static, 1) nowait
       for (int64_t k = 0; k < chunks; k++) {

@@ -130,9 +130,10 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
   /* scratch: [threads, d] f32 rows for bf16/f16; f32 works on x and y directly */
   const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
+  const int64_t row_stride = sn__line_stride(d, sizeof(float)); /* per thread */
   float *scratch = NULL;
   if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : sn__max_threads(), d,
+      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : sn__max_threads(), row_stride,
                            sizeof(float), &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
@@ -152,7 +153,7 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
 #pragma omp parallel
   {
     float *tmp = scratch != NULL && dtype != SN_DTYPE_BF16
-                     ? scratch + (int64_t)sn__thread_num() * d : NULL;
+                     ? scratch + (int64_t)sn__thread_num() * row_stride : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
@@ -187,9 +188,10 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
    * bf16 one row, gamma in pairs (sn__map_pairs) */
   const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
+  const int64_t row_stride = sn__line_stride(d, sizeof(float)); /* per thread */
   float *scratch = NULL;
   if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : sn__max_threads(), d,
+      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : sn__max_threads(), row_stride,
                            sizeof(float), &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
@@ -209,7 +211,7 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
 #pragma omp parallel
   {
     float *tmp = scratch != NULL && dtype != SN_DTYPE_BF16
-                     ? scratch + (int64_t)sn__thread_num() * d : NULL;
+                     ? scratch + (int64_t)sn__thread_num() * row_stride : NULL;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       const int64_t off = r * d;
@@ -509,16 +511,17 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
    * then with dgamma d f32 (the partials of up to SN_PART_ROWS rows) */
   const int threads = sn__max_threads();
   const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
-  const int64_t per_thread = rows_f32 + (dgamma != NULL ? d : 0);
+  const int64_t per_thread = sn__line_stride(rows_f32 + (dgamma != NULL ? d : 0), sizeof(float));
+  const int64_t work_cols = dgamma != NULL ? sn__line_stride(d, sizeof(double)) : 0;
   double *work;
   float *scratch, *gs; /* gs: bf16, gamma in pairs (rms_bwd_pairs) */
-  SN_TRY(sn__bwd_buffers(fn, &work, &scratch, &gs, threads, dgamma != NULL ? d : 0, per_thread,
+  SN_TRY(sn__bwd_buffers(fn, &work, &scratch, &gs, threads, work_cols, per_thread,
                          gamma, d, dtype, dx, dy, x, n * sn_dtype_size(dtype)));
 
   /* rows independent without dgamma; with it, fixed chunks whose partials are added in chunk
    * order (see sn_layernorm_bwd) */
   const int64_t chunks = sn__chunks(rows);
-  double *total = dgamma != NULL ? work + (int64_t)threads * d : NULL; /* [d] */
+  double *total = dgamma != NULL ? work + (int64_t)threads * work_cols : NULL; /* [d] */
   if (dgamma != NULL) memset(total, 0, (size_t)d * sizeof(double));
   const int stream = sn__stream_out(n * sn_dtype_size(dtype)); /* dx */
 #pragma omp parallel
@@ -530,7 +533,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
       for (int64_t r = 0; r < rows; r++)
         rms_bwd_store(dx, NULL, NULL, dy, x, rstd, gamma, gs, r, rows, d, dtype, tmp, stream);
     } else {
-      double *p = work + t * d;                         /* [d] fp64 */
+      double *p = work + t * work_cols;                 /* [d] fp64 */
       float *p32 = scratch + t * per_thread + rows_f32; /* [d] f32 */
 #pragma omp for ordered schedule(static, 1) nowait
       for (int64_t k = 0; k < chunks; k++) {
