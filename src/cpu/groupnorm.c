@@ -590,6 +590,12 @@ static void gn_bwd_nchw(void *dx, double *wq, const void *dy, const void *x, con
 /* Scratch doubles of one thread: col [3][C], shift [C], mu_d, mg, mgx [G], part [3][C]. */
 static int64_t gn_bwd_nhwc_scratch(int64_t C, int64_t G) { return per_thread(7 * C + 3 * G); }
 
+/* Whether the NHWC backward shares each sample between the threads: fewer samples than nt (the
+ * threads that can run at once). Unlike the forward (gn_fwd_split), a sample larger than L2
+ * stays with one thread, its dx pass prefetching x and dy (gn_bwd_nhwc); sharing it is
+ * untried (the forward gained 4-6 % from it, docs/BENCHMARKS.md). */
+static int gn_bwd_split(int64_t N, int nt) { return nt > 1 && N < nt; }
+
 /* Sample n of the NHWC backward: its sums by pieces (this thread's [p0, p1) into part, added by
  * the team when shared), the group constants, wq's terms when `writer`, and dx over the rows of
  * pieces [p0, p1). w: this thread's block (gn_bwd_nhwc_scratch). */
@@ -700,7 +706,7 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   if (layout == SN_LAYOUT_NHWC) {
     scratch = sn__alloc(fn, nt, gn_bwd_nhwc_scratch(c, groups), (int64_t)sizeof(double), &st);
     if (scratch == NULL ||
-        (bt > 1 && n < bt && /* fewer samples than running threads: the team shares each */
+        (gn_bwd_split(n, bt) &&
          (team = sn__alloc(fn, 2 * GN_PIECES * 3, c, (int64_t)sizeof(double), &st)) == NULL)) {
       sn__free(scratch);
       sn__free(wq);
