@@ -100,9 +100,9 @@ static void *take(arena_t *a, int64_t bytes) {
   } while (0)
 
 static void arena_init(arena_t *a, size_t cap) {
-  a->cap = cap, a->used = 0;
-  a->base = aligned_alloc(64, cap);
-  a->ref = malloc(cap);
+  a->cap = (cap + 63) / 64 * 64, a->used = 0; /* aligned_alloc: a multiple of the alignment */
+  a->base = aligned_alloc(64, a->cap);
+  a->ref = malloc(a->cap);
   ck_assert_ptr_nonnull(a->base);
   ck_assert_ptr_nonnull(a->ref);
 }
