@@ -498,10 +498,17 @@ static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const 
                         const float *beta, int64_t N, int64_t C, int64_t S, int64_t G, double eps,
                         sn_dtype_t dtype, double *scratch, double *team, int nt) {
   const int64_t P = gn_pieces(S), block = gn_fwd_nhwc_scratch(C, G);
-  const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
+  const int64_t es = sn_dtype_size(dtype);
+  const int stream0 = sn__stream_out(N * C * S * es);
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
     double *w = scratch + (int64_t)sn__thread_num() * block, *own = w + 3 * C + 2 * G;
+    /* x of this thread's rows of a sample: beyond its L2 (a sample per thread, as with one
+     * thread or one processor per MPI rank), the map reads it from memory again, and then
+     * prefetches it (SN_NT_PREFETCH), as the backward's dx pass does */
+    const int64_t rows = team == NULL ? S : S / sn__team_size() + 1;
+    const int stream =
+        stream0 && rows * C * es > sn__l2_bytes() ? stream0 | SN_NT_PREFETCH : stream0;
     if (team == NULL) {
 #pragma omp for schedule(static)
       for (int64_t n = 0; n < N; n++)
