@@ -30,7 +30,7 @@
  *  - OpenMP threads (omp_set_num_threads) split rows or channels; reductions across rows run in
  *    a fixed order, so results are bitwise identical for any thread count. Where an input holds
  *    NaNs, outputs are NaN, but which NaN (sign, payload) is unspecified: it can differ between
- *    builds of the library.
+ *    builds of the library and with the buffers' alignment, not with the thread count.
  *  - In-place: y may equal x, and dx may equal dy (the same pointer). No other overlap is allowed:
  *    an output that overlaps an input partly, or dx that overlaps x, is SN_ERR_INVALID_ARGUMENT
  *    (checked on the activation buffers; every error below includes it).
