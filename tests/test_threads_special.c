@@ -10,6 +10,8 @@
  * output's cache line (streaming stores), the split between scalar head and vector body follows
  * the output address, which may order a NaN op NaN differently, so the NaN signs of outputs at
  * different addresses need not agree (the numbers do: test_*'s in-place and stream tests).
+ * Every third case runs without gamma and beta (and the row norms' backwards without their
+ * gradients, unchunked), every fourth row-norm case in place.
  * Run again by CTest with SN_STREAM_MIN_BYTES=0, where every f32 output streams.
  */
 #include <omp.h>
@@ -126,6 +128,11 @@ START_TEST(test_rownorm_special) {
     fill_special(res, n, dt, p, d, &rng);
     fill_special(dy, n, dt, p, d, &rng);
     float *gamma = params(d, 1.0, &rng), *beta = params(d, 0.0, &rng);
+    /* every third case without gamma, beta and their gradients (the backward's rows then run
+     * unchunked); every fourth in place (y = x, dx = dy) */
+    const int affine = c % 3 != 2, in_place = c % 4 == 3;
+    const float *g = affine ? gamma : NULL, *b = affine ? beta : NULL;
+    const size_t bytes = (size_t)(n * es);
     arena_t a;
     arena_init(&a, (size_t)(6 * n * es + 6 * rows * 4 + 3 * d * 4) + 16 * 64);
     FOR_THREADS(&a, "LayerNorm", {
@@ -134,17 +141,20 @@ START_TEST(test_rownorm_special) {
       float *mean = take(&a, rows * 4), *rstd = take(&a, rows * 4);
       float *m2 = take(&a, rows * 4), *r2 = take(&a, rows * 4);
       float *dg = take(&a, d * 4), *db = take(&a, d * 4);
-      OK(sn_layernorm_fwd(y, mean, rstd, x, gamma, beta, rows, d, EPS, dt));
-      OK(sn_add_layernorm_fwd(y2, s, m2, r2, x, res, gamma, beta, rows, d, EPS, dt));
-      OK(sn_layernorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, rows, d, dt));
+      if (in_place) memcpy(y, x, bytes), memcpy(dx, dy, bytes);
+      OK(sn_layernorm_fwd(y, mean, rstd, in_place ? y : x, g, b, rows, d, EPS, dt));
+      OK(sn_add_layernorm_fwd(y2, s, m2, r2, x, res, g, b, rows, d, EPS, dt));
+      OK(sn_layernorm_bwd(dx, affine ? dg : NULL, affine ? db : NULL, in_place ? dx : dy, x,
+                          mean, rstd, g, rows, d, dt));
     });
     FOR_THREADS(&a, "RMSNorm", {
       void *y = take(&a, n * es), *s = take(&a, n * es), *y2 = take(&a, n * es);
       void *dx = take(&a, n * es);
       float *rstd = take(&a, rows * 4), *r2 = take(&a, rows * 4), *dg = take(&a, d * 4);
-      OK(sn_rmsnorm_fwd(y, rstd, x, gamma, rows, d, EPS, dt));
-      OK(sn_add_rmsnorm_fwd(y2, s, r2, x, res, gamma, rows, d, EPS, dt));
-      OK(sn_rmsnorm_bwd(dx, dg, dy, x, rstd, gamma, rows, d, dt));
+      if (in_place) memcpy(y, x, bytes), memcpy(dx, dy, bytes);
+      OK(sn_rmsnorm_fwd(y, rstd, in_place ? y : x, g, rows, d, EPS, dt));
+      OK(sn_add_rmsnorm_fwd(y2, s, r2, x, res, g, rows, d, EPS, dt));
+      OK(sn_rmsnorm_bwd(dx, affine ? dg : NULL, in_place ? dx : dy, x, rstd, g, rows, d, dt));
     });
     arena_free(&a);
     free(x), free(res), free(dy), free(gamma), free(beta);
@@ -172,6 +182,8 @@ START_TEST(test_batchnorm_special) {
     float *pivot = params(C, 0.0, &rng), *rvar = params(C, 2.0, &rng);
     for (int64_t j = 0; j < C; j++) rvar[j] = rvar[j] < 0.1f ? 0.1f : rvar[j];
     if (C > 1) pivot[0] = NAN; /* a pivot NaN too */
+    const int affine = c % 3 != 2; /* every third case without gamma and beta */
+    const float *g = affine ? gamma : NULL, *b = affine ? beta : NULL;
     arena_t a;
     arena_init(&a, (size_t)(5 * n * es + 9 * C * 8) + 20 * 64);
     FOR_THREADS(&a, lay == SN_LAYOUT_NCHW ? "BatchNorm NCHW" : "BatchNorm NHWC", {
@@ -181,15 +193,15 @@ START_TEST(test_batchnorm_special) {
       double *sumsq = take(&a, C * 8), *sdy = take(&a, C * 8), *sdxh = take(&a, C * 8);
       float *var = take(&a, C * 4), *rstd = take(&a, C * 4), *varp = take(&a, C * 4);
       float *rstdp = take(&a, C * 4), *dg = take(&a, C * 4), *db = take(&a, C * 4);
-      OK(sn_batchnorm_fwd(y, mean, var, rstd, x, NULL, gamma, beta, N, C, S, EPS, lay, dt));
-      OK(sn_batchnorm_fwd(yp, meanp, varp, rstdp, x, pivot, gamma, beta, N, C, S, EPS, lay, dt));
+      OK(sn_batchnorm_fwd(y, mean, var, rstd, x, NULL, g, b, N, C, S, EPS, lay, dt));
+      OK(sn_batchnorm_fwd(yp, meanp, varp, rstdp, x, pivot, g, b, N, C, S, EPS, lay, dt));
       OK(sn_batchnorm_stats(sum, sumsq, x, pivot, N, C, S, lay, dt));
-      OK(sn_batchnorm_apply(ya, x, mean, rstd, gamma, beta, N, C, S, lay, dt));
-      OK(sn_batchnorm_infer(yi, x, pivot, rvar, gamma, beta, N, C, S, EPS, lay, dt));
+      OK(sn_batchnorm_apply(ya, x, mean, rstd, g, b, N, C, S, lay, dt));
+      OK(sn_batchnorm_infer(yi, x, pivot, rvar, g, b, N, C, S, EPS, lay, dt));
       OK(sn_batchnorm_bwd_reduce(sdy, sdxh, dy, x, mean, rstd, N, C, S, lay, dt));
-      OK(sn_batchnorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, N, C, S, lay, dt));
+      OK(sn_batchnorm_bwd(dx, dg, db, dy, x, mean, rstd, g, N, C, S, lay, dt));
       /* the unfused backward into the forward's buffer (its outputs are compared above) */
-      OK(sn_batchnorm_bwd_apply(ya, dy, x, mean, rstd, gamma, sdy, sdxh, count, N, C, S, lay,
+      OK(sn_batchnorm_bwd_apply(ya, dy, x, mean, rstd, g, sdy, sdxh, count, N, C, S, lay,
                                 dt));
     });
     arena_free(&a);
@@ -216,14 +228,16 @@ START_TEST(test_groupnorm_special) {
     fill_special(x, n, dt, p, lay == SN_LAYOUT_NCHW ? S : C, &rng);
     fill_special(dy, n, dt, p, lay == SN_LAYOUT_NCHW ? S : C, &rng);
     float *gamma = params(C, 1.0, &rng), *beta = params(C, 0.0, &rng);
+    const int affine = c % 3 != 2; /* every third case without gamma and beta */
+    const float *g = affine ? gamma : NULL, *b = affine ? beta : NULL;
     arena_t a;
     arena_init(&a, (size_t)(2 * n * es + 2 * N * G * 4 + 2 * C * 4) + 8 * 64);
     FOR_THREADS(&a, lay == SN_LAYOUT_NCHW ? "GroupNorm NCHW" : "GroupNorm NHWC", {
       void *y = take(&a, n * es), *dx = take(&a, n * es);
       float *mean = take(&a, N * G * 4), *rstd = take(&a, N * G * 4);
       float *dg = take(&a, C * 4), *db = take(&a, C * 4);
-      OK(sn_groupnorm_fwd(y, mean, rstd, x, gamma, beta, N, C, S, G, EPS, lay, dt));
-      OK(sn_groupnorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, N, C, S, G, lay, dt));
+      OK(sn_groupnorm_fwd(y, mean, rstd, x, g, b, N, C, S, G, EPS, lay, dt));
+      OK(sn_groupnorm_bwd(dx, dg, db, dy, x, mean, rstd, g, N, C, S, G, lay, dt));
     });
     arena_free(&a);
     free(x), free(dy), free(gamma), free(beta);
