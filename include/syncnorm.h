@@ -30,7 +30,8 @@
  *  - OpenMP threads (omp_set_num_threads) split rows or channels; reductions across rows run in
  *    a fixed order, so results are bitwise identical for any thread count. Where an input holds
  *    NaNs, outputs are NaN, but which NaN (sign, payload) is unspecified: it can differ between
- *    builds of the library and with the buffers' alignment, not with the thread count.
+ *    builds of the library, with the buffers' alignment and with streaming stores on or off
+ *    (below), not with the thread count.
  *  - In-place: y may equal x, and dx may equal dy (the same pointer). No other overlap is allowed:
  *    an output that overlaps an input partly, or dx that overlaps x, is SN_ERR_INVALID_ARGUMENT
  *    (checked on the activation buffers; every error below includes it).
@@ -39,7 +40,8 @@
  *    x86-64 CPUs: faster where memory bandwidth bounds the call, but the output is then not in
  *    the cache for the next layer. The environment variable SN_STREAM_MIN_BYTES sets the
  *    threshold in bytes on any x86-64 CPU (0: every output; a huge value: never); it is read
- *    once per process. The values written are the same either way.
+ *    once per process. The values written are the same either way, but for the sign of NaN
+ *    outputs from NaN inputs (above).
  */
 #ifndef SYNCNORM_H
 #define SYNCNORM_H

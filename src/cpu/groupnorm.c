@@ -503,9 +503,10 @@ static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const 
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
     double *w = scratch + (int64_t)sn__thread_num() * block, *own = w + 3 * C + 2 * G;
-    /* x of this thread's rows of a sample: beyond its L2 (a sample per thread, as with one
-     * thread or one processor per MPI rank), the map reads it from memory again, and then
-     * prefetches it (SN_NT_PREFETCH), as the backward's dx pass does */
+    /* x of this thread's rows of a sample (about S / T rows when shared): beyond its L2 (a
+     * sample per thread, as with one thread or one processor per MPI rank), the map reads it
+     * from memory again, and then prefetches it (SN_NT_PREFETCH) where it streams its output,
+     * as the backward's dx pass does */
     const int64_t rows = team == NULL ? S : S / sn__team_size() + 1;
     const int stream =
         stream0 && rows * C * es > sn__l2_bytes() ? stream0 | SN_NT_PREFETCH : stream0;

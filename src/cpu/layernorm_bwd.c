@@ -416,9 +416,11 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
     return SN_OK;
   }
 
-  /* work: [threads + 1, 2, d] fp64: each thread's partials of its current chunk (dgamma, then
-   * dbeta), and last the running total. scratch, per thread: for bf16/f16 2·d f32 (the rows of
-   * ln_bwd_store), then with dgamma/dbeta 2·d f32 (the partials of up to SN_PART_ROWS rows) */
+  /* work: [threads + 1, work_cols] fp64, rows of 2·d rounded up to whole lines: each thread's
+   * partials of its current chunk (dgamma, then dbeta), and last the running total. scratch,
+   * per_thread f32 per thread (rounded up to whole lines, sn__line_stride): for bf16/f16 2·d
+   * (the rows of ln_bwd_store), then with dgamma/dbeta 2·d (the partials of up to SN_PART_ROWS
+   * rows) */
   const int threads = sn__max_threads();
   const int chunked = dgamma != NULL || dbeta != NULL;
   const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;

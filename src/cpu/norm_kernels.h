@@ -157,8 +157,9 @@ static inline int64_t sn__min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* The nt argument of the f32 maps below: 0 for ordinary stores; SN_NT_STREAM for streaming
  * stores (sn__stream_out: outputs of SN_STREAM_MIN_BYTES or more); with SN_NT_PREFETCH too, the
- * maps also prefetch their inputs SN_MAP_PF_FLOATS ahead. That is for the passes whose inputs
- * come from memory (batchnorm.c's apply, inference and backward apply; the GroupNorm NHWC
+ * maps also prefetch their inputs SN_MAP_PF_FLOATS ahead (only where they stream: the flags
+ * cannot say prefetch without streaming). That is for the passes whose inputs come from memory
+ * (batchnorm.c's apply, inference and backward apply; the GroupNorm NHWC forward's map and
  * backward's dx pass where a thread's rows of a sample exceed its L2), not for the maps that
  * follow a reduction over the same data still in the cache (bench_ab, cold, two threads: the
  * fused NCHW BatchNorm forward and backward took 1.08-1.11x the time with it). */

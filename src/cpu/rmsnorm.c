@@ -127,7 +127,8 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
   SN_TRY(sn__check_act(fn, "x", x, n));
   if (n == 0) return SN_OK;
 
-  /* scratch: [threads, d] f32 rows for bf16/f16; f32 works on x and y directly */
+  /* scratch: [threads, row_stride] f32 rows (d rounded up to whole lines) for f16, one for bf16
+   * (gamma in pairs); f32 works on x and y directly */
   const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
   const int64_t row_stride = sn__line_stride(d, sizeof(float)); /* per thread */
@@ -184,8 +185,8 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
   SN_TRY(sn__check_act(fn, "residual", residual, n));
   if (n == 0) return SN_OK;
 
-  /* scratch: [threads, d] f32 rows for f16 (the widened sum row, where y is computed); for
-   * bf16 one row, gamma in pairs (sn__map_pairs) */
+  /* scratch: [threads, row_stride] f32 rows (d rounded up to whole lines) for f16 (the widened
+   * sum row, where y is computed); for bf16 one row, gamma in pairs (sn__map_pairs) */
   const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
   const int64_t row_stride = sn__line_stride(d, sizeof(float)); /* per thread */
@@ -506,9 +507,10 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
     return SN_OK;
   }
 
-  /* work: [threads + 1, d] fp64: each thread's dgamma partial of its current chunk, and last
-   * the running total. scratch, per thread: for bf16/f16 2·d f32 (the rows of rms_bwd_store),
-   * then with dgamma d f32 (the partials of up to SN_PART_ROWS rows) */
+  /* work: [threads + 1, work_cols] fp64, rows of d rounded up to whole lines: each thread's
+   * dgamma partial of its current chunk, and last the running total. scratch, per_thread f32
+   * per thread (rounded up to whole lines): for bf16/f16 2·d (the rows of rms_bwd_store), then
+   * with dgamma d (the partials of up to SN_PART_ROWS rows) */
   const int threads = sn__max_threads();
   const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
   const int64_t per_thread = sn__line_stride(rows_f32 + (dgamma != NULL ? d : 0), sizeof(float));
