@@ -488,6 +488,18 @@ static void gn_fwd_sample(void *y, float *mean, float *rstd, const void *x, cons
               C, G, dtype, stream);
 }
 
+/* The nt flags of an NHWC map pass (the forward's y, the backward's dx), called inside the
+ * parallel region: stream0 (sn__stream_out of the whole output), with SN_NT_PREFETCH added
+ * where the `inputs` tensors (1: x; 2: x and dy) of this thread's rows of a sample — S rows, or
+ * about S / T when the team shares the sample — exceed its L2. The pass then reads them from
+ * memory a second time (after the sums), so it prefetches them, as the BatchNorm maps do; only
+ * where it streams (SN_NT_PREFETCH needs SN_NT_STREAM). A sample per thread is the case of one
+ * thread, or of one processor per MPI rank. */
+static int gn_map_nt(int stream0, int shared, int64_t S, int64_t C, int64_t es, int64_t inputs) {
+  const int64_t rows = shared ? S / sn__team_size() + 1 : S;
+  return stream0 && inputs * rows * C * es > sn__l2_bytes() ? stream0 | SN_NT_PREFETCH : stream0;
+}
+
 /* scratch: nt·gn_fwd_nhwc_scratch(C, G) doubles, a block per thread; team (when
  * gn_fwd_split): [2][GN_PIECES][2][C] doubles, the team's part buffers, one per sample parity,
  * so that a thread may sum the next sample's pieces while another still adds this one's. A
@@ -503,13 +515,7 @@ static void gn_fwd_nhwc(void *y, float *mean, float *rstd, const void *x, const 
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
     double *w = scratch + (int64_t)sn__thread_num() * block, *own = w + 3 * C + 2 * G;
-    /* x of this thread's rows of a sample (about S / T rows when shared): beyond its L2 (a
-     * sample per thread, as with one thread or one processor per MPI rank), the map reads it
-     * from memory again, and then prefetches it (SN_NT_PREFETCH) where it streams its output,
-     * as the backward's dx pass does */
-    const int64_t rows = team == NULL ? S : S / sn__team_size() + 1;
-    const int stream =
-        stream0 && rows * C * es > sn__l2_bytes() ? stream0 | SN_NT_PREFETCH : stream0;
+    const int stream = gn_map_nt(stream0, team != NULL, S, C, es, 1);
     if (team == NULL) {
 #pragma omp for schedule(static)
       for (int64_t n = 0; n < N; n++)
@@ -664,12 +670,7 @@ static void gn_bwd_nhwc(void *dx, double *wq, const void *dy, const void *x, con
 #pragma omp parallel num_threads(nt) if (N * C * S >= SN_PAR_MIN)
   {
     double *w = scratch + (int64_t)sn__thread_num() * block, *own = w + 4 * C + 3 * G;
-    /* x and dy of this thread's rows of a sample: beyond its L2, the dx pass reads them from
-     * memory again, and then prefetches them (SN_NT_PREFETCH) */
-    const int64_t rows = team == NULL ? S : S / sn__team_size() + 1;
-    const int stream = stream0 && 2 * rows * C * es > sn__l2_bytes()
-                           ? stream0 | SN_NT_PREFETCH
-                           : stream0;
+    const int stream = gn_map_nt(stream0, team != NULL, S, C, es, 2);
     if (team == NULL) {
 #pragma omp for schedule(static)
       for (int64_t n = 0; n < N; n++)
