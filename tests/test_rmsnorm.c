@@ -755,6 +755,36 @@ START_TEST(test_bwd_g_overflow) {
 }
 END_TEST
 
+/* The term rstd·g beyond FLT_MAX while dx = rstd·g − x̂·e is finite: x ≈ 0.5 (rstd ≈ 2, x̂ ≈ 1),
+ * g ≈ 3e38 on half of the row and 0 on the other, so rstd·g ≈ 6e38 and dx ≈ ±3e38. The f32 map
+ * gave ±inf for the first half (found by a probe of 2026-12-02 against the docstring's "rows
+ * whose terms are near either end of the range are computed in fp64"); the sum and e were held
+ * by f32, and only they were checked. One row with dgamma (its terms dy·x̂ ≈ 3e38 are finite),
+ * three rows without (their sum is not). */
+START_TEST(test_bwd_term_overflow) {
+  static const int64_t D[] = {2, 4, 37, 64};
+  for (int id = 0; id < 2; id++)
+    for (size_t b = 0; b < sizeof D / sizeof D[0]; b++)
+      for (int rows = 1; rows <= 3; rows += 2) {
+        const sn_dtype_t dt = id == 0 ? SN_DTYPE_F32 : SN_DTYPE_BF16;
+        const int64_t d = D[b], n = rows * d;
+        tu_rng_t rng;
+        tu_rng_seed(&rng, 1300 + (uint64_t)(id * 100) + b * 10 + (uint64_t)rows);
+        void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt);
+        for (int64_t i = 0; i < n; i++) {
+          tu_set(x, i, 0.5 * (1.0 + 0.01 * tu_rng_uniform(&rng)), dt);
+          tu_set(dy, i, i % d < d / 2 ? 3e38 * (0.9 + 0.1 * tu_rng_uniform(&rng)) : 0.0, dt);
+        }
+        float gamma[64];
+        for (int64_t i = 0; i < d; i++) gamma[i] = 1.0f;
+        check_bwd_case_dg(x, dy, NULL, rows, d, dt, EPS, rows == 1, "rmsnorm_bwd rstd*g > FLT_MAX");
+        check_bwd_case_dg(x, dy, gamma, rows, d, dt, EPS, rows == 1,
+                          "rmsnorm_bwd rstd*g > FLT_MAX, gamma");
+        free(x), free(dy);
+      }
+}
+END_TEST
+
 START_TEST(test_bwd_large_mean) {
   for (int64_t b = 0; b < ND; b++) {
     check_bwd(3, DS[b], SN_DTYPE_F32, 1e4, 1e-2, 800 + b);
@@ -1054,6 +1084,7 @@ int main(void) {
   tcase_add_test(tc, test_bwd_extreme_scale);
   tcase_add_test(tc, test_bwd_subnormal_eps);
   tcase_add_test(tc, test_bwd_g_overflow);
+  tcase_add_test(tc, test_bwd_term_overflow);
   tcase_add_test(tc, test_fd);
   tcase_add_test(tc, test_bad_input);
   tcase_add_test(tc, test_empty_batch);

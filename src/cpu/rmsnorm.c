@@ -271,13 +271,27 @@ static void rms_bwd_row_f64(float *dx, double *dgp64, const float *dy, const flo
  * chunk's fp64 partial dgp64 instead; the choice depends on the row's data only. */
 #define RMS_PART_F32_MIN 0x1p-100
 
+/* Whether a row's dx can be mapped in f32: its terms s·g and x̂·e, and x̂ = x·s, bounded with the
+ * row's max|dy|, max|x| (mdy, mx) and max|gamma| over the call (gmax; 1 without gamma) by
+ * |s|·mdy·gmax + |s|·mx·|e| and |s|·mx, stay below RMS_TERM_F32_MAX, so that no f32 product or
+ * difference of the map overflows. Otherwise a term beyond FLT_MAX made dx ±inf where the
+ * difference was finite (x ≈ 0.5, g ≈ 3e38 on half of the row: s·g ≈ 6e38, dx ≈ ±3e38;
+ * test_bwd_term_overflow), and such rows go to rms_bwd_row_f64. False for NaN bounds. The
+ * decision depends on the row's data and gamma only, and is the same in the pairs path. */
+#define RMS_TERM_F32_MAX 0x1p127
+static inline int rms_terms_f32(double sd, float mdy, float mx, float gmax, double ed) {
+  const double s = fabs(sd), xh = s * (double)mx;
+  return s * (double)mdy * (double)gmax + xh * fabs(ed) <= RMS_TERM_F32_MAX &&
+         xh <= RMS_TERM_F32_MAX;
+}
+
 /* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x and the saved rstd s.
  * With has_part, dgp[i] += dy·x̂ into the f32 partial of dgamma, or into the chunk's fp64
  * partial dgp64 for a row outside the f32 partials' range (RMS_PART_F32_MIN, SN_PART_F32_MAX).
  * Rows whose Σg·x is not finite or whose e is not held by an f32 go to rms_bwd_row_f64. */
 SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const float *dy,
-                                const float *x, const float *gamma, int64_t d, float s,
-                                const sn__bwd_prefetch_t *pf, int has_g, int has_part) {
+                                const float *x, const float *gamma, float gmax, int64_t d,
+                                float s, const sn__bwd_prefetch_t *pf, int has_g, int has_part) {
   /* pass A: Σ g·x in fp64 lanes (the product of two floats is exact in fp64), and max|dy|,
    * max|x|; each prefetched stream advances by this block's bytes */
   double acc[SN_ROW_LANES] = {0};
@@ -291,24 +305,23 @@ SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const floa
     }
     for (int k = 0; k < SN_ROW_LANES; k++) {
       acc[k] += (double)rms_g(dy[i + k], gamma, i + k, has_g) * (double)x[i + k];
-      if (has_part) mdy[k] = sn__max_abs(mdy[k], dy[i + k]), mx[k] = sn__max_abs(mx[k], x[i + k]);
+      mdy[k] = sn__max_abs(mdy[k], dy[i + k]), mx[k] = sn__max_abs(mx[k], x[i + k]);
     }
   }
   for (int k = 0; k < SN_ROW_LANES && i < d; i++, k++) {
     acc[k] += (double)rms_g(dy[i], gamma, i, has_g) * (double)x[i];
-    if (has_part) mdy[k] = sn__max_abs(mdy[k], dy[i]), mx[k] = sn__max_abs(mx[k], x[i]);
+    mdy[k] = sn__max_abs(mdy[k], dy[i]), mx[k] = sn__max_abs(mx[k], x[i]);
   }
   const double sum = sn__lanes_total(acc), sd = (double)s, ed = sd * sd * (sum / (double)d);
-  if (!isfinite(sum) || !sn__f32_holds(ed)) { /* f32 g beyond FLT_MAX, inf/NaN in the row */
+  float a = 0.0f, bx = 0.0f; /* max|dy|, max|x| */
+  for (int k = 0; k < SN_ROW_LANES; k++) a = sn__max_abs(a, mdy[k]), bx = sn__max_abs(bx, mx[k]);
+  /* f32 g beyond FLT_MAX, inf/NaN in the row, e or a term beyond the f32 range */
+  if (!isfinite(sum) || !sn__f32_holds(ed) || !rms_terms_f32(sd, a, bx, gmax, ed)) {
     rms_bwd_row_f64(dx, has_part ? dgp64 : NULL, dy, x, has_g ? gamma : NULL, d, s);
     return;
   }
-  double term = 0.0; /* max|dy|·max|x|·s, bounding the dgamma terms */
-  if (has_part) {
-    float a = 0.0f, bx = 0.0f;
-    for (int k = 0; k < SN_ROW_LANES; k++) a = sn__max_abs(a, mdy[k]), bx = sn__max_abs(bx, mx[k]);
-    term = (double)a * (double)bx * fabs(sd);
-  }
+  /* max|dy|·max|x|·s, bounding the dgamma terms */
+  const double term = has_part ? (double)a * (double)bx * fabs(sd) : 0.0;
   const float e = (float)ed;
 
   /* pass B: dy[j] is read before dx[j] is written */
@@ -347,13 +360,13 @@ SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const floa
 }
 
 SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const float *dy,
-                                  const float *x, const float *gamma, int64_t d, float s,
-                                  const sn__bwd_prefetch_t *pf) {
+                                  const float *x, const float *gamma, float gmax, int64_t d,
+                                  float s, const sn__bwd_prefetch_t *pf) {
   const int g = gamma != NULL, p = dgp != NULL;
-  if (g && p) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, d, s, pf, 1, 1);
-  else if (g) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, d, s, pf, 1, 0);
-  else if (p) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, d, s, pf, 0, 1);
-  else rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, d, s, pf, 0, 0);
+  if (g && p) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, gmax, d, s, pf, 1, 1);
+  else if (g) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, gmax, d, s, pf, 1, 0);
+  else if (p) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, gmax, d, s, pf, 0, 1);
+  else rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, gmax, d, s, pf, 0, 0);
 }
 
 /* ---- bf16 rows in pairs ------------------------------------------------------------------ */
@@ -380,8 +393,8 @@ SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const fl
  * the f32 partials' range): the caller then runs the generic path on the widened rows, whose
  * decisions are the same (the same sums), so it writes dgp64 and never dgq. */
 SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, const uint16_t *x,
-                                 const float *gs, const float *gamma, int64_t d, float s,
-                                 const sn__bwd_prefetch_t *pf, int has_g, int has_part) {
+                                 const float *gs, const float *gamma, float gmax, int64_t d,
+                                 float s, const sn__bwd_prefetch_t *pf, int has_g, int has_part) {
   /* pass A: Σ g·x in fp64 (lanes 2m and 2m + 1 of the 32 in the even and odd halves), and
    * max|dy|, max|x| on the bf16 bits (sn__pair_absmax) */
   double ae[SN_PAIR / 2] = {0}, ao[SN_PAIR / 2] = {0};
@@ -392,10 +405,8 @@ SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, c
     sn__pf xe, xo, ge, go;
     sn__pair_widen(&xe, &xo, x + i);
     sn__pair_widen(&ge, &go, dy + i);
-    if (has_part) {
-      sn__pair_absmax(mdy, dy + i);
-      sn__pair_absmax(mx, x + i);
-    }
+    sn__pair_absmax(mdy, dy + i);
+    sn__pair_absmax(mx, x + i);
     if (has_g) {
       sn__pf pe, po;
       sn__pair_load(&pe, &po, gs + i);
@@ -407,18 +418,14 @@ SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, c
   }
   double acc[SN_ROW_LANES];
   sn__pair_lanes(acc, ae, ao);
-  float a = 0.0f, bx = 0.0f;
-  if (has_part) {
-    a = sn__pair_absmax_total(mdy);
-    bx = sn__pair_absmax_total(mx);
-  }
+  float a = sn__pair_absmax_total(mdy), bx = sn__pair_absmax_total(mx);
   for (int k = 0; k < SN_ROW_LANES && i < d; i++, k++) {
     const float dyi = sn__bf16_to_f32(dy[i]), xi = sn__bf16_to_f32(x[i]);
     acc[k] += (double)rms_g(dyi, gamma, i, has_g) * (double)xi;
-    if (has_part) a = sn__max_abs(a, dyi), bx = sn__max_abs(bx, xi);
+    a = sn__max_abs(a, dyi), bx = sn__max_abs(bx, xi);
   }
   const double sum = sn__lanes_total(acc), sd = (double)s, ed = sd * sd * (sum / (double)d);
-  if (!isfinite(sum) || !sn__f32_holds(ed)) return 1;
+  if (!isfinite(sum) || !sn__f32_holds(ed) || !rms_terms_f32(sd, a, bx, gmax, ed)) return 1;
   const double term = has_part ? (double)a * (double)bx * fabs(sd) : 0.0;
   if (has_part && !(term >= RMS_PART_F32_MIN && term <= SN_PART_F32_MAX) && term != 0.0) return 1;
   const float e = (float)ed;
@@ -457,12 +464,12 @@ SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, c
 
 SN_CLONES static int rms_bwd_pairs(uint16_t *dx, float *dgq, const uint16_t *dy,
                                    const uint16_t *x, const float *gs, const float *gamma,
-                                   int64_t d, float s, const sn__bwd_prefetch_t *pf) {
+                                   float gmax, int64_t d, float s, const sn__bwd_prefetch_t *pf) {
   const int g = gamma != NULL, p = dgq != NULL;
-  if (g && p) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, d, s, pf, 1, 1);
-  if (g) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, d, s, pf, 1, 0);
-  if (p) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, d, s, pf, 0, 1);
-  return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, d, s, pf, 0, 0);
+  if (g && p) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, gmax, d, s, pf, 1, 1);
+  if (g) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, gmax, d, s, pf, 1, 0);
+  if (p) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, gmax, d, s, pf, 0, 1);
+  return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, gmax, d, s, pf, 0, 0);
 }
 
 /* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
@@ -470,8 +477,9 @@ SN_CLONES static int rms_bwd_pairs(uint16_t *dx, float *dgq, const uint16_t *dy,
  * bf16 rows take rms_bwd_pairs (gs: gamma in pairs; dgp then in pair order), and the widened
  * rows only where it declines. */
 static void rms_bwd_store(void *dx, float *dgp, double *dgp64, const void *dy, const void *x,
-                          const float *rstd, const float *gamma, const float *gs, int64_t r,
-                          int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp, int nt) {
+                          const float *rstd, const float *gamma, const float *gs, float gmax,
+                          int64_t r, int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp,
+                          int nt) {
   const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
   /* f16 rows are computed in tmp; bf16 pair blocks stream only where they are whole lines */
   nt = nt && (dtype == SN_DTYPE_F32 ||
@@ -481,14 +489,14 @@ static void rms_bwd_store(void *dx, float *dgp, double *dgp64, const void *dy, c
                            nt ? NULL : (char *)dx + off * esize, (int)esize, nt};
   if (dtype == SN_DTYPE_BF16 &&
       rms_bwd_pairs((uint16_t *)dx + off, dgp, (const uint16_t *)dy + off,
-                    (const uint16_t *)x + off, gs, gamma, d, rstd[r], &pf) == 0)
+                    (const uint16_t *)x + off, gs, gamma, gmax, d, rstd[r], &pf) == 0)
     return;
   float *tmp_dy = tmp != NULL ? tmp + d : NULL;
   const float *xr = sn__in_row(x, off, d, dtype, tmp);         /* [d] */
   const float *dyr = sn__in_row(dy, off, d, dtype, tmp_dy);    /* [d] */
   float *dxr = sn__out_row(dx, off, dtype, tmp_dy);          /* [d], may be dyr */
   pf.nt = nt && dtype == SN_DTYPE_F32; /* a bf16 row declined by the pairs is computed in tmp */
-  rms_bwd_row(dxr, dgp, dgp64, dyr, xr, gamma, d, rstd[r], &pf);
+  rms_bwd_row(dxr, dgp, dgp64, dyr, xr, gamma, gmax, d, rstd[r], &pf);
   sn__out_done(dx, off, d, dtype, tmp_dy);
 }
 
@@ -526,6 +534,11 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   double *total = dgamma != NULL ? work + (int64_t)threads * work_cols : NULL; /* [d] */
   if (dgamma != NULL) memset(total, 0, (size_t)d * sizeof(double));
   const int stream = sn__stream_out(n * sn_dtype_size(dtype)); /* dx */
+  float gmax = 1.0f; /* max|gamma| (rms_terms_f32) */
+  if (gamma != NULL) {
+    gmax = 0.0f;
+    for (int64_t i = 0; i < d; i++) gmax = sn__max_abs(gmax, gamma[i]);
+  }
 #pragma omp parallel
   {
     const int64_t t = sn__thread_num();
@@ -533,7 +546,8 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
     if (dgamma == NULL) {
 #pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < rows; r++)
-        rms_bwd_store(dx, NULL, NULL, dy, x, rstd, gamma, gs, r, rows, d, dtype, tmp, stream);
+        rms_bwd_store(dx, NULL, NULL, dy, x, rstd, gamma, gs, gmax, r, rows, d, dtype, tmp,
+                      stream);
     } else {
       double *p = work + t * work_cols;                 /* [d] fp64 */
       float *p32 = scratch + t * per_thread + rows_f32; /* [d] f32 */
@@ -544,7 +558,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
         const int64_t r0 = sn__chunk_begin(k, rows, chunks);
         const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
         for (int64_t r = r0; r < r1; r++) {
-          rms_bwd_store(dx, p32, p, dy, x, rstd, gamma, gs, r, rows, d, dtype, tmp, stream);
+          rms_bwd_store(dx, p32, p, dy, x, rstd, gamma, gs, gmax, r, rows, d, dtype, tmp, stream);
           if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1) {
             if (dtype == SN_DTYPE_BF16) sn__flush_pairs(p, p32, d); /* p32 in pair order */
             else sn__flush_partial(p, p32, d);
