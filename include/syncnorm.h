@@ -26,7 +26,10 @@
  *    of y as each function states. An f32 output whose x̂·gamma overflows f32 is ±inf even where
  *    beta would bring y back into range. dx of a backward is accurate relative to the size of
  *    its terms, ‖rstd·dy·gamma‖, not to dx itself, which can cancel to ~0 (dy proportional to
- *    x̂); dgamma/dbeta relative to their own size.
+ *    x̂); dgamma/dbeta relative to their own size. In BatchNorm's and GroupNorm's backward, a dx
+ *    whose term rstd·gamma·dy (or x̂ times the sums' term) overflows f32 is likewise ±inf even
+ *    where the other terms bring dx back into range; LayerNorm and RMSNorm compute such rows in
+ *    fp64.
  *  - OpenMP threads (omp_set_num_threads) split rows or channels; reductions across rows run in
  *    a fixed order, so results are bitwise identical for any thread count. Where an input holds
  *    NaNs, outputs are NaN, but which NaN (sign, payload) is unspecified: it can differ between
