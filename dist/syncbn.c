@@ -243,7 +243,7 @@ static void field_value(char *out, size_t size, int k, int64_t v, int first) {
       snprintf(out, size, "%g", (double)f);
       if (strtof(out, NULL) != f) snprintf(out, size, "%.9g", (double)f);
     }
-  } else if (k == 9) {
+  } else if (k == 10) {
     snprintf(out, size, "%s", first ? "one state" : "another");
   } else {
     snprintf(out, size, "%lld", (long long)v);
@@ -257,7 +257,7 @@ static void field_value(char *out, size_t size, int k, int64_t v, int first) {
 static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi, int64_t rlo,
                        int64_t rhi) {
   const int ranked = rlo >= 0 && rhi >= 0;
-  if (k == 9)
+  if (k == 10)
     return ranked ? snprintf(out, size, " (e.g. ranks %lld and %lld)", (long long)rlo,
                              (long long)rhi)
                   : snprintf(out, size, "%s", "");
@@ -344,16 +344,20 @@ static int field_by_rank(char *out, size_t size, int k, const int64_t *table, in
  * the lowest rank holding each field's extremes. The ranks are those of the layer's
  * communicator (of a split one, not the world's). Should that collective fail (a timeout), its
  * status is returned, with both messages: the communicator is then broken. */
-enum { CALL_FIELDS = 5, CONFIG_FIELDS = 9 };
+enum { CALL_FIELDS = 5, CONFIG_FIELDS = 10 };
 static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
-  enum { K = 10 };
+  enum { K = 11 };
+  /* check_finite is configuration too: a rank with it returns SN_ERR_NONFINITE before the
+   * statistics' second all-reduce (the pivot refinement) that a rank without it makes, so ranks
+   * that differ in it would go on out of step (a review: MPI_ERR_TRUNCATE ended the job) */
   static const char *const field[K] = {
       "layer id", "C (num_features)", "operation", "dtype", "layout", "momentum", "eps",
-      "track_running_stats", "affine",
+      "track_running_stats", "affine", "check_finite",
       "running statistics (load or set them on every rank, or broadcast them from one)"};
   int64_t sig[K] = {bn->id, bn->C, op, (int64_t)bn->cfg.dtype, (int64_t)bn->cfg.layout,
                     float_bits(bn->cfg.momentum), float_bits(bn->cfg.eps),
-                    bn->cfg.track_running_stats, bn->cfg.affine, running_hash(bn)};
+                    bn->cfg.track_running_stats, bn->cfg.affine, bn->cfg.check_finite != 0,
+                    running_hash(bn)};
   int64_t v[2 * K];
   for (int k = 0; k < K; k++) v[k] = sig[k], v[K + k] = -sig[k];
   bn->collectives++;

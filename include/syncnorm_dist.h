@@ -123,9 +123,9 @@ typedef struct {
   sn_layout_t layout;      /* NCHW ([N, C, S]) or NHWC ([N, S, C]); default NCHW */
   sn_dtype_t dtype;        /* x, y, dy, dx: f32, bf16 or f16; parameters stay f32; default f32 */
   int check_consistency;   /* before each collective, check all ranks call the same layer id,
-                              C, operation, dtype, layout, momentum, eps, track_running_stats and
-                              affine with the same running statistics (one extra all-reduce of 20
-                              int64; on a mismatch one more, so that the message names the ranks
+                              C, operation, dtype, layout, momentum, eps, track_running_stats,
+                              affine and check_finite with the same running statistics (one extra
+                              all-reduce of 22 int64; on a mismatch one more, so that the message names the ranks
                               (of this communicator) holding each value: up to 64 ranks all of
                               them, beyond the lowest rank at each end of the range; should that
                               one time out, its SN_ERR_TIMEOUT is returned); default 1. Off, a rank that calls
@@ -134,7 +134,9 @@ typedef struct {
                               sn_comm_create_mpi). Set it alike on every rank: ranks that
                               differ in it do different collectives */
   int check_finite;        /* fail with SN_ERR_NONFINITE on every rank, stats untouched, when any
-                              rank's x (forward) or dy (backward) holds NaN/Inf; default 0 */
+                              rank's x (forward) or dy (backward) holds NaN/Inf; default 0. Set
+                              it alike on every rank (ranks that differ in it make different
+                              collectives): check_consistency reports a difference */
   int device_memory;       /* x, y, parameters and stats in CUDA device memory (needs an "nccl"
                               communicator, or comm == NULL in a CUDA build); default 0 */
   int64_t layer_id;        /* identity checked across ranks; -1 (default): creation order on the
