@@ -5,8 +5,8 @@
  * Spec: https://github.com/huggingface/safetensors (README, "Format"). JSON via jansson.
  *
  * Saving is atomic: write an unnamed file in path's directory (O_TMPFILE) or, where the file
- * system lacks that, "<path>.tmp.<pid>"; fsync; link the unnamed file as "<path>.tmp.<pid>";
- * rename that over path; fsync the directory. A process that dies while writing leaves nothing
+ * system lacks that, "<path>.tmp.<pid>.<k>" (k: this process's count of saves); fsync; link
+ * the unnamed file as "<path>.tmp.<pid>.<k>"; rename that over path; fsync the directory. A process that dies while writing leaves nothing
  * behind on the first route (the unnamed file goes with it), its named file on the second.
  * Loading reads the whole file and validates every field before anything is handed out.
  */
@@ -16,6 +16,7 @@
 #include <jansson.h>
 #include <libgen.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,15 +207,22 @@ static int write_payload(FILE *f, const char *header, size_t header_len,
   return ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
 }
 
-/* The temporary name of a save: "<path>.tmp.<pid>", or, where that name's last component
- * would exceed NAME_MAX (a valid path up to 255 bytes long, plus the suffix), its first bytes
- * then ".<hash of the whole last component>.tmp.<pid>", so that it stays a valid name and two
- * long names with a common start still differ. out holds plen + 64 bytes. */
+/* Saves started by this process so far: the last part of their temporary names. */
+static atomic_uint_fast64_t saves_started;
+
+/* The temporary name of a save: "<path>.tmp.<pid>.<k>" with k this process's count of saves
+ * (so that threads saving to one path at once never share a temporary file: with the pid
+ * alone each unlinked the other's link before renaming it, and one of the two saves failed; a
+ * review), or, where that name's last component would exceed NAME_MAX (a valid path up to 255
+ * bytes long, plus the suffix), its first bytes then ".<hash of the whole last
+ * component>.tmp.<pid>.<k>", so that it stays a valid name and two long names with a common
+ * start still differ. out holds plen + 64 bytes. */
 static void temp_name(char *out, size_t size, const char *path) {
   const char *slash = strrchr(path, '/');
   const char *base = slash != NULL ? slash + 1 : path;
   char suffix[48];
-  const int sl = snprintf(suffix, sizeof suffix, ".tmp.%ld", (long)getpid());
+  const int sl = snprintf(suffix, sizeof suffix, ".tmp.%ld.%llu", (long)getpid(),
+                          (unsigned long long)atomic_fetch_add(&saves_started, 1));
   const size_t blen = strlen(base);
   if (blen + (size_t)sl <= NAME_MAX) {
     snprintf(out, size, "%s%s", path, suffix);
@@ -250,7 +258,7 @@ static int save_unnamed(const char *fn, const char *path, const char *tmp, const
   if (ok) {
     char proc[64];
     snprintf(proc, sizeof proc, "/proc/self/fd/%d", fileno(f));
-    unlink(tmp); /* a stale one of an earlier process with this pid */
+    unlink(tmp); /* a stale one of an earlier process with this pid and count */
     if (linkat(AT_FDCWD, proc, AT_FDCWD, tmp, AT_SYMLINK_FOLLOW) != 0) {
       fclose(f); /* the unnamed file goes */
       return 0;

@@ -252,12 +252,14 @@ typedef struct {
 } sn_tensor_t;
 
 /* Writes the tensors to `path` as safetensors: to an unnamed file in path's directory
- * (O_TMPFILE), fsync, link it as "<path>.tmp.<pid>", then rename over path, so a crash leaves
- * either the old file or the complete new one, and a crash while writing leaves no temporary
- * file. On file systems without O_TMPFILE (or without /proc) the file is written as
- * "<path>.tmp.<pid>" directly, which a crash while writing leaves behind (never loaded, as it is
- * not <path>). Where that temporary name would be longer than NAME_MAX, it is path's first bytes,
- * a hash of its last component, then ".tmp.<pid>". Errors:
+ * (O_TMPFILE), fsync, link it as "<path>.tmp.<pid>.<k>" (k counts this process's saves), then
+ * rename over path, so a crash leaves either the old file or the complete new one, and a crash
+ * while writing leaves no temporary file. On file systems without O_TMPFILE (or without /proc)
+ * the file is written as "<path>.tmp.<pid>.<k>" directly, which a crash while writing leaves
+ * behind (never loaded, as it is not <path>). Where that temporary name would be longer than
+ * NAME_MAX, it is path's first bytes, a hash of its last component, then ".tmp.<pid>.<k>".
+ * Threads may save to the same path at once: each save has its own temporary file, and path
+ * ends up as one of them, complete. Errors:
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (bad name, duplicate name, ndim, shape),
  * SN_ERR_INVALID_DTYPE, SN_ERR_OVERFLOW, SN_ERR_IO (path not writable; the old file stays),
  * SN_ERR_ALLOC. */

@@ -8,7 +8,7 @@
  *   SN_KILLHOOK_RANK   the rank that dies (OMPI_COMM_WORLD_RANK or PMIX_RANK); default 0
  *   SN_KILLHOOK_AT     POINT:FILE:NTH — at the NTH save (1-based) of a file whose path contains
  *                      FILE, where POINT is
- *                        write         half-way through writing "<path>.tmp.<pid>" (after the
+ *                        write         half-way through writing "<path>.tmp.<pid>.<k>" (after the
  *                                      length, the header and half of the first tensor: flushed,
  *                                      so a truncated temporary file is left on disk)
  *                        fsync         written and flushed, right before fsync
@@ -20,7 +20,7 @@
  *                      that kills ranks from outside at random moments)
  * While SN_KILLHOOK_AT names a save point, unnamed files (open with O_TMPFILE) fail with
  * EOPNOTSUPP, as on a file system without them: sn_safetensors_save then takes its named route
- * ("<path>.tmp.<pid>" through fopen), whose steps the points above name. (The unnamed route's
+ * ("<path>.tmp.<pid>.<k>" through fopen), whose steps the points above name. (The unnamed route's
  * crash behaviour is test_checkpoint's test_crash_while_saving.)
  * Before dying it prints "KILLHOOK rank=R point=P file=F nth=N t=<unix time>" to stderr.
  */
