@@ -315,9 +315,18 @@ static int64_t load_checkpoint(trainer_t *t) {
                "syncnorm-train (model.safetensors holds the model only)",
                t->o.resume, ts_names[i]);
       failed = 1;
+    } else if (x.ndim != 0) { /* save_checkpoint writes scalars: 8 bytes of data */
+      snprintf(err, sizeof err, "--resume %s: \"%s\" has %d dimensions, not a scalar: a corrupt "
+               "checkpoint", t->o.resume, ts_names[i], x.ndim);
+      failed = 1;
     } else {
       memcpy(&v[i], x.data, sizeof v[i]);
     }
+  }
+  if (!failed && v[TS_STEP] < 0) {
+    snprintf(err, sizeof err, "--resume %s: trainer.step is %lld: a corrupt checkpoint",
+             t->o.resume, (long long)v[TS_STEP]);
+    failed = 1;
   }
   const int64_t g = t->o.batch * t->size;
   if (!failed && (v[TS_GLOBAL_BATCH] != g || v[TS_SEED] != (int64_t)t->o.seed ||
@@ -466,16 +475,22 @@ int main(int argc, char **argv) {
   CHECK_SN(sn_comm_create_mpi(&t.comm, MPI_COMM_WORLD));
   load_data(&t);
 
-  const int64_t global = t.o.batch * t.size;
-  t.steps_per_epoch = t.train_n / global; /* the last incomplete global batch is dropped */
+  int64_t global; /* the options are the same on every rank, so is each verdict below */
+  const int batch_overflows = __builtin_mul_overflow(t.o.batch, (int64_t)t.size, &global);
+  t.steps_per_epoch = batch_overflows ? 0 : t.train_n / global; /* the last incomplete global
+                                                                    batch is dropped */
   {
     char msg[512];
     snprintf(msg, sizeof msg,
              "%lld training images are fewer than one global batch of %d ranks × %lld",
              (long long)t.train_n, t.size, (long long)t.o.batch);
     exit_if_any_failed(&t, t.steps_per_epoch == 0, msg);
+    /* a review: --epochs 2^63-1 overflowed here into a negative schedule */
+    snprintf(msg, sizeof msg, "--epochs %lld × %lld steps per epoch is beyond 2^63 steps",
+             (long long)t.o.epochs, (long long)t.steps_per_epoch);
+    exit_if_any_failed(&t, __builtin_mul_overflow(t.o.epochs, t.steps_per_epoch, &t.total_steps),
+                       msg);
   }
-  t.total_steps = t.o.epochs * t.steps_per_epoch;
   char err[4096] = "";
   const int64_t cap = t.o.batch > t.o.eval_batch ? t.o.batch : t.o.eval_batch;
   if (cnn_model_create(&t.model, cap, t.o.sync_bn ? t.comm : NULL, t.o.seed, err, sizeof err))

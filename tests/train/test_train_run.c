@@ -288,6 +288,26 @@ END_TEST
 
 /* ---- resume ---------------------------------------------------------------------------------- */
 
+/* A copy of the checkpoint src as dst with its trainer.step replaced: the scalar `step`, or
+ * with empty != 0 an I64 tensor of shape [0] (no data), as a corrupt or crafted file would
+ * have. */
+static void write_bad_step(const char *src, const char *dst, int64_t step, int empty) {
+  sn_safetensors_t *f = NULL;
+  ck_assert_int_eq(sn_safetensors_load(&f, src), SN_OK);
+  const int64_t n = sn_safetensors_count(f);
+  sn_tensor_t *t = calloc((size_t)n, sizeof *t);
+  ck_assert_ptr_nonnull(t);
+  for (int64_t i = 0; i < n; i++) {
+    ck_assert_int_eq(sn_safetensors_get(f, &t[i], sn_safetensors_name(f, i)), SN_OK);
+    if (strcmp(t[i].name, "trainer.step") != 0) continue;
+    t[i].data = &step;
+    if (empty) t[i].ndim = 1, t[i].shape[0] = 0;
+  }
+  ck_assert_int_eq(sn_safetensors_save(dst, t, n), SN_OK);
+  free(t);
+  sn_safetensors_free(f);
+}
+
 START_TEST(test_resume_is_exact) {
   fresh_work_dir();
   char full[1024], part[1024], ck[1200], a[1300], b[1300];
@@ -343,6 +363,20 @@ START_TEST(test_resume_is_exact) {
   st = run("past_end", 2, COMMON, "--out", part, "--max-steps", "30", "--resume", ck, NULL);
   ASSERT_RUN(st, 2, "resume past the end of the run");
   ck_assert_msg(strstr(g_err, "past the end") && count_of(g_err, "syncnorm-train: error") == 1,
+                "%s", g_err);
+  /* corrupt trainer.step (a review: a negative step indexed before the data order, a shape [0]
+   * tensor was read past the file's buffer): refused */
+  wpath(b, sizeof b, "negative_step.safetensors");
+  write_bad_step(ck, b, -5, 0);
+  st = run("negative_step", 2, COMMON, "--out", part, "--resume", b, NULL);
+  ASSERT_RUN(st, 2, "resume from a negative step");
+  ck_assert_msg(strstr(g_err, "trainer.step is -5") && count_of(g_err, "syncnorm-train: error") == 1,
+                "%s", g_err);
+  wpath(b, sizeof b, "empty_step.safetensors");
+  write_bad_step(ck, b, 0, 1);
+  st = run("empty_step", 2, COMMON, "--out", part, "--resume", b, NULL);
+  ASSERT_RUN(st, 2, "resume from a shape [0] step");
+  ck_assert_msg(strstr(g_err, "not a scalar") && count_of(g_err, "syncnorm-train: error") == 1,
                 "%s", g_err);
 #undef COMMON
 }
@@ -409,6 +443,9 @@ START_TEST(test_errors_exit_2) {
   /* options */
   expect_error("bad_batch", 2, "invalid value '0' for --batch", "--batch", "0", "--epochs", "1");
   expect_error("bad_lr", 2, "invalid value 'x' for --lr", "--lr", "x", "--epochs", "1");
+  /* a review: epochs × steps per epoch overflowed into a negative schedule (exit 0, no files) */
+  expect_error("huge_epochs", 2, "beyond 2^63 steps", "--data", g_data, "--epochs",
+               "9223372036854775807");
   int st = run("unknown_option", 2, "--bogus", NULL);
   ASSERT_RUN(st, 2, "unknown option");
   expect_error("resume_missing", 2, "--resume /nonexistent.safetensors", "--data", g_data,
