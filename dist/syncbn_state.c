@@ -136,6 +136,15 @@ static sn_status_t check_layers(const char *fn, sn_syncbn_t *const *layers,
     SN_TRY(sn__syncbn_check(fn, layers[i]));
     SN_TRY(check_prefix(fn, prefixes[i]));
   }
+  /* one prefix per layer: a save names the tensors after it, and a load under two would leave
+   * the layer with whichever came last */
+  for (int64_t i = 0; i < count; i++)
+    for (int64_t j = 0; j < i; j++)
+      if (layers[j] == layers[i])
+        return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                        "%s: layers[%lld] and layers[%lld] are the same layer ('%s', '%s'); "
+                        "give each layer once", fn, (long long)j, (long long)i, prefixes[j],
+                        prefixes[i]);
   return SN_OK;
 }
 
@@ -144,13 +153,6 @@ sn_status_t sn_syncbn_save(const char *path, sn_syncbn_t *const *layers,
   const char *fn = "sn_syncbn_save";
   SN_TRY(sn__check_ptr(fn, "path", path));
   SN_TRY(check_layers(fn, layers, prefixes, count));
-  for (int64_t i = 0; i < count; i++) /* the tensor names live in the layer: one prefix each */
-    for (int64_t j = 0; j < i; j++)
-      if (layers[j] == layers[i])
-        return sn__fail(SN_ERR_INVALID_ARGUMENT,
-                        "%s: layers[%lld] and layers[%lld] are the same layer ('%s', '%s'); "
-                        "save each layer once", fn, (long long)j, (long long)i, prefixes[j],
-                        prefixes[i]);
   sn_tensor_t *all = malloc((size_t)(count > 0 ? count : 1) * T_COUNT * sizeof *all);
   if (all == NULL) return sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
   int64_t total = 0;

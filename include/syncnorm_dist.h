@@ -324,7 +324,8 @@ SN_API sn_status_t sn_syncbn_save(const char *path, sn_syncbn_t *const *layers,
                                   const char *const *prefixes, int64_t count);
 
 /* Loads `count` layers from a safetensors file; either all load or none changes. Errors as
- * sn_safetensors_load and sn_syncbn_load_state. */
+ * sn_safetensors_load and sn_syncbn_load_state, and SN_ERR_INVALID_ARGUMENT for a layer given
+ * twice (as sn_syncbn_save). */
 SN_API sn_status_t sn_syncbn_load(const char *path, sn_syncbn_t *const *layers,
                                   const char *const *prefixes, int64_t count);
 

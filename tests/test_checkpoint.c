@@ -135,6 +135,16 @@ START_TEST(test_roundtrip_several_layers) {
   const char *two[2] = {"x", "y"};
   ck_assert_int_eq(sn_syncbn_save(path, twice, two, 2), SN_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(sn_last_error(), "same layer"));
+  /* and loading one layer twice (a review: accepted, the last one won), the layer
+   * unchanged */
+  sn_syncbn_t *twice_b[2] = {b[0], b[0]};
+  const char *two_saved[2] = {prefixes[0], prefixes[0]};
+  sn_syncbn_params_t before;
+  ck_assert_int_eq(sn_syncbn_params(b[0], &before), SN_OK);
+  const float rm0 = before.running_mean[0];
+  ck_assert_int_eq(sn_syncbn_load(path, twice_b, two_saved, 2), SN_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(sn_last_error(), "same layer"));
+  ck_assert(before.running_mean[0] == rm0);
   ck_assert_int_eq(sn_syncbn_load(path, b, prefixes, 3), SN_OK);
   for (int i = 0; i < 3; i++) assert_same_state(a[i], b[i]);
   for (int i = 0; i < 3; i++) sn_syncbn_destroy(a[i]), sn_syncbn_destroy(b[i]);
