@@ -288,7 +288,8 @@ static inline int rms_terms_f32(double sd, float mdy, float mx, float gmax, doub
 /* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x and the saved rstd s.
  * With has_part, dgp[i] += dy·x̂ into the f32 partial of dgamma, or into the chunk's fp64
  * partial dgp64 for a row outside the f32 partials' range (RMS_PART_F32_MIN, SN_PART_F32_MAX).
- * Rows whose Σg·x is not finite or whose e is not held by an f32 go to rms_bwd_row_f64. */
+ * Rows whose Σg·x is not finite, whose e is not held by an f32, or whose terms may leave the f32
+ * range (rms_terms_f32) go to rms_bwd_row_f64. gmax: max|gamma| over the call (1 without). */
 SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const float *dy,
                                 const float *x, const float *gamma, float gmax, int64_t d,
                                 float s, const sn__bwd_prefetch_t *pf, int has_g, int has_part) {
@@ -389,8 +390,8 @@ SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const fl
  * dgamma terms dy·x̂ go into dgq [d], the f32 partial kept in pair order (each full block of
  * SN_PAIR: its even elements, then its odd ones; sn__flush_pairs puts it back in order).
  * Returns 0 when done; 1, having written nothing, for a row rms_bwd_row_impl would compute in
- * fp64 or with fp64 dgamma terms (Σg·x not finite, e not held by an f32, dgamma terms outside
- * the f32 partials' range): the caller then runs the generic path on the widened rows, whose
+ * fp64 or with fp64 dgamma terms (Σg·x not finite, e not held by an f32, dx terms beyond the
+ * f32 range, dgamma terms outside the f32 partials' range): the caller then runs the generic path on the widened rows, whose
  * decisions are the same (the same sums), so it writes dgp64 and never dgq. */
 SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, const uint16_t *x,
                                  const float *gs, const float *gamma, float gmax, int64_t d,
