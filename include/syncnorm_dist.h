@@ -23,6 +23,17 @@
 #include "syncnorm_config.h"
 
 #if SN_HAVE_MPI
+/* From C++, only MPI's C API: Open MPI's and MPICH's <mpi.h> otherwise also declare the MPI C++
+ * bindings (removed from the standard in MPI-3.0), whose symbols are in a library of their own
+ * (libmpi_cxx) that neither the CMake package nor pkg-config links: a C++ program including
+ * this header failed to link in a project with both C and C++ enabled (a review). A program
+ * that wants the bindings includes <mpi.h> itself before this header (and links them). */
+#if defined(__cplusplus) && !defined(OMPI_SKIP_MPICXX)
+#define OMPI_SKIP_MPICXX 1
+#endif
+#if defined(__cplusplus) && !defined(MPICH_SKIP_MPICXX)
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 #endif
 #if SN_HAVE_NCCL
