@@ -61,15 +61,17 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
   int reps = 50, threads = 1;
-  static const struct option opts[] = {{"reps", 1, 0, 'r'}, {"threads", 1, 0, 't'}, {0, 0, 0, 0}};
+  static const struct option opts[] = {
+      {"reps", 1, 0, 'r'}, {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+  static const char usage[] = "usage: mpirun -np P bench_syncbn [--reps R] [--threads T]\n";
   int c;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     if (c == 'r') reps = atoi(optarg);
     else if (c == 't') threads = atoi(optarg);
     else {
-      if (rank == 0) fprintf(stderr, "usage: mpirun -np P bench_syncbn [--reps R] [--threads T]\n");
+      if (rank == 0) fputs(usage, c == 'h' ? stdout : stderr);
       MPI_Finalize();
-      return 2;
+      return c == 'h' ? 0 : 2;
     }
   }
   if (reps < 1) reps = 1;

@@ -523,12 +523,12 @@ int main(int argc, char **argv) {
   const int yield = mpi_yield_when_idle();
   if (t.rank == 0) {
     printf("syncnorm-train (syncnorm %s): %d rank%s × batch %lld = global batch %lld, %d "
-           "thread%s per rank (OpenBLAS %d, OpenMP %d), %s, %lld steps per epoch, %lld epochs, "
+           "thread%s per rank (OpenBLAS %d, OpenMP %d), %s, %lld steps per epoch, %lld epoch%s, "
            "lr %g cosine, MPI yield when idle: %s\n",
            sn_version(), t.size, t.size > 1 ? "s" : "", (long long)t.o.batch, (long long)global,
            t.threads, t.threads > 1 ? "s" : "", t.threads, t.omp_threads,
            t.o.sync_bn ? "SyncBatchNorm" : "local BatchNorm (--no-sync-bn)",
-           (long long)t.steps_per_epoch, (long long)t.o.epochs, t.o.lr,
+           (long long)t.steps_per_epoch, (long long)t.o.epochs, t.o.epochs > 1 ? "s" : "", t.o.lr,
            yield < 0 ? "unknown" : yield ? "yes" : "no");
     if (yield == 0 && t.local_ranks > t.cpus)
       fprintf(stderr, "syncnorm-train: warning: %d ranks share %ld cores but MPI does not yield "

@@ -111,7 +111,8 @@ SN_API sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const 
 /* Seconds a collective may wait for the other ranks before it fails with SN_ERR_TIMEOUT (and
  * the communicator is marked broken: later calls fail with SN_ERR_COMM). 0 waits forever. The
  * default is 1800 s (as PyTorch's process groups), or the environment variable
- * SN_COMM_TIMEOUT_S read at creation. Local, not collective. Errors: SN_ERR_NULL_POINTER,
+ * SN_COMM_TIMEOUT_S read at creation (seconds, a number >= 0 such as 300 or 2.5; any other
+ * value is ignored and the default applies: the library prints nothing). Local, not collective. Errors: SN_ERR_NULL_POINTER,
  * SN_ERR_INVALID_ARGUMENT (seconds < 0 or NaN), SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_comm_set_timeout(sn_comm_t *comm, double seconds);
 

@@ -2,7 +2,7 @@
 # scripts/run.sh — the README's first command: install what is missing, build in Release, train
 # the Fashion-MNIST CNN with SyncBatchNorm on 4 MPI ranks for 2 epochs, say where the results are.
 #
-# Usage: scripts/run.sh [--np N] [syncnorm-train options...]
+# Usage: scripts/run.sh [--np N] [syncnorm-train options...]    (--help: this, and its options)
 #   --np N   number of MPI ranks (default 4); every other argument goes to syncnorm-train, after
 #            the default --epochs 2 (so --epochs 5 overrides it). See syncnorm-train --help.
 # Examples: scripts/run.sh
@@ -22,6 +22,15 @@ while [ $# -gt 0 ]; do
     --np=*) np="${1#--np=}"; shift ;;
     --out) [ $# -ge 2 ] && out="$2"; args+=("$1"); shift ;;
     --out=*) out="${1#--out=}"; args+=("$1"); shift ;;
+    -h | --help) # this header, then syncnorm-train's options where it is built; nothing runs
+      sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+      if [ -x "$build/examples/syncnorm-train" ]; then
+        echo
+        "$build/examples/syncnorm-train" --help
+      else
+        echo "(syncnorm-train --help lists the rest once built: $build/examples/syncnorm-train)"
+      fi
+      exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done
