@@ -9,7 +9,8 @@
  * shifted sums stay exact when |mean| ≫ σ; if p was so far off that fp64 would lose more than
  * 24 bits (first step on data with a huge mean), every rank sees it in the same reduced sums and
  * all redo the sums, around the new mean in such channels (sn__bn_refine): a second
- * all-reduce, taken by all or none. With nothing to all-reduce (comm == NULL or of one rank, or
+ * all-reduce, taken by all or none (up to three more where p was nowhere near the data:
+ * around the refined pivot, around 0, around the mean). With nothing to all-reduce (comm == NULL or of one rank, or
  * eval mode without running statistics) and check_finite off, sn_batchnorm_fwd does the same steps
  * in one call (fused in NCHW). The pivot is state (a checkpoint load sets it to the loaded running
  * mean): a rank whose pivot differs (a checkpoint loaded on some ranks only) would add sums around
@@ -490,8 +491,12 @@ static sn_status_t batch_stats(sn_syncbn_t *bn, const char *fn, void *y, const v
                     "%s: %s: x holds NaN or Inf on %s; nothing was written or updated", fn,
                     bn->label, synced ? "at least one rank" : "this rank");
   const float *pivot = bn->pivot;
-  /* the pivots to sum around again, per channel; every rank decides alike (the same sums) */
-  if (sn__bn_refine_pivots(bn->tmp, bn->red, bn->red + C, bn->pivot, C, (double)*count)) {
+  /* the pivots to sum around again, per channel, as often as sn__bn_refine asks (once where the
+   * pivot was the previous batch's mean of data that moved: up to three times where it was
+   * nowhere near); every rank decides alike (the same sums) */
+  for (int round = 1; sn__bn_refine_pivots(bn->tmp, bn->red, bn->red + C, pivot, C,
+                                           (double)*count, round);
+       round++) {
     pivot = bn->tmp;
     SN_TRY(batch_sums(bn, fn, x, pivot, n, s, synced));
   }

@@ -193,9 +193,10 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
  * one all-reduce of 2C+5 fp64 values (count, Σ(x−p), Σ(x−p)² with a pivot p, and 4 values that
  * check p is the same on every rank; one more only in the rare step where p was so far from a
  * channel's mean that fp64 lost more than 24 bits (such channels are summed again around their
- * mean, the others around p), and one more before that where p differed across ranks
- * — a checkpoint loaded on some ranks only: then every rank redoes the sums around 0, so such a
- * step takes up to 3) — normalized with the biased variance; then, tracking, num_batches_tracked += 1
+ * mean, the others around p; where p was nowhere near the data, beyond ~2^65·σ of it, and that
+ * is not enough, once more around 0 and then around the mean: up to 3 more, as
+ * sn_batchnorm_fwd), and one more before that where p differed across ranks — a checkpoint
+ * loaded on some ranks only: then every rank redoes the sums around 0) — normalized with the biased variance; then, tracking, num_batches_tracked += 1
  * and running_x = (1−f)·running_x + f·batch_x with f = momentum (or 1/num_batches_tracked),
  * batch_var unbiased by the global count N: var·N/(N−1). Collective (training) — a rank with
  * n·s == 0 still calls it. training == 0: y from the running stats, local, no communication;

@@ -61,15 +61,27 @@ SN_HIDDEN sn_status_t sn__check_layout(const char *fn, sn_layout_t layout);
 /* The pivot refinement of a BatchNorm training forward (sn_batchnorm_fwd, SyncBatchNorm): sums
  * shifted by `pivot` over `count` values lost more than 24 bits to cancellation where, with
  * m = sum/count and var = sumsq/count − m², m ≠ 0 and m² > SN_BN_REFINE_RATIO·var. Then sets
- * *refined = (float)(pivot + m), the pivot to sum around again, and returns 1 (fp64 keeps at
- * least 29 of its 53 bits around it); else returns 0 and leaves *refined (NaN sums: 0). */
+ * *refined, the pivot to sum around again, and returns 1; else returns 0 and leaves *refined
+ * (NaN sums: 0). `round` counts the sums so far (1: around the caller's pivot):
+ *   round 1: (float)(pivot + m), within fp64 reach of the mean (at least 29 of 53 bits kept)
+ *            unless the pivot was so far from the data that the sums held nothing of it;
+ *   round 2: then 0 (or (float)m where the pivot already is 0): sums around 0 carry the mean to
+ *            2^-53 of itself, whatever the previous pivot (a review: a pivot of 3e38 for data at
+ *            8e6 left the refined pivot at a rounding residue, and the variance 11 % off);
+ *   round 3: (float)(pivot + m) again; round 4 and on: 0 returned, no more sums (the fourth
+ *            sums are around the mean rounded to f32, whose error leaves f32 data's variance
+ *            to at least 2^-23).
+ * A pivot that is not finite (finite data gives sums that are not) is refined to 0 in any
+ * round. */
 #define SN_BN_REFINE_RATIO 16777216.0 /* 2^24 */
-SN_HIDDEN int sn__bn_refine(double sum, double sumsq, double count, float pivot, float *refined);
+#define SN_BN_REFINE_ROUNDS 3          /* refinements at most: 4 sums */
+SN_HIDDEN int sn__bn_refine(double sum, double sumsq, double count, float pivot, int round,
+                            float *refined);
 /* The same over C channels: out [C] (=) gets each channel's pivot (pivot [C], NULL = 0), refined
- * where its sums sum, sumsq [C] over count values need it. Returns whether any was. out may not
- * overlap the inputs. */
+ * where its sums sum, sumsq [C] over count values need it. Returns whether any was. out may equal
+ * pivot (not overlap it otherwise) and may not overlap the sums. */
 SN_HIDDEN int sn__bn_refine_pivots(float *out, const double *sum, const double *sumsq,
-                                   const float *pivot, int64_t c, double count);
+                                   const float *pivot, int64_t c, double count, int round);
 
 /* Evaluate a check and return its status from the calling function if it failed. */
 #define SN_TRY(expr)                    \

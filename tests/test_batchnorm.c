@@ -942,6 +942,67 @@ START_TEST(test_pivots) {
 }
 END_TEST
 
+/* Pivots nowhere near the data (a review): 8e6 + {−0.5, 0, 0.5} (σ = 0.41) with pivots 1e22,
+ * 1e24, ±3e38 and +inf; a constant channel (4751940608, σ = 0) with pivot −1.5e23; bf16 −2^37.6
+ * constant with pivot −2^95. The first sums hold nothing of the data, so the refined pivot was
+ * a rounding residue and the variance 11 % off (constant channels: var 0.25 instead of 0; an
+ * infinite pivot: NaN statistics). sn_batchnorm_fwd (fused NCHW, unfused NHWC) must give the
+ * fp64 statistics: mean to 2^-40 of |mean|, var to 2^-20 of itself plus 2^-40·mean², rstd and
+ * y following. */
+START_TEST(test_far_pivot) {
+  static const float PIVOTS[] = {1e22f, 1e24f, 3e38f, -3e38f, INFINITY};
+  enum { C = 3, N = 2, S = 150, T = N * C * S };
+  for (int idt = 0; idt < 2; idt++)
+    for (int il = 0; il < 2; il++)
+      for (size_t k = 0; k < sizeof PIVOTS / sizeof PIVOTS[0]; k++) {
+        const sn_dtype_t dt = idt == 0 ? SN_DTYPE_F32 : SN_DTYPE_BF16;
+        const sn_layout_t lay = LAYOUTS[il];
+        void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
+        float piv[C], var[C], rstd[C], beta[C] = {0.5f, 0.5f, 0.5f};
+        double mean[C], rm[C], rv[C];
+        for (int64_t n = 0; n < N; n++)
+          for (int64_t sp = 0; sp < S; sp++) {
+            const int64_t i = n * S + sp;
+            /* bf16 spacing at 8e6 is 2^16: the spread there is 2^16 too */
+            const double spread = dt == SN_DTYPE_F32 ? 0.5 : 65536.0;
+            tu_set(x, at(lay, n, 0, sp, C, S), 8e6 + spread * (double)(i % 3 - 1), dt);
+            tu_set(x, at(lay, n, 1, sp, C, S), dt == SN_DTYPE_F32 ? 4751940608.0 : -0x1.8p37, dt);
+            tu_set(x, at(lay, n, 2, sp, C, S), -8e6 - spread * (double)(i % 3 - 1), dt);
+          }
+        piv[0] = PIVOTS[k];
+        piv[1] = dt == SN_DTYPE_F32 ? -1.51115727e23f : -0x1p95f;
+        piv[2] = -PIVOTS[k];
+        double *xd = as_f64(x, T, dt);
+        ref_stats(rm, rv, xd, N, C, S, lay);
+        poison_f64(mean, C), tu_poison_f32(var, C), tu_poison_f32(rstd, C), tu_poison(y, T, dt);
+        const sn_status_t st = sn_batchnorm_fwd(y, mean, var, rstd, x, piv, NULL, beta, N, C, S,
+                                                EPS, lay, dt);
+        ck_assert_msg(st == SN_OK, "%s", sn_last_error());
+        for (int64_t c = 0; c < C; c++) {
+          const double want_rstd = 1.0 / sqrt(rv[c] + (double)EPS);
+          TU_CHECK(fabs(mean[c] - rm[c]) <= 0x1p-40 * fabs(rm[c]),
+                   "%s %s pivot %g channel %lld: mean %.17g, want %.17g", tu_dtype_name[dt],
+                   LNAME[il], (double)piv[c], (long long)c, mean[c], rm[c]);
+          TU_CHECK(fabs(var[c] - rv[c]) <= 0x1p-20 * rv[c] + 0x1p-40 * rm[c] * rm[c] * 0x1p-40,
+                   "%s %s pivot %g channel %lld: var %.9g, want %.17g", tu_dtype_name[dt],
+                   LNAME[il], (double)piv[c], (long long)c, (double)var[c], rv[c]);
+          TU_CHECK(fabs(rstd[c] - want_rstd) <= 0x1p-20 * want_rstd,
+                   "%s %s pivot %g channel %lld: rstd %.9g, want %.17g", tu_dtype_name[dt],
+                   LNAME[il], (double)piv[c], (long long)c, (double)rstd[c], want_rstd);
+        }
+        double *yr = dalloc(T);
+        for (int64_t n = 0; n < N; n++)
+          for (int64_t c = 0; c < C; c++)
+            for (int64_t sp = 0; sp < S; sp++) {
+              const int64_t i = at(lay, n, c, sp, C, S);
+              yr[i] = (xd[i] - rm[c]) / sqrt(rv[c] + (double)EPS) + (double)beta[c];
+            }
+        tu_assert_fwd(y, dt, yr, T, "sn_batchnorm_fwd, a pivot far from the data");
+        free(x), free(y), free(xd), free(yr);
+      }
+}
+END_TEST
+
 /* A batch split into parts [3 samples] + [0] + [1] + [rest]: summing the parts' stats and
  * backward sums equals the whole batch bit for bit with small-integer inputs (every partial sum
  * exact), and so do finalize and dx. This is what SyncBatchNorm relies on. The backward uses a
@@ -1646,6 +1707,7 @@ int main(void) {
   tcase_add_test(tc, test_train_bwd_vs_fd);
   tcase_add_test(tc, test_eval_bwd_vs_fd);
   tcase_add_test(tc, test_pivots);
+  tcase_add_test(tc, test_far_pivot);
   tcase_add_test(tc, test_split_batch_bitwise);
   tcase_add_test(tc, test_empty_batch);
   tcase_add_test(tc, test_finalize_count);

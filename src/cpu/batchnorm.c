@@ -464,19 +464,25 @@ static void finalize_channel(double sum, double sumsq, double p, double inv, flo
   rstd[c] = (float)(1.0 / sqrt(v + (double)eps));
 }
 
-int sn__bn_refine(double sum, double sumsq, double count, float pivot, float *refined) {
+int sn__bn_refine(double sum, double sumsq, double count, float pivot, int round,
+                  float *refined) {
+  if (!isfinite(pivot)) { /* finite data summed around it gives inf/NaN sums: around 0 */
+    *refined = 0.0f;
+    return 1;
+  }
   const double m = sum / count, v = sumsq / count - m * m;
-  if (!(m != 0.0 && m * m > v * SN_BN_REFINE_RATIO)) return 0; /* NaN sums: no */
-  *refined = (float)((double)pivot + m);
+  if (round > SN_BN_REFINE_ROUNDS || !(m != 0.0 && m * m > v * SN_BN_REFINE_RATIO))
+    return 0; /* NaN sums: no */
+  *refined = round != 2 ? (float)((double)pivot + m) : pivot != 0.0f ? 0.0f : (float)m;
   return 1;
 }
 
 int sn__bn_refine_pivots(float *out, const double *sum, const double *sumsq, const float *pivot,
-                         int64_t c, double count) {
+                         int64_t c, double count, int round) {
   int any = 0;
   for (int64_t ch = 0; ch < c; ch++) {
     out[ch] = pivot ? pivot[ch] : 0.0f;
-    any |= sn__bn_refine(sum[ch], sumsq[ch], count, out[ch], &out[ch]);
+    any |= sn__bn_refine(sum[ch], sumsq[ch], count, out[ch], round, &out[ch]);
   }
   return any;
 }
@@ -501,12 +507,12 @@ static void fwd_fused_nchw(void *y, double *mean, float *var, float *rstd, const
       double s1[FUSED_MAX_BLOCK], s2[FUSED_MAX_BLOCK], p[FUSED_MAX_BLOCK];
       block_sums(&red, &ch, C, c0, nc, NULL, dtype, s1, s2);
       for (int64_t j = 0; j < nc; j++) {
-        const float p0 = pv ? pv[c0 + j] : 0.0f;
-        float rp;
-        p[j] = (double)p0;
-        if (!sn__bn_refine(s1[j], s2[j], count, p0, &rp)) continue;
-        p[j] = (double)rp; /* this channel summed again around it */
-        block_sums(&red, &ch, C, c0 + j, 1, &p[j], dtype, &s1[j], &s2[j]);
+        float rp = pv ? pv[c0 + j] : 0.0f;
+        p[j] = (double)rp;
+        for (int round = 1; sn__bn_refine(s1[j], s2[j], count, rp, round, &rp); round++) {
+          p[j] = (double)rp; /* this channel summed again around it */
+          block_sums(&red, &ch, C, c0 + j, 1, &p[j], dtype, &s1[j], &s2[j]);
+        }
       }
       sn__chan_k_t kc[FUSED_MAX_BLOCK];
       for (int64_t j = 0; j < nc; j++) {
@@ -684,7 +690,10 @@ sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, con
   const red_t first = {RED_STATS, x, NULL, pivot, NULL, NULL};
   const red_t again = {RED_STATS, x, NULL, pv, NULL, NULL}; /* around the refined pivots */
   st = bn_reduce(fn, sums, sums + c, &first, n, c, s, layout, dtype);
-  if (st == SN_OK && sn__bn_refine_pivots(pv, sums, sums + c, pivot, c, (double)rows))
+  for (int round = 1; st == SN_OK && sn__bn_refine_pivots(pv, sums, sums + c,
+                                                          round == 1 ? pivot : pv, c,
+                                                          (double)rows, round);
+       round++)
     st = bn_reduce(fn, sums, sums + c, &again, n, c, s, layout, dtype);
   /* cannot fail: count > 1, eps and the pointers were checked */
   if (st == SN_OK) st = sn_batchnorm_finalize(mean, var, rstd, sums, sums + c, pv, rows, c, eps);
