@@ -437,17 +437,26 @@ END_TEST
 /* A mean so small that mean − (float)mean is below the normal f32 range (a review found 6 ulp
  * here): x = [2^-133, 0, ..., 0], eps 1e-12 as BERT's, so x − mean matters at 2^-133. Every
  * gamma/beta combination (beta = 0 exercises the checked map with no cancellation), bf16 and
- * f32, each through sn_layernorm_fwd and the fused kernel (with a zero residual). */
+ * f32, each through sn_layernorm_fwd and the fused kernel (with a zero residual). Then means
+ * below 2^-150, where (float)mean is 0 and whole blocks of zeros gave y = 0 instead of
+ * −mean·rstd (a later review): [63·2^-149, 0, ...] at d = 129 and 256 with eps 2^-149, and
+ * [2^-133, 0, ...] at d = 140000. */
 START_TEST(test_tiny_mean) {
-  const int64_t d = 4000;
-  const float eps = 1e-12f;
-  for (int id = 0; id < 2; id++) {
-    const sn_dtype_t dt = id == 0 ? SN_DTYPE_BF16 : SN_DTYPE_F32;
+  static const struct {
+    int64_t d;
+    double x0;
+    float eps;
+  } CASES[] = {{4000, 0x1p-133, 1e-12f}, {129, 63 * 0x1p-149, 0x1p-149f},
+               {256, 63 * 0x1p-149, 0x1p-149f}, {140000, 0x1p-133, 1e-12f}};
+  for (int id = 0; id < 8; id++) {
+    const sn_dtype_t dt = id % 2 == 0 ? SN_DTYPE_BF16 : SN_DTYPE_F32;
+    const int64_t d = CASES[id / 2].d;
+    const float eps = CASES[id / 2].eps;
     void *x = tu_alloc(d, dt), *y = tu_alloc(d, dt);
     void *zero = tu_alloc(d, dt), *sum = tu_alloc(d, dt);
     float *gamma = malloc((size_t)d * sizeof(float)), *beta = malloc((size_t)d * sizeof(float));
     for (int64_t i = 0; i < d; i++) {
-      tu_set(x, i, i == 0 ? 0x1p-133 : 0.0, dt);
+      tu_set(x, i, i == 0 ? CASES[id / 2].x0 : 0.0, dt);
       tu_set(zero, i, 0.0, dt);
       gamma[i] = 1.0f;
       beta[i] = 0.0f;
@@ -458,7 +467,8 @@ START_TEST(test_tiny_mean) {
       float mean, rstd;
       ref_fwd(yr, NULL, NULL, xd, g, b, 1, d, eps);
       char what[96];
-      snprintf(what, sizeof what, "tiny mean, gamma=%d beta=%d", g != NULL, b != NULL);
+      snprintf(what, sizeof what, "tiny mean, d %lld, gamma=%d beta=%d", (long long)d, g != NULL,
+               b != NULL);
       tu_poison(y, d, dt);
       ck_assert_int_eq(sn_layernorm_fwd(y, &mean, &rstd, x, g, b, 1, d, eps, dt), SN_OK);
       tu_assert_fwd(y, dt, yr, d, what);

@@ -73,7 +73,9 @@ SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const fl
 /* The f32 maps hold the fp64 mean as hi + lo (48 bits) only while lo = mean − hi is a normal
  * float: |lo| ≤ 2^-24·|mean| must stay ≥ 2^-126. Below LN_SPLIT_MIN (nonzero) hi + lo can be
  * off by ~2^-150 absolute, a large part of x − mean when the row's values are that small, so
- * such rows take the checked map with limit 0: every block with a nonzero term in fp64. */
+ * such rows take the checked map with limit 0: every block in fp64 (not only those with a
+ * nonzero f32 term: below 2^-150 hi and lo are both 0, and a block of zeros had y = 0 where
+ * y = −mean·rstd, a normal float; a review). Rows of wide mean take it too. */
 #define LN_SPLIT_MIN 0x1p-100
 
 static inline int ln_tiny_mean(double mean) { return mean != 0.0 && fabs(mean) < LN_SPLIT_MIN; }
@@ -84,7 +86,7 @@ static inline int ln_tiny_mean(double mean) { return mean != 0.0 && fabs(mean) <
 SN_INLINE int ln_map_beta_block(float *yb, const float *x, const float *gamma,
                                  const float *beta, int64_t m, double mean, double rstd, float hi,
                                  float lo, float s, float lim, int has_g, int has_b) {
-  int bad = 0;
+  int bad = lim == 0.0f; /* limit 0: every block in fp64 (LN_SPLIT_MIN) */
   for (int64_t k = 0; k < m; k++) {
     float p = ((x[k] - hi) - lo) * s;
     if (has_g) p = p * gamma[k];
