@@ -26,10 +26,16 @@
  *    of y as each function states. An f32 output whose x̂·gamma overflows f32 is ±inf even where
  *    beta would bring y back into range. dx of a backward is accurate relative to the size of
  *    its terms, ‖rstd·dy·gamma‖, not to dx itself, which can cancel to ~0 (dy proportional to
- *    x̂); dgamma/dbeta relative to their own size. In BatchNorm's and GroupNorm's backward, a dx
- *    whose term rstd·gamma·dy (or x̂ times the sums' term) overflows f32 is likewise ±inf even
- *    where the other terms bring dx back into range; LayerNorm and RMSNorm compute such rows in
- *    fp64.
+ *    x̂); dgamma/dbeta relative to their own size, except LayerNorm's dgamma, whose x̂ errs by
+ *    about 2^-24 of its row's largest |x̂|: relative to Σ_rows |dy|·max_row|x̂| (an element near
+ *    its row's mean, x̂ ≈ 0, has a dgamma term correct only to that). In BatchNorm's and
+ *    GroupNorm's backward, a dx whose term rstd·gamma·dy (or x̂ times the sums' term) overflows
+ *    f32 is likewise ±inf even where the other terms bring dx back into range; LayerNorm and
+ *    RMSNorm compute such rows in fp64. At the other end, LayerNorm and RMSNorm form g = dy·gamma
+ *    in f32 before scaling it by rstd: where g is below the normal f32 range (|g| < 2^-126)
+ *    while rstd·g is not, dx errs by up to 2^-150·rstd absolute (all of it where g underflows
+ *    to 0); BatchNorm and GroupNorm fold rstd·gamma first. A bf16/f16 dx within the f32 error
+ *    above of its format's largest value (65504 for f16) can round to ±inf.
  *  - OpenMP threads (omp_set_num_threads) split rows or channels; reductions across rows run in
  *    a fixed order, so results are bitwise identical for any thread count. Where an input holds
  *    NaNs, outputs are NaN, but which NaN (sign, payload) is unspecified: it can differ between
@@ -185,8 +191,10 @@ SN_API sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const flo
  * the range unless dx's own terms do, whatever the RMS or eps. dx, dy, x: [rows, d] dtype;
  * rstd: [rows] f32 from sn_rmsnorm_fwd; gamma: [d] f32 or NULL. dgamma: [d] f32 (=) or NULL,
  * summed over rows as sn_layernorm_bwd's; the per-row sum Σg·x is fp64. Rows whose dy·gamma
- * leaves the f32 range, or whose terms are near either end of it, are computed in fp64. dx may
- * equal dy. Errors as sn_layernorm_bwd. */
+ * exceeds the f32 range, whose terms may reach 2^127 (bounded with the row's max|dy|, max|x|
+ * and max|gamma|), or whose e is subnormal in f32, are computed in fp64; a g = dy·gamma below
+ * the normal range is not (see the accuracy notes at the top). dx may equal dy. Errors as
+ * sn_layernorm_bwd. */
 SN_API sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *x,
                                   const float *rstd, const float *gamma, int64_t rows, int64_t d,
                                   sn_dtype_t dtype);
