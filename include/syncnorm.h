@@ -288,7 +288,7 @@ SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean
  *   p_c + (mean − p_c) rounded to f32 (SyncBatchNorm's refinement, per channel); where those
  *   sums lost as much again (p_c so far from the data that the first sums held nothing of it),
  *   once more around 0 and then around that mean rounded to f32: at most four sums; a pivot
- *   that is not finite is taken as 0;
+ *   that is not finite gives non-finite first sums and is then refined to 0;
  *   mean, var (biased), rstd = 1/√(var + eps) as sn_batchnorm_finalize;
  *   y = (x − mean_c)·rstd_c·gamma_c + beta_c as sn_batchnorm_apply (its accuracy notes hold).
  * y, x: [N, C, S] or [N, S, C] as layout, dtype, host memory; y overwritten (=), may equal x.

@@ -241,7 +241,7 @@ SN_API sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy,
 SN_API sn_status_t sn_syncbn_params(sn_syncbn_t *bn, sn_syncbn_params_t *params);
 
 /* Number of collectives (all-reduces) this layer has issued so far: a training forward adds 1
- * (rarely 2 or 3, see forward), a backward after it adds 1, consistency checks add 1 each (2
+ * (rarely up to 5, see forward), a backward after it adds 1, consistency checks add 1 each (2
  * when they find a mismatch); none on a communicator of one rank. For
  * benchmarks and tests. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_syncbn_collective_count(const sn_syncbn_t *bn, int64_t *count);
