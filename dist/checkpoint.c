@@ -5,9 +5,10 @@
  * Spec: https://github.com/huggingface/safetensors (README, "Format"). JSON via jansson.
  *
  * Saving is atomic: write an unnamed file in path's directory (O_TMPFILE) or, where the file
- * system lacks that, "<path>.tmp.<pid>.<k>" (k: this process's count of saves); fsync; link
- * the unnamed file as "<path>.tmp.<pid>.<k>"; rename that over path; fsync the directory. A process that dies while writing leaves nothing
- * behind on the first route (the unnamed file goes with it), its named file on the second.
+ * system lacks that, "<path>.tmp.<pid>.<k>" (k: this process's count of saves); fsync; link the
+ * unnamed file as "<path>.tmp.<pid>.<k>"; rename that over path; fsync the directory. A process
+ * that dies while writing leaves nothing behind on the first route (the unnamed file goes with
+ * it), its named file on the second.
  * Loading reads the whole file and validates every field before anything is handed out.
  */
 #define _GNU_SOURCE /* O_TMPFILE, linkat's AT_SYMLINK_FOLLOW */

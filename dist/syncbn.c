@@ -9,14 +9,14 @@
  * shifted sums stay exact when |mean| ≫ σ; if p was so far off that fp64 would lose more than
  * 24 bits (first step on data with a huge mean), every rank sees it in the same reduced sums and
  * all redo the sums, around the new mean in such channels (sn__bn_refine): a second
- * all-reduce, taken by all or none (up to three more where p was nowhere near the data:
- * around the refined pivot, around 0, around the mean). With nothing to all-reduce (comm == NULL or of one rank, or
- * eval mode without running statistics) and check_finite off, sn_batchnorm_fwd does the same steps
- * in one call (fused in NCHW). The pivot is state (a checkpoint load sets it to the loaded running
- * mean): a rank whose pivot differs (a checkpoint loaded on some ranks only) would add sums around
- * another point, so two hashes of it ride in the same all-reduce, and if they disagree every rank
- * redoes the sums around 0 (then refined as above): correct statistics, one or two all-reduces
- * more, only then.
+ * all-reduce, taken by all or none (up to three more where p was nowhere near the data: around the
+ * refined pivot, around 0, around the mean). With nothing to all-reduce (comm == NULL or of one
+ * rank, or eval mode without running statistics) and check_finite off, sn_batchnorm_fwd does the
+ * same steps in one call (fused in NCHW). The pivot is state (a checkpoint load sets it to the
+ * loaded running mean): a rank whose pivot differs (a checkpoint loaded on some ranks only) would
+ * add sums around another point, so two hashes of it ride in the same all-reduce, and if they
+ * disagree every rank redoes the sums around 0 (then refined as above): correct statistics, one or
+ * two all-reduces more, only then.
  * Backward: local Σdy, Σdy·x̂  →  ONE all-reduce of 2C fp64  →  dx with the global count.
  * References: Ioffe & Szegedy 2015 (BatchNorm); torch.nn.SyncBatchNorm and
  * torch.nn.functional.batch_norm docs (momentum, unbiased running_var, num_batches_tracked).

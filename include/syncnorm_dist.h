@@ -111,9 +111,9 @@ SN_API sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const 
 /* Seconds a collective may wait for the other ranks before it fails with SN_ERR_TIMEOUT (and
  * the communicator is marked broken: later calls fail with SN_ERR_COMM). 0 waits forever. The
  * default is 1800 s (as PyTorch's process groups), or the environment variable
- * SN_COMM_TIMEOUT_S read at creation (seconds, a number >= 0 such as 300 or 2.5; any other
- * value is ignored and the default applies: the library prints nothing). Local, not collective. Errors: SN_ERR_NULL_POINTER,
- * SN_ERR_INVALID_ARGUMENT (seconds < 0 or NaN), SN_ERR_INVALID_HANDLE. */
+ * SN_COMM_TIMEOUT_S read at creation (seconds, a number >= 0 such as 300 or 2.5; any other value
+ * is ignored and the default applies: the library prints nothing). Local, not collective. Errors:
+ * SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (seconds < 0 or NaN), SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_comm_set_timeout(sn_comm_t *comm, double seconds);
 
 /* Frees comm (and its duplicated MPI communicator: collective for "mpi", like MPI_Comm_free).
@@ -137,14 +137,14 @@ typedef struct {
   int check_consistency;   /* before each collective, check all ranks call the same layer id,
                               C, operation, dtype, layout, momentum, eps, track_running_stats,
                               affine and check_finite with the same running statistics (one extra
-                              all-reduce of 22 int64; on a mismatch one more, so that the message names the ranks
-                              (of this communicator) holding each value: up to 64 ranks all of
-                              them, beyond the lowest rank at each end of the range; should that
-                              one time out, its SN_ERR_TIMEOUT is returned); default 1. Off, a rank that calls
-                              another layer or another size is not detected: MPI mixes or
-                              truncates buffers (Open MPI ends the job on a size mismatch: see
-                              sn_comm_create_mpi). Set it alike on every rank: ranks that
-                              differ in it do different collectives */
+                              all-reduce of 22 int64; on a mismatch one more, so that the message
+                              names the ranks (of this communicator) holding each value: up to 64
+                              ranks all of them, beyond the lowest rank at each end of the range;
+                              should that one time out, its SN_ERR_TIMEOUT is returned); default 1.
+                              Off, a rank that calls another layer or another size is not detected:
+                              MPI mixes or truncates buffers (Open MPI ends the job on a size
+                              mismatch: see sn_comm_create_mpi). Set it alike on every rank: ranks
+                              that differ in it do different collectives */
   int check_finite;        /* fail with SN_ERR_NONFINITE on every rank, stats untouched, when any
                               rank's x (forward) or dy (backward) holds NaN/Inf; default 0. Set
                               it alike on every rank (ranks that differ in it make different
@@ -193,24 +193,24 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
  * one all-reduce of 2C+5 fp64 values (count, Σ(x−p), Σ(x−p)² with a pivot p, and 4 values that
  * check p is the same on every rank; one more only in the rare step where p was so far from a
  * channel's mean that fp64 lost more than 24 bits (such channels are summed again around their
- * mean, the others around p; where p was nowhere near the data, beyond ~2^65·σ of it, and that
- * is not enough, once more around 0 and then around the mean: up to 3 more, as
- * sn_batchnorm_fwd), and one more before that where p differed across ranks — a checkpoint
- * loaded on some ranks only: then every rank redoes the sums around 0) — normalized with the biased variance; then, tracking, num_batches_tracked += 1
- * and running_x = (1−f)·running_x + f·batch_x with f = momentum (or 1/num_batches_tracked),
- * batch_var unbiased by the global count N: var·N/(N−1). Collective (training) — a rank with
- * n·s == 0 still calls it. training == 0: y from the running stats, local, no communication;
- * without running stats (track_running_stats 0) from this rank's own batch statistics, local
- * too (as torch.nn.SyncBatchNorm, which synchronizes only in training mode and only with more
- * than one rank). With nothing to all-reduce (comm == NULL or of one rank in training mode, or
- * eval mode without running statistics) and check_finite off, the batch statistics and y are
- * sn_batchnorm_fwd's (fused in NCHW where a channel's x fits in L2), with the same bits as the
- * steps above. Formulas: Ioffe &
- * Szegedy 2015 (arXiv:1502.03167), running stats as torch.nn.BatchNorm; the shifted sums:
- * Chan, Golub & LeVeque 1983. Errors (y, parameters and running stats untouched, the same on
- * every rank for the collective ones; bad arguments, a running_var < 0 in eval mode included,
- * change nothing, not even the saved forward; any later failure drops the saved forward, so a
- * backward needs a new successful forward): SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
+ * mean, the others around p; where p was nowhere near the data, beyond ~2^65·σ of it, and that is
+ * not enough, once more around 0 and then around the mean: up to 3 more, as sn_batchnorm_fwd), and
+ * one more before that where p differed across ranks — a checkpoint loaded on some ranks only:
+ * then every rank redoes the sums around 0) — normalized with the biased variance; then, tracking,
+ * num_batches_tracked += 1 and running_x = (1−f)·running_x + f·batch_x with f = momentum (or
+ * 1/num_batches_tracked), batch_var unbiased by the global count N: var·N/(N−1). Collective
+ * (training) — a rank with n·s == 0 still calls it. training == 0: y from the running stats,
+ * local, no communication; without running stats (track_running_stats 0) from this rank's own
+ * batch statistics, local too (as torch.nn.SyncBatchNorm, which synchronizes only in training mode
+ * and only with more than one rank). With nothing to all-reduce (comm == NULL or of one rank in
+ * training mode, or eval mode without running statistics) and check_finite off, the batch
+ * statistics and y are sn_batchnorm_fwd's (fused in NCHW where a channel's x fits in L2), with the
+ * same bits as the steps above. Formulas: Ioffe & Szegedy 2015 (arXiv:1502.03167), running stats
+ * as torch.nn.BatchNorm; the shifted sums: Chan, Golub & LeVeque 1983. Errors (y, parameters and
+ * running stats untouched, the same on every rank for the collective ones; bad arguments, a
+ * running_var < 0 in eval mode included, change nothing, not even the saved forward; any later
+ * failure drops the saved forward, so a backward needs a new successful forward):
+ * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
  * SN_ERR_INSUFFICIENT_COUNT (global count 1), SN_ERR_MISMATCH, SN_ERR_NONFINITE, SN_ERR_COMM,
  * SN_ERR_TIMEOUT, SN_ERR_INVALID_HANDLE, SN_ERR_ALLOC, SN_ERR_INVALID_ARGUMENT (eval mode with a
  * running_var < 0, or training with a num_batches_tracked < 0, written through sn_syncbn_params;

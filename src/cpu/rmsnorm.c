@@ -390,9 +390,10 @@ SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const fl
  * dgamma terms dy·x̂ go into dgq [d], the f32 partial kept in pair order (each full block of
  * SN_PAIR: its even elements, then its odd ones; sn__flush_pairs puts it back in order).
  * Returns 0 when done; 1, having written nothing, for a row rms_bwd_row_impl would compute in
- * fp64 or with fp64 dgamma terms (Σg·x not finite, e not held by an f32, dx terms beyond the
- * f32 range, dgamma terms outside the f32 partials' range): the caller then runs the generic path on the widened rows, whose
- * decisions are the same (the same sums), so it writes dgp64 and never dgq. */
+ * fp64 or with fp64 dgamma terms (Σg·x not finite, e not held by an f32, dx terms beyond the f32
+ * range, dgamma terms outside the f32 partials' range): the caller then runs the generic path on
+ * the widened rows, whose decisions are the same (the same sums), so it writes dgp64 and never
+ * dgq. */
 SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, const uint16_t *x,
                                  const float *gs, const float *gamma, float gmax, int64_t d,
                                  float s, const sn__bwd_prefetch_t *pf, int has_g, int has_part) {
