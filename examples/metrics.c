@@ -46,6 +46,29 @@ int metrics_mkdir_p(const char *dir, char *err, size_t errlen) {
   return 0;
 }
 
+int metrics_check_writable(const char *file, const char *what, char *err, size_t errlen) {
+  char dir[4096];
+  if (snprintf(dir, sizeof dir, "%s", file) >= (int)sizeof dir)
+    return fail(err, errlen, "%s %s: path too long", what, file);
+  char *slash = strrchr(dir, '/');
+  if (slash == NULL)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == dir)
+    dir[1] = '\0'; /* "/name": the root directory */
+  else
+    *slash = '\0';
+  struct stat st;
+  if (stat(dir, &st) != 0)
+    return fail(err, errlen, "%s %s: directory %s: %s", what, file, dir, strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    return fail(err, errlen, "%s %s: %s is not a directory", what, file, dir);
+  if (access(dir, W_OK | X_OK) != 0)
+    return fail(err, errlen, "%s %s: cannot write in %s: %s", what, file, dir, strerror(errno));
+  if (stat(file, &st) == 0 && S_ISDIR(st.st_mode))
+    return fail(err, errlen, "%s %s: is a directory", what, file);
+  return 0;
+}
+
 int metrics_open(metrics_t *m, const char *dir, int append, char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
   snprintf(m->path, sizeof m->path, "%s/metrics.csv", dir);

@@ -22,8 +22,8 @@
  * every rank adopts at the end of each epoch.
  *
  * Exit status: 0 success; 1 a library or MPI call failed (MPI_Abort); 2 bad usage, unreadable
- * or malformed data, unusable checkpoint or output directory; 3 the ranks' parameters or
- * running statistics differ at the end (a bug).
+ * or malformed data, unusable checkpoint, output directory or dump path; 3 the ranks'
+ * parameters or running statistics differ at the end (a bug).
  */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include <cblas.h>
@@ -518,6 +518,17 @@ int main(int argc, char **argv) {
   if (t.rank == 0) {
     failed = metrics_mkdir_p(t.o.out, err, sizeof err) != 0 ||
              metrics_open(&t.metrics, t.o.out, t.o.resume != NULL, err, sizeof err) != 0;
+  }
+  exit_if_any_failed(&t, failed, err);
+  /* The dump files are written after the first step and at the end: a bad path found then
+   * would waste the run and abort every rank (exit 1). Checked here, after rank 0 made --out
+   * (a dump may go there). */
+  if (t.o.dump_first_step && t.rank == 0)
+    failed = metrics_check_writable(t.o.dump_first_step, "--dump-first-step", err, sizeof err);
+  if (!failed && t.o.dump_rank_state) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s.rank%d.safetensors", t.o.dump_rank_state, t.rank);
+    failed = metrics_check_writable(path, "--dump-rank-state", err, sizeof err);
   }
   exit_if_any_failed(&t, failed, err);
   const int yield = mpi_yield_when_idle();
