@@ -31,14 +31,23 @@ sn_status_t sn__comm_new(sn_comm_t **out, const sn_comm_ops_t *ops, int rank, in
   c->rank = rank;
   c->size = size;
   c->timeout_s = SN_DEFAULT_TIMEOUT_S;
-  const char *env = getenv("SN_COMM_TIMEOUT_S");
-  if (env != NULL && *env != '\0') {
-    char *end;
-    double t = strtod(env, &end);
-    if (*end == '\0' && t >= 0.0 && isfinite(t)) c->timeout_s = t;
-  }
   c->impl = impl;
   *out = c;
+  return SN_OK;
+}
+
+sn_status_t sn__comm_env_timeout(const char *fn, double *seconds) {
+  *seconds = SN_DEFAULT_TIMEOUT_S;
+  const char *env = getenv("SN_COMM_TIMEOUT_S");
+  if (env == NULL || *env == '\0') return SN_OK; /* unset or empty: the default */
+  char *end;
+  const double t = strtod(env, &end);
+  if (end == env || *end != '\0' || !(t >= 0.0) || !isfinite(t))
+    return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                    "%s: SN_COMM_TIMEOUT_S='%.64s' is not a number of seconds >= 0 (such as 300 "
+                    "or 2.5; 0 waits forever); unset it for the default %g s",
+                    fn, env, SN_DEFAULT_TIMEOUT_S);
+  *seconds = t;
   return SN_OK;
 }
 

@@ -40,9 +40,13 @@ struct sn_comm {
   void *impl;             /* backend state */
 };
 
-/* Allocates a communicator for a backend; timeout from SN_COMM_TIMEOUT_S or 1800 s. */
+/* Allocates a communicator for a backend, with the default timeout (1800 s). */
 SN_HIDDEN sn_status_t sn__comm_new(sn_comm_t **out, const sn_comm_ops_t *ops, int rank, int size,
                                    void *impl);
+/* The timeout a new communicator gets: SN_COMM_TIMEOUT_S, or 1800 s where it is unset or
+ * empty. Another value (not a number >= 0 in full, or infinite) is SN_ERR_INVALID_ARGUMENT,
+ * message naming fn. Local: creators call it before their collective part. */
+SN_HIDDEN sn_status_t sn__comm_env_timeout(const char *fn, double *seconds);
 /* SN_OK for a live, unbroken communicator; else SN_ERR_INVALID_HANDLE / SN_ERR_COMM. */
 SN_HIDDEN sn_status_t sn__comm_check(const char *fn, const sn_comm_t *comm);
 /* Validated all-reduce through the backend table, for internal callers. */

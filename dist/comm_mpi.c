@@ -150,6 +150,8 @@ sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
     return sn__fail(SN_ERR_INVALID_ARGUMENT,
                     "%s: mpi_comm is an intercommunicator; pass an intracommunicator (for "
                     "example from MPI_Intercomm_merge)", fn);
+  double timeout_s;
+  SN_TRY(sn__comm_env_timeout(fn, &timeout_s));
   MPI_Comm dup;
   rc = MPI_Comm_dup(mpi_comm, &dup);
   if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Comm_dup", rc);
@@ -160,5 +162,6 @@ sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
   }
   sn_status_t st = mpi_wrap(comm, dup);
   if (st != SN_OK) MPI_Comm_free(&dup);
+  else (*comm)->timeout_s = timeout_s;
   return st;
 }

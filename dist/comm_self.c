@@ -28,5 +28,9 @@ static sn_status_t self_split(sn_comm_t *comm, int color, int key, sn_comm_t **s
 
 sn_status_t sn_comm_create_self(sn_comm_t **comm) {
   SN_TRY(sn__check_ptr("sn_comm_create_self", "comm", comm));
-  return sn__comm_new(comm, &self_ops, 0, 1, NULL);
+  double timeout_s;
+  SN_TRY(sn__comm_env_timeout("sn_comm_create_self", &timeout_s));
+  SN_TRY(sn__comm_new(comm, &self_ops, 0, 1, NULL));
+  (*comm)->timeout_s = timeout_s; /* unused by "self" (it never waits), kept for split */
+  return SN_OK;
 }

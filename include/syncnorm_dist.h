@@ -54,7 +54,9 @@ extern "C" {
 typedef struct sn_comm sn_comm_t;
 
 /* A world of one rank: every all-reduce is the identity. *comm receives the handle (host object);
- * free it with sn_comm_destroy. Errors: SN_ERR_NULL_POINTER, SN_ERR_ALLOC. */
+ * free it with sn_comm_destroy. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT
+ * (SN_COMM_TIMEOUT_S set to a value that is not a number of seconds >= 0: see
+ * sn_comm_set_timeout), SN_ERR_ALLOC. */
 SN_API sn_status_t sn_comm_create_self(sn_comm_t **comm);
 
 #if SN_HAVE_MPI
@@ -67,8 +69,9 @@ SN_API sn_status_t sn_comm_create_self(sn_comm_t **comm);
  * error; the others wait for the timeout (SN_ERR_TIMEOUT). Measured with Debian 12's Open MPI
  * 4.1.4. SyncBatchNorm's check_consistency keeps its calls from getting that far.
  * MPI must be initialized, and stay so until sn_comm_destroy.
- * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (MPI not initialized, MPI_COMM_NULL, or
- * an intercommunicator, checked before the collective part), SN_ERR_COMM, SN_ERR_ALLOC. */
+ * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (MPI not initialized, MPI_COMM_NULL, an
+ * intercommunicator, or SN_COMM_TIMEOUT_S set to a value that is not a number of seconds >= 0:
+ * checked before the collective part), SN_ERR_COMM, SN_ERR_ALLOC. */
 SN_API sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm);
 #endif
 
@@ -111,8 +114,10 @@ SN_API sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const 
 /* Seconds a collective may wait for the other ranks before it fails with SN_ERR_TIMEOUT (and
  * the communicator is marked broken: later calls fail with SN_ERR_COMM). 0 waits forever. The
  * default is 1800 s (as PyTorch's process groups), or the environment variable
- * SN_COMM_TIMEOUT_S read at creation (seconds, a number >= 0 such as 300 or 2.5; any other value
- * is ignored and the default applies: the library prints nothing). Local, not collective. Errors:
+ * SN_COMM_TIMEOUT_S read at creation (seconds, a number >= 0 such as 300 or 2.5; unset or empty:
+ * the default; any other value, such as "5m", "-1" or "inf", makes the creation fail with
+ * SN_ERR_INVALID_ARGUMENT rather than run with a timeout nobody asked for). Sub-communicators
+ * from sn_comm_split inherit the parent's timeout. Local, not collective. Errors:
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (seconds < 0 or NaN), SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_comm_set_timeout(sn_comm_t *comm, double seconds);
 

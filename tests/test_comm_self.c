@@ -47,6 +47,31 @@ START_TEST(test_self_comm_basics) {
 }
 END_TEST
 
+/* SN_COMM_TIMEOUT_S: numbers >= 0 are taken, anything else fails the creation (a review: "5m"
+ * was ignored silently and the job ran with the 1800 s default). */
+START_TEST(test_env_timeout) {
+  static const char *const good[] = {"", "0", "300", "2.5", "1e3"};
+  static const char *const bad[] = {"5m", "-1", "inf", "nan", "abc", " ", "1800s", "-0.5"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", good[i], 1), 0);
+    sn_comm_t *c = NULL;
+    ck_assert_msg(sn_comm_create_self(&c) == SN_OK, "'%s': %s", good[i], sn_last_error());
+    sn_comm_destroy(c);
+  }
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", bad[i], 1), 0);
+    sn_comm_t *c = (sn_comm_t *)0x1; /* untouched on error */
+    ck_assert_msg(sn_comm_create_self(&c) == SN_ERR_INVALID_ARGUMENT, "'%s' accepted", bad[i]);
+    ck_assert_ptr_eq(c, (sn_comm_t *)0x1);
+    ck_assert_msg(strstr(sn_last_error(), "SN_COMM_TIMEOUT_S") != NULL, "%s", sn_last_error());
+  }
+  ck_assert_int_eq(unsetenv("SN_COMM_TIMEOUT_S"), 0);
+  sn_comm_t *c = NULL;
+  ck_assert_int_eq(sn_comm_create_self(&c), SN_OK);
+  sn_comm_destroy(c);
+}
+END_TEST
+
 START_TEST(test_layer_config_validation) {
   sn_syncbn_t *bn = (sn_syncbn_t *)0x1;
   sn_syncbn_config_t cfg = sn_syncbn_default_config(4);
@@ -308,6 +333,7 @@ int main(void) {
   Suite *s = suite_create("comm_self");
   TCase *tc = tcase_create("core");
   tcase_add_test(tc, test_self_comm_basics);
+  tcase_add_test(tc, test_env_timeout);
   tcase_add_test(tc, test_layer_config_validation);
   tcase_add_test(tc, test_null_comm_equals_self);
   tcase_add_test(tc, test_local_paths_equal_steps);

@@ -512,6 +512,26 @@ START_TEST(test_intercomm_rejected) {
 }
 END_TEST
 
+/* A bad SN_COMM_TIMEOUT_S fails sn_comm_create_mpi on every rank before MPI_Comm_dup (no rank
+ * is left inside it); a good one after it creates a working communicator. */
+START_TEST(test_env_timeout_rejected) {
+  ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", "5m", 1), 0);
+  sn_comm_t *c = (sn_comm_t *)0x1;
+  ck_assert_int_eq(sn_comm_create_mpi(&c, MPI_COMM_WORLD), SN_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(sn_last_error(), "SN_COMM_TIMEOUT_S='5m'") != NULL, "%s",
+                sn_last_error());
+  ck_assert_ptr_eq(c, (sn_comm_t *)0x1);
+  ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", "30", 1), 0);
+  c = NULL;
+  MT_OK(sn_comm_create_mpi(&c, MPI_COMM_WORLD));
+  ck_assert_int_eq(unsetenv("SN_COMM_TIMEOUT_S"), 0);
+  double v = 1.0;
+  MT_OK(sn_comm_allreduce_sum(c, &v, 1, SN_DTYPE_F64));
+  ck_assert(v == (double)mt_size);
+  sn_comm_destroy(c);
+}
+END_TEST
+
 /* check_finite: NaN in one rank's input → SN_ERR_NONFINITE everywhere, no stat changes. */
 START_TEST(test_nonfinite_everywhere) {
   sn_syncbn_config_t cfg = sn_syncbn_default_config(3);
@@ -653,6 +673,7 @@ static Suite *make_suite(void) {
   tcase_add_test(two, test_nonfinite_everywhere);
   tcase_add_test(two, test_partial_load);
   tcase_add_test(two, test_intercomm_rejected);
+  tcase_add_test(two, test_env_timeout_rejected);
   suite_add_tcase(s, two);
   TCase *many = tcase_create("mismatch_ranks");
   tcase_set_timeout(many, 300);
