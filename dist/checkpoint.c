@@ -116,9 +116,13 @@ static sn_status_t check_tensor(const char *fn, const sn_tensor_t *t, int64_t i,
     return sn__fail(SN_ERR_INVALID_DTYPE, "%s: tensor '%s' has unsupported dtype %d", fn, t->name, (int)t->dtype);
   if (t->ndim < 0 || t->ndim > SN_ST_MAX_NDIM)
     return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has ndim %d (0..%d)", fn, t->name, t->ndim, SN_ST_MAX_NDIM);
+  for (int k = 0; k < t->ndim; k++)
+    if (t->shape[k] < 0)
+      return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has shape[%d] = %lld (< 0)", fn, t->name, k,
+                      (long long)t->shape[k]);
   int64_t n = numel(t->shape, t->ndim);
   if (n < 0)
-    return sn__fail(SN_ERR_OVERFLOW, "%s: tensor '%s' has a negative or overflowing shape", fn, t->name);
+    return sn__fail(SN_ERR_OVERFLOW, "%s: tensor '%s' has a shape whose bytes overflow int64", fn, t->name);
   if (n > 0 && t->data == NULL)
     return sn__fail(SN_ERR_NULL_POINTER, "%s: tensor '%s' has NULL data", fn, t->name);
   *bytes = n * elem_size(t);

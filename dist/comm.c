@@ -40,9 +40,12 @@ sn_status_t sn__comm_env_timeout(const char *fn, double *seconds) {
   *seconds = SN_DEFAULT_TIMEOUT_S;
   const char *env = getenv("SN_COMM_TIMEOUT_S");
   if (env == NULL || *env == '\0') return SN_OK; /* unset or empty: the default */
+  /* a decimal number only: strtod alone also takes leading spaces, hex ("0x10") and "inf" */
+  const int decimal = (env[0] >= '0' && env[0] <= '9') || env[0] == '.';
   char *end;
   const double t = strtod(env, &end);
-  if (end == env || *end != '\0' || !(t >= 0.0) || !isfinite(t))
+  if (!decimal || strspn(env, "0123456789.eE+-") != strlen(env) || *end != '\0' || !(t >= 0.0) ||
+      !isfinite(t))
     return sn__fail(SN_ERR_INVALID_ARGUMENT,
                     "%s: SN_COMM_TIMEOUT_S='%.64s' is not a number of seconds >= 0 (such as 300 "
                     "or 2.5; 0 waits forever); unset it for the default %g s",

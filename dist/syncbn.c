@@ -551,10 +551,15 @@ static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const
 }
 
 /* Eval-mode forward with running statistics; saves them for a frozen backward. */
-static sn_status_t forward_eval(sn_syncbn_t *bn, void *y, const void *x, int64_t n, int64_t s) {
+static sn_status_t forward_eval(sn_syncbn_t *bn, const char *fn, void *y, const void *x,
+                                int64_t n, int64_t s) {
   const sn_syncbn_config_t *cfg = &bn->cfg;
-  SN_TRY(sn_batchnorm_infer(y, x, bn->running_mean, bn->running_var, bn->weight, bn->bias, n,
-                            bn->C, s, cfg->eps, cfg->layout, cfg->dtype));
+  /* the running statistics can be bad (a negative running_var written through
+   * sn_syncbn_params): the message names the caller and the layer before the kernel's */
+  const sn_status_t st = sn_batchnorm_infer(y, x, bn->running_mean, bn->running_var, bn->weight,
+                                            bn->bias, n, bn->C, s, cfg->eps, cfg->layout,
+                                            cfg->dtype);
+  if (st != SN_OK) return sn__fail_prefix(st, "%s (%s)", fn, bn->label);
   for (int64_t c = 0; c < bn->C; c++) {
     bn->mean[c] = bn->running_mean[c];
     bn->rstd[c] = (float)(1.0 / sqrt((double)bn->running_var[c] + (double)cfg->eps));
@@ -567,7 +572,7 @@ sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, int64_t n
                               int training) {
   const char *fn = "sn_syncbn_forward";
   SN_TRY(check_call(fn, bn, n, s, x, "x", y, "y", NULL, NULL));
-  if (!training && bn->cfg.track_running_stats) return forward_eval(bn, y, x, n, s);
+  if (!training && bn->cfg.track_running_stats) return forward_eval(bn, fn, y, x, n, s);
   /* PyTorch synchronizes only in training mode and with more than one rank
    * (torch.nn.SyncBatchNorm.forward: need_sync = ... and world_size > 1) */
   const int synced = training && !alone(bn);

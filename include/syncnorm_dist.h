@@ -112,13 +112,16 @@ SN_API sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const 
                                          int64_t bytes);
 
 /* Seconds a collective may wait for the other ranks before it fails with SN_ERR_TIMEOUT (and
- * the communicator is marked broken: later calls fail with SN_ERR_COMM). 0 waits forever. The
- * default is 1800 s (as PyTorch's process groups), or the environment variable
- * SN_COMM_TIMEOUT_S read at creation (seconds, a number >= 0 such as 300 or 2.5; unset or empty:
- * the default; any other value, such as "5m", "-1" or "inf", makes the creation fail with
- * SN_ERR_INVALID_ARGUMENT rather than run with a timeout nobody asked for). Sub-communicators
- * from sn_comm_split inherit the parent's timeout. Local, not collective. Errors:
- * SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (seconds < 0 or NaN), SN_ERR_INVALID_HANDLE. */
+ * the communicator is marked broken: later calls fail with SN_ERR_COMM). 0 waits forever; a
+ * tiny timeout such as 1e-9 fails any collective that has to wait at all. The default is 1800 s
+ * (as PyTorch's process groups), or the environment variable SN_COMM_TIMEOUT_S read at creation
+ * (seconds, a decimal number >= 0 such as 300, 2.5 or 1e3; unset or empty: the default; any
+ * other value, such as "5m", "-1", "inf", "0x10" or one with spaces, makes the creation fail
+ * with SN_ERR_INVALID_ARGUMENT rather than run with a timeout nobody asked for).
+ * Sub-communicators from sn_comm_split inherit the parent's timeout. Local, not collective.
+ * Errors:
+ * SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (seconds < 0, NaN or infinite: 0 waits forever),
+ * SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_comm_set_timeout(sn_comm_t *comm, double seconds);
 
 /* Frees comm (and its duplicated MPI communicator: collective for "mpi", like MPI_Comm_free).
@@ -278,8 +281,9 @@ typedef struct {
  * NAME_MAX, it is path's first bytes, a hash of its last component, then ".tmp.<pid>.<k>".
  * Threads may save to the same path at once: each save has its own temporary file, and path
  * ends up as one of them, complete. Errors:
- * SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (bad name, duplicate name, ndim, shape),
- * SN_ERR_INVALID_DTYPE, SN_ERR_OVERFLOW, SN_ERR_IO (path not writable; the old file stays),
+ * SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (bad name, duplicate name, ndim, a negative
+ * dimension), SN_ERR_INVALID_DTYPE, SN_ERR_OVERFLOW (a tensor's or the file's bytes overflow
+ * int64), SN_ERR_IO (path not writable; the old file stays),
  * SN_ERR_ALLOC. */
 SN_API sn_status_t sn_safetensors_save(const char *path, const sn_tensor_t *tensors,
                                        int64_t count);

@@ -194,6 +194,13 @@ START_TEST(test_generic_tensors_roundtrip) {
   bad.name = "x";
   bad.ndim = 9;
   ck_assert_int_eq(sn_safetensors_save(path, &bad, 1), SN_ERR_INVALID_ARGUMENT);
+  /* a negative dimension is a bad shape (as documented), an overflowing product an overflow */
+  bad.ndim = 2;
+  bad.shape[0] = 3, bad.shape[1] = -2;
+  ck_assert_int_eq(sn_safetensors_save(path, &bad, 1), SN_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(sn_last_error(), "shape[1] = -2") != NULL, "%s", sn_last_error());
+  bad.shape[0] = INT64_MAX / 2, bad.shape[1] = 4;
+  ck_assert_int_eq(sn_safetensors_save(path, &bad, 1), SN_ERR_OVERFLOW);
 }
 END_TEST
 

@@ -50,8 +50,9 @@ END_TEST
 /* SN_COMM_TIMEOUT_S: numbers >= 0 are taken, anything else fails the creation (a review: "5m"
  * was ignored silently and the job ran with the 1800 s default). */
 START_TEST(test_env_timeout) {
-  static const char *const good[] = {"", "0", "300", "2.5", "1e3"};
-  static const char *const bad[] = {"5m", "-1", "inf", "nan", "abc", " ", "1800s", "-0.5"};
+  static const char *const good[] = {"", "0", "300", "2.5", "1e3", ".5"};
+  static const char *const bad[] = {"5m", "-1",  "inf", "nan",  "abc", " ",
+                                    "1800s", "-0.5", " 5",  "5 ",  "0x10", "1e400"};
   for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
     ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", good[i], 1), 0);
     sn_comm_t *c = NULL;
@@ -142,6 +143,10 @@ START_TEST(test_failed_forward_and_saved) {
       p.running_var[0] = -1.0f;
       st = sn_syncbn_forward(bn, y, x, 2, 2, 0);
       p.running_var[0] = 1.0f;
+      /* the message names the call and the layer (a review: only sn_batchnorm_infer's) */
+      ck_assert_msg(strncmp(sn_last_error(), "sn_syncbn_forward (layer 0)", 27) == 0 &&
+                        strstr(sn_last_error(), "running_var[0]") != NULL,
+                    "%s", sn_last_error());
     } else if (how == 3) { /* num_batches_tracked < 0, training: y and the state untouched */
       const int64_t keep = *p.num_batches_tracked;
       float rm[2], y0[8];
