@@ -87,13 +87,21 @@ static int parse(int argc, char **argv, options_t *o) {
       case 'a': o->min_batch = strtoll(optarg, &end, 10); if (*end || o->min_batch < 0) return bad("min-batch", optarg); break;
       case 'b': o->max_batch = strtoll(optarg, &end, 10); if (*end || o->max_batch < 0) return bad("max-batch", optarg); break;
       case 'k': o->steps = (int)strtol(optarg, &end, 10); if (*end || o->steps < 1) return bad("steps", optarg); break;
-      case 'e': o->eps = strtof(optarg, &end); if (*end) return bad("eps", optarg); break;
-      case 'r': o->seed = strtoull(optarg, &end, 10); if (*end) return bad("seed", optarg); break;
+      case 'e': /* as the library checks it: > 0 and finite */
+        o->eps = strtof(optarg, &end);
+        if (!*optarg || *end || !(o->eps > 0) || isinf(o->eps)) return bad("eps", optarg);
+        break;
+      case 'r':
+        o->seed = strtoull(optarg, &end, 10);
+        if (!(*optarg >= '0' && *optarg <= '9') || *end) return bad("seed", optarg);
+        break;
       case 't': o->tol = strtod(optarg, &end); if (*end || !(o->tol >= 0)) return bad("tol", optarg); break;
       case 'x': o->exact = 1; break;
       case 'm':
         if (strcmp(optarg, "none") == 0) o->momentum = SN_MOMENTUM_CUMULATIVE;
-        else if ((o->momentum = strtof(optarg, &end)), *end) return bad("momentum", optarg);
+        else if ((o->momentum = strtof(optarg, &end)), !*optarg || *end ||
+                 !(o->momentum >= 0 && o->momentum <= 1)) /* as the library: in [0, 1] */
+          return bad("momentum", optarg);
         break;
       case 'l':
         if (strcmp(optarg, "nchw") == 0) o->layout = SN_LAYOUT_NCHW;

@@ -155,6 +155,14 @@ int metrics_plot(const char *dir, char *err, size_t errlen) {
   if (!f) return fail(err, errlen, "cannot write %s: %s", path, strerror(errno));
   fputs(plot_script, f);
   if (fclose(f) != 0) return fail(err, errlen, "cannot write %s: %s", path, strerror(errno));
+  /* a run that trained nothing (a finished checkpoint resumed into a new directory) leaves a
+   * header-only metrics.csv, on which gnuplot fails ("x range is invalid") */
+  snprintf(path, sizeof path, "%s/metrics.csv", dir);
+  f = fopen(path, "r");
+  int lines = 0;
+  for (int ch; f != NULL && lines < 2 && (ch = fgetc(f)) != EOF;) lines += ch == '\n';
+  if (f != NULL) fclose(f);
+  if (lines < 2) return 2;
   if (!on_path("gnuplot")) return 0;
   fflush(NULL);
   const pid_t pid = fork();

@@ -40,8 +40,9 @@ void metrics_close(metrics_t *m);
 
 /* Writes <dir>/curves.gp (gnuplot script: training loss against step, test accuracy against
  * epoch, from metrics.csv) and, when gnuplot is on PATH, runs it in dir to make curves.png.
- * Returns 1 when curves.png was made, 0 when gnuplot is not installed, −1 when writing the
- * script or running gnuplot failed (message in err). Forks: call it after MPI_Finalize. */
+ * Returns 1 when curves.png was made, 0 when gnuplot is not installed, 2 when metrics.csv has
+ * no rows to plot (gnuplot not run), −1 when writing the script or running gnuplot failed
+ * (message in err). Forks: call it after MPI_Finalize. */
 int metrics_plot(const char *dir, char *err, size_t errlen);
 
 /* "1h02m", "3m07s", "42s" (or "9.3s" below 10 s) into buf. */

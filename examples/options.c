@@ -3,6 +3,7 @@
  */
 #include "options.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,10 +50,23 @@ static void usage(FILE *f) {
 "Exit status: 0 ok, 1 library/MPI failure, 2 bad usage/data/checkpoint, 3 ranks diverged.\n");
 }
 
+/* Whole decimal integers only: strtoll/strtoull alone take leading spaces and a sign, and
+ * clamp a value out of range (errno ERANGE) instead of failing. */
 static int parse_i64(const char *s, int64_t *v, int64_t min) {
   char *end = NULL;
+  errno = 0;
   long long x = strtoll(s, &end, 10);
-  if (!s[0] || *end || x < min) return -1;
+  if (!((s[0] >= '0' && s[0] <= '9') || s[0] == '-') || *end || errno == ERANGE || x < min)
+    return -1;
+  *v = x;
+  return 0;
+}
+
+static int parse_u64(const char *s, unsigned long long *v) {
+  char *end = NULL;
+  errno = 0;
+  unsigned long long x = strtoull(s, &end, 10);
+  if (!(s[0] >= '0' && s[0] <= '9') || *end || errno == ERANGE) return -1;
   *v = x;
   return 0;
 }
@@ -99,8 +113,7 @@ int options_parse(options_t *o, int argc, char **argv, int rank) {
         bad = !optarg[0] || *end || !(o->weight_decay >= 0 && o->weight_decay < 1);
         break;
       case O_SEED:
-        o->seed = strtoull(optarg, &end, 10);
-        bad = !optarg[0] || *end || optarg[0] == '-';
+        bad = parse_u64(optarg, &o->seed);
         break;
       case O_THREADS:
         bad = parse_i64(optarg, &v, 1) || v > 1024;

@@ -351,10 +351,26 @@ static int64_t load_checkpoint(trainer_t *t) {
     failed = 1;
   }
   sn_safetensors_free(f);
+  /* start == end is a finished run restarted (a job scheduler's retry after a crash past the
+   * last checkpoint): it ends at once with the same results. Ending before the checkpoint is a
+   * mistake in the arguments, refused before anything says the run resumed. */
+  if (!failed && v[TS_STEP] > t->end_step) {
+    snprintf(err, sizeof err,
+             "--resume %s: the checkpoint is at step %lld, past the end of this run at step %lld "
+             "(--epochs %lld%s); raise --epochs or --max-steps",
+             t->o.resume, (long long)v[TS_STEP], (long long)t->end_step, (long long)t->o.epochs,
+             t->o.max_steps > 0 ? ", --max-steps" : "");
+    failed = 1;
+  }
   exit_if_any_failed(t, failed, err);
   if (t->rank == 0) {
-    printf("resumed from %s at step %lld (epoch %lld)\n", t->o.resume, (long long)v[TS_STEP],
-           (long long)(v[TS_STEP] / t->steps_per_epoch + 1));
+    if (v[TS_STEP] < t->end_step)
+      printf("resumed from %s at step %lld of %lld (epoch %lld of %lld)\n", t->o.resume,
+             (long long)v[TS_STEP], (long long)t->end_step,
+             (long long)(v[TS_STEP] / t->steps_per_epoch + 1), (long long)t->o.epochs);
+    else
+      printf("resumed from %s at step %lld of %lld\n", t->o.resume, (long long)v[TS_STEP],
+             (long long)t->end_step);
     if (v[TS_EPOCHS] != t->o.epochs || v[TS_WORLD] != t->size || v[TS_SYNC] != t->o.sync_bn ||
         lr != t->o.lr)
       printf("note: the checkpoint was made with --epochs %lld --lr %g on %lld ranks%s; this run "
@@ -472,6 +488,16 @@ int main(int argc, char **argv) {
     return parsed == 1 ? 0 : EXIT_USAGE;
   }
   setup_threads(&t);
+  { /* The library's environment (SN_COMM_TIMEOUT_S) is checked by every communicator's
+     * creation: a "self" one checks it locally, so a bad value ends the run as bad usage (exit
+     * 2, one message) before the collective MPI_Comm_dup, on every rank alike. */
+    sn_comm_t *probe = NULL;
+    char err[1024] = "";
+    const sn_status_t st = sn_comm_create_self(&probe);
+    if (st != SN_OK) snprintf(err, sizeof err, "%s: %s", sn_status_string(st), sn_last_error());
+    sn_comm_destroy(probe);
+    exit_if_any_failed(&t, st != SN_OK, err);
+  }
   CHECK_SN(sn_comm_create_mpi(&t.comm, MPI_COMM_WORLD));
   load_data(&t);
 
@@ -500,19 +526,8 @@ int main(int argc, char **argv) {
   t.state = malloc((size_t)cnn_model_state_bytes(t.model, 0));
   if (!t.perm || !t.labels || !t.state) die("out of memory");
   t.perm_epoch = -1;
-  t.start_step = t.o.resume ? load_checkpoint(&t) : 0;
   t.end_step = t.o.max_steps > 0 && t.o.max_steps < t.total_steps ? t.o.max_steps : t.total_steps;
-  /* start == end is a finished run restarted (a job scheduler's retry after a crash past the
-   * last checkpoint): it ends at once with the same results. Ending before the checkpoint is a
-   * mistake in the arguments. */
-  if (t.o.resume != NULL && t.start_step > t.end_step) {
-    snprintf(err, sizeof err,
-             "--resume %s: the checkpoint is at step %lld, past the end of this run at step %lld "
-             "(--epochs %lld%s); raise --epochs or --max-steps",
-             t.o.resume, (long long)t.start_step, (long long)t.end_step, (long long)t.o.epochs,
-             t.o.max_steps > 0 ? ", --max-steps" : "");
-    exit_if_any_failed(&t, 1, err);
-  }
+  t.start_step = t.o.resume ? load_checkpoint(&t) : 0;
 
   int failed = 0;
   if (t.rank == 0) {
@@ -534,12 +549,13 @@ int main(int argc, char **argv) {
   const int yield = mpi_yield_when_idle();
   if (t.rank == 0) {
     printf("syncnorm-train (syncnorm %s): %d rank%s × batch %lld = global batch %lld, %d "
-           "thread%s per rank (OpenBLAS %d, OpenMP %d), %s, %lld steps per epoch, %lld epoch%s, "
+           "thread%s per rank (OpenBLAS %d, OpenMP %d), %s, %lld step%s per epoch, %lld epoch%s, "
            "lr %g cosine, MPI yield when idle: %s\n",
            sn_version(), t.size, t.size > 1 ? "s" : "", (long long)t.o.batch, (long long)global,
            t.threads, t.threads > 1 ? "s" : "", t.threads, t.omp_threads,
            t.o.sync_bn ? "SyncBatchNorm" : "local BatchNorm (--no-sync-bn)",
-           (long long)t.steps_per_epoch, (long long)t.o.epochs, t.o.epochs > 1 ? "s" : "", t.o.lr,
+           (long long)t.steps_per_epoch, t.steps_per_epoch > 1 ? "s" : "", (long long)t.o.epochs,
+           t.o.epochs > 1 ? "s" : "", t.o.lr,
            yield < 0 ? "unknown" : yield ? "yes" : "no");
     if (yield == 0 && t.local_ranks > t.cpus)
       fprintf(stderr, "syncnorm-train: warning: %d ranks share %ld cores but MPI does not yield "
@@ -602,8 +618,8 @@ int main(int argc, char **argv) {
     if (t.last_accuracy >= 0)
       printf("test accuracy %.2f%% after %lld steps (%.2f epochs)\n", t.last_accuracy,
              (long long)t.end_step, (double)t.end_step / (double)t.steps_per_epoch);
-    printf("wall time %.1f s (training %.1f s for %lld steps, %.1f ms/step)\n", now_s() - t.t0,
-           train_total_s, (long long)done_steps,
+    printf("wall time %.1f s (training %.1f s for %lld step%s, %.1f ms/step)\n", now_s() - t.t0,
+           train_total_s, (long long)done_steps, done_steps == 1 ? "" : "s",
            done_steps ? 1e3 * train_total_s / (double)done_steps : 0.0);
   }
   char out[4096];
@@ -614,8 +630,20 @@ int main(int argc, char **argv) {
   if (rank == 0) {
     const int plotted = metrics_plot(out, err, sizeof err);
     if (plotted < 0) fprintf(stderr, "syncnorm-train: warning: %s\n", err);
-    printf("results in %s: metrics.csv, model.safetensors, checkpoint.safetensors%s\n", out,
-           plotted > 0    ? ", curves.png"
+    /* the files that are there: a run that trained nothing into a new --out wrote no model */
+    static const char *const files[] = {"metrics.csv", "model.safetensors",
+                                        "checkpoint.safetensors", "curves.gp", "curves.png"};
+    char list[256] = "";
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+      char path[4200];
+      snprintf(path, sizeof path, "%s/%s", out, files[i]);
+      if (access(path, F_OK) == 0)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? ", " : "",
+                 files[i]);
+    }
+    printf("results in %s: %s%s\n", out, list,
+           plotted == 1   ? ""
+           : plotted == 2 ? " (no training rows: nothing plotted)"
            : plotted == 0 ? " (gnuplot not installed: no curves.png; curves.gp plots it)"
                           : " (gnuplot failed: no curves.png)");
   }

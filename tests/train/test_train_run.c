@@ -369,6 +369,17 @@ START_TEST(test_resume_is_exact) {
   ASSERT_RUN(st, 2, "resume past the end of the run");
   ck_assert_msg(strstr(g_err, "past the end") && count_of(g_err, "syncnorm-train: error") == 1,
                 "%s", g_err);
+  /* refused before anything says it resumed (a review: "resumed from ... (epoch 3)" first) */
+  ck_assert_msg(strstr(g_out, "resumed from") == NULL, "%s", g_out);
+  /* the finished run resumed into a new directory: no plot failure, and the results line lists
+   * only the files there (no model was written) */
+  char fresh[1024];
+  wpath(fresh, sizeof fresh, "finished_elsewhere");
+  st = run("finished_elsewhere", 2, COMMON, "--out", fresh, "--resume", ck, NULL);
+  ASSERT_RUN(st, 0, "resume of a finished run into a new --out");
+  ck_assert_msg(strstr(g_err, "warning") == NULL, "%s", g_err);
+  ck_assert_msg(strstr(g_out, "nothing plotted") && !strstr(g_out, "model.safetensors"), "%s",
+                g_out);
   /* corrupt trainer.step (a review: a negative step indexed before the data order, a shape [0]
    * tensor was read past the file's buffer): refused */
   wpath(b, sizeof b, "negative_step.safetensors");
@@ -473,6 +484,16 @@ START_TEST(test_errors_exit_2) {
                "--out", out, "--dump-first-step", g_work);
   expect_error("bad_dump_rank", 2, "--dump-rank-state /nonexistent/s.rank", "--data", g_data,
                "--epochs", "1", "--out", out, "--dump-rank-state", "/nonexistent/s");
+  /* seeds out of range or with spaces (a review: clamped to 2^64-1 silently) */
+  expect_error("seed_range", 2, "invalid value '99999999999999999999' for --seed", "--seed",
+               "99999999999999999999", "--epochs", "1");
+  expect_error("seed_space", 2, "for --seed", "--seed", " 1", "--epochs", "1");
+  expect_error("epochs_space", 2, "for --epochs", "--epochs", " 1");
+  /* a bad SN_COMM_TIMEOUT_S: bad usage (exit 2, one message), not an MPI abort */
+  ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", "5m", 1), 0);
+  expect_error("bad_timeout_env", 2, "SN_COMM_TIMEOUT_S='5m'", "--data", g_data, "--epochs",
+               "1", "--out", out);
+  ck_assert_int_eq(unsetenv("SN_COMM_TIMEOUT_S"), 0);
   st = run("help", 1, "--help", NULL);
   ASSERT_RUN(st, 0, "--help");
   ck_assert_msg(strstr(g_out, "--dump-first-step") && strstr(g_out, "--no-sync-bn"), "%s", g_out);
