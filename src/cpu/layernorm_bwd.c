@@ -55,8 +55,8 @@ SN_INLINE void ln_bwd_sums(double sum[3], double big[3], const float *dy, const 
     const int64_t end = lowp && d - i > LN_BWD_BLOCK ? i + LN_BWD_BLOCK : d;
     float b_xh[L] = {0}, b_g[L] = {0}, b_gxh[L] = {0};
     for (; i + L <= end; i += L) {
-      if (pf != NULL && pf->x != NULL) __builtin_prefetch(pf->x + i * pf->esize, 0);
-      if (pf != NULL && pf->dy != NULL) __builtin_prefetch(pf->dy + i * pf->esize, 0);
+      if (pf != NULL && pf->x != NULL) SN_PF_ROW_READ(pf->x + i * pf->esize);
+      if (pf != NULL && pf->dy != NULL) SN_PF_ROW_READ(pf->dy + i * pf->esize);
       if (pf != NULL && pf->dx != NULL) __builtin_prefetch(pf->dx + i * pf->esize, 1);
       if (lowp)
         for (int k = 0; k < L; k++) {

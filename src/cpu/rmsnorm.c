@@ -300,8 +300,8 @@ SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const floa
   int64_t i = 0;
   for (; i + SN_ROW_LANES <= d; i += SN_ROW_LANES) {
     for (int64_t o = i * pf->esize; o < (i + SN_ROW_LANES) * pf->esize; o += 64) {
-      if (pf->x != NULL) __builtin_prefetch(pf->x + o, 0);
-      if (pf->dy != NULL) __builtin_prefetch(pf->dy + o, 0);
+      if (pf->x != NULL) SN_PF_ROW_READ(pf->x + o);
+      if (pf->dy != NULL) SN_PF_ROW_READ(pf->dy + o);
       if (pf->dx != NULL) __builtin_prefetch(pf->dx + o, 1);
     }
     for (int k = 0; k < SN_ROW_LANES; k++) {
