@@ -46,6 +46,7 @@ typedef struct {
   const float *pivot;  /* [C] or NULL (stats) */
   const double *mean;  /* [C] (bwd) */
   const float *rstd;   /* [C] (bwd) */
+  int pf_l2;           /* bwd: prefetch into L2 only (bwd_run), for the fused backward */
 } red_t;
 
 static inline double red_shift(const red_t *op, int64_t c) {
@@ -64,7 +65,7 @@ static void red_span(const red_t *op, double *acc, int64_t off, int64_t n, int l
       stats_run(acc, pa, m, lane, shift);
     } else {
       const float *pb = sn__in_row(op->b, off + i, m, dtype, tb);
-      bwd_run(acc, pa, pb, m, lane, shift);
+      bwd_run(acc, pa, pb, m, lane, shift, op->pf_l2);
     }
     lane = (int)((lane + m) & LANE_MASK);
     i += m;
@@ -420,7 +421,7 @@ static void bwd_fused_nchw(void *dx, float *dgamma, float *dbeta, const void *dy
                            const double *mean, const float *rstd, const float *gamma, int64_t N,
                            int64_t C, int64_t S, int64_t cb, sn_dtype_t dtype) {
   const red_chunks_t ch = red_chunks(N, S);
-  const red_t red = {RED_BWD, dy, x, NULL, mean, rstd};
+  const red_t red = {RED_BWD, dy, x, NULL, mean, rstd, sn__pf_l2}; /* read again below */
   const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
 #pragma omp parallel if (N * C * S >= SN_PAR_MIN)
   {
@@ -495,7 +496,7 @@ static void fwd_fused_nchw(void *y, double *mean, float *var, float *rstd, const
                            const float *pv, const float *gamma, const float *beta, int64_t N,
                            int64_t C, int64_t S, float eps, int64_t cb, sn_dtype_t dtype) {
   const red_chunks_t ch = red_chunks(N, S);
-  const red_t red = {RED_STATS, x, NULL, pv, NULL, NULL};
+  const red_t red = {RED_STATS, x, NULL, pv, NULL, NULL, 0};
   const double count = (double)(N * S), inv = 1.0 / count;
   const int checked = beta != NULL && dtype != SN_DTYPE_F32; /* as ew_checked's apply */
   const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
@@ -558,7 +559,7 @@ sn_status_t sn_batchnorm_stats(double *sum, double *sumsq, const void *x, const 
     return SN_OK;
   }
   SN_TRY(sn__check_ptr(fn, "x", x));
-  const red_t op = {RED_STATS, x, NULL, pivot, NULL, NULL};
+  const red_t op = {RED_STATS, x, NULL, pivot, NULL, NULL, 0};
   return bn_reduce(fn, sum, sumsq, &op, n, c, s, layout, dtype);
 }
 
@@ -687,8 +688,8 @@ sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, con
     sn__free(sums);
     return st;
   }
-  const red_t first = {RED_STATS, x, NULL, pivot, NULL, NULL};
-  const red_t again = {RED_STATS, x, NULL, pv, NULL, NULL}; /* around the refined pivots */
+  const red_t first = {RED_STATS, x, NULL, pivot, NULL, NULL, 0};
+  const red_t again = {RED_STATS, x, NULL, pv, NULL, NULL, 0}; /* around the refined pivots */
   st = bn_reduce(fn, sums, sums + c, &first, n, c, s, layout, dtype);
   for (int round = 1; st == SN_OK && sn__bn_refine_pivots(pv, sums, sums + c,
                                                           round == 1 ? pivot : pv, c,
@@ -749,7 +750,7 @@ sn_status_t sn_batchnorm_bwd_reduce(double *sum_dy, double *sum_dy_xhat, const v
   SN_TRY(sn__check_ptr(fn, "dy", dy));
   SN_TRY(sn__check_ptr(fn, "x", x));
   /* Σ dy·x̂ = rstd·Σ dy·(x − mean): one multiply per channel instead of per element. */
-  const red_t op = {RED_BWD, dy, x, NULL, mean, rstd};
+  const red_t op = {RED_BWD, dy, x, NULL, mean, rstd, 0};
   return bn_reduce(fn, sum_dy, sum_dy_xhat, &op, n, c, s, layout, dtype);
 }
 
@@ -806,7 +807,7 @@ sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   sn_status_t st;
   double *sums = sn__alloc(fn, 2, c, (int64_t)sizeof(double), &st); /* Σdy, Σdy·x̂ */
   if (sums == NULL) return st;
-  const red_t red = {RED_BWD, dy, x, NULL, mean, rstd};
+  const red_t red = {RED_BWD, dy, x, NULL, mean, rstd, 0};
   st = bn_reduce(fn, sums, sums + c, &red, n, c, s, layout, dtype);
   if (st == SN_OK) {
     const ew_t op = {.kind = EW_BWD, .mean = mean, .rstd = rstd, .gamma = gamma,

@@ -59,9 +59,14 @@ SN_CLONES static void stats_run(double *acc, const float *x, int64_t n, int lane
   }
 }
 
-/* NCHW run of the backward sums, dy, x: [n]:  acc[0][l] += dy,  acc[1][l] += dy·(x − m). */
+/* NCHW run of the backward sums, dy, x: [n]:  acc[0][l] += dy,  acc[1][l] += dy·(x − m).
+ * pf_l2: prefetch into L2 only (prefetcht1) rather than L1 too (prefetcht0). The fused backward
+ * (sn_batchnorm_bwd), which reads the run again from L2 for dx, sets it where sn__pf_l2 does
+ * (cpu.h): on the AMD EPYC host 0.81-0.90x the time ([32,64,56,56], [64,256,28,28], cold); the
+ * sums alone, read once, were 1.11x slower with it (docs/BENCHMARKS.md, 2026-12-02 fifth
+ * sitting). */
 SN_CLONES static void bwd_run(double *acc, const float *dy, const float *x, int64_t n, int lane,
-                              double m) {
+                              double m, int pf_l2) {
   int64_t i = 0;
   for (; i < n && lane != 0; i++, lane = (lane + 1) & LANE_MASK) {
     double g = (double)dy[i];
@@ -73,8 +78,13 @@ SN_CLONES static void bwd_run(double *acc, const float *dy, const float *x, int6
     SN_VLOAD(s1, acc);
     SN_VLOAD(s2, acc + SN_LANES);
     for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line of each per step */
-      __builtin_prefetch(dy + i + RED_PF_FLOATS, 0);
-      __builtin_prefetch(x + i + RED_PF_FLOATS, 0);
+      if (pf_l2) {
+        __builtin_prefetch(dy + i + RED_PF_FLOATS, 0, 2);
+        __builtin_prefetch(x + i + RED_PF_FLOATS, 0, 2);
+      } else {
+        __builtin_prefetch(dy + i + RED_PF_FLOATS, 0);
+        __builtin_prefetch(x + i + RED_PF_FLOATS, 0);
+      }
       for (int h = 0; h < 2; h++) {
         SN_VLOAD_WIDEN(g, dy + i + h * SN_LANES);
         SN_VLOAD_WIDEN(v, x + i + h * SN_LANES);

@@ -53,6 +53,14 @@
 /* Whether a kernel call writing out_bytes of output streams its stores. */
 SN_HIDDEN int sn__stream_out(int64_t out_bytes);
 
+/* Whether the LayerNorm/RMSNorm row kernels prefetch the next row into L2 only (prefetcht1)
+ * rather than into L1 as well (prefetcht0): set when the library is loaded, 1 on x86-64 CPUs
+ * other than Intel's, 0 on Intel's and off x86-64. Measured on an AMD EPYC (Zen 4) VM, the L2
+ * hint took 0.70-0.95x the time of the forwards and 0.74-0.87x of the backwards
+ * (docs/BENCHMARKS.md, 2026-12-02 fifth sitting); the Intel host of the earlier tables was not
+ * available to measure it, so Intel CPUs keep the prefetcht0 measured there. */
+SN_HIDDEN extern int sn__pf_l2;
+
 /* Makes this thread's streaming stores visible to the others (sfence) when nt: each thread that
  * streamed calls it once at the end of its share of the work, before the parallel region's end.
  * A no-op off x86-64 (where nothing streams). */

@@ -278,15 +278,22 @@ typedef struct {
   int nt; /* dx streamed (sn__store64) where the f32 or bf16 pair loops write it; dx NULL then */
 } sn__bwd_prefetch_t;
 
-/* A software prefetch of a line of the next row's input, for reading: into L2 (prefetcht1,
- * locality 2), not into L1 as well (prefetcht0, GCC's default). The row arrives while this one
- * is worked on, and pass 1 of the next row then reads it from L2. Measured against prefetcht0
- * (bench_ab, 2 threads, cold caches; docs/BENCHMARKS.md): LayerNorm f32 forward [8192,1024]
- * 0.70x the time, RMSNorm / fused add + LayerNorm [16384,4096] 0.90-0.92x; backwards
- * 0.74-0.87x, and 0.85x in cache. Locality 1 (prefetcht2) measured the same as 2. Whether
- * fewer L1 fill buffers held by prefetches or less of this row evicted from L1 explains it
- * was not measured (no PMU on that host). */
-#define SN_PF_ROW_READ(p) __builtin_prefetch((p), 0, 2)
+/* A software prefetch of a line of the next row's input, for reading: into L2 only
+ * (prefetcht1, locality 2) where sn__pf_l2 says so (x86-64 but Intel: cpu.h), else into L1 as
+ * well (prefetcht0, GCC's default). The row arrives while this one is worked on, and pass 1 of
+ * the next row then reads it. Measured on an AMD EPYC host against prefetcht0 (bench_ab, 2
+ * threads, cold caches; docs/BENCHMARKS.md): LayerNorm f32 forward [8192,1024] 0.70x the time,
+ * RMSNorm / fused add + LayerNorm [16384,4096] 0.90-0.92x; backwards 0.74-0.87x, and 0.85x in
+ * cache. Locality 1 (prefetcht2) measured the same as 2. Whether fewer L1 fill buffers held by
+ * prefetches or less of this row evicted from L1 explains it was not measured (no PMU there).
+ * sn__pf_l2 is set once at load; the branch on it is predicted. */
+#define SN_PF_ROW_READ(p)                   \
+  do {                                      \
+    if (sn__pf_l2)                          \
+      __builtin_prefetch((p), 0, 2);        \
+    else                                    \
+      __builtin_prefetch((p), 0, 3);        \
+  } while (0)
 
 /* The prefetches of the bf16 pair block at element i: one line of each stream. */
 SN_INLINE void sn__pair_prefetch(const sn__bwd_prefetch_t *pf, int64_t i) {
