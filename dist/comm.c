@@ -2,6 +2,7 @@
  * comm.c — backend-independent communicator functions: handle checks, rank/size, timeout,
  * sum all-reduce and the cross-rank identity check, dispatching through sn_comm_ops_t.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,9 +44,10 @@ sn_status_t sn__comm_env_timeout(const char *fn, double *seconds) {
   /* a decimal number only: strtod alone also takes leading spaces, hex ("0x10") and "inf" */
   const int decimal = (env[0] >= '0' && env[0] <= '9') || env[0] == '.';
   char *end;
-  const double t = strtod(env, &end);
-  if (!decimal || strspn(env, "0123456789.eE+-") != strlen(env) || *end != '\0' || !(t >= 0.0) ||
-      !isfinite(t))
+  errno = 0;
+  const double t = strtod(env, &end); /* ERANGE: beyond the doubles, or 1e-400 rounded to 0 */
+  if (!decimal || strspn(env, "0123456789.eE+-") != strlen(env) || *end != '\0' ||
+      errno == ERANGE || !(t >= 0.0) || !isfinite(t))
     return sn__fail(SN_ERR_INVALID_ARGUMENT,
                     "%s: SN_COMM_TIMEOUT_S='%.64s' is not a number of seconds >= 0 (such as 300 "
                     "or 2.5; 0 waits forever); unset it for the default %g s",

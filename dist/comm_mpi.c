@@ -150,8 +150,24 @@ sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
     return sn__fail(SN_ERR_INVALID_ARGUMENT,
                     "%s: mpi_comm is an intercommunicator; pass an intracommunicator (for "
                     "example from MPI_Intercomm_merge)", fn);
+  /* SN_COMM_TIMEOUT_S can differ between ranks (Open MPI passes a shell's variables to other
+   * hosts only with -x): the ranks agree on it first, so that a rank refusing it does not leave
+   * the others waiting inside MPI_Comm_dup. Collective over mpi_comm, as the dup is. */
   double timeout_s;
-  SN_TRY(sn__comm_env_timeout(fn, &timeout_s));
+  const sn_status_t env_st = sn__comm_env_timeout(fn, &timeout_s);
+  int my_rank = 0, ranks = 1;
+  rc = MPI_Comm_rank(mpi_comm, &my_rank);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(mpi_comm, &ranks);
+  if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Comm_rank/size", rc);
+  int first_bad = env_st != SN_OK ? my_rank : ranks;
+  rc = MPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, mpi_comm);
+  if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Allreduce (SN_COMM_TIMEOUT_S)", rc);
+  if (env_st != SN_OK) return env_st; /* its message is set */
+  if (first_bad < ranks)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                    "%s: SN_COMM_TIMEOUT_S is not a number of seconds >= 0 on rank %d of "
+                    "mpi_comm (this is rank %d); nothing was created",
+                    fn, first_bad, my_rank);
   MPI_Comm dup;
   rc = MPI_Comm_dup(mpi_comm, &dup);
   if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Comm_dup", rc);

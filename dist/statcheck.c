@@ -11,7 +11,9 @@
  * running statistics are bitwise identical on every rank. Exit status: 0 within tolerance,
  * 1 beyond it, 2 on bad arguments or a library error.
  */
+#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -70,6 +72,22 @@ static int bad(const char *opt, const char *val) {
   return 0;
 }
 
+/* Whole decimal integers only (strtoll/strtoull alone take leading spaces and a sign, and clamp
+ * a value out of range instead of failing); 0 when s is one, at least min. */
+static int int_ok(const char *s, long long *v, long long min) {
+  char *end;
+  errno = 0;
+  *v = strtoll(s, &end, 10);
+  return ((s[0] >= '0' && s[0] <= '9') || s[0] == '-') && !*end && errno != ERANGE && *v >= min;
+}
+
+static int uint_ok(const char *s, uint64_t *v) {
+  char *end;
+  errno = 0;
+  *v = strtoull(s, &end, 10);
+  return s[0] >= '0' && s[0] <= '9' && !*end && errno != ERANGE;
+}
+
 static int parse(int argc, char **argv, options_t *o) {
   static const struct option opts[] = {
       {"channels", 1, 0, 'c'}, {"spatial", 1, 0, 's'}, {"min-batch", 1, 0, 'a'},
@@ -80,21 +98,22 @@ static int parse(int argc, char **argv, options_t *o) {
   *o = (options_t){64, 49, 0, 4, 10, 0, 0, SN_LAYOUT_NCHW, SN_DTYPE_F32, 1, 0.1f, 1e-5f, -1.0};
   int c;
   char *end;
+  long long v;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (c) {
-      case 'c': o->C = strtoll(optarg, &end, 10); if (*end || o->C < 1) return bad("channels", optarg); break;
-      case 's': o->S = strtoll(optarg, &end, 10); if (*end || o->S < 1) return bad("spatial", optarg); break;
-      case 'a': o->min_batch = strtoll(optarg, &end, 10); if (*end || o->min_batch < 0) return bad("min-batch", optarg); break;
-      case 'b': o->max_batch = strtoll(optarg, &end, 10); if (*end || o->max_batch < 0) return bad("max-batch", optarg); break;
-      case 'k': o->steps = (int)strtol(optarg, &end, 10); if (*end || o->steps < 1) return bad("steps", optarg); break;
+      case 'c': if (!int_ok(optarg, &v, 1)) return bad("channels", optarg); o->C = v; break;
+      case 's': if (!int_ok(optarg, &v, 1)) return bad("spatial", optarg); o->S = v; break;
+      case 'a': if (!int_ok(optarg, &v, 0)) return bad("min-batch", optarg); o->min_batch = v; break;
+      case 'b': if (!int_ok(optarg, &v, 0)) return bad("max-batch", optarg); o->max_batch = v; break;
+      case 'k':
+        if (!int_ok(optarg, &v, 1) || v > INT_MAX) return bad("steps", optarg);
+        o->steps = (int)v;
+        break;
       case 'e': /* as the library checks it: > 0 and finite */
         o->eps = strtof(optarg, &end);
         if (!*optarg || *end || !(o->eps > 0) || isinf(o->eps)) return bad("eps", optarg);
         break;
-      case 'r':
-        o->seed = strtoull(optarg, &end, 10);
-        if (!(*optarg >= '0' && *optarg <= '9') || *end) return bad("seed", optarg);
-        break;
+      case 'r': if (!uint_ok(optarg, &o->seed)) return bad("seed", optarg); break;
       case 't': o->tol = strtod(optarg, &end); if (*end || !(o->tol >= 0)) return bad("tol", optarg); break;
       case 'x': o->exact = 1; break;
       case 'm':

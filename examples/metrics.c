@@ -46,7 +46,16 @@ int metrics_mkdir_p(const char *dir, char *err, size_t errlen) {
   return 0;
 }
 
-int metrics_check_writable(const char *file, const char *what, char *err, size_t errlen) {
+/* a and b name the same path, but for trailing slashes ("runs/x/" and "runs/x") */
+static int same_dir(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  while (la > 1 && a[la - 1] == '/') la--;
+  while (lb > 1 && b[lb - 1] == '/') lb--;
+  return la == lb && strncmp(a, b, la) == 0;
+}
+
+int metrics_check_writable(const char *file, const char *will_make, const char *what, char *err,
+                           size_t errlen) {
   char dir[4096];
   if (snprintf(dir, sizeof dir, "%s", file) >= (int)sizeof dir)
     return fail(err, errlen, "%s %s: path too long", what, file);
@@ -58,6 +67,8 @@ int metrics_check_writable(const char *file, const char *what, char *err, size_t
   else
     *slash = '\0';
   struct stat st;
+  if (will_make != NULL && same_dir(dir, will_make) && stat(dir, &st) != 0)
+    return 0; /* made by the run before the file is written (a failure is reported then) */
   if (stat(dir, &st) != 0)
     return fail(err, errlen, "%s %s: directory %s: %s", what, file, dir, strerror(errno));
   if (!S_ISDIR(st.st_mode))

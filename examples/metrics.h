@@ -25,9 +25,11 @@ typedef struct {
 int metrics_mkdir_p(const char *dir, char *err, size_t errlen);
 
 /* Checks, before the run, that a file can later be written at `file`: its directory exists and
- * is writable, and `file` is not a directory. Creates nothing. what names the option in the
- * message ("--dump-first-step"). Returns 0, or −1 with a message in err. */
-int metrics_check_writable(const char *file, const char *what, char *err, size_t errlen);
+ * is writable (or is `will_make`, a directory the run creates first; NULL for none), and `file`
+ * is not a directory. Creates nothing. what names the option in the message
+ * ("--dump-first-step"). Returns 0, or −1 with a message in err. */
+int metrics_check_writable(const char *file, const char *will_make, const char *what, char *err,
+                           size_t errlen);
 
 /* Opens <dir>/metrics.csv: appended to when `append` and it exists (a resumed run), else created
  * with the header. Returns 0, or −1 with a message in err. */

@@ -526,6 +526,19 @@ int main(int argc, char **argv) {
   t.state = malloc((size_t)cnn_model_state_bytes(t.model, 0));
   if (!t.perm || !t.labels || !t.state) die("out of memory");
   t.perm_epoch = -1;
+  /* The dump files are written after the first step and at the end: a bad path found then
+   * would waste the run and abort every rank (exit 1). Checked before anything is written or
+   * printed; a dump into --out, which rank 0 creates below, counts as writable. */
+  int dump_bad = 0;
+  if (t.o.dump_first_step && t.rank == 0)
+    dump_bad = metrics_check_writable(t.o.dump_first_step, t.o.out, "--dump-first-step", err,
+                                      sizeof err);
+  if (!dump_bad && t.o.dump_rank_state) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s.rank%d.safetensors", t.o.dump_rank_state, t.rank);
+    dump_bad = metrics_check_writable(path, t.o.out, "--dump-rank-state", err, sizeof err);
+  }
+  exit_if_any_failed(&t, dump_bad, err);
   t.end_step = t.o.max_steps > 0 && t.o.max_steps < t.total_steps ? t.o.max_steps : t.total_steps;
   t.start_step = t.o.resume ? load_checkpoint(&t) : 0;
 
@@ -533,17 +546,6 @@ int main(int argc, char **argv) {
   if (t.rank == 0) {
     failed = metrics_mkdir_p(t.o.out, err, sizeof err) != 0 ||
              metrics_open(&t.metrics, t.o.out, t.o.resume != NULL, err, sizeof err) != 0;
-  }
-  exit_if_any_failed(&t, failed, err);
-  /* The dump files are written after the first step and at the end: a bad path found then
-   * would waste the run and abort every rank (exit 1). Checked here, after rank 0 made --out
-   * (a dump may go there). */
-  if (t.o.dump_first_step && t.rank == 0)
-    failed = metrics_check_writable(t.o.dump_first_step, "--dump-first-step", err, sizeof err);
-  if (!failed && t.o.dump_rank_state) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s.rank%d.safetensors", t.o.dump_rank_state, t.rank);
-    failed = metrics_check_writable(path, "--dump-rank-state", err, sizeof err);
   }
   exit_if_any_failed(&t, failed, err);
   const int yield = mpi_yield_when_idle();
@@ -616,8 +618,9 @@ int main(int argc, char **argv) {
     printf("parameters, running stats and momentum bitwise identical on all %d ranks: %s\n",
            t.size, same ? "yes" : "NO");
     if (t.last_accuracy >= 0)
-      printf("test accuracy %.2f%% after %lld steps (%.2f epochs)\n", t.last_accuracy,
-             (long long)t.end_step, (double)t.end_step / (double)t.steps_per_epoch);
+      printf("test accuracy %.2f%% after %lld step%s (%.2f epochs)\n", t.last_accuracy,
+             (long long)t.end_step, t.end_step == 1 ? "" : "s",
+             (double)t.end_step / (double)t.steps_per_epoch);
     printf("wall time %.1f s (training %.1f s for %lld step%s, %.1f ms/step)\n", now_s() - t.t0,
            train_total_s, (long long)done_steps, done_steps == 1 ? "" : "s",
            done_steps ? 1e3 * train_total_s / (double)done_steps : 0.0);
@@ -630,14 +633,15 @@ int main(int argc, char **argv) {
   if (rank == 0) {
     const int plotted = metrics_plot(out, err, sizeof err);
     if (plotted < 0) fprintf(stderr, "syncnorm-train: warning: %s\n", err);
-    /* the files that are there: a run that trained nothing into a new --out wrote no model */
+    /* the files that are there (a run that trained nothing into a new --out wrote no model);
+     * a curves.png only when this run drew it (not one left by an earlier run) */
     static const char *const files[] = {"metrics.csv", "model.safetensors",
                                         "checkpoint.safetensors", "curves.gp", "curves.png"};
     char list[256] = "";
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
       char path[4200];
       snprintf(path, sizeof path, "%s/%s", out, files[i]);
-      if (access(path, F_OK) == 0)
+      if (access(path, F_OK) == 0 && (plotted == 1 || strcmp(files[i], "curves.png") != 0))
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? ", " : "",
                  files[i]);
     }

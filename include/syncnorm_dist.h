@@ -69,9 +69,11 @@ SN_API sn_status_t sn_comm_create_self(sn_comm_t **comm);
  * error; the others wait for the timeout (SN_ERR_TIMEOUT). Measured with Debian 12's Open MPI
  * 4.1.4. SyncBatchNorm's check_consistency keeps its calls from getting that far.
  * MPI must be initialized, and stay so until sn_comm_destroy.
- * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (MPI not initialized, MPI_COMM_NULL, an
- * intercommunicator, or SN_COMM_TIMEOUT_S set to a value that is not a number of seconds >= 0:
- * checked before the collective part), SN_ERR_COMM, SN_ERR_ALLOC. */
+ * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (MPI not initialized, MPI_COMM_NULL or
+ * an intercommunicator, checked before anything collective; SN_COMM_TIMEOUT_S set to a value
+ * that is not a number of seconds >= 0 on any rank: the ranks agree on it with one
+ * MPI_Allreduce over mpi_comm before the dup, so every rank fails alike), SN_ERR_COMM,
+ * SN_ERR_ALLOC. */
 SN_API sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm);
 #endif
 

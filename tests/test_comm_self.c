@@ -50,9 +50,13 @@ END_TEST
 /* SN_COMM_TIMEOUT_S: numbers >= 0 are taken, anything else fails the creation (a review: "5m"
  * was ignored silently and the job ran with the 1800 s default). */
 START_TEST(test_env_timeout) {
+  const char *outer = getenv("SN_COMM_TIMEOUT_S"); /* restored at the end */
+  char saved[256] = "";
+  if (outer != NULL) snprintf(saved, sizeof saved, "%s", outer);
   static const char *const good[] = {"", "0", "300", "2.5", "1e3", ".5"};
   static const char *const bad[] = {"5m", "-1",  "inf", "nan",  "abc", " ",
-                                    "1800s", "-0.5", " 5",  "5 ",  "0x10", "1e400"};
+                                    "1800s", "-0.5", " 5",  "5 ",  "0x10", "1e400",
+                                    "1e-400"}; /* rounds to 0, which would wait forever */
   for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
     ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", good[i], 1), 0);
     sn_comm_t *c = NULL;
@@ -70,6 +74,7 @@ START_TEST(test_env_timeout) {
   sn_comm_t *c = NULL;
   ck_assert_int_eq(sn_comm_create_self(&c), SN_OK);
   sn_comm_destroy(c);
+  if (outer != NULL) ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", saved, 1), 0);
 }
 END_TEST
 

@@ -53,10 +53,13 @@
 /* Whether a kernel call writing out_bytes of output streams its stores. */
 SN_HIDDEN int sn__stream_out(int64_t out_bytes);
 
-/* Whether the LayerNorm/RMSNorm row kernels prefetch the next row into L2 only (prefetcht1)
- * rather than into L1 as well (prefetcht0): set when the library is loaded, 1 on x86-64 CPUs
- * other than Intel's, 0 on Intel's and off x86-64. Measured on an AMD EPYC (Zen 4) VM, the L2
- * hint took 0.70-0.95x the time of the forwards and 0.74-0.87x of the backwards
+/* Whether the LayerNorm/RMSNorm row kernels (and the GroupNorm NCHW f32 forward's group sums,
+ * which use the same row sums, and the fused NCHW BatchNorm backward's sums) prefetch ahead
+ * into L2 only (prefetcht1) rather than into L1 as well (prefetcht0): set when the library is
+ * loaded, 1 on x86-64 CPUs other than Intel's, 0 on Intel's and off x86-64. Measured on an AMD
+ * EPYC (Zen 4) VM, the L2 hint took 0.70-0.98x the time of the row forwards and 0.74-0.94x of
+ * the row backwards, 0.81-0.90x of the fused BatchNorm backward, 0.98-1.03x (noise) of the
+ * GroupNorm forward
  * (docs/BENCHMARKS.md, 2026-12-02 fifth sitting); the Intel host of the earlier tables was not
  * available to measure it, so Intel CPUs keep the prefetcht0 measured there. */
 SN_HIDDEN extern int sn__pf_l2;

@@ -283,7 +283,7 @@ typedef struct {
  * well (prefetcht0, GCC's default). The row arrives while this one is worked on, and pass 1 of
  * the next row then reads it. Measured on an AMD EPYC host against prefetcht0 (bench_ab, 2
  * threads, cold caches; docs/BENCHMARKS.md): LayerNorm f32 forward [8192,1024] 0.70x the time,
- * RMSNorm / fused add + LayerNorm [16384,4096] 0.90-0.92x; backwards 0.74-0.87x, and 0.85x in
+ * RMSNorm / fused add + LayerNorm [16384,4096] 0.90-0.92x; backwards 0.74-0.94x, and 0.85x in
  * cache. Locality 1 (prefetcht2) measured the same as 2. Whether fewer L1 fill buffers held by
  * prefetches or less of this row evicted from L1 explains it was not measured (no PMU there).
  * sn__pf_l2 is set once at load; the branch on it is predicted. */

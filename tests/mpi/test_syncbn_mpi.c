@@ -513,18 +513,31 @@ START_TEST(test_intercomm_rejected) {
 END_TEST
 
 /* A bad SN_COMM_TIMEOUT_S fails sn_comm_create_mpi on every rank before MPI_Comm_dup (no rank
- * is left inside it); a good one after it creates a working communicator. */
+ * is left inside it), also where only one rank has it (a review: the other rank waited in the
+ * dup forever); a good one after it creates a working communicator. */
 START_TEST(test_env_timeout_rejected) {
+  const char *outer = getenv("SN_COMM_TIMEOUT_S"); /* restored at the end */
+  char saved[256] = "";
+  if (outer != NULL) snprintf(saved, sizeof saved, "%s", outer);
   ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", "5m", 1), 0);
   sn_comm_t *c = (sn_comm_t *)0x1;
   ck_assert_int_eq(sn_comm_create_mpi(&c, MPI_COMM_WORLD), SN_ERR_INVALID_ARGUMENT);
   ck_assert_msg(strstr(sn_last_error(), "SN_COMM_TIMEOUT_S='5m'") != NULL, "%s",
                 sn_last_error());
   ck_assert_ptr_eq(c, (sn_comm_t *)0x1);
+  /* only rank 0's value is bad: every rank fails, none hangs */
+  if (mt_rank == 0) ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", "5m", 1), 0);
+  else ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", "30", 1), 0);
+  ck_assert_int_eq(sn_comm_create_mpi(&c, MPI_COMM_WORLD), SN_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_eq(c, (sn_comm_t *)0x1);
+  if (mt_rank != 0)
+    ck_assert_msg(strstr(sn_last_error(), "not a number of seconds >= 0 on rank 0") != NULL,
+                  "%s", sn_last_error());
   ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", "30", 1), 0);
   c = NULL;
   MT_OK(sn_comm_create_mpi(&c, MPI_COMM_WORLD));
-  ck_assert_int_eq(unsetenv("SN_COMM_TIMEOUT_S"), 0);
+  if (outer != NULL) ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", saved, 1), 0);
+  else ck_assert_int_eq(unsetenv("SN_COMM_TIMEOUT_S"), 0);
   double v = 1.0;
   MT_OK(sn_comm_allreduce_sum(c, &v, 1, SN_DTYPE_F64));
   ck_assert(v == (double)mt_size);

@@ -142,7 +142,8 @@ START_TEST(test_short_run) {
   fresh_work_dir();
   char out[1024], state[1024];
   wpath(out, sizeof out, "out");
-  wpath(state, sizeof state, "state");
+  /* the rank dumps go into --out, which the run creates: accepted by the check before it */
+  wpath(state, sizeof state, "out/state");
   const int st = run("short", 2, "--data", g_data, "--out", out, "--train-subset", "3200",
                      "--test-subset", "1000", "--epochs", "1", "--batch", "8", "--log-every", "10",
                      "--seed", "3", "--threads", "1", "--dump-rank-state", state, NULL);
@@ -375,11 +376,16 @@ START_TEST(test_resume_is_exact) {
    * only the files there (no model was written) */
   char fresh[1024];
   wpath(fresh, sizeof fresh, "finished_elsewhere");
+  /* with a curves.png from some earlier run there: not claimed as this run's */
+  char stale[2200];
+  snprintf(stale, sizeof stale, "mkdir -p '%s' && touch '%s/curves.png'", fresh, fresh);
+  ck_assert_int_eq(system(stale), 0);
   st = run("finished_elsewhere", 2, COMMON, "--out", fresh, "--resume", ck, NULL);
   ASSERT_RUN(st, 0, "resume of a finished run into a new --out");
   ck_assert_msg(strstr(g_err, "warning") == NULL, "%s", g_err);
-  ck_assert_msg(strstr(g_out, "nothing plotted") && !strstr(g_out, "model.safetensors"), "%s",
-                g_out);
+  ck_assert_msg(strstr(g_out, "nothing plotted") && !strstr(g_out, "model.safetensors") &&
+                    !strstr(g_out, "curves.png"),
+                "%s", g_out);
   /* corrupt trainer.step (a review: a negative step indexed before the data order, a shape [0]
    * tensor was read past the file's buffer): refused */
   wpath(b, sizeof b, "negative_step.safetensors");
@@ -484,16 +490,23 @@ START_TEST(test_errors_exit_2) {
                "--out", out, "--dump-first-step", g_work);
   expect_error("bad_dump_rank", 2, "--dump-rank-state /nonexistent/s.rank", "--data", g_data,
                "--epochs", "1", "--out", out, "--dump-rank-state", "/nonexistent/s");
+  /* checked before --out is made: nothing left behind (a review: --out and metrics.csv were) */
+  struct stat sb;
+  ck_assert_msg(stat(out, &sb) != 0, "%s exists after the refused runs", out);
   /* seeds out of range or with spaces (a review: clamped to 2^64-1 silently) */
   expect_error("seed_range", 2, "invalid value '99999999999999999999' for --seed", "--seed",
                "99999999999999999999", "--epochs", "1");
   expect_error("seed_space", 2, "for --seed", "--seed", " 1", "--epochs", "1");
   expect_error("epochs_space", 2, "for --epochs", "--epochs", " 1");
   /* a bad SN_COMM_TIMEOUT_S: bad usage (exit 2, one message), not an MPI abort */
+  const char *outer = getenv("SN_COMM_TIMEOUT_S"); /* restored after */
+  char saved[256] = "";
+  if (outer != NULL) snprintf(saved, sizeof saved, "%s", outer);
   ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", "5m", 1), 0);
   expect_error("bad_timeout_env", 2, "SN_COMM_TIMEOUT_S='5m'", "--data", g_data, "--epochs",
                "1", "--out", out);
-  ck_assert_int_eq(unsetenv("SN_COMM_TIMEOUT_S"), 0);
+  if (outer != NULL) ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", saved, 1), 0);
+  else ck_assert_int_eq(unsetenv("SN_COMM_TIMEOUT_S"), 0);
   st = run("help", 1, "--help", NULL);
   ASSERT_RUN(st, 0, "--help");
   ck_assert_msg(strstr(g_out, "--dump-first-step") && strstr(g_out, "--no-sync-bn"), "%s", g_out);
