@@ -78,13 +78,8 @@ SN_CLONES static void bwd_run(double *acc, const float *dy, const float *x, int6
     SN_VLOAD(s1, acc);
     SN_VLOAD(s2, acc + SN_LANES);
     for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line of each per step */
-      if (pf_l2) {
-        __builtin_prefetch(dy + i + RED_PF_FLOATS, 0, 2);
-        __builtin_prefetch(x + i + RED_PF_FLOATS, 0, 2);
-      } else {
-        __builtin_prefetch(dy + i + RED_PF_FLOATS, 0);
-        __builtin_prefetch(x + i + RED_PF_FLOATS, 0);
-      }
+      SN_PF_READ(dy + i + RED_PF_FLOATS, pf_l2);
+      SN_PF_READ(x + i + RED_PF_FLOATS, pf_l2);
       for (int h = 0; h < 2; h++) {
         SN_VLOAD_WIDEN(g, dy + i + h * SN_LANES);
         SN_VLOAD_WIDEN(v, x + i + h * SN_LANES);

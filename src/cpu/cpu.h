@@ -59,10 +59,21 @@ SN_HIDDEN int sn__stream_out(int64_t out_bytes);
  * loaded, 1 on x86-64 CPUs other than Intel's, 0 on Intel's and off x86-64. Measured on an AMD
  * EPYC (Zen 4) VM, the L2 hint took 0.70-0.98x the time of the row forwards and 0.74-0.94x of
  * the row backwards, 0.81-0.90x of the fused BatchNorm backward, 0.98-1.03x (noise) of the
- * GroupNorm forward
- * (docs/BENCHMARKS.md, 2026-12-02 fifth sitting); the Intel host of the earlier tables was not
- * available to measure it, so Intel CPUs keep the prefetcht0 measured there. */
+ * GroupNorm forward (docs/BENCHMARKS.md, 2026-12-02 fifth sitting); the Intel host of the
+ * earlier tables was not available to measure it, so Intel CPUs keep the prefetcht0 measured
+ * there. */
 SN_HIDDEN extern int sn__pf_l2;
+
+/* A software prefetch of the line at p for reading: into L2 only (prefetcht1, locality 2)
+ * when l2, else into L1 as well (prefetcht0, GCC's default). The hint must be a constant,
+ * hence the branch; l2 is set once (sn__pf_l2) and the branch is predicted. */
+#define SN_PF_READ(p, l2)            \
+  do {                               \
+    if (l2)                          \
+      __builtin_prefetch((p), 0, 2); \
+    else                             \
+      __builtin_prefetch((p), 0, 3); \
+  } while (0)
 
 /* Makes this thread's streaming stores visible to the others (sfence) when nt: each thread that
  * streamed calls it once at the end of its share of the work, before the parallel region's end.

@@ -285,15 +285,8 @@ typedef struct {
  * threads, cold caches; docs/BENCHMARKS.md): LayerNorm f32 forward [8192,1024] 0.70x the time,
  * RMSNorm / fused add + LayerNorm [16384,4096] 0.90-0.92x; backwards 0.74-0.94x, and 0.85x in
  * cache. Locality 1 (prefetcht2) measured the same as 2. Whether fewer L1 fill buffers held by
- * prefetches or less of this row evicted from L1 explains it was not measured (no PMU there).
- * sn__pf_l2 is set once at load; the branch on it is predicted. */
-#define SN_PF_ROW_READ(p)                   \
-  do {                                      \
-    if (sn__pf_l2)                          \
-      __builtin_prefetch((p), 0, 2);        \
-    else                                    \
-      __builtin_prefetch((p), 0, 3);        \
-  } while (0)
+ * prefetches or less of this row evicted from L1 explains it was not measured (no PMU there). */
+#define SN_PF_ROW_READ(p) SN_PF_READ((p), sn__pf_l2)
 
 /* The prefetches of the bf16 pair block at element i: one line of each stream. */
 SN_INLINE void sn__pair_prefetch(const sn__bwd_prefetch_t *pf, int64_t i) {
