@@ -440,14 +440,17 @@ SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, void *sum_out, cons
   s[1] = sn__lanes_total(b);
 }
 
-/* a[k] += t, b[k] += t² with t = (double)v[k] − K for the 16 floats of the vector v: through an
- * array, in the loop form GCC 12 vectorizes to one vcvtps2pd per 8 (its
- * __builtin_convertvector took two and a shuffle). */
-#define SN_SHIFTED16(a, b, v, K)                                                              \
+/* a[k] += t, b[k] += t² with t = (double)v[k] − K for the 32 floats of the vectors e and o
+ * (e's 16, then o's): through an array, in the loop form GCC 12 vectorizes to one vcvtps2pd per
+ * 8 (its __builtin_convertvector took two and a shuffle; two such loops of 16, one per vector,
+ * left the second partly in scalar code in the x86-64-v4 clone: 1.4x the time of the LayerNorm
+ * bf16 forward, bench_ab). */
+#define SN_SHIFTED32(a, b, e, o, K)                                                           \
   do {                                                                                        \
-    float vb_[16];                                                                            \
-    memcpy(vb_, &(v), sizeof vb_);                                                            \
-    for (int k_ = 0; k_ < 16; k_++) {                                                         \
+    float vb_[32];                                                                            \
+    memcpy(vb_, &(e), sizeof vb_ / 2);                                                        \
+    memcpy(vb_ + 16, &(o), sizeof vb_ / 2);                                                   \
+    for (int k_ = 0; k_ < 32; k_++) {                                                         \
       const double t_ = (double)vb_[k_] - (K);                                                \
       (a)[k_] += t_;                                                                          \
       (b)[k_] += t_ * t_;                                                                     \
@@ -459,22 +462,20 @@ SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, void *sum_out, cons
  * of word m, put back in order for the totals. next, out: as sn__row_shifted_sums', bf16. */
 SN_INLINE void sn__row_shifted_sums_bf16(double s[2], const uint16_t *x, int64_t n, double K,
                                          const char *next, char *out) {
-  double ae[SN_PAIR / 2] = {0}, ao[SN_PAIR / 2] = {0}, be[SN_PAIR / 2] = {0},
-         bo[SN_PAIR / 2] = {0};
+  double ap[SN_PAIR] = {0}, bp[SN_PAIR] = {0}; /* e's 16 lanes, then o's */
   int64_t i = 0;
   for (; i + SN_PAIR <= n; i += SN_PAIR) {
     sn__row_prefetch(next, out, i, 2);
     sn__pf e, o;
     sn__pair_widen(&e, &o, x + i);
-    SN_SHIFTED16(ae, be, e, K);
-    SN_SHIFTED16(ao, bo, o, K);
+    SN_SHIFTED32(ap, bp, e, o, K);
   }
   /* sn__pair_lanes in one loop for both: two calls of it made GCC 12 compile the LayerNorm bf16
    * forward's statistics 2x slower (bench_ab, in cache and cold) */
   double a[SN_ROW_LANES], b[SN_ROW_LANES];
   for (int m = 0; m < SN_PAIR / 2; m++) {
-    a[2 * m] = ae[m], a[2 * m + 1] = ao[m];
-    b[2 * m] = be[m], b[2 * m + 1] = bo[m];
+    a[2 * m] = ap[m], a[2 * m + 1] = ap[SN_PAIR / 2 + m];
+    b[2 * m] = bp[m], b[2 * m + 1] = bp[SN_PAIR / 2 + m];
   }
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
     const double t = (double)sn__bf16_to_f32(x[i]) - K;

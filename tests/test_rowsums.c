@@ -1,0 +1,96 @@
+/*
+ * test_rowsums.c — the fp64 row sums of the bf16 "pair" paths (src/cpu/rownorm.h), which read a
+ * row 32 values at a time as the even and odd halves of 16 words and so keep their lanes
+ * permuted, against the generic sums on the same row widened element by element: bitwise equal
+ * in fp64, for every x86-64 level this CPU runs (each compiled here with that level's target
+ * attribute, as the library's target_clones variants are). A wrong lane mapping changes the
+ * order of the additions, and so the last bits of the sums, which the public kernels' f32
+ * outputs almost never show (their tests compare mean and rstd in f32). The rows mix magnitudes
+ * from 2^-20 to 2^20 and both signs, so that the order of the additions shows in the sums.
+ * Links the static library (the prefetch switch sn__pf_l2 the inline functions read).
+ */
+#include <check.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/cpu/rownorm.h"
+
+/* Lengths: below one pair block, one block, blocks and a partial one, several blocks. */
+static const int64_t LENGTHS[] = {1, 2, 31, 32, 33, 63, 64, 65, 95, 300, 1024, 4097};
+#define MAX_LEN 4097
+/* Rows per length and level: enough that a wrong lane order shows at most lengths (a mutation
+ * that dropped the interleave failed at 4097 only with 8). */
+#define REPS 64
+
+/* The next of a xorshift64 sequence. */
+static uint64_t next_u64(uint64_t *x) {
+  *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+  return *x;
+}
+
+/* A bf16 value of random sign and significand with exponent in [-20, 20] (finite, normal). */
+static uint16_t random_bf16(uint64_t *rng) {
+  const uint64_t r = next_u64(rng);
+  const uint32_t sign = (uint32_t)(r & 1u) << 15, mant = (uint32_t)(r >> 1) & 0x7fu;
+  const uint32_t exp = 127u - 20u + (uint32_t)((r >> 8) % 41u);
+  return (uint16_t)(sign | exp << 7 | mant);
+}
+
+/* The pair sums and the generic sums of one row, compiled for one target level. */
+typedef void (*sums_fn)(double s[2], const uint16_t *x, int64_t n, double K);
+
+#define SUMS_VARIANTS(tag, attr)                                                              \
+  attr static void pairs_##tag(double s[2], const uint16_t *x, int64_t n, double K) {         \
+    sn__row_shifted_sums_bf16(s, x, n, K, NULL, NULL);                                        \
+  }                                                                                           \
+  attr static void generic_##tag(double s[2], const uint16_t *x, int64_t n, double K) {       \
+    sn__row_shifted_sums(s, NULL, NULL, x, NULL, 1, n, K, NULL, NULL, 2);                     \
+  }
+
+SUMS_VARIANTS(base, )
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define SN_TEST_LEVELS 1
+SUMS_VARIANTS(v3, __attribute__((target("arch=x86-64-v3"))))
+SUMS_VARIANTS(v4, __attribute__((target("arch=x86-64-v4"))))
+#endif
+
+static void check_level(const char *level, sums_fn pairs, sums_fn generic) {
+  static uint16_t x[MAX_LEN];
+  uint64_t rng = 0x9e3779b97f4a7c15u;
+  for (size_t l = 0; l < sizeof LENGTHS / sizeof LENGTHS[0]; l++)
+    for (int rep = 0; rep < REPS; rep++) {
+      const int64_t n = LENGTHS[l];
+      for (int64_t i = 0; i < n; i++) x[i] = random_bf16(&rng);
+      /* a pivot near 0 (rep even) and one near the first value, as sn__row_pivot picks */
+      const double K = rep % 2 ? (double)sn__bf16_to_f32(x[0]) : 0.0;
+      double a[2], b[2];
+      pairs(a, x, n, K);
+      generic(b, x, n, K);
+      ck_assert_msg(memcmp(a, b, sizeof a) == 0,
+                    "%s n=%lld rep %d: pair sums %a %a, generic %a %a", level, (long long)n, rep,
+                    a[0], a[1], b[0], b[1]);
+    }
+}
+
+START_TEST(test_shifted_sums_bf16_bitwise) {
+  check_level("baseline", pairs_base, generic_base);
+#ifdef SN_TEST_LEVELS
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v3")) check_level("x86-64-v3", pairs_v3, generic_v3);
+  if (__builtin_cpu_supports("x86-64-v4")) check_level("x86-64-v4", pairs_v4, generic_v4);
+#endif
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("rowsums");
+  TCase *tc = tcase_create("core");
+  tcase_add_test(tc, test_shifted_sums_bf16_bitwise);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  const int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
