@@ -301,7 +301,9 @@ SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean
  * thread count. Fused in NCHW (s > 1) where one channel's x fits in
  * a core's L2 and the tasks (blocks of up to 8 channels) share evenly between the threads, as
  * sn_batchnorm_bwd: a block is summed, its statistics computed and y mapped while x is in the
- * cache, so x is read from memory once instead of twice; otherwise the separate passes.
+ * cache, so x is read from memory once instead of twice; otherwise the separate passes. On
+ * x86-64 CPUs other than Intel's, where the separate passes measured faster, only while all of
+ * x fits in the L2s of the threads.
  * Errors (outputs untouched): SN_ERR_INSUFFICIENT_COUNT (n·s <= 1, as sn_batchnorm_finalize),
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y overlaps x partly,
@@ -365,7 +367,8 @@ SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *
  * (sysconf(_SC_LEVEL2_CACHE_SIZE), else 1 MiB) and the tasks (blocks of up to 8 channels) are a
  * multiple of the thread count or at least 4 per thread: a block is summed and then mapped while
  * it is in the cache, so x and dy are read from memory once instead of twice; otherwise the two
- * passes.
+ * passes. On x86-64 CPUs other than Intel's, where the two passes measured faster, only while
+ * all of x and dy fit in the L2s of the threads.
  * Errors (outputs untouched): SN_ERR_INSUFFICIENT_COUNT (n·s <= 1, as sn_batchnorm_finalize),
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT,
  * SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (dx overlaps dy partly, or x at all),

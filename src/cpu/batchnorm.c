@@ -384,13 +384,16 @@ static void ew_run(const ew_t *op, void *out, const void *in, const void *x, int
 /* Channels per task of a fused NCHW pass, or 0 where it does not fuse: NHWC (and S == 1) never,
  * nor where the channels do not share evenly enough between the threads, nor where one
  * channel's inputs (`inputs` tensors: x for the forward, x and dy for the backward) exceed a
- * core's L2 (then the second read could not come from there). */
+ * core's L2 (then the second read could not come from there), nor, on CPUs where the two
+ * passes measured faster (x86-64 CPUs other than Intel's: sn__bn_fuse_large), where all the
+ * inputs together exceed the threads' L2s. */
 static int64_t fused_block(int64_t N, int64_t C, int64_t S, sn_layout_t layout, sn_dtype_t dtype,
                            int64_t inputs) {
   if (layout == SN_LAYOUT_NHWC || S == 1) return 0;
   const int64_t nt = sn__max_threads(), es = sn_dtype_size(dtype), l2 = sn__l2_bytes();
   const int64_t chan = inputs * N * S * es; /* the inputs of one channel */
   if (chan > l2) return 0;
+  if (!sn__bn_fuse_large && chan > l2 * nt / C) return 0; /* inputs above the threads' L2s */
   int64_t cb = (FUSED_RUN_BYTES + S * es - 1) / (S * es);
   cb = sn__min64(sn__min64(cb, FUSED_MAX_BLOCK), l2 / chan);
   const int64_t tasks = (C + cb - 1) / cb;

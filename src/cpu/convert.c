@@ -216,15 +216,19 @@ int sn__stream_out(int64_t out_bytes) {
 }
 
 int sn__pf_l2 = 0;
+int sn__bn_fuse_large = 1;
 
-/* At load, before any kernel: the kernels read sn__pf_l2 in their loops. __builtin_cpu_init
- * first, as GCC asks of code that may run before the constructors that initialize it. */
+/* At load, before any kernel: the kernels read sn__pf_l2 in their loops, and sn__bn_fuse_large.
+ * __builtin_cpu_init first, as GCC asks of code that may run before the constructors that
+ * initialize it. */
 __attribute__((constructor)) static void pf_init(void) {
   __builtin_cpu_init();
   sn__pf_l2 = !__builtin_cpu_is("intel");
+  sn__bn_fuse_large = __builtin_cpu_is("intel");
 }
 #else
 int sn__pf_l2 = 0;
+int sn__bn_fuse_large = 1;
 
 int sn__stream_out(int64_t out_bytes) { /* streaming stores are x86-64 only (sn__store64) */
   (void)out_bytes;

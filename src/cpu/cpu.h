@@ -64,6 +64,18 @@ SN_HIDDEN int sn__stream_out(int64_t out_bytes);
  * there. */
 SN_HIDDEN extern int sn__pf_l2;
 
+/* Whether sn_batchnorm_fwd and sn_batchnorm_bwd take their fused NCHW paths (a block of
+ * channels summed, then mapped while it is in L2: batchnorm.c, fused_block) for tensors larger
+ * than the threads' L2s: set when the library is loaded, 1 on Intel x86-64 CPUs and off x86-64, 0
+ * on other x86-64 CPUs, which fuse only tensors whose inputs fit in the L2s of the threads. On the Intel Xeon host
+ * of docs/BENCHMARKS.md the fused paths were measured faster than the two passes; on an AMD
+ * EPYC (Zen 5) VM (two threads, 1 MiB of L2 each) the two passes took 0.47-0.78x the time of
+ * the fused paths from 3 MB of input up (cold and warm, f32 and bf16), 0.98-1.12x at 1.6 MB,
+ * 1.05-1.38x below (a parallel region more, in a few microseconds; docs/BENCHMARKS.md,
+ * 2026-12-03). The
+ * results are bitwise the same either way. */
+SN_HIDDEN extern int sn__bn_fuse_large;
+
 /* A software prefetch of the line at p for reading: into L2 only (prefetcht1, locality 2)
  * when l2, else into L1 as well (prefetcht0, GCC's default). The hint must be a constant,
  * hence the branch; l2 is set once (sn__pf_l2) and the branch is predicted. */
