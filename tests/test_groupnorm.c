@@ -529,6 +529,46 @@ START_TEST(test_shift_fallback) {
 }
 END_TEST
 
+/* NCHW bf16 groups take the f32 path's one-pass shifted sums, reading the group in pairs
+ * (rownorm.h): mean and rstd bitwise those of the f32 kernel on the widened x, and y without
+ * beta bitwise its y rounded to bf16 (the same f32 map). Groups of every length modulo the
+ * 32-value pair block, and groups whose first 32 values are far from the rest, which take the
+ * two-pass fallback (as test_shift_fallback in f32). */
+START_TEST(test_bf16_nchw_matches_f32) {
+  static const int64_t shapes[][4] = {{3, 4, 1, 1},  {3, 4, 1, 4},   {2, 6, 7, 3},
+                                      {2, 4, 49, 2}, {1, 8, 50, 1}, {2, 64, 33, 32}};
+  const sn_dtype_t dt = SN_DTYPE_BF16;
+  for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
+    for (int fall = 0; fall < 2; fall++) {
+      const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2],
+                    G = shapes[is][3], T = N * C * S, L = C / G * S;
+      tu_rng_t r;
+      tu_rng_seed(&r, 60 + 2 * (uint64_t)is + (uint64_t)fall);
+      void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
+      float *xf = falloc(T), *yf = falloc(T), *gamma = falloc(C), *beta = falloc(C);
+      float m1[64], r1[64], mf[64], rf[64];
+      fill_gn(x, N, C, S, SN_LAYOUT_NCHW, dt, 3.0, 2.0, &r);
+      if (fall) /* each group's first 32 values 40σ above the rest: the pivot is far off */
+        for (int64_t t = 0; t < N * G; t++)
+          for (int64_t i = 0; i < L && i < 32; i++) tu_set(x, t * L + i, 80.0, dt);
+      for (int64_t i = 0; i < T; i++) xf[i] = (float)tu_get(x, i, dt);
+      fill_params(gamma, beta, C, &r);
+      tu_poison(y, T, dt);
+      ck_assert_int_eq(sn_groupnorm_fwd(y, m1, r1, x, gamma, NULL, N, C, S, G, EPS,
+                                        SN_LAYOUT_NCHW, dt), SN_OK);
+      ck_assert_int_eq(sn_groupnorm_fwd(yf, mf, rf, xf, gamma, NULL, N, C, S, G, EPS,
+                                        SN_LAYOUT_NCHW, SN_DTYPE_F32), SN_OK);
+      tu_assert_bitwise(m1, mf, (size_t)(N * G) * sizeof(float), "bf16 mean vs f32 widened");
+      tu_assert_bitwise(r1, rf, (size_t)(N * G) * sizeof(float), "bf16 rstd vs f32 widened");
+      for (int64_t i = 0; i < T; i++)
+        TU_CHECK(tu_get(y, i, dt) == tu_round(yf[i], dt),
+                 "shape %zu fallback %d: bf16 y[%lld] = %.9g, f32 y rounded %.9g", is, fall,
+                 (long long)i, tu_get(y, i, dt), tu_round(yf[i], dt));
+      free(x), free(y), free(xf), free(yf), free(gamma), free(beta);
+    }
+}
+END_TEST
+
 /* NHWC sums a sample in fixed pieces of rows and adds the pieces in order, whichever thread
  * summed which (a team shares the sample when it has fewer samples than threads), forward and
  * backward. Here the order shows (channel 0 below); 1, 2 and 3 threads must give the same bits
@@ -724,6 +764,7 @@ int main(void) {
   tcase_add_test(tc, test_near_f32_max);
   tcase_add_test(tc, test_beta_cancels);
   tcase_add_test(tc, test_shift_fallback);
+  tcase_add_test(tc, test_bf16_nchw_matches_f32);
   tcase_add_test(tc, test_nhwc_pieces_threads);
   tcase_add_test(tc, test_layouts_inplace_threads);
   tcase_add_test(tc, test_empty_batch);

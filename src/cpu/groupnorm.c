@@ -9,9 +9,10 @@
  * k lies too far from the mean.
  *   NCHW: a group is one contiguous run of L values. Tasks are the N·G groups; each does its
  *         reductions (f32: one shifted pass, k the mean of the group's first 32 values,
- *         SN_ROW_LANES fixed lanes, prefetching the next group and this group's output;
- *         bf16/f16: two passes over converted tiles) and writes its Cg output planes while the
- *         group is in cache.
+ *         SN_ROW_LANES fixed lanes, prefetching the next group and this group's output; bf16:
+ *         the same pass reading the group in pairs, rownorm.h, bitwise the f32 pass on the
+ *         widened group; f16: two passes over converted tiles) and writes its Cg output planes
+ *         while the group is in cache.
  *   NHWC: a group is strided inside each row. Tasks are the N samples; per-channel column sums
  *         over the S rows (vectorized across channels, fp64), shifted by each channel's mean
  *         over the sample's first 128 rows, give each channel's mean and M2, combined into
@@ -282,6 +283,17 @@ SN_CLONES static void gn_group_stats_f32(double *mu, double *rs, const float *x,
   *rs = 1.0 / sqrt(m2 / (double)L + eps);
 }
 
+/* gn_group_stats_f32 of one bf16 NCHW group x [L], read in pairs (sn__row_shifted_sums_bf16):
+ * bitwise the same as on the group widened to f32; next and out as there (bf16). */
+SN_CLONES static void gn_group_stats_bf16(double *mu, double *rs, const uint16_t *x, int64_t L,
+                                          double eps, const char *next, char *out) {
+  const double K = sn__row_pivot(x, NULL, 1, L);
+  double sums[2], m2;
+  sn__row_shifted_sums_bf16(sums, x, L, K, next, out);
+  sn__row_stats_w(mu, &m2, x, 1, L, K, sums);
+  *rs = 1.0 / sqrt(m2 / (double)L + eps);
+}
+
 static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const float *gamma,
                         const float *beta, int64_t N, int64_t C, int64_t S, int64_t G, double eps,
                         sn_dtype_t dtype) {
@@ -297,6 +309,10 @@ static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const 
         const char *next = t + 1 < N * G ? (const char *)((const float *)x + off + L) : NULL;
         gn_group_stats_f32(&mu, &rs, (const float *)x + off, L, eps, next,
                            stream ? NULL : (char *)((float *)y + off)); /* streamed: no RFO */
+      } else if (dtype == SN_DTYPE_BF16) {
+        const char *next = t + 1 < N * G ? (const char *)((const uint16_t *)x + off + L) : NULL;
+        gn_group_stats_bf16(&mu, &rs, (const uint16_t *)x + off, L, eps, next,
+                            stream ? NULL : (char *)((uint16_t *)y + off));
       } else {
         mu = span_sum(x, off, L, dtype) / (double)L;
         rs = 1.0 / sqrt(span_sumsq(x, off, L, mu, dtype) / (double)L + eps);
