@@ -651,6 +651,48 @@ START_TEST(test_tiny_mean) {
 }
 END_TEST
 
+/* bf16 y with beta where the f32 product x̂·gamma overflows but y = x̂·gamma + beta is finite:
+ * the checked map must recompute those elements in fp64 (the runs of NCHW bf16 channels, read in
+ * pairs, flag them by the bits of |v| above FLT_MAX; NHWC by SN_CHK_FAILS). mean 0, rstd 1,
+ * gamma 4 and x ~ 1e38: x·4 ~ 4e38 > FLT_MAX, beta −3e38, y ~ 1e38. Every other element is
+ * ordinary (small x); runs of S = 1, 31, 32, 33, 100 (whole pair blocks and tails). Each y
+ * within 1 ulp of the fp64 formula (tu_assert_fwd), and both layouts the same bits. */
+START_TEST(test_apply_overflow_cancelled) {
+  static const int64_t SS[] = {1, 31, 32, 33, 100};
+  const sn_dtype_t dt = SN_DTYPE_BF16;
+  for (size_t is = 0; is < sizeof SS / sizeof SS[0]; is++) {
+    const int64_t N = 2, C = 3, S = SS[is], T = N * C * S;
+    double mean[3] = {0.0, 0.0, 0.0}, *yr = dalloc(T);
+    float rstd[3] = {1.0f, 1.0f, 1.0f}, gamma[3] = {4.0f, 4.0f, 1.0f};
+    float beta[3] = {-3e38f, -2.5e38f, 0.5f};
+    void *x = tu_alloc(T, dt), *y[2] = {tu_alloc(T, dt), tu_alloc(T, dt)}, *xt = tu_alloc(T, dt);
+    void *yt = tu_alloc(T, dt);
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t c = 0; c < C; c++)
+        for (int64_t ss = 0; ss < S; ss++) {
+          const double v = (ss + n) % 2 == 0 && c < 2 ? 1e38 * (1.0 + 0.002 * (double)ss) : 0.25 * (double)ss;
+          tu_set(x, at(SN_LAYOUT_NCHW, n, c, ss, C, S), v, dt);
+        }
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t c = 0; c < C; c++)
+        for (int64_t ss = 0; ss < S; ss++) {
+          const int64_t i = at(SN_LAYOUT_NCHW, n, c, ss, C, S);
+          yr[i] = tu_get(x, i, dt) * (double)gamma[c] + (double)beta[c];
+        }
+    transpose(xt, SN_LAYOUT_NHWC, x, SN_LAYOUT_NCHW, N, C, S, dt);
+    for (int l = 0; l < 2; l++) tu_poison(y[l], T, dt);
+    ck_assert_int_eq(sn_batchnorm_apply(y[0], x, mean, rstd, gamma, beta, N, C, S,
+                                        SN_LAYOUT_NCHW, dt), SN_OK);
+    ck_assert_int_eq(sn_batchnorm_apply(y[1], xt, mean, rstd, gamma, beta, N, C, S,
+                                        SN_LAYOUT_NHWC, dt), SN_OK);
+    tu_assert_fwd(y[0], dt, yr, T, "bf16 y where x̂·gamma overflows f32 and beta cancels it");
+    transpose(yt, SN_LAYOUT_NCHW, y[1], SN_LAYOUT_NHWC, N, C, S, dt);
+    tu_assert_bitwise(y[0], yt, (size_t)(T * sn_dtype_size(dt)), "NCHW vs NHWC y");
+    free(yr), free(x), free(y[0]), free(y[1]), free(xt), free(yt);
+  }
+}
+END_TEST
+
 /* Channels of values of both signs near the f32 range (tu_fill_near_max; a channel's mean is
  * beyond 2^103): x − mean exceeds FLT_MAX for some elements although y is O(1) (a review found
  * ±inf in y and NaN in dx: the maps took x − mean in f32). Training forward and backward and
@@ -1715,6 +1757,7 @@ int main(void) {
   tcase_add_test(tc, test_bad_inputs);
   tcase_add_test(tc, test_adversarial);
   tcase_add_test(tc, test_near_f32_max);
+  tcase_add_test(tc, test_apply_overflow_cancelled);
   tcase_add_test(tc, test_beta_cancels);
   tcase_add_test(tc, test_tiny_mean);
   tcase_add_test(tc, test_in_place);

@@ -19,6 +19,9 @@
  * loaded whole, computed, then stored whole. That makes y == x (in place) well defined without
  * restrict, vectorizes at -O2 too, and stores a block with one full-width store (GCC had turned
  * the former local-array blocks into 32-, 16-, 8- and 4-byte stores); the tail is scalar.
+ * bf16/f16 activations go through f32 stack tiles (sn__to_f32, sn__from_f32), but the forward
+ * map of a bf16 NCHW run, which reads and writes the run in pairs (sn__aff_run_bf16, rownorm.h)
+ * with the same bits.
  */
 #ifndef SN_NORM_KERNELS_H
 #define SN_NORM_KERNELS_H
@@ -28,6 +31,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "rownorm.h"
 
 /* Elements per vector block of the loops below (one AVX-512 register of f32). */
 #define SN_VB 16
@@ -368,6 +372,11 @@ static inline int64_t sn__f64_run_end(const sn__chan_tile_t *p, int64_t j, int64
   return e;
 }
 
+/* sn__aff_run_bf16, below the checked map's definitions. */
+SN_CLONES SN_UNUSED static void sn__aff_run_bf16(uint16_t *y, const uint16_t *x, int64_t n,
+                                                 float hi, float lo, float a, float b, float thr,
+                                                 double md, double ad, int chk);
+
 /* ---- any activation dtype: f32 in place, bf16/f16 through stack tiles ------------------------ */
 
 /* Elements [off, off+n) of one channel's run: y = ((x − hi) − lo)·a + b (k->f64: in fp64).
@@ -377,6 +386,11 @@ static inline void sn__aff_span(void *y, const void *x, int64_t off, int64_t n,
   if (dtype == SN_DTYPE_F32) {
     if (k->f64) sn__aff_run_f64((float *)y + off, (const float *)x + off, n, k->m, k->ad, k->bd);
     else sn__aff_run((float *)y + off, (const float *)x + off, n, k->hi, k->lo, k->a, k->b, nt);
+    return;
+  }
+  if (dtype == SN_DTYPE_BF16 && !k->f64) { /* in pairs, no tile: bitwise the same */
+    sn__aff_run_bf16((uint16_t *)y + off, (const uint16_t *)x + off, n, k->hi, k->lo, k->a,
+                     k->b, 0.0f, 0.0, 0.0, 0);
     return;
   }
   float t[SN_TILE];
@@ -560,6 +574,55 @@ SN_CLONES static inline void sn__aff_rows_chk(float *restrict y, const float *re
     }
 }
 
+/* One channel's bf16 run x [n] into y [n] (bf16; y may equal x): v = ((x − hi) − lo)·a + b in
+ * f32 narrowed as sn__from_f32, and with chk the checked map's failing elements (SN_CHK_FAILS
+ * against thr) recomputed as (float)((x − md)·ad + b) in fp64: bitwise sn__aff_span and
+ * sn__aff_span_chk through f32 tiles, without the tiles. The run is read 32 values at a time
+ * in pairs (sn__pair_widen) and narrowed the same way. With chk, a block of 32 is first tested
+ * on the bits of |v|, which order as the values: below max(thr, FLT_MIN) or above FLT_MAX (NaN
+ * included) flags it, and a flagged block is gone over element by element with SN_CHK_FAILS
+ * itself, so the choice of each element is the float test's in any floating-point mode (under
+ * DAZ a subnormal v compares as 0; such a v, or a zero one, only costs the slower pass). */
+SN_CLONES SN_UNUSED static void sn__aff_run_bf16(uint16_t *y, const uint16_t *x, int64_t n,
+                                                 float hi, float lo, float a, float b, float thr,
+                                                 double md, double ad, int chk) {
+  const float tmin = thr > FLT_MIN ? thr : FLT_MIN;
+  int32_t lim;
+  memcpy(&lim, &tmin, sizeof lim);
+  int64_t i = 0;
+  for (; i + SN_PAIR <= n; i += SN_PAIR) {
+    sn__pf e, o;
+    sn__pair_widen(&e, &o, x + i);
+    e = ((e - hi) - lo) * a + b;
+    o = ((o - hi) - lo) * a + b;
+    if (!chk) {
+      sn__pair_narrow(y + i, &e, &o, 0);
+      continue;
+    }
+    const sn__pi ue = (sn__pi)e & 0x7fffffff, uo = (sn__pi)o & 0x7fffffff;
+    const sn__pi neg = (ue - lim) | (uo - lim) | (0x7f7fffff - ue) | (0x7f7fffff - uo);
+    if (!sn__any_sign(&neg)) { /* every v normal, at least thr and finite: as sn__pair_round */
+      sn__pu re = (sn__pu)e, ro = (sn__pu)o;
+      re = re + 0x7fffu + ((re >> 16) & 1u);
+      ro = ro + 0x7fffu + ((ro >> 16) & 1u);
+      sn__pair_join(y + i, &re, &ro, 0);
+      continue;
+    }
+    for (int64_t k = i; k < i + SN_PAIR; k++) {
+      const float xv = sn__bf16_to_f32(x[k]);
+      float v = ((xv - hi) - lo) * a + b;
+      if (SN_CHK_FAILS(v, thr)) v = (float)(((double)xv - md) * ad + (double)b);
+      y[k] = sn__f32_to_bf16(v);
+    }
+  }
+  for (; i < n; i++) {
+    const float xv = sn__bf16_to_f32(x[i]);
+    float v = ((xv - hi) - lo) * a + b;
+    if (chk && SN_CHK_FAILS(v, thr)) v = (float)(((double)xv - md) * ad + (double)b);
+    y[i] = sn__f32_to_bf16(v);
+  }
+}
+
 /* sn__aff_span for bf16/f16 outputs, checked (see SN_CANCEL_LOG2_BF16; the fp64 values from
  * k->m and k->ad). A channel mapped in fp64 (k->f64) is so whole. y may equal x. */
 static inline void sn__aff_span_chk(void *y, const void *x, int64_t off, int64_t n,
@@ -568,8 +631,13 @@ static inline void sn__aff_span_chk(void *y, const void *x, int64_t off, int64_t
     sn__aff_span(y, x, off, n, k, dtype, 0);
     return;
   }
-  float tx[SN_TILE], ty[SN_TILE];
   const float thr = sn__cancel_thr(k->b, dtype);
+  if (dtype == SN_DTYPE_BF16) {
+    sn__aff_run_bf16((uint16_t *)y + off, (const uint16_t *)x + off, n, k->hi, k->lo, k->a,
+                     k->b, thr, k->m, k->ad, 1);
+    return;
+  }
+  float tx[SN_TILE], ty[SN_TILE];
   for (int64_t i = 0; i < n; i += SN_TILE) {
     int64_t m = sn__min64(SN_TILE, n - i);
     sn__to_f32(tx, x, off + i, m, dtype);
