@@ -19,9 +19,9 @@
  * loaded whole, computed, then stored whole. That makes y == x (in place) well defined without
  * restrict, vectorizes at -O2 too, and stores a block with one full-width store (GCC had turned
  * the former local-array blocks into 32-, 16-, 8- and 4-byte stores); the tail is scalar.
- * bf16/f16 activations go through f32 stack tiles (sn__to_f32, sn__from_f32), but the forward
- * map of a bf16 NCHW run, which reads and writes the run in pairs (sn__aff_run_bf16, rownorm.h)
- * with the same bits.
+ * bf16/f16 activations go through f32 stack tiles (sn__to_f32, sn__from_f32), but the maps of
+ * a bf16 NCHW run, which read and write it in pairs (sn__aff_run_bf16, sn__affbwd_run_bf16;
+ * rownorm.h's sn__pair_widen, sn__pair_narrow) with the same bits.
  */
 #ifndef SN_NORM_KERNELS_H
 #define SN_NORM_KERNELS_H
@@ -372,6 +372,26 @@ static inline int64_t sn__f64_run_end(const sn__chan_tile_t *p, int64_t j, int64
   return e;
 }
 
+/* The backward map of one channel's bf16 run (dx may equal dy): sn__affbwd_span's f32 values
+ * narrowed as sn__from_f32, with dy and x read in pairs (sn__pair_widen) and dx narrowed the
+ * same way instead of through f32 tiles: the same bits. */
+SN_CLONES SN_UNUSED static void sn__affbwd_run_bf16(uint16_t *dx, const uint16_t *dy,
+                                                    const uint16_t *x, int64_t n, float hi,
+                                                    float lo, float a, float b, float e) {
+  int64_t i = 0;
+  for (; i + SN_PAIR <= n; i += SN_PAIR) {
+    sn__pf ge, go, ve, vo;
+    sn__pair_widen(&ge, &go, dy + i);
+    sn__pair_widen(&ve, &vo, x + i);
+    ge = (ge * a - b) - ((ve - hi) - lo) * e;
+    go = (go * a - b) - ((vo - hi) - lo) * e;
+    sn__pair_narrow(dx + i, &ge, &go, 0);
+  }
+  for (; i < n; i++)
+    dx[i] = sn__f32_to_bf16((sn__bf16_to_f32(dy[i]) * a - b) -
+                            ((sn__bf16_to_f32(x[i]) - hi) - lo) * e);
+}
+
 /* sn__aff_run_bf16, below the checked map's definitions. */
 SN_CLONES SN_UNUSED static void sn__aff_run_bf16(uint16_t *y, const uint16_t *x, int64_t n,
                                                  float hi, float lo, float a, float b, float thr,
@@ -411,6 +431,11 @@ static inline void sn__affbwd_span(void *dx, const void *dy, const void *x, int6
     const float *g = (const float *)dy + off, *v = (const float *)x + off;
     if (k->f64) sn__affbwd_run_f64(o, g, v, n, k->m, k->ad, k->bd, k->ed);
     else sn__affbwd_run(o, g, v, n, k->hi, k->lo, k->a, k->b, k->e, nt);
+    return;
+  }
+  if (dtype == SN_DTYPE_BF16 && !k->f64) { /* in pairs, no tiles: bitwise the same */
+    sn__affbwd_run_bf16((uint16_t *)dx + off, (const uint16_t *)dy + off,
+                        (const uint16_t *)x + off, n, k->hi, k->lo, k->a, k->b, k->e);
     return;
   }
   float tg[SN_TILE], tx[SN_TILE];
