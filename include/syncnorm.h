@@ -385,11 +385,12 @@ SN_API sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const
 /* GroupNorm forward: for each sample n and group g of C/G channels, over its (C/G)·S values:
  *   mean, var (biased), rstd = 1/√(var+eps); y = (x − mean)·rstd·gamma_c + beta_c.
  * y, x: [N, C, S] or [N, S, C] dtype; gamma, beta: [C] f32 or NULL; mean, rstd: [N, G] f32 (=)
- * or NULL. y may equal x. Statistics in fp64: for f32 NCHW and for NHWC one pass of sums
- * shifted by a pivot, the mean of the group's first 32 values (NCHW) or of each channel's first
- * 128 rows in the sample (NHWC, channels combined as M2 = Σ_c M2_c + S·(mean_c − mean)²), as
- * sn_layernorm_fwd, with two passes (Σx, then Σ(x − mean)²) where a pivot lies more than σ/2
- * from its mean or a value is not finite; bf16/f16 NCHW always two passes. y in f32 from them,
+ * or NULL. y may equal x. Statistics in fp64: for f32 and bf16 NCHW and for NHWC one pass of
+ * sums shifted by a pivot, the mean of the group's first 32 values (NCHW) or of each channel's
+ * first 128 rows in the sample (NHWC, channels combined as M2 = Σ_c M2_c + S·(mean_c − mean)²),
+ * as sn_layernorm_fwd, with two passes (Σx, then Σ(x − mean)²) where a pivot lies more than σ/2
+ * from its mean or a value is not finite (bf16 NCHW: the same bits as f32 on the widened x);
+ * f16 NCHW always two passes. y in f32 from them,
  * in fp64 where f32 is not exact enough: bf16/f16 outputs where beta cancels x̂·gamma (each
  * output within 1 ulp of the exactly rounded value while |y| ≥ ~2^-30·|x̂·gamma|, the fp64
  * statistics' accuracy), groups whose mean is 2^103 or more, factors f32 cannot hold (as in
