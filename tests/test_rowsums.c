@@ -1,8 +1,9 @@
 /*
  * test_rowsums.c — the fp64 row sums of the bf16 "pair" paths (src/cpu/rownorm.h), which read a
  * row 32 values at a time as the even and odd halves of 16 words and so keep their lanes
- * permuted, against the generic sums on the same row widened element by element: bitwise equal
- * in fp64, for every x86-64 level this CPU runs (each compiled here with that level's target
+ * permuted, against the generic sums on the same row widened element by element (of a row, and
+ * of the residual sum of two rows, stored as it goes): bitwise equal in fp64, the stored sums
+ * too, for every x86-64 level this CPU runs (each compiled here with that level's target
  * attribute, as the library's target_clones variants are). A wrong lane mapping changes the
  * order of the additions, and so the last bits of the sums, which the public kernels' f32
  * outputs almost never show (their tests compare mean and rstd in f32). The rows mix magnitudes
@@ -37,15 +38,20 @@ static uint16_t random_bf16(uint64_t *rng) {
   return (uint16_t)(sign | exp << 7 | mant);
 }
 
-/* The pair sums and the generic sums of one row, compiled for one target level. */
-typedef void (*sums_fn)(double s[2], const uint16_t *x, int64_t n, double K);
+/* The pair sums and the generic sums of one row, compiled for one target level; with res (the
+ * fused kernels' residual row; NULL for none) of the residual sum, stored into sum_out. */
+typedef void (*sums_fn)(double s[2], uint16_t *sum_out, const uint16_t *x, const uint16_t *res,
+                        int64_t n, double K);
 
 #define SUMS_VARIANTS(tag, attr)                                                              \
-  attr static void pairs_##tag(double s[2], const uint16_t *x, int64_t n, double K) {         \
-    sn__row_shifted_sums_bf16(s, x, n, K, NULL, NULL);                                        \
+  attr static void pairs_##tag(double s[2], uint16_t *sum_out, const uint16_t *x,             \
+                               const uint16_t *res, int64_t n, double K) {                    \
+    if (res == NULL) sn__row_shifted_sums_bf16(s, x, n, K, NULL, NULL);                       \
+    else sn__row_shifted_sums_add_bf16(s, sum_out, x, res, n, K, NULL, NULL, NULL);           \
   }                                                                                           \
-  attr static void generic_##tag(double s[2], const uint16_t *x, int64_t n, double K) {       \
-    sn__row_shifted_sums(s, NULL, NULL, x, NULL, 1, n, K, NULL, NULL, 2);                     \
+  attr static void generic_##tag(double s[2], uint16_t *sum_out, const uint16_t *x,           \
+                                 const uint16_t *res, int64_t n, double K) {                  \
+    sn__row_shifted_sums(s, NULL, sum_out, x, res, 1, n, K, NULL, NULL, 2);                   \
   }
 
 SUMS_VARIANTS(base, )
@@ -56,20 +62,31 @@ SUMS_VARIANTS(v4, __attribute__((target("arch=x86-64-v4"))))
 #endif
 
 static void check_level(const char *level, sums_fn pairs, sums_fn generic) {
-  static uint16_t x[MAX_LEN];
+  static uint16_t x[MAX_LEN], res[MAX_LEN], s1[MAX_LEN], s2[MAX_LEN], xin[MAX_LEN];
   uint64_t rng = 0x9e3779b97f4a7c15u;
   for (size_t l = 0; l < sizeof LENGTHS / sizeof LENGTHS[0]; l++)
     for (int rep = 0; rep < REPS; rep++) {
       const int64_t n = LENGTHS[l];
-      for (int64_t i = 0; i < n; i++) x[i] = random_bf16(&rng);
+      for (int64_t i = 0; i < n; i++) x[i] = random_bf16(&rng), res[i] = random_bf16(&rng);
       /* a pivot near 0 (rep even) and one near the first value, as sn__row_pivot picks */
       const double K = rep % 2 ? (double)sn__bf16_to_f32(x[0]) : 0.0;
       double a[2], b[2];
-      pairs(a, x, n, K);
-      generic(b, x, n, K);
+      pairs(a, NULL, x, NULL, n, K);
+      generic(b, NULL, x, NULL, n, K);
       ck_assert_msg(memcmp(a, b, sizeof a) == 0,
                     "%s n=%lld rep %d: pair sums %a %a, generic %a %a", level, (long long)n, rep,
                     a[0], a[1], b[0], b[1]);
+      /* the residual sum x + res, into separate rows, then in place (sum_out == x) */
+      pairs(a, s1, x, res, n, K);
+      generic(b, s2, x, res, n, K);
+      ck_assert_msg(memcmp(a, b, sizeof a) == 0 && memcmp(s1, s2, (size_t)n * 2) == 0,
+                    "%s n=%lld rep %d: residual pair sums %a %a, generic %a %a (or sum rows "
+                    "differ)", level, (long long)n, rep, a[0], a[1], b[0], b[1]);
+      memcpy(xin, x, (size_t)n * 2);
+      pairs(a, xin, xin, res, n, K);
+      ck_assert_msg(memcmp(a, b, sizeof a) == 0 && memcmp(xin, s2, (size_t)n * 2) == 0,
+                    "%s n=%lld rep %d: residual pair sums in place differ", level, (long long)n,
+                    rep);
     }
 }
 

@@ -22,12 +22,10 @@
  * passes read the row 32 values at a time as the even and odd halves of 16 words
  * (sn__pair_widen, rownorm.h), the map narrows y the same way; the same results as the widened
  * row. Each thread takes one range of rows and computes a row's statistics before it maps the
- * row before (ln_fwd_rows_pairs), so that the end of one overlaps the other. The fused kernel's
- * bf16 rows take a two-pass path with the same results (ln_fwd_row_bf16; [threads, d] floats of
- * scratch): widening fused with the sums, narrowing with the map. The fused kernel adds
- * x + residual in the first pass (f32 and bf16; f16 in a pass of its own over L1-sized blocks,
- * sn__residual_sum_row), storing sum_out as it goes, and maps the stored sums (f32) or their
- * widened copy (bf16) in the second.
+ * row before (ln_fwd_rows_pairs), so that the end of one overlaps the other. The fused kernel
+ * adds x + residual in the first pass (f32; bf16 in pairs, ln_stats_add_pairs; f16 in a pass of
+ * its own over L1-sized blocks, sn__residual_sum_row), storing sum_out as it goes, and maps the
+ * stored sums in the second (bf16: in pairs, ln_map_row_pairs).
  *
  * Threads: OpenMP over rows (or chunks of rows); the row functions below carry SN_CLONES and no
  * OpenMP pragmas.
@@ -182,46 +180,6 @@ SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const 
   }
 }
 
-/* The affine maps of ln_fwd_row rounded to bf16 as they are stored: the same f32 values,
- * narrowed by the same rounding, as ln_fwd_row followed by sn__from_f32 (with beta:
- * ln_map_beta). */
-SN_INLINE void ln_map_f32_bf16(uint16_t *y, const float *x, const float *gamma, int64_t d,
-                               double mean, double rstd, int has_g) {
-  const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
-  SN_IVDEP
-  for (int64_t i = 0; i < d; i++) {
-    float t = ((x[i] - hi) - lo) * s;
-    if (has_g) t = t * gamma[i];
-    y[i] = sn__f32_to_bf16(t);
-  }
-}
-
-/* One bf16 row, bitwise as ln_fwd_row on the widened row, in two passes instead of four: widen
- * x into tmp [d] while summing it (x read from memory once), then the affine map narrowed as it
- * is stored (y written once, no f32 output row). With res [d] (the fused kernel; NULL for none)
- * the row normalized is the residual sum, rounded to bf16 into sum_out [d] and widened into tmp
- * by the same pass: bitwise the generic path (sn__residual_sum_row, then this row on sum_out). */
-SN_CLONES static void ln_fwd_row_bf16(uint16_t *y, double *stats, const uint16_t *x,
-                                      const uint16_t *res, uint16_t *sum_out, float *tmp,
-                                      const float *gamma, const float *beta, int64_t d,
-                                      float eps, const char *next) {
-  const double K = sn__row_pivot(x, res, 1, d);
-  double sums[2], mean, m2;
-  if (res != NULL) sn__row_shifted_sums(sums, tmp, sum_out, x, res, 1, d, K, next, (char *)y, 2);
-  else sn__row_shifted_sums(sums, tmp, NULL, x, NULL, 1, d, K, next, (char *)y, 2);
-  sn__row_stats(&mean, &m2, tmp, d, K, sums);
-  const double rstd = 1.0 / sqrt(m2 / (double)d + (double)eps);
-  stats[0] = mean;
-  stats[1] = rstd;
-  const float lim = ln_check_lim(mean, beta != NULL, SN_DTYPE_BF16); /* as ln_fwd_row's */
-  if (lim >= 0.0f) {
-    ln_map_checked(y, tmp, gamma, beta, d, mean, rstd, lim, 1);
-  } else {
-    if (gamma != NULL) ln_map_f32_bf16(y, tmp, gamma, d, mean, rstd, 1);
-    else ln_map_f32_bf16(y, tmp, gamma, d, mean, rstd, 0);
-  }
-}
-
 /* ---- bf16 rows in pairs (sn_layernorm_fwd) ------------------------------------------------ */
 
 /* Pair blocks per block of the checked map. */
@@ -299,8 +257,8 @@ SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *g
   }
 }
 
-/* The statistics of one bf16 row x [d] of sn_layernorm_fwd, bitwise ln_fwd_row_bf16's (and so
- * ln_fwd_row's on the widened row), with no f32 copy of the row: stats[0] = mean, stats[1] =
+/* The statistics of one bf16 row x [d] of sn_layernorm_fwd, bitwise ln_fwd_row's on the
+ * widened row, with no f32 copy of the row: stats[0] = mean, stats[1] =
  * rstd (fp64), from the shifted sums with x widened in registers in pairs
  * (sn__row_shifted_sums_bf16; the two-pass fallback also reads the bf16 row). next, out: the
  * rows to prefetch (sn__row_shifted_sums; bf16). */
@@ -314,8 +272,23 @@ SN_CLONES static void ln_stats_pairs(double stats[2], const uint16_t *x, int64_t
   stats[1] = 1.0 / sqrt(m2 / (double)d + (double)eps);
 }
 
-/* The map of that row into y [d] (bf16) from its stats (ln_stats_pairs), bitwise
- * ln_fwd_row_bf16's: in pairs, checked where beta is given (ln_map_beta_pairs). Rows whose mean
+/* ln_stats_pairs of the residual sum of the bf16 rows x and res [d] of sn_add_layernorm_fwd,
+ * rounded to bf16 and stored into sum_out [d] as it is summed (sn__row_shifted_sums_add_bf16):
+ * bitwise the statistics of the generic path on the widened sum row. next, next_res: the next
+ * rows of x and res to prefetch, out: this row of y (NULL: none). */
+SN_CLONES static void ln_stats_add_pairs(double stats[2], uint16_t *sum_out, const uint16_t *x,
+                                         const uint16_t *res, int64_t d, float eps,
+                                         const char *next, const char *next_res, char *out) {
+  const double K = sn__row_pivot(x, res, 1, d);
+  double sums[2], mean, m2;
+  sn__row_shifted_sums_add_bf16(sums, sum_out, x, res, d, K, next, next_res, out);
+  sn__row_stats_w(&mean, &m2, sum_out, 1, d, K, sums);
+  stats[0] = mean;
+  stats[1] = 1.0 / sqrt(m2 / (double)d + (double)eps);
+}
+
+/* The map of that row into y [d] (bf16) from its stats (ln_stats_pairs), bitwise ln_fwd_row's
+ * on the widened row narrowed as sn__from_f32: in pairs, checked where beta is given (ln_map_beta_pairs). Rows whose mean
  * is tiny or wide (the checked map with limit 0 and possibly no beta: rare) are widened into
  * tmp [d] and mapped by ln_map_checked. gs, bs: gamma and beta in pairs (sn__to_pairs; NULL
  * where those are). y may equal x. nt: y streamed (but the rare rows ln_map_checked maps). */
@@ -387,8 +360,8 @@ static void ln_fwd_store(void *y, float *mean, float *rstd, const float *xr, con
   if (rstd != NULL) rstd[r] = (float)stats[1];
 }
 
-/* f32 scratch per thread of the forwards: bf16 rows are widened into d floats
- * (ln_fwd_row_bf16), f16 rows into d and computed in d more (ln_fwd_store); f32 needs none. */
+/* f32 scratch per thread of the forwards: bf16 rows of tiny or wide mean are widened into d
+ * floats (ln_map_row_pairs), f16 rows into d and computed in d more (ln_fwd_store); f32 needs none. */
 static int64_t ln_fwd_scratch(int64_t d, sn_dtype_t dtype) {
   return dtype == SN_DTYPE_F32 ? 0 : dtype == SN_DTYPE_BF16 ? d : 2 * d;
 }
@@ -470,20 +443,28 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
   SN_TRY(sn__check_act(fn, "residual", residual, n));
   if (n == 0) return SN_OK;
 
-  /* scratch, per thread: f16 2·d f32 (the sum row, then the y row), bf16 d f32 (the widened
-   * sum row) */
+  /* scratch, per thread: f16 2·d f32 (the sum row, then the y row), bf16 d f32 (a sum row of
+   * tiny or wide mean, widened); bf16, after those: gamma and beta in pairs (sn__to_pairs) */
   const int64_t esize = sn_dtype_size(dtype);
   const int64_t per_thread = sn__line_stride(ln_fwd_scratch(d, dtype), (int64_t)sizeof(float));
+  const int threads = sn__max_threads();
   sn_status_t st = SN_OK;
-  float *scratch = NULL;
+  float *scratch = NULL, *gs = NULL, *bs = NULL;
   if (per_thread > 0 &&
-      (scratch = sn__alloc(fn, sn__max_threads(), per_thread, sizeof(float), &st)) == NULL)
+      (scratch = sn__alloc(fn, threads + (dtype == SN_DTYPE_BF16 ? 2 : 0), per_thread,
+                           sizeof(float), &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
   st = sn__check_fused_overlap(fn, y, sum_out, x, residual, n * sn_dtype_size(dtype));
   if (st != SN_OK) {
     sn__free(scratch);
     return st;
+  }
+  if (dtype == SN_DTYPE_BF16) {
+    gs = gamma != NULL ? scratch + (int64_t)threads * per_thread : NULL;
+    bs = beta != NULL ? scratch + (int64_t)(threads + 1) * per_thread : NULL;
+    if (gs != NULL) sn__to_pairs(gs, gamma, d);
+    if (bs != NULL) sn__to_pairs(bs, beta, d);
   }
 
   const int stream = dtype == SN_DTYPE_F32 && sn__stream_out(n * esize); /* y of f32 rows */
@@ -494,11 +475,15 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
     for (int64_t r = 0; r < rows; r++) {
       const int64_t off = r * d;
       const char *next = r + 1 < rows ? (const char *)x + (off + d) * esize : NULL;
-      if (dtype == SN_DTYPE_BF16) { /* the add fused into the first pass (ln_fwd_row_bf16) */
+      if (dtype == SN_DTYPE_BF16) { /* the add fused into the first pass, both in pairs */
         double stats[2];
-        ln_fwd_row_bf16((uint16_t *)y + off, stats, (const uint16_t *)x + off,
-                        (const uint16_t *)residual + off, (uint16_t *)sum_out + off, tmp, gamma,
-                        beta, d, eps, next);
+        const char *next_res =
+            r + 1 < rows ? (const char *)residual + (off + d) * esize : NULL;
+        ln_stats_add_pairs(stats, (uint16_t *)sum_out + off, (const uint16_t *)x + off,
+                           (const uint16_t *)residual + off, d, eps, next, next_res,
+                           (char *)((uint16_t *)y + off));
+        ln_map_row_pairs((uint16_t *)y + off, stats, (uint16_t *)sum_out + off, tmp, gamma,
+                         beta, gs, bs, d, 0);
         if (mean != NULL) mean[r] = (float)stats[0];
         if (rstd != NULL) rstd[r] = (float)stats[1];
       } else if (dtype == SN_DTYPE_F32) { /* likewise (ln_fwd_row) */

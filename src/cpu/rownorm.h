@@ -486,6 +486,47 @@ SN_INLINE void sn__row_shifted_sums_bf16(double s[2], const uint16_t *x, int64_t
   s[1] = sn__lanes_total(b);
 }
 
+/* sn__row_shifted_sums_bf16 of the residual sum of two bf16 rows x, res [n], rounded to bf16
+ * as sn__row_in rounds it and stored into sum_out [n] (which may equal x or res: a block is read
+ * before it is stored): bitwise sn__row_shifted_sums(s, dst, sum_out, x, res, 1, n, K, ...), the
+ * rows read and sum_out written in pairs. next, out: as sn__row_shifted_sums' (x's next row and
+ * this row's output), next_res: the residual's next row (NULL: none), bf16. */
+SN_INLINE void sn__row_shifted_sums_add_bf16(double s[2], uint16_t *sum_out, const uint16_t *x,
+                                             const uint16_t *res, int64_t n, double K,
+                                             const char *next, const char *next_res,
+                                             char *out) {
+  double ap[SN_PAIR] = {0}, bp[SN_PAIR] = {0}; /* e's 16 lanes, then o's */
+  int64_t i = 0;
+  for (; i + SN_PAIR <= n; i += SN_PAIR) {
+    sn__row_prefetch(next, out, i, 2);
+    if (next_res != NULL) SN_PF_ROW_READ(next_res + i * 2);
+    sn__pf e, o, re, ro;
+    sn__pair_widen(&e, &o, x + i);
+    sn__pair_widen(&re, &ro, res + i);
+    e = e + re;
+    o = o + ro;
+    sn__pu qe, qo; /* the sums rounded to bf16 (bits in the high half), widened back below */
+    sn__pair_round(&qe, &e);
+    sn__pair_round(&qo, &o);
+    sn__pair_join(sum_out + i, &qe, &qo, 0);
+    e = (sn__pf)(qe & 0xffff0000u);
+    o = (sn__pf)(qo & 0xffff0000u);
+    SN_SHIFTED32(ap, bp, e, o, K);
+  }
+  double a[SN_ROW_LANES], b[SN_ROW_LANES];
+  for (int m = 0; m < SN_PAIR / 2; m++) {
+    a[2 * m] = ap[m], a[2 * m + 1] = ap[SN_PAIR / 2 + m];
+    b[2 * m] = bp[m], b[2 * m + 1] = bp[SN_PAIR / 2 + m];
+  }
+  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
+    const double t = (double)sn__row_in(NULL, sum_out, x, res, 1, i) - K;
+    a[k] += t;
+    b[k] += t * t;
+  }
+  s[0] = sn__lanes_total(a);
+  s[1] = sn__lanes_total(b);
+}
+
 /* Σ (x[i] − shift)² in fp64, lanes as sn__row_sum (squares of f32, hence bf16/f16, values
  * never overflow in fp64). src is f32 [n] or, with widen, bf16 [n], then also written widened
  * into dst [n] (the same values, hence bitwise the same sum as on dst: RMSNorm's bf16 rows read
