@@ -19,9 +19,11 @@
  * loaded whole, computed, then stored whole. That makes y == x (in place) well defined without
  * restrict, vectorizes at -O2 too, and stores a block with one full-width store (GCC had turned
  * the former local-array blocks into 32-, 16-, 8- and 4-byte stores); the tail is scalar.
- * bf16/f16 activations go through f32 stack tiles (sn__to_f32, sn__from_f32), but the maps of
- * a bf16 NCHW run, which read and write it in pairs (sn__aff_run_bf16, sn__affbwd_run_bf16;
- * rownorm.h's sn__pair_widen, sn__pair_narrow) with the same bits.
+ * f16 activations go through f32 stack tiles (sn__to_f32, sn__from_f32); bf16 ones are read
+ * and written in pairs (rownorm.h's sn__pair_widen, sn__pair_narrow) with the same bits: NCHW
+ * runs by sn__aff_run_bf16 and sn__affbwd_run_bf16, NHWC rows by sn__aff_rows_bf16 and
+ * sn__affbwd_rows_bf16 with the tile's constants in pair order (sn__tile_pairs_t), but tiles
+ * with a channel mapped in fp64, which keep the f32 tiles.
  */
 #ifndef SN_NORM_KERNELS_H
 #define SN_NORM_KERNELS_H
@@ -458,52 +460,6 @@ static inline int64_t sn__rows_per_block(int64_t rows, int64_t ld, int64_t ct, s
   return 1;
 }
 
-/* Rows [r0, r1) × channels [c0, c0+ct) of y, x: [rows, ld]; p: the tile's constants;
- * ct <= SN_TILE_C. y may equal x. */
-static inline void sn__aff_rowspan(void *y, const void *x, int64_t r0, int64_t r1, int64_t ld,
-                                   int64_t c0, int64_t ct, const sn__chan_tile_t *p,
-                                   sn_dtype_t dtype, int nt) {
-  nt = dtype == SN_DTYPE_F32 ? nt : 0; /* bf16/f16 rows go through the stack tile */
-  float t[SN_TILE];
-  const int wide = sn__tile_any_f64(p, ct);
-  int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
-  for (int64_t r = r0; r < r1; r += per) {
-    int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
-    const float *xb = sn__in_row(x, off, span, dtype, t);
-    float *yb = sn__out_row(y, off, dtype, t);
-    for (int64_t j = 0, e; j < ct; j = e) { /* one run if no channel is mapped in fp64 */
-      e = wide ? sn__f64_run_end(p, j, ct) : ct;
-      if (!p->f64[j] || !wide) sn__aff_rows(yb + j, xb + j, nr, ld, e - j, p, j, nt);
-      else
-        for (int64_t k = j; k < e; k++) sn__aff_col_f64(yb + k, xb + k, nr, ld, p, k);
-    }
-    sn__out_done(y, off, span, dtype, yb);
-  }
-}
-
-/* Backward over rows [r0, r1) × channels [c0, c0+ct) with the tile's constants p.
- * dx may equal dy. */
-static inline void sn__affbwd_rowspan(void *dx, const void *dy, const void *x, int64_t r0,
-                                      int64_t r1, int64_t ld, int64_t c0, int64_t ct,
-                                      const sn__chan_tile_t *p, sn_dtype_t dtype, int nt) {
-  nt = dtype == SN_DTYPE_F32 ? nt : 0; /* bf16/f16 rows go through the stack tiles */
-  float tg[SN_TILE], tx[SN_TILE];
-  const int wide = sn__tile_any_f64(p, ct);
-  int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
-  for (int64_t r = r0; r < r1; r += per) {
-    int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
-    const float *gb = sn__in_row(dy, off, span, dtype, tg);
-    const float *xb = sn__in_row(x, off, span, dtype, tx);
-    float *ob = sn__out_row(dx, off, dtype, tg);
-    for (int64_t j = 0, e; j < ct; j = e) {
-      e = wide ? sn__f64_run_end(p, j, ct) : ct;
-      if (!p->f64[j] || !wide) sn__affbwd_rows(ob + j, gb + j, xb + j, nr, ld, e - j, p, j, nt);
-      else
-        for (int64_t k = j; k < e; k++) sn__affbwd_col_f64(ob + k, gb + k, xb + k, nr, ld, p, k);
-    }
-    sn__out_done(dx, off, span, dtype, ob);
-  }
-}
 
 /* ---- checked forward map for bf16/f16 outputs ------------------------------------------------ */
 
@@ -648,6 +604,118 @@ SN_CLONES SN_UNUSED static void sn__aff_run_bf16(uint16_t *y, const uint16_t *x,
   }
 }
 
+/* ---- bf16 NHWC rows in pairs ------------------------------------------------------------- */
+
+/* A tile's f32 constants in pair order over its ct channels (sn__to_pairs: each full block of 32
+ * channels its even ones, then its odd ones; the tail as is), and for the checked map
+ * max(thr, FLT_MIN) likewise: what bf16 rows read in pairs take (sn__tile_pairs_set). */
+typedef struct {
+  _Alignas(64) float hi[SN_TILE_C];
+  _Alignas(64) float lo[SN_TILE_C];
+  _Alignas(64) float a[SN_TILE_C];
+  _Alignas(64) float b[SN_TILE_C];
+  _Alignas(64) float e[SN_TILE_C];   /* backward only */
+  _Alignas(64) float lim[SN_TILE_C]; /* checked forward only */
+} sn__tile_pairs_t;
+
+/* q from the first ct channels of p; thr: [ct] the checked map's thresholds, or NULL; bwd: e. */
+static inline void sn__tile_pairs_set(sn__tile_pairs_t *q, const sn__chan_tile_t *p, int64_t ct,
+                                      const float *thr, int bwd) {
+  sn__to_pairs(q->hi, p->hi, ct);
+  sn__to_pairs(q->lo, p->lo, ct);
+  sn__to_pairs(q->a, p->a, ct);
+  sn__to_pairs(q->b, p->b, ct);
+  if (bwd) sn__to_pairs(q->e, p->e, ct);
+  if (thr != NULL) {
+    float t[SN_TILE_C];
+    for (int64_t j = 0; j < ct; j++) t[j] = thr[j] > FLT_MIN ? thr[j] : FLT_MIN;
+    sn__to_pairs(q->lim, t, ct);
+  }
+}
+
+/* Channel k of a bf16 row element xb, the forward map as sn__aff_rows / sn__aff_rows_chk
+ * compute it (thr NULL: unchecked), narrowed as sn__from_f32. */
+static inline uint16_t sn__aff_elem_bf16(uint16_t xb, const sn__chan_tile_t *p, const float *thr,
+                                         int64_t k) {
+  const float xv = sn__bf16_to_f32(xb);
+  float v = ((xv - p->hi[k]) - p->lo[k]) * p->a[k] + p->b[k];
+  if (thr != NULL && SN_CHK_FAILS(v, thr[k]))
+    v = (float)(((double)xv - p->m[k]) * p->ad[k] + (double)p->b[k]);
+  return sn__f32_to_bf16(v);
+}
+
+/* The forward map of bf16 rows y, x [nr, ld] (first ct channels of each row; y may equal x)
+ * with the tile's constants p (q: in pair order), bitwise sn__aff_rowspan / sn__aff_rowspan_chk
+ * through f32 tiles (thr [ct]: checked, as sn__aff_run_bf16; NULL: not), each row read and
+ * written in pairs. */
+SN_CLONES SN_UNUSED static void sn__aff_rows_bf16(uint16_t *y, const uint16_t *x, int64_t nr,
+                                                  int64_t ld, int64_t ct,
+                                                  const sn__chan_tile_t *p,
+                                                  const sn__tile_pairs_t *q, const float *thr) {
+  for (int64_t r = 0; r < nr; r++) {
+    uint16_t *yr = y + r * ld;
+    const uint16_t *xr = x + r * ld;
+    int64_t j = 0;
+    for (; j + SN_PAIR <= ct; j += SN_PAIR) {
+      sn__pf e, o, he, ho, le, lo, ae, ao, be, bo;
+      sn__pair_widen(&e, &o, xr + j);
+      sn__pair_load(&he, &ho, q->hi + j);
+      sn__pair_load(&le, &lo, q->lo + j);
+      sn__pair_load(&ae, &ao, q->a + j);
+      sn__pair_load(&be, &bo, q->b + j);
+      e = ((e - he) - le) * ae + be;
+      o = ((o - ho) - lo) * ao + bo;
+      if (thr == NULL) {
+        sn__pair_narrow(yr + j, &e, &o, 0);
+        continue;
+      }
+      sn__pf me, mo; /* max(thr, FLT_MIN): its bits, as sn__aff_run_bf16's lim */
+      sn__pair_load(&me, &mo, q->lim + j);
+      const sn__pi ue = (sn__pi)e & 0x7fffffff, uo = (sn__pi)o & 0x7fffffff;
+      const sn__pi neg = (ue - (sn__pi)me) | (uo - (sn__pi)mo) | (0x7f7fffff - ue) |
+                         (0x7f7fffff - uo);
+      if (!sn__any_sign(&neg)) {
+        sn__pu re = (sn__pu)e, ro = (sn__pu)o;
+        re = re + 0x7fffu + ((re >> 16) & 1u);
+        ro = ro + 0x7fffu + ((ro >> 16) & 1u);
+        sn__pair_join(yr + j, &re, &ro, 0);
+        continue;
+      }
+      for (int64_t k = j; k < j + SN_PAIR; k++) yr[k] = sn__aff_elem_bf16(xr[k], p, thr, k);
+    }
+    for (; j < ct; j++) yr[j] = sn__aff_elem_bf16(xr[j], p, thr, j);
+  }
+}
+
+/* The backward map of bf16 rows dx, dy, x [nr, ld] (dx may equal dy) likewise, bitwise
+ * sn__affbwd_rowspan through f32 tiles. */
+SN_CLONES SN_UNUSED static void sn__affbwd_rows_bf16(uint16_t *dx, const uint16_t *dy,
+                                                     const uint16_t *x, int64_t nr, int64_t ld,
+                                                     int64_t ct, const sn__chan_tile_t *p,
+                                                     const sn__tile_pairs_t *q) {
+  for (int64_t r = 0; r < nr; r++) {
+    uint16_t *dxr = dx + r * ld;
+    const uint16_t *dyr = dy + r * ld, *xr = x + r * ld;
+    int64_t j = 0;
+    for (; j + SN_PAIR <= ct; j += SN_PAIR) {
+      sn__pf ge, go, ve, vo, he, ho, le, lo, ae, ao, be, bo, ee, eo;
+      sn__pair_widen(&ge, &go, dyr + j);
+      sn__pair_widen(&ve, &vo, xr + j);
+      sn__pair_load(&he, &ho, q->hi + j);
+      sn__pair_load(&le, &lo, q->lo + j);
+      sn__pair_load(&ae, &ao, q->a + j);
+      sn__pair_load(&be, &bo, q->b + j);
+      sn__pair_load(&ee, &eo, q->e + j);
+      ge = (ge * ae - be) - ((ve - he) - le) * ee;
+      go = (go * ao - bo) - ((vo - ho) - lo) * eo;
+      sn__pair_narrow(dxr + j, &ge, &go, 0);
+    }
+    for (; j < ct; j++)
+      dxr[j] = sn__f32_to_bf16((sn__bf16_to_f32(dyr[j]) * p->a[j] - p->b[j]) -
+                               ((sn__bf16_to_f32(xr[j]) - p->hi[j]) - p->lo[j]) * p->e[j]);
+  }
+}
+
 /* sn__aff_span for bf16/f16 outputs, checked (see SN_CANCEL_LOG2_BF16; the fp64 values from
  * k->m and k->ad). A channel mapped in fp64 (k->f64) is so whole. y may equal x. */
 static inline void sn__aff_span_chk(void *y, const void *x, int64_t off, int64_t n,
@@ -679,6 +747,13 @@ static inline void sn__aff_rowspan_chk(void *y, const void *x, int64_t r0, int64
   float tx[SN_TILE], ty[SN_TILE], thr[SN_TILE_C];
   for (int64_t j = 0; j < ct; j++) thr[j] = sn__cancel_thr(p->b[j], dtype);
   const int wide = sn__tile_any_f64(p, ct);
+  if (dtype == SN_DTYPE_BF16 && !wide) { /* in pairs, no tiles: the same bits */
+    sn__tile_pairs_t q;
+    sn__tile_pairs_set(&q, p, ct, thr, 0);
+    sn__aff_rows_bf16((uint16_t *)y + r0 * ld + c0, (const uint16_t *)x + r0 * ld + c0, r1 - r0,
+                      ld, ct, p, &q, thr);
+    return;
+  }
   int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
   for (int64_t r = r0; r < r1; r += per) {
     int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
@@ -690,6 +765,70 @@ static inline void sn__aff_rowspan_chk(void *y, const void *x, int64_t r0, int64
         for (int64_t k = j; k < e; k++) sn__aff_col_f64(ty + k, tx + k, nr, ld, p, k);
     }
     sn__from_f32(y, off, ty, span, dtype);
+  }
+}
+
+/* ---- rows of any dtype (NHWC): f32 in place, bf16 in pairs, f16 through stack tiles ---- */
+
+/* Rows [r0, r1) × channels [c0, c0+ct) of y, x: [rows, ld]; p: the tile's constants;
+ * ct <= SN_TILE_C. y may equal x. */
+static inline void sn__aff_rowspan(void *y, const void *x, int64_t r0, int64_t r1, int64_t ld,
+                                   int64_t c0, int64_t ct, const sn__chan_tile_t *p,
+                                   sn_dtype_t dtype, int nt) {
+  nt = dtype == SN_DTYPE_F32 ? nt : 0; /* bf16/f16 rows go through the stack tile */
+  const int wide = sn__tile_any_f64(p, ct);
+  if (dtype == SN_DTYPE_BF16 && !wide) { /* in pairs, no tile: the same bits */
+    sn__tile_pairs_t q;
+    sn__tile_pairs_set(&q, p, ct, NULL, 0);
+    sn__aff_rows_bf16((uint16_t *)y + r0 * ld + c0, (const uint16_t *)x + r0 * ld + c0, r1 - r0,
+                      ld, ct, p, &q, NULL);
+    return;
+  }
+  float t[SN_TILE];
+  int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
+  for (int64_t r = r0; r < r1; r += per) {
+    int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
+    const float *xb = sn__in_row(x, off, span, dtype, t);
+    float *yb = sn__out_row(y, off, dtype, t);
+    for (int64_t j = 0, e; j < ct; j = e) { /* one run if no channel is mapped in fp64 */
+      e = wide ? sn__f64_run_end(p, j, ct) : ct;
+      if (!p->f64[j] || !wide) sn__aff_rows(yb + j, xb + j, nr, ld, e - j, p, j, nt);
+      else
+        for (int64_t k = j; k < e; k++) sn__aff_col_f64(yb + k, xb + k, nr, ld, p, k);
+    }
+    sn__out_done(y, off, span, dtype, yb);
+  }
+}
+
+/* Backward over rows [r0, r1) × channels [c0, c0+ct) with the tile's constants p.
+ * dx may equal dy. */
+static inline void sn__affbwd_rowspan(void *dx, const void *dy, const void *x, int64_t r0,
+                                      int64_t r1, int64_t ld, int64_t c0, int64_t ct,
+                                      const sn__chan_tile_t *p, sn_dtype_t dtype, int nt) {
+  nt = dtype == SN_DTYPE_F32 ? nt : 0; /* bf16/f16 rows go through the stack tiles */
+  const int wide = sn__tile_any_f64(p, ct);
+  if (dtype == SN_DTYPE_BF16 && !wide) { /* in pairs, no tiles: the same bits */
+    sn__tile_pairs_t q;
+    sn__tile_pairs_set(&q, p, ct, NULL, 1);
+    const int64_t off = r0 * ld + c0;
+    sn__affbwd_rows_bf16((uint16_t *)dx + off, (const uint16_t *)dy + off,
+                         (const uint16_t *)x + off, r1 - r0, ld, ct, p, &q);
+    return;
+  }
+  float tg[SN_TILE], tx[SN_TILE];
+  int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
+  for (int64_t r = r0; r < r1; r += per) {
+    int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
+    const float *gb = sn__in_row(dy, off, span, dtype, tg);
+    const float *xb = sn__in_row(x, off, span, dtype, tx);
+    float *ob = sn__out_row(dx, off, dtype, tg);
+    for (int64_t j = 0, e; j < ct; j = e) {
+      e = wide ? sn__f64_run_end(p, j, ct) : ct;
+      if (!p->f64[j] || !wide) sn__affbwd_rows(ob + j, gb + j, xb + j, nr, ld, e - j, p, j, nt);
+      else
+        for (int64_t k = j; k < e; k++) sn__affbwd_col_f64(ob + k, gb + k, xb + k, nr, ld, p, k);
+    }
+    sn__out_done(dx, off, span, dtype, ob);
   }
 }
 
