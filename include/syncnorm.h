@@ -46,7 +46,8 @@
  *    (checked on the activation buffers; every error below includes it).
  *  - Large outputs (y, dx of at least 16 MiB: f32, and bf16 in the LayerNorm and RMSNorm
  *    kernels but the fused LayerNorm) are written with streaming (non-temporal) stores on Intel
- *    x86-64 CPUs: faster where memory bandwidth bounds the call, but the output is then not in
+ *    x86-64 CPUs and on AMD's from CPU family 0x1A (Zen 5; there not the bf16 LayerNorm
+ *    forward's): faster where memory bandwidth bounds the call, but the output is then not in
  *    the cache for the next layer. The environment variable SN_STREAM_MIN_BYTES sets the
  *    threshold in bytes on any x86-64 CPU (0: every output; a huge value: never; a value that is
  *    not a whole number >= 0 is ignored, silently); it is read once per process. The values

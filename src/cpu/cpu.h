@@ -39,8 +39,12 @@
  * latest bench_cpu table) a copy loop with ordinary stores ran at 19-23 GB/s, memcpy (streaming
  * above 127 MiB) at 32-41, and the NHWC BatchNorm map took 0.76x the time with streaming
  * stores. On the AMD EPYC VM of the earlier tables ordinary stores copied as fast as memcpy
- * (66 GB/s) and streaming stores made the maps 1.1-1.6x slower, so by default only Intel CPUs
- * stream. And a streamed
+ * (66 GB/s) and streaming stores made the maps 1.1-1.6x slower; on an AMD EPYC (Zen 5, CPU
+ * family 0x1A) VM (2026-12-03) a store loop ran at 86-88 GB/s against memcpy's 96-99, and
+ * streaming took 0.60-0.96x the time of the f32 LayerNorm/RMSNorm, BatchNorm and GroupNorm
+ * kernels of 25 MB and more (bench_ab, cold), but 1.06-1.14x of the bf16 LayerNorm forward,
+ * which is bound by its arithmetic there. So by default Intel CPUs and AMD's from family 0x1A
+ * stream, the bf16 LayerNorm forward's rows on Intel only (sn__stream_out_ln_bf16). A streamed
  * output is no longer in the cache for whoever reads it next, so only outputs of at least
  * SN_STREAM_MIN_BYTES are streamed: more than the L2 and the L3 share of a core on common server
  * parts (oneDNN streams every f32 BatchNorm output, its bf16 ones above L2 + L3 per core).
@@ -52,6 +56,8 @@
 #define SN_STREAM_MIN_BYTES ((int64_t)16 << 20)
 /* Whether a kernel call writing out_bytes of output streams its stores. */
 SN_HIDDEN int sn__stream_out(int64_t out_bytes);
+/* The same for the bf16 rows of sn_layernorm_fwd (see above). */
+SN_HIDDEN int sn__stream_out_ln_bf16(int64_t out_bytes);
 
 /* Whether the LayerNorm/RMSNorm row kernels (and the GroupNorm NCHW f32 forward's group sums,
  * which use the same row sums, and the fused NCHW BatchNorm backward's sums) prefetch ahead

@@ -404,7 +404,8 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
   /* each thread one range of consecutive rows, as schedule(static) over the rows: the bf16
    * rows pipeline their statistics a row ahead within it (ln_fwd_rows_pairs) */
   const int64_t ranges = rows < threads ? rows : threads;
-  const int stream = sn__stream_out(n * esize);
+  const int stream = dtype == SN_DTYPE_BF16 ? sn__stream_out_ln_bf16(n * esize)
+                                            : sn__stream_out(n * esize);
 #pragma omp parallel
   {
     float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * per_thread : NULL;
