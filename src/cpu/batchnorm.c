@@ -57,6 +57,14 @@ static inline double red_shift(const red_t *op, int64_t c) {
 /* Elements [off, off+n) of one channel's run into acc, lane of the first element `lane`. */
 static void red_span(const red_t *op, double *acc, int64_t off, int64_t n, int lane, double shift,
                      sn_dtype_t dtype) {
+  if (dtype == SN_DTYPE_BF16) { /* read as is (bn_kernels.h): the same sums as on f32 tiles */
+    if (op->kind == RED_STATS)
+      stats_run_bf16(acc, (const uint16_t *)op->a + off, n, lane, shift);
+    else
+      bwd_run_bf16(acc, (const uint16_t *)op->a + off, (const uint16_t *)op->b + off, n, lane,
+                   shift, op->pf_l2);
+    return;
+  }
   float ta[SN_TILE], tb[SN_TILE];
   for (int64_t i = 0; i < n;) {
     int64_t m = dtype == SN_DTYPE_F32 ? n : sn__min64(SN_TILE, n - i);

@@ -1,5 +1,6 @@
 /*
- * bn_kernels.h — the BatchNorm reduction kernels of batchnorm.c (f32 in, fp64 lanes): the NCHW
+ * bn_kernels.h — the BatchNorm reduction kernels of batchnorm.c (f32 in, fp64 lanes; the NCHW
+ * runs also bf16 in, widened in registers): the NCHW
  * runs of one channel (stats_run, bwd_run) and the NHWC rows vectorized across channels
  * (stats_rows, bwd_rows and their grouped forms). The order of every sum is described at the
  * top of batchnorm.c, which alone includes this file. Not installed; everything here is static
@@ -21,12 +22,33 @@ _Static_assert((SN_LANES & (SN_LANES - 1)) == 0, "SN_LANES must be a power of tw
  * restarts at every 4 KiB page) left the reductions at ~70 % of the read bandwidth. */
 #define RED_PF_FLOATS 512
 
-/* NCHW run of one channel, x: [n], continuing the chunk's lanes; `lane` is the lane of x[0].
- * acc: [2][SN_LANES]:  acc[0][l] += x − p,  acc[1][l] += (x − p)². */
-SN_CLONES static void stats_run(double *acc, const float *x, int64_t n, int lane, double p) {
+/* dst (sn__vd) = the SN_VD elements of x from element i, f32 or (bf16) bf16, widened: the same
+ * values either way, so the same sums (the bf16 runs need no f32 tile). */
+#define RED_VLOAD(dst, x, i, bf16)                                                            \
+  do {                                                                                        \
+    if (bf16) {                                                                               \
+      const uint16_t *q_ = (const uint16_t *)(x) + (i);                                       \
+      (dst) = (sn__vd){(double)sn__bf16_to_f32(q_[0]), (double)sn__bf16_to_f32(q_[1]),        \
+                       (double)sn__bf16_to_f32(q_[2]), (double)sn__bf16_to_f32(q_[3]),        \
+                       (double)sn__bf16_to_f32(q_[4]), (double)sn__bf16_to_f32(q_[5]),        \
+                       (double)sn__bf16_to_f32(q_[6]), (double)sn__bf16_to_f32(q_[7])};       \
+    } else {                                                                                  \
+      SN_VLOAD_WIDEN(dst, (const float *)(x) + (i));                                          \
+    }                                                                                         \
+  } while (0)
+
+/* The byte address RED_PF_FLOATS·4 bytes (2 KiB) past element i of x (element size es):
+ * computed as an integer, as it may lie past the run. */
+#define RED_PF_AT(x, i, es) ((const char *)(uintptr_t)((uintptr_t)(x) + (uintptr_t)(i) * (es) + RED_PF_FLOATS * 4))
+
+/* NCHW run of one channel, x: [n] f32 or (bf16) bf16, continuing the chunk's lanes; `lane` is
+ * the lane of x[0]. acc: [2][SN_LANES]:  acc[0][l] += x − p,  acc[1][l] += (x − p)². */
+SN_INLINE void stats_run_impl(double *acc, const void *x, int64_t n, int lane, double p,
+                              int bf16) {
+  const uintptr_t es = bf16 ? 2 : 4;
   int64_t i = 0;
   for (; i < n && lane != 0; i++, lane = (lane + 1) & LANE_MASK) { /* up to lane 0 */
-    double v = (double)x[i] - p;
+    double v = (double)sn__load_w(x, bf16, i) - p;
     acc[lane] += v;
     acc[SN_LANES + lane] += v * v;
   }
@@ -34,17 +56,17 @@ SN_CLONES static void stats_run(double *acc, const float *x, int64_t n, int lane
     sn__vd s1, s2, v;
     SN_VLOAD(s1, acc);
     SN_VLOAD(s2, acc + SN_LANES);
-    for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line per step */
-      __builtin_prefetch(x + i + RED_PF_FLOATS, 0);
+    for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line per step (f32) */
+      __builtin_prefetch(RED_PF_AT(x, i, es), 0);
       for (int h = 0; h < 2; h++) {
-        SN_VLOAD_WIDEN(v, x + i + h * SN_LANES);
+        RED_VLOAD(v, x, i + h * SN_LANES, bf16);
         v -= p;
         s1 += v;
         s2 += v * v;
       }
     }
     for (; i + SN_LANES <= n; i += SN_LANES) {
-      SN_VLOAD_WIDEN(v, x + i);
+      RED_VLOAD(v, x, i, bf16);
       v -= p;
       s1 += v;
       s2 += v * v;
@@ -53,43 +75,52 @@ SN_CLONES static void stats_run(double *acc, const float *x, int64_t n, int lane
     SN_VSTORE(acc + SN_LANES, s2);
   }
   for (int k = 0; i < n; i++, k++) { /* tail, starting at lane 0 */
-    double v = (double)x[i] - p;
+    double v = (double)sn__load_w(x, bf16, i) - p;
     acc[k] += v;
     acc[SN_LANES + k] += v * v;
   }
 }
+SN_CLONES static void stats_run(double *acc, const float *x, int64_t n, int lane, double p) {
+  stats_run_impl(acc, x, n, lane, p, 0);
+}
+SN_CLONES static void stats_run_bf16(double *acc, const uint16_t *x, int64_t n, int lane,
+                                     double p) {
+  stats_run_impl(acc, x, n, lane, p, 1);
+}
 
-/* NCHW run of the backward sums, dy, x: [n]:  acc[0][l] += dy,  acc[1][l] += dy·(x − m).
+/* NCHW run of the backward sums, dy, x: [n] f32 or (bf16) bf16:  acc[0][l] += dy,
+ * acc[1][l] += dy·(x − m).
  * pf_l2: prefetch into L2 only (prefetcht1) rather than L1 too (prefetcht0). The fused backward
  * (sn_batchnorm_bwd), which reads the run again from L2 for dx, sets it where sn__pf_l2 does
  * (cpu.h): on the AMD EPYC host 0.81-0.90x the time ([32,64,56,56], [64,256,28,28], cold); the
  * sums alone, read once, were 1.11x slower with it (docs/BENCHMARKS.md, 2026-12-02 fifth
  * sitting). */
-SN_CLONES static void bwd_run(double *acc, const float *dy, const float *x, int64_t n, int lane,
-                              double m, int pf_l2) {
+SN_INLINE void bwd_run_impl(double *acc, const void *dy, const void *x, int64_t n, int lane,
+                            double m, int pf_l2, int bf16) {
+  const uintptr_t es = bf16 ? 2 : 4;
   int64_t i = 0;
   for (; i < n && lane != 0; i++, lane = (lane + 1) & LANE_MASK) {
-    double g = (double)dy[i];
+    double g = (double)sn__load_w(dy, bf16, i);
     acc[lane] += g;
-    acc[SN_LANES + lane] += g * ((double)x[i] - m);
+    acc[SN_LANES + lane] += g * ((double)sn__load_w(x, bf16, i) - m);
   }
   if (i + SN_LANES <= n) { /* whole lane groups, accumulators in registers */
     sn__vd s1, s2, g, v;
     SN_VLOAD(s1, acc);
     SN_VLOAD(s2, acc + SN_LANES);
     for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line of each per step */
-      SN_PF_READ(dy + i + RED_PF_FLOATS, pf_l2);
-      SN_PF_READ(x + i + RED_PF_FLOATS, pf_l2);
+      SN_PF_READ(RED_PF_AT(dy, i, es), pf_l2);
+      SN_PF_READ(RED_PF_AT(x, i, es), pf_l2);
       for (int h = 0; h < 2; h++) {
-        SN_VLOAD_WIDEN(g, dy + i + h * SN_LANES);
-        SN_VLOAD_WIDEN(v, x + i + h * SN_LANES);
+        RED_VLOAD(g, dy, i + h * SN_LANES, bf16);
+        RED_VLOAD(v, x, i + h * SN_LANES, bf16);
         s1 += g;
         s2 += g * (v - m);
       }
     }
     for (; i + SN_LANES <= n; i += SN_LANES) {
-      SN_VLOAD_WIDEN(g, dy + i);
-      SN_VLOAD_WIDEN(v, x + i);
+      RED_VLOAD(g, dy, i, bf16);
+      RED_VLOAD(v, x, i, bf16);
       s1 += g;
       s2 += g * (v - m);
     }
@@ -97,10 +128,18 @@ SN_CLONES static void bwd_run(double *acc, const float *dy, const float *x, int6
     SN_VSTORE(acc + SN_LANES, s2);
   }
   for (int k = 0; i < n; i++, k++) {
-    double g = (double)dy[i];
+    double g = (double)sn__load_w(dy, bf16, i);
     acc[k] += g;
-    acc[SN_LANES + k] += g * ((double)x[i] - m);
+    acc[SN_LANES + k] += g * ((double)sn__load_w(x, bf16, i) - m);
   }
+}
+SN_CLONES static void bwd_run(double *acc, const float *dy, const float *x, int64_t n, int lane,
+                              double m, int pf_l2) {
+  bwd_run_impl(acc, dy, x, n, lane, m, pf_l2, 0);
+}
+SN_CLONES static void bwd_run_bf16(double *acc, const uint16_t *dy, const uint16_t *x, int64_t n,
+                                   int lane, double m, int pf_l2) {
+  bwd_run_impl(acc, dy, x, n, lane, m, pf_l2, 1);
 }
 
 /* The NHWC row kernels hold 8 channels' accumulators as one sn__vd (norm_kernels.h), loaded
