@@ -1,8 +1,7 @@
 /*
- * bn_kernels.h — the BatchNorm reduction kernels of batchnorm.c (f32 in, fp64 lanes; the NCHW
- * runs also bf16 in, widened in registers): the NCHW
- * runs of one channel (stats_run, bwd_run) and the NHWC rows vectorized across channels
- * (stats_rows, bwd_rows and their grouped forms). The order of every sum is described at the
+ * bn_kernels.h — the BatchNorm reduction kernels of batchnorm.c (f32 in, fp64 lanes): the NCHW
+ * runs of one channel (stats_run, bwd_run; bf16 runs too, widened in registers) and the NHWC
+ * rows vectorized across channels (stats_rows, bwd_rows and their grouped forms). The order of every sum is described at the
  * top of batchnorm.c, which alone includes this file. Not installed; everything here is static
  * (target clones per including file, as norm_kernels.h).
  */
