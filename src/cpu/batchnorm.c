@@ -24,8 +24,10 @@
  *
  * Elementwise passes (apply, infer, bwd_apply) use the shared f32 maps of norm_kernels.h with
  * per-channel constants computed in fp64; NCHW is parallel over planes (split into pieces when
- * there are few), NHWC over blocks of rows. They never allocate: bf16/f16 go through stack tiles,
- * so apply and bwd_apply (which run after the all-reduce in SyncBatchNorm) cannot fail on memory.
+ * there are few), NHWC over blocks of rows. They never allocate: bf16 is read and written in
+ * pairs, f16 goes through stack tiles (the reductions' NCHW runs read bf16 as it is, f16 through
+ * tiles), so apply and bwd_apply (which run after the all-reduce in SyncBatchNorm) cannot fail
+ * on memory.
  */
 #include <math.h>
 #include <string.h>
