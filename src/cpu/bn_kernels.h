@@ -21,21 +21,6 @@ _Static_assert((SN_LANES & (SN_LANES - 1)) == 0, "SN_LANES must be a power of tw
  * restarts at every 4 KiB page) left the reductions at ~70 % of the read bandwidth. */
 #define RED_PF_FLOATS 512
 
-/* dst (sn__vd) = the SN_VD elements of x from element i, f32 or (bf16) bf16, widened: the same
- * values either way, so the same sums (the bf16 runs need no f32 tile). */
-#define RED_VLOAD(dst, x, i, bf16)                                                            \
-  do {                                                                                        \
-    if (bf16) {                                                                               \
-      const uint16_t *q_ = (const uint16_t *)(x) + (i);                                       \
-      (dst) = (sn__vd){(double)sn__bf16_to_f32(q_[0]), (double)sn__bf16_to_f32(q_[1]),        \
-                       (double)sn__bf16_to_f32(q_[2]), (double)sn__bf16_to_f32(q_[3]),        \
-                       (double)sn__bf16_to_f32(q_[4]), (double)sn__bf16_to_f32(q_[5]),        \
-                       (double)sn__bf16_to_f32(q_[6]), (double)sn__bf16_to_f32(q_[7])};       \
-    } else {                                                                                  \
-      SN_VLOAD_WIDEN(dst, (const float *)(x) + (i));                                          \
-    }                                                                                         \
-  } while (0)
-
 /* The byte address RED_PF_FLOATS·4 bytes (2 KiB) past element i of x (element size es):
  * computed as an integer, as it may lie past the run. */
 #define RED_PF_AT(x, i, es) ((const char *)(uintptr_t)((uintptr_t)(x) + (uintptr_t)(i) * (es) + RED_PF_FLOATS * 4))
@@ -58,14 +43,14 @@ SN_INLINE void stats_run_impl(double *acc, const void *x, int64_t n, int lane, d
     for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line per step (f32) */
       __builtin_prefetch(RED_PF_AT(x, i, es), 0);
       for (int h = 0; h < 2; h++) {
-        RED_VLOAD(v, x, i + h * SN_LANES, bf16);
+        SN_VLOAD_WIDEN_W(v, x, i + h * SN_LANES, bf16);
         v -= p;
         s1 += v;
         s2 += v * v;
       }
     }
     for (; i + SN_LANES <= n; i += SN_LANES) {
-      RED_VLOAD(v, x, i, bf16);
+      SN_VLOAD_WIDEN_W(v, x, i, bf16);
       v -= p;
       s1 += v;
       s2 += v * v;
@@ -111,15 +96,15 @@ SN_INLINE void bwd_run_impl(double *acc, const void *dy, const void *x, int64_t 
       SN_PF_READ(RED_PF_AT(dy, i, es), pf_l2);
       SN_PF_READ(RED_PF_AT(x, i, es), pf_l2);
       for (int h = 0; h < 2; h++) {
-        RED_VLOAD(g, dy, i + h * SN_LANES, bf16);
-        RED_VLOAD(v, x, i + h * SN_LANES, bf16);
+        SN_VLOAD_WIDEN_W(g, dy, i + h * SN_LANES, bf16);
+        SN_VLOAD_WIDEN_W(v, x, i + h * SN_LANES, bf16);
         s1 += g;
         s2 += g * (v - m);
       }
     }
     for (; i + SN_LANES <= n; i += SN_LANES) {
-      RED_VLOAD(g, dy, i, bf16);
-      RED_VLOAD(v, x, i, bf16);
+      SN_VLOAD_WIDEN_W(g, dy, i, bf16);
+      SN_VLOAD_WIDEN_W(v, x, i, bf16);
       s1 += g;
       s2 += g * (v - m);
     }

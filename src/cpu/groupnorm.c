@@ -137,20 +137,23 @@ SN_CLONES static void col_bwd(double *restrict sd, double *restrict sg, double *
   }
 }
 
-/* One contiguous run, SN_LANES lanes per sum (lane k gets elements i ≡ k mod SN_LANES):
- * acc[0][k] += d, acc[1][k] += dy, acc[2][k] += dy·d with d = x − m. */
-SN_CLONES static void run_bwd(double *acc, const float *dy, const float *x, int64_t n, double m) {
+/* One contiguous run, f32 or (bf16) bf16 widened in registers, SN_LANES lanes per sum (lane k
+ * gets elements i ≡ k mod SN_LANES): acc[0][k] += d, acc[1][k] += dy, acc[2][k] += dy·d with
+ * d = x − m. */
+SN_INLINE void run_bwd_impl(double *acc, const void *dy, const void *x, int64_t n, double m,
+                            int bf16) {
+  const uintptr_t es = bf16 ? 2 : 4, ahead = GN_PF_FLOATS * 4; /* prefetch 2 KiB ahead */
   sn__vd s1, s2, s3, d, g; /* lane k in element k, as the scalar tail below */
   SN_VLOAD(s1, acc);
   SN_VLOAD(s2, acc + SN_LANES);
   SN_VLOAD(s3, acc + 2 * SN_LANES);
   int64_t i = 0;
-  for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line of each per step */
-    __builtin_prefetch(dy + i + GN_PF_FLOATS, 0);
-    __builtin_prefetch(x + i + GN_PF_FLOATS, 0);
+  for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line of each per step (f32) */
+    __builtin_prefetch((const char *)(uintptr_t)((uintptr_t)dy + (uintptr_t)i * es + ahead), 0);
+    __builtin_prefetch((const char *)(uintptr_t)((uintptr_t)x + (uintptr_t)i * es + ahead), 0);
     for (int h = 0; h < 2; h++) {
-      SN_VLOAD_WIDEN(d, x + i + h * SN_LANES);
-      SN_VLOAD_WIDEN(g, dy + i + h * SN_LANES);
+      SN_VLOAD_WIDEN_W(d, x, i + h * SN_LANES, bf16);
+      SN_VLOAD_WIDEN_W(g, dy, i + h * SN_LANES, bf16);
       d -= m;
       s1 += d;
       s2 += g;
@@ -158,8 +161,8 @@ SN_CLONES static void run_bwd(double *acc, const float *dy, const float *x, int6
     }
   }
   for (; i + SN_LANES <= n; i += SN_LANES) {
-    SN_VLOAD_WIDEN(d, x + i);
-    SN_VLOAD_WIDEN(g, dy + i);
+    SN_VLOAD_WIDEN_W(d, x, i, bf16);
+    SN_VLOAD_WIDEN_W(g, dy, i, bf16);
     d -= m;
     s1 += d;
     s2 += g;
@@ -169,11 +172,18 @@ SN_CLONES static void run_bwd(double *acc, const float *dy, const float *x, int6
   SN_VSTORE(acc + SN_LANES, s2);
   SN_VSTORE(acc + 2 * SN_LANES, s3);
   for (int k = 0; i < n; i++, k++) {
-    double dd = (double)x[i] - m, gg = (double)dy[i];
+    double dd = (double)sn__load_w(x, bf16, i) - m, gg = (double)sn__load_w(dy, bf16, i);
     acc[k] += dd;
     acc[SN_LANES + k] += gg;
     acc[2 * SN_LANES + k] += gg * dd;
   }
+}
+SN_CLONES static void run_bwd(double *acc, const float *dy, const float *x, int64_t n, double m) {
+  run_bwd_impl(acc, dy, x, n, m, 0);
+}
+SN_CLONES static void run_bwd_bf16(double *acc, const uint16_t *dy, const uint16_t *x, int64_t n,
+                                   double m) {
+  run_bwd_impl(acc, dy, x, n, m, 1);
 }
 
 /* ---- contiguous runs of any dtype (NCHW) ------------------------------------------------------ */
@@ -210,6 +220,8 @@ static void span_bwd(double out[3], const void *dy, const void *x, int64_t off, 
   double acc[3 * SN_LANES] = {0};
   if (dtype == SN_DTYPE_F32) {
     run_bwd(acc, (const float *)dy + off, (const float *)x + off, n, m);
+  } else if (dtype == SN_DTYPE_BF16) { /* as is: the same sums as on f32 tiles */
+    run_bwd_bf16(acc, (const uint16_t *)dy + off, (const uint16_t *)x + off, n, m);
   } else {
     float tg[SN_TILE], tx[SN_TILE]; /* SN_TILE is a multiple of SN_LANES: lanes line up */
     for (int64_t i = 0; i < n; i += SN_TILE) {

@@ -65,6 +65,21 @@ _Static_assert(SN_VD == SN_LANES, "the contiguous-run reductions hold a lane gro
                      (double)p_[4], (double)p_[5], (double)p_[6], (double)p_[7]};             \
   } while (0)
 
+/* dst (sn__vd) = the SN_VD elements of x from element i, f32 or (bf16) bf16, widened: the same
+ * values either way, so the same sums (bf16 runs need no f32 tile). */
+#define SN_VLOAD_WIDEN_W(dst, x, i, bf16)                                                     \
+  do {                                                                                        \
+    if (bf16) {                                                                               \
+      const uint16_t *q_ = (const uint16_t *)(x) + (i);                                       \
+      (dst) = (sn__vd){(double)sn__bf16_to_f32(q_[0]), (double)sn__bf16_to_f32(q_[1]),        \
+                       (double)sn__bf16_to_f32(q_[2]), (double)sn__bf16_to_f32(q_[3]),        \
+                       (double)sn__bf16_to_f32(q_[4]), (double)sn__bf16_to_f32(q_[5]),        \
+                       (double)sn__bf16_to_f32(q_[6]), (double)sn__bf16_to_f32(q_[7])};       \
+    } else {                                                                                  \
+      SN_VLOAD_WIDEN(dst, (const float *)(x) + (i));                                          \
+    }                                                                                         \
+  } while (0)
+
 /* How far ahead the NHWC row reductions prefetch their input: 2 KiB, or one row if rows are
  * longer. The hardware prefetcher restarts at every 4 KiB page; as for the NCHW runs
  * (batchnorm.c, RED_PF_FLOATS), the reductions' add chains leave it behind. */
