@@ -173,20 +173,34 @@ static void reduce_nhwc(const red_t *op, double *part, double *scratch, int nt,
        * kernels: at 128 channels statistics 0.81-0.90x, backward sums 0.73-0.76x; at 64 warm
        * statistics 0.90x but cold 1.2-1.4x, backward sums 1.7x) */
       const int grouped = ls >= 128;
-      int64_t per = sn__rows_per_block(e - b, C, ct, dtype);
-      if (per > GROUP_ROWS && per < e - b) per -= per % GROUP_ROWS; /* blocks of whole groups */
-      int lane = 0;
-      for (int64_t r = b; r < e; r += per) {
-        const int64_t nr = sn__min64(per, e - r), off = r * C + c0, span = (nr - 1) * C + ct;
-        const int64_t ng = grouped && lane == 0 ? nr / GROUP_ROWS : 0, done = ng * GROUP_ROWS;
-        const float *pa = sn__in_row(op->a, off, span, dtype, ta);
+      if (dtype == SN_DTYPE_BF16) { /* the rows as they are (bn_kernels.h), as f32 in one block */
+        const int64_t ng = grouped ? (e - b) / GROUP_ROWS : 0, done = ng * GROUP_ROWS;
+        const uint16_t *pa = (const uint16_t *)op->a + b * C + c0;
         if (op->kind == RED_STATS) {
-          if (ng) stats_groups(l1, l2, ls, pa, ng, C, ct, shift);
-          lane = stats_rows(l1, l2, ls, pa + done * C, nr - done, C, ct, shift, lane);
+          if (ng) stats_groups_bf16(l1, l2, ls, pa, ng, C, ct, shift);
+          stats_rows_bf16(l1, l2, ls, pa + done * C, e - b - done, C, ct, shift, 0);
         } else {
-          const float *pb = sn__in_row(op->b, off, span, dtype, tb);
-          if (ng) bwd_groups(l1, l2, ls, pa, pb, ng, C, ct, shift);
-          lane = bwd_rows(l1, l2, ls, pa + done * C, pb + done * C, nr - done, C, ct, shift, lane);
+          const uint16_t *pb = (const uint16_t *)op->b + b * C + c0;
+          if (ng) bwd_groups_bf16(l1, l2, ls, pa, pb, ng, C, ct, shift);
+          bwd_rows_bf16(l1, l2, ls, pa + done * C, pb + done * C, e - b - done, C, ct, shift, 0);
+        }
+      } else {
+        int64_t per = sn__rows_per_block(e - b, C, ct, dtype);
+        if (per > GROUP_ROWS && per < e - b) per -= per % GROUP_ROWS; /* blocks of whole groups */
+        int lane = 0;
+        for (int64_t r = b; r < e; r += per) {
+          const int64_t nr = sn__min64(per, e - r), off = r * C + c0, span = (nr - 1) * C + ct;
+          const int64_t ng = grouped && lane == 0 ? nr / GROUP_ROWS : 0, done = ng * GROUP_ROWS;
+          const float *pa = sn__in_row(op->a, off, span, dtype, ta);
+          if (op->kind == RED_STATS) {
+            if (ng) stats_groups(l1, l2, ls, pa, ng, C, ct, shift);
+            lane = stats_rows(l1, l2, ls, pa + done * C, nr - done, C, ct, shift, lane);
+          } else {
+            const float *pb = sn__in_row(op->b, off, span, dtype, tb);
+            if (ng) bwd_groups(l1, l2, ls, pa, pb, ng, C, ct, shift);
+            lane = bwd_rows(l1, l2, ls, pa + done * C, pb + done * C, nr - done, C, ct, shift,
+                            lane);
+          }
         }
       }
       for (int64_t j = 0; j < ct; j++) { /* lanes in lane order, as in reduce_nchw */

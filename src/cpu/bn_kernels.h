@@ -130,32 +130,47 @@ SN_CLONES static void bwd_run_bf16(double *acc, const uint16_t *dy, const uint16
  * and stored whole: left to the auto-vectorizer, GCC split the stores of a lane row into 32-,
  * 16- and 8-byte pieces, which the next full-width loads of that lane row (8 rows later) could
  * not take from the store buffer, a stall per load. */
-/* NHWC rows, x: [nr, ld], first ct channels; row r goes to lane (lane + r) mod SN_LANES.
- * l1, l2: [SN_LANES][ls] accumulators (ls >= ct); p: [ct] shifts. Returns the next row's lane. */
-SN_CLONES static int stats_rows(double *restrict l1, double *restrict l2, int64_t ls,
-                                const float *x, int64_t nr, int64_t ld, int64_t ct,
-                                const double *restrict p, int lane) {
+/* NHWC rows, x: [nr, ld] f32 or (bf16) bf16, first ct channels; row r goes to lane
+ * (lane + r) mod SN_LANES. l1, l2: [SN_LANES][ls] accumulators (ls >= ct); p: [ct] shifts.
+ * Returns the next row's lane. */
+SN_INLINE int stats_rows_impl(double *restrict l1, double *restrict l2, int64_t ls,
+                              const void *x, int64_t nr, int64_t ld, int64_t ct,
+                              const double *restrict p, int lane, int bf16) {
+  const uintptr_t es = bf16 ? 2 : 4;
   for (int64_t r = 0; r < nr; r++, lane = (lane + 1) & LANE_MASK) {
-    sn__prefetch_ahead(x + r * ld, ld, ct);
-    sn__shifted_row(l1 + lane * ls, l2 + lane * ls, x + r * ld, ct, p);
+    const void *xr = (const char *)x + (uintptr_t)(r * ld) * es;
+    sn__prefetch_ahead_w(xr, ld, ct, es);
+    sn__shifted_row_w(l1 + lane * ls, l2 + lane * ls, xr, ct, p, bf16);
   }
   return lane;
 }
+SN_CLONES static int stats_rows(double *restrict l1, double *restrict l2, int64_t ls,
+                                const float *x, int64_t nr, int64_t ld, int64_t ct,
+                                const double *restrict p, int lane) {
+  return stats_rows_impl(l1, l2, ls, x, nr, ld, ct, p, lane, 0);
+}
+SN_CLONES static int stats_rows_bf16(double *restrict l1, double *restrict l2, int64_t ls,
+                                     const uint16_t *x, int64_t nr, int64_t ld, int64_t ct,
+                                     const double *restrict p, int lane) {
+  return stats_rows_impl(l1, l2, ls, x, nr, ld, ct, p, lane, 1);
+}
 
 /* NHWC rows of the backward sums: l1 += dy, l2 += dy·(x − m); m: [ct] means. */
-SN_CLONES static int bwd_rows(double *restrict l1, double *restrict l2, int64_t ls,
-                              const float *dy, const float *x, int64_t nr, int64_t ld, int64_t ct,
-                              const double *restrict m, int lane) {
+SN_INLINE int bwd_rows_impl(double *restrict l1, double *restrict l2, int64_t ls,
+                            const void *dy, const void *x, int64_t nr, int64_t ld, int64_t ct,
+                            const double *restrict m, int lane, int bf16) {
+  const uintptr_t es = bf16 ? 2 : 4;
   for (int64_t r = 0; r < nr; r++, lane = (lane + 1) & LANE_MASK) {
     double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
-    const float *gr = dy + r * ld, *xr = x + r * ld;
-    sn__prefetch_ahead(gr, ld, ct);
-    sn__prefetch_ahead(xr, ld, ct);
+    const void *gr = (const char *)dy + (uintptr_t)(r * ld) * es;
+    const void *xr = (const char *)x + (uintptr_t)(r * ld) * es;
+    sn__prefetch_ahead_w(gr, ld, ct, es);
+    sn__prefetch_ahead_w(xr, ld, ct, es);
     int64_t c = 0;
     for (; c + SN_VD <= ct; c += SN_VD) {
       sn__vd g, v, mc, a1, a2;
-      SN_VLOAD_WIDEN(g, gr + c);
-      SN_VLOAD_WIDEN(v, xr + c);
+      SN_VLOAD_WIDEN_W(g, gr, c, bf16);
+      SN_VLOAD_WIDEN_W(v, xr, c, bf16);
       SN_VLOAD(mc, m + c);
       SN_VLOAD(a1, s1 + c);
       SN_VLOAD(a2, s2 + c);
@@ -165,12 +180,22 @@ SN_CLONES static int bwd_rows(double *restrict l1, double *restrict l2, int64_t 
       SN_VSTORE(s2 + c, a2);
     }
     for (; c < ct; c++) {
-      double g = (double)gr[c];
+      double g = (double)sn__load_w(gr, bf16, c);
       s1[c] += g;
-      s2[c] += g * ((double)xr[c] - m[c]);
+      s2[c] += g * ((double)sn__load_w(xr, bf16, c) - m[c]);
     }
   }
   return lane;
+}
+SN_CLONES static int bwd_rows(double *restrict l1, double *restrict l2, int64_t ls,
+                              const float *dy, const float *x, int64_t nr, int64_t ld, int64_t ct,
+                              const double *restrict m, int lane) {
+  return bwd_rows_impl(l1, l2, ls, dy, x, nr, ld, ct, m, lane, 0);
+}
+SN_CLONES static int bwd_rows_bf16(double *restrict l1, double *restrict l2, int64_t ls,
+                                   const uint16_t *dy, const uint16_t *x, int64_t nr, int64_t ld,
+                                   int64_t ct, const double *restrict m, int lane) {
+  return bwd_rows_impl(l1, l2, ls, dy, x, nr, ld, ct, m, lane, 1);
 }
 
 /* The NHWC kernels above load and store a lane row of accumulators for every input row; with a
@@ -183,12 +208,13 @@ SN_CLONES static int bwd_rows(double *restrict l1, double *restrict l2, int64_t 
 #define GROUP_K 8
 #define GROUP_ROWS (GROUP_K * SN_LANES)
 
-/* ng groups of GROUP_ROWS rows of x: [ng·GROUP_ROWS, ld], first ct channels (as stats_rows). */
-SN_CLONES static void stats_groups(double *restrict l1, double *restrict l2, int64_t ls,
-                                   const float *x, int64_t ng, int64_t ld, int64_t ct,
-                                   const double *restrict p) {
+/* ng groups of GROUP_ROWS rows of x: [ng·GROUP_ROWS, ld], f32 or (bf16) bf16, first ct
+ * channels (as stats_rows). */
+SN_INLINE void stats_groups_impl(double *restrict l1, double *restrict l2, int64_t ls,
+                                 const void *x, int64_t ng, int64_t ld, int64_t ct,
+                                 const double *restrict p, int bf16) {
   for (int64_t gi = 0; gi < ng; gi++) {
-    const float *xg = x + gi * GROUP_ROWS * ld;
+    const int64_t xg = gi * GROUP_ROWS * ld; /* the group's first element */
     for (int lane = 0; lane < SN_LANES; lane++) {
       double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
       int64_t c = 0;
@@ -199,7 +225,7 @@ SN_CLONES static void stats_groups(double *restrict l1, double *restrict l2, int
         SN_VLOAD(pc, p + c);
 #pragma GCC unroll 8
         for (int m = 0; m < GROUP_K; m++) {
-          SN_VLOAD_WIDEN(v, xg + (m * SN_LANES + lane) * ld + c);
+          SN_VLOAD_WIDEN_W(v, x, xg + (m * SN_LANES + lane) * ld + c, bf16);
           v -= pc;
           a1 += v;
           a2 += v * v;
@@ -210,7 +236,7 @@ SN_CLONES static void stats_groups(double *restrict l1, double *restrict l2, int
       for (; c < ct; c++) {
         double a1 = s1[c], a2 = s2[c];
         for (int m = 0; m < GROUP_K; m++) {
-          double v = (double)xg[(m * SN_LANES + lane) * ld + c] - p[c];
+          double v = (double)sn__load_w(x, bf16, xg + (m * SN_LANES + lane) * ld + c) - p[c];
           a1 += v;
           a2 += v * v;
         }
@@ -219,13 +245,23 @@ SN_CLONES static void stats_groups(double *restrict l1, double *restrict l2, int
     }
   }
 }
+SN_CLONES static void stats_groups(double *restrict l1, double *restrict l2, int64_t ls,
+                                   const float *x, int64_t ng, int64_t ld, int64_t ct,
+                                   const double *restrict p) {
+  stats_groups_impl(l1, l2, ls, x, ng, ld, ct, p, 0);
+}
+SN_CLONES static void stats_groups_bf16(double *restrict l1, double *restrict l2, int64_t ls,
+                                        const uint16_t *x, int64_t ng, int64_t ld, int64_t ct,
+                                        const double *restrict p) {
+  stats_groups_impl(l1, l2, ls, x, ng, ld, ct, p, 1);
+}
 
 /* ng groups of GROUP_ROWS rows of the backward sums (as bwd_rows). */
-SN_CLONES static void bwd_groups(double *restrict l1, double *restrict l2, int64_t ls,
-                                 const float *dy, const float *x, int64_t ng, int64_t ld,
-                                 int64_t ct, const double *restrict m) {
+SN_INLINE void bwd_groups_impl(double *restrict l1, double *restrict l2, int64_t ls,
+                               const void *dy, const void *x, int64_t ng, int64_t ld, int64_t ct,
+                               const double *restrict m, int bf16) {
   for (int64_t gi = 0; gi < ng; gi++) {
-    const float *gg = dy + gi * GROUP_ROWS * ld, *xg = x + gi * GROUP_ROWS * ld;
+    const int64_t g0 = gi * GROUP_ROWS * ld; /* the group's first element */
     for (int lane = 0; lane < SN_LANES; lane++) {
       double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
       int64_t c = 0;
@@ -236,9 +272,9 @@ SN_CLONES static void bwd_groups(double *restrict l1, double *restrict l2, int64
         SN_VLOAD(mc, m + c);
 #pragma GCC unroll 8
         for (int j = 0; j < GROUP_K; j++) {
-          const int64_t o = (j * SN_LANES + lane) * ld + c;
-          SN_VLOAD_WIDEN(g, gg + o);
-          SN_VLOAD_WIDEN(v, xg + o);
+          const int64_t o = g0 + (j * SN_LANES + lane) * ld + c;
+          SN_VLOAD_WIDEN_W(g, dy, o, bf16);
+          SN_VLOAD_WIDEN_W(v, x, o, bf16);
           a1 += g;
           a2 += g * (v - mc);
         }
@@ -248,15 +284,25 @@ SN_CLONES static void bwd_groups(double *restrict l1, double *restrict l2, int64
       for (; c < ct; c++) {
         double a1 = s1[c], a2 = s2[c];
         for (int j = 0; j < GROUP_K; j++) {
-          const int64_t o = (j * SN_LANES + lane) * ld + c;
-          double g = (double)gg[o];
+          const int64_t o = g0 + (j * SN_LANES + lane) * ld + c;
+          double g = (double)sn__load_w(dy, bf16, o);
           a1 += g;
-          a2 += g * ((double)xg[o] - m[c]);
+          a2 += g * ((double)sn__load_w(x, bf16, o) - m[c]);
         }
         s1[c] = a1, s2[c] = a2;
       }
     }
   }
+}
+SN_CLONES static void bwd_groups(double *restrict l1, double *restrict l2, int64_t ls,
+                                 const float *dy, const float *x, int64_t ng, int64_t ld,
+                                 int64_t ct, const double *restrict m) {
+  bwd_groups_impl(l1, l2, ls, dy, x, ng, ld, ct, m, 0);
+}
+SN_CLONES static void bwd_groups_bf16(double *restrict l1, double *restrict l2, int64_t ls,
+                                      const uint16_t *dy, const uint16_t *x, int64_t ng,
+                                      int64_t ld, int64_t ct, const double *restrict m) {
+  bwd_groups_impl(l1, l2, ls, dy, x, ng, ld, ct, m, 1);
 }
 
 #endif /* SN_BN_KERNELS_H */

@@ -92,28 +92,37 @@ static inline uintptr_t sn__rows_ahead_bytes(int64_t ld, int64_t floats) {
   return (uintptr_t)(ahead * ld) * sizeof(float);
 }
 
-/* Prefetches for reading the first ct floats of the row SN_ROW_PF_FLOATS / ld rows (at least
- * one) after `row` in a tensor of rows ld floats apart: a line per 16 floats. Prefetches never
- * fault, so rows past the end cost nothing but the hint; their addresses are computed as
- * integers (a pointer past its array would be undefined behaviour). */
+/* Prefetches for reading the first ct elements of the row SN_ROW_PF_FLOATS / ld rows (at least
+ * one) after `row` in a tensor of rows ld elements of es bytes apart (f32: es = 4; bf16: 2): a
+ * line per 64 bytes. Prefetches never fault, so rows past the end cost nothing but the hint;
+ * their addresses are computed as integers (a pointer past its array would be undefined
+ * behaviour). */
+static inline __attribute__((always_inline)) void sn__prefetch_ahead_w(const void *row,
+                                                                       int64_t ld, int64_t ct,
+                                                                       uintptr_t es) {
+  const uintptr_t q = (uintptr_t)row + sn__rows_ahead_bytes(ld, SN_ROW_PF_FLOATS) / 4 * es;
+  for (int64_t c = 0; c < ct; c += (int64_t)(64 / es))
+    __builtin_prefetch((const void *)(q + (uintptr_t)c * es), 0);
+}
 static inline __attribute__((always_inline)) void sn__prefetch_ahead(const float *row, int64_t ld,
                                                                      int64_t ct) {
-  const uintptr_t q = (uintptr_t)row + sn__rows_ahead_bytes(ld, SN_ROW_PF_FLOATS);
-  for (int64_t c = 0; c < ct; c += 16) __builtin_prefetch((const void *)(q + (uintptr_t)c * 4), 0);
+  sn__prefetch_ahead_w(row, ld, ct, 4);
 }
 
 /* One row of per-channel shifted sums: s1[c] += x[c] − k[c], s2[c] += (x[c] − k[c])² (fp64),
- * c < ct; the accumulators an sn__vd at a time, loaded and stored whole. The row step of the
- * BatchNorm NHWC statistics (one lane row per input row) and of the GroupNorm NHWC one-pass
- * sums. Always inlined, so it vectorizes for the target clone that calls it. */
-static inline __attribute__((always_inline)) void sn__shifted_row(double *restrict s1,
-                                                                  double *restrict s2,
-                                                                  const float *x, int64_t ct,
-                                                                  const double *restrict k) {
+ * c < ct, x f32 or (bf16) bf16; the accumulators an sn__vd at a time, loaded and stored whole.
+ * The row step of the BatchNorm NHWC statistics (one lane row per input row) and of the
+ * GroupNorm NHWC one-pass sums. Always inlined, so it vectorizes for the target clone that
+ * calls it. */
+static inline __attribute__((always_inline)) void sn__shifted_row_w(double *restrict s1,
+                                                                    double *restrict s2,
+                                                                    const void *x, int64_t ct,
+                                                                    const double *restrict k,
+                                                                    int bf16) {
   int64_t c = 0;
   for (; c + SN_VD <= ct; c += SN_VD) {
     sn__vd v, kc, a1, a2;
-    SN_VLOAD_WIDEN(v, x + c);
+    SN_VLOAD_WIDEN_W(v, x, c, bf16);
     SN_VLOAD(kc, k + c);
     SN_VLOAD(a1, s1 + c);
     SN_VLOAD(a2, s2 + c);
@@ -124,10 +133,16 @@ static inline __attribute__((always_inline)) void sn__shifted_row(double *restri
     SN_VSTORE(s2 + c, a2);
   }
   for (; c < ct; c++) {
-    const double v = (double)x[c] - k[c];
+    const double v = (double)sn__load_w(x, bf16, c) - k[c];
     s1[c] += v;
     s2[c] += v * v;
   }
+}
+static inline __attribute__((always_inline)) void sn__shifted_row(double *restrict s1,
+                                                                  double *restrict s2,
+                                                                  const float *x, int64_t ct,
+                                                                  const double *restrict k) {
+  sn__shifted_row_w(s1, s2, x, ct, k, 0);
 }
 
 /* Per-channel constants of one NHWC channel tile (channel c0 + j at index j), each array
