@@ -55,32 +55,39 @@
  * stored whole (as batchnorm.c's NHWC row kernels: the auto-vectorized local-array version
  * stored them in pieces the next row's loads could not forward). */
 
+/* The column kernels below read rows of x (and dy) that are f32 or, with bf16, bf16 (widened in
+ * registers: the same values, so the same sums as on f32 tiles); es is the element size. Each
+ * is one inline body with an f32 and a bf16 target-clone wrapper. */
+#define GN_ROW(p, r, ld, es) ((const void *)((const char *)(p) + (uintptr_t)((r) * (ld)) * (es)))
+
 /* Column sums of rows: acc[c] += x[r·ld + c] for r < nr, c < ct (fp64). */
-SN_CLONES static void col_sum(double *restrict acc, const float *x, int64_t nr, int64_t ld,
-                              int64_t ct) {
+SN_INLINE void col_sum_impl(double *restrict acc, const void *x, int64_t nr, int64_t ld,
+                            int64_t ct, int bf16) {
+  const uintptr_t es = bf16 ? 2 : 4;
   for (int64_t r = 0; r < nr; r++) {
-    const float *xr = x + r * ld;
+    const void *xr = GN_ROW(x, r, ld, es);
     int64_t c = 0;
     for (; c + SN_VD <= ct; c += SN_VD) {
       sn__vd v, s;
-      SN_VLOAD_WIDEN(v, xr + c);
+      SN_VLOAD_WIDEN_W(v, xr, c, bf16);
       SN_VLOAD(s, acc + c);
       s += v;
       SN_VSTORE(acc + c, s);
     }
-    for (; c < ct; c++) acc[c] += (double)xr[c];
+    for (; c < ct; c++) acc[c] += (double)sn__load_w(xr, bf16, c);
   }
 }
 
 /* acc[c] += (x[r·ld + c] − m[c])² (fp64). */
-SN_CLONES static void col_sumsq(double *restrict acc, const float *x, int64_t nr, int64_t ld,
-                                int64_t ct, const double *restrict m) {
+SN_INLINE void col_sumsq_impl(double *restrict acc, const void *x, int64_t nr, int64_t ld,
+                              int64_t ct, const double *restrict m, int bf16) {
+  const uintptr_t es = bf16 ? 2 : 4;
   for (int64_t r = 0; r < nr; r++) {
-    const float *xr = x + r * ld;
+    const void *xr = GN_ROW(x, r, ld, es);
     int64_t c = 0;
     for (; c + SN_VD <= ct; c += SN_VD) {
       sn__vd v, mc, s;
-      SN_VLOAD_WIDEN(v, xr + c);
+      SN_VLOAD_WIDEN_W(v, xr, c, bf16);
       SN_VLOAD(mc, m + c);
       SN_VLOAD(s, acc + c);
       v -= mc;
@@ -88,34 +95,37 @@ SN_CLONES static void col_sumsq(double *restrict acc, const float *x, int64_t nr
       SN_VSTORE(acc + c, s);
     }
     for (; c < ct; c++) {
-      double v = (double)xr[c] - m[c];
+      double v = (double)sn__load_w(xr, bf16, c) - m[c];
       acc[c] += v * v;
     }
   }
 }
 
 /* Shifted column sums in one pass: s1[c] += x − k[c], s2[c] += (x − k[c])² (fp64). */
-SN_CLONES static void col_shifted(double *restrict s1, double *restrict s2, const float *x,
-                                  int64_t nr, int64_t ld, int64_t ct, const double *restrict k) {
+SN_INLINE void col_shifted_impl(double *restrict s1, double *restrict s2, const void *x,
+                                int64_t nr, int64_t ld, int64_t ct, const double *restrict k,
+                                int bf16) {
+  const uintptr_t es = bf16 ? 2 : 4;
   for (int64_t r = 0; r < nr; r++) {
-    sn__prefetch_ahead(x + r * ld, ld, ct);
-    sn__shifted_row(s1, s2, x + r * ld, ct, k);
+    sn__prefetch_ahead_w(GN_ROW(x, r, ld, es), ld, ct, es);
+    sn__shifted_row_w(s1, s2, GN_ROW(x, r, ld, es), ct, k, bf16);
   }
 }
 
 /* Backward column sums with d = x − m[c]: sd[c] += d, sg[c] += dy, sgd[c] += dy·d (fp64). */
-SN_CLONES static void col_bwd(double *restrict sd, double *restrict sg, double *restrict sgd,
-                              const float *dy, const float *x, int64_t nr, int64_t ld, int64_t ct,
-                              const double *restrict m) {
+SN_INLINE void col_bwd_impl(double *restrict sd, double *restrict sg, double *restrict sgd,
+                            const void *dy, const void *x, int64_t nr, int64_t ld, int64_t ct,
+                            const double *restrict m, int bf16) {
+  const uintptr_t es = bf16 ? 2 : 4;
   for (int64_t r = 0; r < nr; r++) {
-    const float *gr = dy + r * ld, *xr = x + r * ld;
-    sn__prefetch_ahead(gr, ld, ct);
-    sn__prefetch_ahead(xr, ld, ct);
+    const void *gr = GN_ROW(dy, r, ld, es), *xr = GN_ROW(x, r, ld, es);
+    sn__prefetch_ahead_w(gr, ld, ct, es);
+    sn__prefetch_ahead_w(xr, ld, ct, es);
     int64_t c = 0;
     for (; c + SN_VD <= ct; c += SN_VD) {
       sn__vd d, g, mc, a1, a2, a3;
-      SN_VLOAD_WIDEN(d, xr + c);
-      SN_VLOAD_WIDEN(g, gr + c);
+      SN_VLOAD_WIDEN_W(d, xr, c, bf16);
+      SN_VLOAD_WIDEN_W(g, gr, c, bf16);
       SN_VLOAD(mc, m + c);
       SN_VLOAD(a1, sd + c);
       SN_VLOAD(a2, sg + c);
@@ -129,12 +139,56 @@ SN_CLONES static void col_bwd(double *restrict sd, double *restrict sg, double *
       SN_VSTORE(sgd + c, a3);
     }
     for (; c < ct; c++) {
-      double d = (double)xr[c] - m[c], g = (double)gr[c];
+      double d = (double)sn__load_w(xr, bf16, c) - m[c], g = (double)sn__load_w(gr, bf16, c);
       sd[c] += d;
       sg[c] += g;
       sgd[c] += g * d;
     }
   }
+}
+
+/* Each column kernel as an f32 and a bf16 target-clone function. */
+#define GN_COL_CLONES(name, impl, params, args)                                               \
+  SN_CLONES static void name params { impl args; }
+GN_COL_CLONES(col_sum, col_sum_impl, (double *restrict acc, const void *x, int64_t nr, int64_t ld, int64_t ct),
+              (acc, x, nr, ld, ct, 0))
+GN_COL_CLONES(col_sum_bf16, col_sum_impl,
+              (double *restrict acc, const void *x, int64_t nr, int64_t ld, int64_t ct),
+              (acc, x, nr, ld, ct, 1))
+GN_COL_CLONES(col_sumsq, col_sumsq_impl,
+              (double *restrict acc, const void *x, int64_t nr, int64_t ld, int64_t ct,
+               const double *restrict m),
+              (acc, x, nr, ld, ct, m, 0))
+GN_COL_CLONES(col_sumsq_bf16, col_sumsq_impl,
+              (double *restrict acc, const void *x, int64_t nr, int64_t ld, int64_t ct,
+               const double *restrict m),
+              (acc, x, nr, ld, ct, m, 1))
+GN_COL_CLONES(col_shifted, col_shifted_impl,
+              (double *restrict s1, double *restrict s2, const void *x, int64_t nr, int64_t ld,
+               int64_t ct, const double *restrict k),
+              (s1, s2, x, nr, ld, ct, k, 0))
+GN_COL_CLONES(col_shifted_bf16, col_shifted_impl,
+              (double *restrict s1, double *restrict s2, const void *x, int64_t nr, int64_t ld,
+               int64_t ct, const double *restrict k),
+              (s1, s2, x, nr, ld, ct, k, 1))
+GN_COL_CLONES(col_bwd, col_bwd_impl,
+              (double *restrict sd, double *restrict sg, double *restrict sgd, const void *dy,
+               const void *x, int64_t nr, int64_t ld, int64_t ct, const double *restrict m),
+              (sd, sg, sgd, dy, x, nr, ld, ct, m, 0))
+GN_COL_CLONES(col_bwd_bf16, col_bwd_impl,
+              (double *restrict sd, double *restrict sg, double *restrict sgd, const void *dy,
+               const void *x, int64_t nr, int64_t ld, int64_t ct, const double *restrict m),
+              (sd, sg, sgd, dy, x, nr, ld, ct, m, 1))
+
+/* The column reductions of rows_reduce (kind as there) over nr rows of x (and dy), f32 or
+ * (bf16) bf16, from the tile's first channel: acc, m and x (dy) at that channel, the sums of
+ * kinds 2 and 3 C doubles apart. */
+static void col_reduce(int kind, double *acc, int64_t C, const void *dy, const void *x,
+                       const double *m, int64_t nr, int64_t ct, int bf16) {
+  if (kind == 0) (bf16 ? col_sum_bf16 : col_sum)(acc, x, nr, C, ct);
+  else if (kind == 1) (bf16 ? col_sumsq_bf16 : col_sumsq)(acc, x, nr, C, ct, m);
+  else if (kind == 3) (bf16 ? col_shifted_bf16 : col_shifted)(acc, acc + C, x, nr, C, ct, m);
+  else (bf16 ? col_bwd_bf16 : col_bwd)(acc, acc + C, acc + 2 * C, dy, x, nr, C, ct, m);
 }
 
 /* One contiguous run, f32 or (bf16) bf16 widened in registers, SN_LANES lanes per sum (lane k
@@ -248,20 +302,19 @@ static void rows_reduce(int kind, double *acc, const void *dy, const void *x, co
                         int64_t r0, int64_t r1, int64_t C, sn_dtype_t dtype) {
   float tg[SN_TILE], tx[SN_TILE];
   for (int64_t c0 = 0; c0 < C; c0 += SN_TILE_C) {
-    const int64_t ct = sn__min64(SN_TILE_C, C - c0), per = sn__rows_per_block(r1 - r0, C, ct, dtype);
+    const int64_t ct = sn__min64(SN_TILE_C, C - c0), off0 = r0 * C + c0;
+    const double *mc = m != NULL ? m + c0 : NULL;
+    if (dtype == SN_DTYPE_BF16) { /* the rows as they are: one call, no f32 tile */
+      col_reduce(kind, acc + c0, C, kind == 2 ? (const uint16_t *)dy + off0 : NULL,
+                 (const uint16_t *)x + off0, mc, r1 - r0, ct, 1);
+      continue;
+    }
+    const int64_t per = sn__rows_per_block(r1 - r0, C, ct, dtype);
     for (int64_t r = r0; r < r1; r += per) {
       const int64_t nr = sn__min64(per, r1 - r), off = r * C + c0, span = (nr - 1) * C + ct;
       const float *xb = sn__in_row(x, off, span, dtype, tx);
-      if (kind == 0) {
-        col_sum(acc + c0, xb, nr, C, ct);
-      } else if (kind == 1) {
-        col_sumsq(acc + c0, xb, nr, C, ct, m + c0);
-      } else if (kind == 3) {
-        col_shifted(acc + c0, acc + C + c0, xb, nr, C, ct, m + c0);
-      } else {
-        const float *gb = sn__in_row(dy, off, span, dtype, tg);
-        col_bwd(acc + c0, acc + C + c0, acc + 2 * C + c0, gb, xb, nr, C, ct, m + c0);
-      }
+      const float *gb = kind == 2 ? sn__in_row(dy, off, span, dtype, tg) : NULL;
+      col_reduce(kind, acc + c0, C, gb, xb, mc, nr, ct, 0);
     }
   }
 }

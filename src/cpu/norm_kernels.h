@@ -91,6 +91,11 @@ static inline uintptr_t sn__rows_ahead_bytes(int64_t ld, int64_t floats) {
   const int64_t ahead = ld >= floats ? 1 : floats / ld;
   return (uintptr_t)(ahead * ld) * sizeof(float);
 }
+/* The same distance in elements (of any size). */
+static inline uintptr_t sn__rows_ahead_elems(int64_t ld, int64_t floats) {
+  const int64_t ahead = ld >= floats ? 1 : floats / ld;
+  return (uintptr_t)(ahead * ld);
+}
 
 /* Prefetches for reading the first ct elements of the row SN_ROW_PF_FLOATS / ld rows (at least
  * one) after `row` in a tensor of rows ld elements of es bytes apart (f32: es = 4; bf16: 2): a
@@ -100,7 +105,7 @@ static inline uintptr_t sn__rows_ahead_bytes(int64_t ld, int64_t floats) {
 static inline __attribute__((always_inline)) void sn__prefetch_ahead_w(const void *row,
                                                                        int64_t ld, int64_t ct,
                                                                        uintptr_t es) {
-  const uintptr_t q = (uintptr_t)row + sn__rows_ahead_bytes(ld, SN_ROW_PF_FLOATS) / 4 * es;
+  const uintptr_t q = (uintptr_t)row + sn__rows_ahead_elems(ld, SN_ROW_PF_FLOATS) * es;
   for (int64_t c = 0; c < ct; c += (int64_t)(64 / es))
     __builtin_prefetch((const void *)(q + (uintptr_t)c * es), 0);
 }
