@@ -457,6 +457,17 @@ SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, void *sum_out, cons
     }                                                                                         \
   } while (0)
 
+/* a, b [SN_ROW_LANES] = the lanes ap, bp [SN_PAIR] of SN_SHIFTED32 (e's 16, then o's) put back
+ * in element order: lane 2m is ap[m], lane 2m + 1 is ap[SN_PAIR / 2 + m]. Both in one loop: two
+ * calls of sn__pair_lanes made GCC 12 compile the LayerNorm bf16 forward's statistics 2x slower
+ * (bench_ab, in cache and cold). */
+SN_INLINE void sn__pair_lanes2(double *a, double *b, const double *ap, const double *bp) {
+  for (int m = 0; m < SN_PAIR / 2; m++) {
+    a[2 * m] = ap[m], a[2 * m + 1] = ap[SN_PAIR / 2 + m];
+    b[2 * m] = bp[m], b[2 * m + 1] = bp[SN_PAIR / 2 + m];
+  }
+}
+
 /* sn__row_shifted_sums of a bf16 row x [n] (widen; no dst, res or sum_out), bitwise, with the
  * row read in pairs (sn__pair_widen): lanes 2m and 2m + 1 of the 32 are the even and odd halves
  * of word m, put back in order for the totals. next, out: as sn__row_shifted_sums', bf16. */
@@ -470,13 +481,8 @@ SN_INLINE void sn__row_shifted_sums_bf16(double s[2], const uint16_t *x, int64_t
     sn__pair_widen(&e, &o, x + i);
     SN_SHIFTED32(ap, bp, e, o, K);
   }
-  /* sn__pair_lanes in one loop for both: two calls of it made GCC 12 compile the LayerNorm bf16
-   * forward's statistics 2x slower (bench_ab, in cache and cold) */
   double a[SN_ROW_LANES], b[SN_ROW_LANES];
-  for (int m = 0; m < SN_PAIR / 2; m++) {
-    a[2 * m] = ap[m], a[2 * m + 1] = ap[SN_PAIR / 2 + m];
-    b[2 * m] = bp[m], b[2 * m + 1] = bp[SN_PAIR / 2 + m];
-  }
+  sn__pair_lanes2(a, b, ap, bp);
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
     const double t = (double)sn__bf16_to_f32(x[i]) - K;
     a[k] += t;
@@ -514,10 +520,7 @@ SN_INLINE void sn__row_shifted_sums_add_bf16(double s[2], uint16_t *sum_out, con
     SN_SHIFTED32(ap, bp, e, o, K);
   }
   double a[SN_ROW_LANES], b[SN_ROW_LANES];
-  for (int m = 0; m < SN_PAIR / 2; m++) {
-    a[2 * m] = ap[m], a[2 * m + 1] = ap[SN_PAIR / 2 + m];
-    b[2 * m] = bp[m], b[2 * m + 1] = bp[SN_PAIR / 2 + m];
-  }
+  sn__pair_lanes2(a, b, ap, bp);
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
     const double t = (double)sn__row_in(NULL, sum_out, x, res, 1, i) - K;
     a[k] += t;
