@@ -176,13 +176,15 @@ static void reduce_nhwc(const red_t *op, double *part, double *scratch, int nt,
       if (dtype == SN_DTYPE_BF16) { /* the rows as they are (bn_kernels.h), as f32 in one block */
         const int64_t ng = grouped ? (e - b) / GROUP_ROWS : 0, done = ng * GROUP_ROWS;
         const uint16_t *pa = (const uint16_t *)op->a + b * C + c0;
+        const int rest = e - b > done; /* rows after the groups (no pointer past the end) */
         if (op->kind == RED_STATS) {
           if (ng) stats_groups_bf16(l1, l2, ls, pa, ng, C, ct, shift);
-          stats_rows_bf16(l1, l2, ls, pa + done * C, e - b - done, C, ct, shift, 0);
+          if (rest) stats_rows_bf16(l1, l2, ls, pa + done * C, e - b - done, C, ct, shift, 0);
         } else {
           const uint16_t *pb = (const uint16_t *)op->b + b * C + c0;
           if (ng) bwd_groups_bf16(l1, l2, ls, pa, pb, ng, C, ct, shift);
-          bwd_rows_bf16(l1, l2, ls, pa + done * C, pb + done * C, e - b - done, C, ct, shift, 0);
+          if (rest)
+            bwd_rows_bf16(l1, l2, ls, pa + done * C, pb + done * C, e - b - done, C, ct, shift, 0);
         }
       } else {
         int64_t per = sn__rows_per_block(e - b, C, ct, dtype);

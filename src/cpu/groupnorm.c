@@ -377,7 +377,7 @@ static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const 
       } else if (dtype == SN_DTYPE_BF16) {
         const char *next = t + 1 < N * G ? (const char *)((const uint16_t *)x + off + L) : NULL;
         gn_group_stats_bf16(&mu, &rs, (const uint16_t *)x + off, L, eps, next,
-                            stream ? NULL : (char *)((uint16_t *)y + off));
+                            (char *)((uint16_t *)y + off)); /* bf16 maps never stream */
       } else {
         mu = span_sum(x, off, L, dtype) / (double)L;
         rs = 1.0 / sqrt(span_sumsq(x, off, L, mu, dtype) / (double)L + eps);
