@@ -46,8 +46,7 @@ typedef void (*sums_fn)(double s[2], uint16_t *sum_out, const uint16_t *x, const
 #define SUMS_VARIANTS(tag, attr)                                                              \
   attr static void pairs_##tag(double s[2], uint16_t *sum_out, const uint16_t *x,             \
                                const uint16_t *res, int64_t n, double K) {                    \
-    if (res == NULL) sn__row_shifted_sums_bf16(s, x, n, K, NULL, NULL);                       \
-    else sn__row_shifted_sums_add_bf16(s, sum_out, x, res, n, K, NULL, NULL, NULL);           \
+    sn__row_shifted_sums_bf16(s, sum_out, x, res, n, K, NULL, NULL, NULL);                    \
   }                                                                                           \
   attr static void generic_##tag(double s[2], uint16_t *sum_out, const uint16_t *x,           \
                                  const uint16_t *res, int64_t n, double K) {                  \

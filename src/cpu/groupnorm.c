@@ -352,10 +352,8 @@ SN_CLONES static void gn_group_stats_f32(double *mu, double *rs, const float *x,
  * bitwise the same as on the group widened to f32; next and out as there (bf16). */
 SN_CLONES static void gn_group_stats_bf16(double *mu, double *rs, const uint16_t *x, int64_t L,
                                           double eps, const char *next, char *out) {
-  const double K = sn__row_pivot(x, NULL, 1, L);
-  double sums[2], m2;
-  sn__row_shifted_sums_bf16(sums, x, L, K, next, out);
-  sn__row_stats_w(mu, &m2, x, 1, L, K, sums);
+  double m2;
+  sn__row_stats_bf16(mu, &m2, NULL, x, NULL, L, next, NULL, out);
   *rs = 1.0 / sqrt(m2 / (double)L + eps);
 }
 

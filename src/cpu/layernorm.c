@@ -232,12 +232,8 @@ SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *g
     }
     const int any = sn__any_sign(&neg);
     if (!any) { /* all finite: the rounding without the NaN case */
-      for (int q = 0; q < LN_PAIRS_PER_BLOCK; q++) {
-        sn__pu re = (sn__pu)ve[q], ro = (sn__pu)vo[q];
-        re = re + 0x7fffu + ((re >> 16) & 1u);
-        ro = ro + 0x7fffu + ((ro >> 16) & 1u);
-        sn__pair_join(y + i + q * SN_PAIR, &re, &ro, nt);
-      }
+      for (int q = 0; q < LN_PAIRS_PER_BLOCK; q++)
+        sn__pair_narrow_finite(y + i + q * SN_PAIR, &ve[q], &vo[q], nt);
       continue;
     }
     for (int64_t k = i; k < i + LN_MAP_BLOCK; k++) {
@@ -258,33 +254,28 @@ SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *g
 }
 
 /* The statistics of one bf16 row x [d] of sn_layernorm_fwd, bitwise ln_fwd_row's on the
- * widened row, with no f32 copy of the row: stats[0] = mean, stats[1] =
- * rstd (fp64), from the shifted sums with x widened in registers in pairs
- * (sn__row_shifted_sums_bf16; the two-pass fallback also reads the bf16 row). next, out: the
- * rows to prefetch (sn__row_shifted_sums; bf16). */
-SN_CLONES static void ln_stats_pairs(double stats[2], const uint16_t *x, int64_t d, float eps,
-                                     const char *next, char *out) {
-  const double K = sn__row_pivot(x, NULL, 1, d);
-  double sums[2], mean, m2;
-  sn__row_shifted_sums_bf16(sums, x, d, K, next, out);
-  sn__row_stats_w(&mean, &m2, x, 1, d, K, sums);
+ * widened row, with no f32 copy of the row: stats[0] = mean, stats[1] = rstd (fp64), from the
+ * shifted sums with x widened in registers in pairs (sn__row_stats_bf16; the two-pass
+ * fallback also reads the bf16 row). With res (sn_add_layernorm_fwd; NULL: none) of the
+ * residual sum x + res, rounded to bf16 and stored into sum_out [d] as it is summed. next,
+ * next_res: the next rows of x and res to prefetch, out: this row of y (NULL: none). Always
+ * inlined into ln_stats_pairs and ln_stats_add_pairs, which fix res. */
+SN_INLINE void ln_stats_impl(double stats[2], uint16_t *sum_out, const uint16_t *x,
+                             const uint16_t *res, int64_t d, float eps, const char *next,
+                             const char *next_res, char *out) {
+  double mean, m2;
+  sn__row_stats_bf16(&mean, &m2, sum_out, x, res, d, next, next_res, out);
   stats[0] = mean;
   stats[1] = 1.0 / sqrt(m2 / (double)d + (double)eps);
 }
-
-/* ln_stats_pairs of the residual sum of the bf16 rows x and res [d] of sn_add_layernorm_fwd,
- * rounded to bf16 and stored into sum_out [d] as it is summed (sn__row_shifted_sums_add_bf16):
- * bitwise the statistics of the generic path on the widened sum row. next, next_res: the next
- * rows of x and res to prefetch, out: this row of y (NULL: none). */
+SN_CLONES static void ln_stats_pairs(double stats[2], const uint16_t *x, int64_t d, float eps,
+                                     const char *next, char *out) {
+  ln_stats_impl(stats, NULL, x, NULL, d, eps, next, NULL, out);
+}
 SN_CLONES static void ln_stats_add_pairs(double stats[2], uint16_t *sum_out, const uint16_t *x,
                                          const uint16_t *res, int64_t d, float eps,
                                          const char *next, const char *next_res, char *out) {
-  const double K = sn__row_pivot(x, res, 1, d);
-  double sums[2], mean, m2;
-  sn__row_shifted_sums_add_bf16(sums, sum_out, x, res, d, K, next, next_res, out);
-  sn__row_stats_w(&mean, &m2, sum_out, 1, d, K, sums);
-  stats[0] = mean;
-  stats[1] = 1.0 / sqrt(m2 / (double)d + (double)eps);
+  ln_stats_impl(stats, sum_out, x, res, d, eps, next, next_res, out);
 }
 
 /* The map of that row into y [d] (bf16) from its stats (ln_stats_pairs), bitwise ln_fwd_row's
@@ -366,6 +357,24 @@ static int64_t ln_fwd_scratch(int64_t d, sn_dtype_t dtype) {
   return dtype == SN_DTYPE_F32 ? 0 : dtype == SN_DTYPE_BF16 ? d : 2 * d;
 }
 
+/* Rows of per_thread floats of the forwards' scratch: one per thread, and for bf16 two more
+ * for gamma and beta in pairs (ln_param_pairs). */
+static int64_t ln_fwd_scratch_rows(int threads, sn_dtype_t dtype) {
+  return threads + (dtype == SN_DTYPE_BF16 ? 2 : 0);
+}
+
+/* For bf16 rows: *gs, *bs = gamma, beta [d] in pair order (sn__to_pairs), written into the two
+ * scratch rows after the threads' (ln_fwd_scratch_rows); NULL where gamma or beta is, and for
+ * the other dtypes. */
+static void ln_param_pairs(float **gs, float **bs, float *scratch, int threads,
+                           int64_t per_thread, const float *gamma, const float *beta, int64_t d,
+                           sn_dtype_t dtype) {
+  *gs = NULL, *bs = NULL;
+  if (dtype != SN_DTYPE_BF16) return;
+  if (gamma != NULL) sn__to_pairs(*gs = scratch + (int64_t)threads * per_thread, gamma, d);
+  if (beta != NULL) sn__to_pairs(*bs = scratch + (int64_t)(threads + 1) * per_thread, beta, d);
+}
+
 sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
                              const float *gamma, const float *beta, int64_t rows, int64_t d,
                              float eps, sn_dtype_t dtype) {
@@ -385,8 +394,8 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
   sn_status_t st = SN_OK;
   float *scratch = NULL, *gs = NULL, *bs = NULL;
   if (per_thread > 0 &&
-      (scratch = sn__alloc(fn, threads + (dtype == SN_DTYPE_BF16 ? 2 : 0), per_thread,
-                           sizeof(float), &st)) == NULL)
+      (scratch = sn__alloc(fn, ln_fwd_scratch_rows(threads, dtype), per_thread, sizeof(float),
+                           &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
   st = sn__check_overlap(fn, "y", y, "x", x, n * sn_dtype_size(dtype), 1);
@@ -394,12 +403,7 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
     sn__free(scratch);
     return st;
   }
-  if (dtype == SN_DTYPE_BF16) {
-    gs = gamma != NULL ? scratch + (int64_t)threads * per_thread : NULL;
-    bs = beta != NULL ? scratch + (int64_t)(threads + 1) * per_thread : NULL;
-    if (gs != NULL) sn__to_pairs(gs, gamma, d);
-    if (bs != NULL) sn__to_pairs(bs, beta, d);
-  }
+  ln_param_pairs(&gs, &bs, scratch, threads, per_thread, gamma, beta, d, dtype);
 
   /* each thread one range of consecutive rows, as schedule(static) over the rows: the bf16
    * rows pipeline their statistics a row ahead within it (ln_fwd_rows_pairs) */
@@ -452,8 +456,8 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
   sn_status_t st = SN_OK;
   float *scratch = NULL, *gs = NULL, *bs = NULL;
   if (per_thread > 0 &&
-      (scratch = sn__alloc(fn, threads + (dtype == SN_DTYPE_BF16 ? 2 : 0), per_thread,
-                           sizeof(float), &st)) == NULL)
+      (scratch = sn__alloc(fn, ln_fwd_scratch_rows(threads, dtype), per_thread, sizeof(float),
+                           &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
   st = sn__check_fused_overlap(fn, y, sum_out, x, residual, n * sn_dtype_size(dtype));
@@ -461,12 +465,7 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
     sn__free(scratch);
     return st;
   }
-  if (dtype == SN_DTYPE_BF16) {
-    gs = gamma != NULL ? scratch + (int64_t)threads * per_thread : NULL;
-    bs = beta != NULL ? scratch + (int64_t)(threads + 1) * per_thread : NULL;
-    if (gs != NULL) sn__to_pairs(gs, gamma, d);
-    if (bs != NULL) sn__to_pairs(bs, beta, d);
-  }
+  ln_param_pairs(&gs, &bs, scratch, threads, per_thread, gamma, beta, d, dtype);
 
   const int stream = dtype == SN_DTYPE_F32 && sn__stream_out(n * esize); /* y of f32 rows */
 #pragma omp parallel

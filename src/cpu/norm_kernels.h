@@ -85,16 +85,15 @@ _Static_assert(SN_VD == SN_LANES, "the contiguous-run reductions hold a lane gro
  * (batchnorm.c, RED_PF_FLOATS), the reductions' add chains leave it behind. */
 #define SN_ROW_PF_FLOATS 512
 
-/* Bytes from a row to the row `floats` / ld rows (at least one) after it, in a tensor of rows
- * ld floats apart (ld = 1: a contiguous run, `floats` on): how far the prefetches below reach. */
-static inline uintptr_t sn__rows_ahead_bytes(int64_t ld, int64_t floats) {
-  const int64_t ahead = ld >= floats ? 1 : floats / ld;
-  return (uintptr_t)(ahead * ld) * sizeof(float);
-}
-/* The same distance in elements (of any size). */
+/* Elements from a row to the row `floats` / ld rows (at least one) after it, in a tensor of rows
+ * ld elements apart (ld = 1: a contiguous run, `floats` on): how far the prefetches below reach. */
 static inline uintptr_t sn__rows_ahead_elems(int64_t ld, int64_t floats) {
   const int64_t ahead = ld >= floats ? 1 : floats / ld;
   return (uintptr_t)(ahead * ld);
+}
+/* The same distance in bytes of f32 rows. */
+static inline uintptr_t sn__rows_ahead_bytes(int64_t ld, int64_t floats) {
+  return sn__rows_ahead_elems(ld, floats) * sizeof(float);
 }
 
 /* Prefetches for reading the first ct elements of the row SN_ROW_PF_FLOATS / ld rows (at least
@@ -590,6 +589,27 @@ SN_CLONES static inline void sn__aff_rows_chk(float *restrict y, const float *re
     }
 }
 
+/* The forward map of one bf16 value xb with its channel's constants, as sn__aff_run and, with
+ * chk, the checked map compute it (SN_CHK_FAILS against thr: (float)((x − md)·ad + b) in fp64),
+ * narrowed as sn__from_f32: the element-by-element path of the bf16 maps below. */
+static inline uint16_t sn__aff_val_bf16(uint16_t xb, float hi, float lo, float a, float b,
+                                        float thr, double md, double ad, int chk) {
+  const float xv = sn__bf16_to_f32(xb);
+  float v = ((xv - hi) - lo) * a + b;
+  if (chk && SN_CHK_FAILS(v, thr)) v = (float)(((double)xv - md) * ad + (double)b);
+  return sn__f32_to_bf16(v);
+}
+
+/* Whether any of the 32 values e, o of the checked bf16 maps may fail SN_CHK_FAILS: |v| below
+ * its lane's lim (the bits of max(thr, FLT_MIN), which order as the values) or above FLT_MAX
+ * (NaN included), on the bits of |v| (see sn__aff_run_bf16). */
+SN_INLINE int sn__pair_chk_flag(const sn__pf *e, const sn__pf *o, const sn__pi *lime,
+                                const sn__pi *limo) {
+  const sn__pi ue = (sn__pi)*e & 0x7fffffff, uo = (sn__pi)*o & 0x7fffffff;
+  const sn__pi neg = (ue - *lime) | (uo - *limo) | (0x7f7fffff - ue) | (0x7f7fffff - uo);
+  return sn__any_sign(&neg);
+}
+
 /* One channel's bf16 run x [n] into y [n] (bf16; y may equal x): v = ((x − hi) − lo)·a + b in
  * f32 narrowed as sn__from_f32, and with chk the checked map's failing elements (SN_CHK_FAILS
  * against thr) recomputed as (float)((x − md)·ad + b) in fp64: bitwise sn__aff_span and
@@ -603,8 +623,9 @@ SN_CLONES SN_UNUSED static void sn__aff_run_bf16(uint16_t *y, const uint16_t *x,
                                                  float hi, float lo, float a, float b, float thr,
                                                  double md, double ad, int chk) {
   const float tmin = thr > FLT_MIN ? thr : FLT_MIN;
-  int32_t lim;
-  memcpy(&lim, &tmin, sizeof lim);
+  int32_t lim1;
+  memcpy(&lim1, &tmin, sizeof lim1);
+  const sn__pi lim = (sn__pi){0} + lim1;
   int64_t i = 0;
   for (; i + SN_PAIR <= n; i += SN_PAIR) {
     sn__pf e, o;
@@ -613,30 +634,14 @@ SN_CLONES SN_UNUSED static void sn__aff_run_bf16(uint16_t *y, const uint16_t *x,
     o = ((o - hi) - lo) * a + b;
     if (!chk) {
       sn__pair_narrow(y + i, &e, &o, 0);
-      continue;
-    }
-    const sn__pi ue = (sn__pi)e & 0x7fffffff, uo = (sn__pi)o & 0x7fffffff;
-    const sn__pi neg = (ue - lim) | (uo - lim) | (0x7f7fffff - ue) | (0x7f7fffff - uo);
-    if (!sn__any_sign(&neg)) { /* every v normal, at least thr and finite: as sn__pair_round */
-      sn__pu re = (sn__pu)e, ro = (sn__pu)o;
-      re = re + 0x7fffu + ((re >> 16) & 1u);
-      ro = ro + 0x7fffu + ((ro >> 16) & 1u);
-      sn__pair_join(y + i, &re, &ro, 0);
-      continue;
-    }
-    for (int64_t k = i; k < i + SN_PAIR; k++) {
-      const float xv = sn__bf16_to_f32(x[k]);
-      float v = ((xv - hi) - lo) * a + b;
-      if (SN_CHK_FAILS(v, thr)) v = (float)(((double)xv - md) * ad + (double)b);
-      y[k] = sn__f32_to_bf16(v);
+    } else if (!sn__pair_chk_flag(&e, &o, &lim, &lim)) { /* every v normal, >= thr, finite */
+      sn__pair_narrow_finite(y + i, &e, &o, 0);
+    } else {
+      for (int64_t k = i; k < i + SN_PAIR; k++)
+        y[k] = sn__aff_val_bf16(x[k], hi, lo, a, b, thr, md, ad, 1);
     }
   }
-  for (; i < n; i++) {
-    const float xv = sn__bf16_to_f32(x[i]);
-    float v = ((xv - hi) - lo) * a + b;
-    if (chk && SN_CHK_FAILS(v, thr)) v = (float)(((double)xv - md) * ad + (double)b);
-    y[i] = sn__f32_to_bf16(v);
-  }
+  for (; i < n; i++) y[i] = sn__aff_val_bf16(x[i], hi, lo, a, b, thr, md, ad, chk);
 }
 
 /* ---- bf16 NHWC rows in pairs ------------------------------------------------------------- */
@@ -672,11 +677,8 @@ static inline void sn__tile_pairs_set(sn__tile_pairs_t *q, const sn__chan_tile_t
  * compute it (thr NULL: unchecked), narrowed as sn__from_f32. */
 static inline uint16_t sn__aff_elem_bf16(uint16_t xb, const sn__chan_tile_t *p, const float *thr,
                                          int64_t k) {
-  const float xv = sn__bf16_to_f32(xb);
-  float v = ((xv - p->hi[k]) - p->lo[k]) * p->a[k] + p->b[k];
-  if (thr != NULL && SN_CHK_FAILS(v, thr[k]))
-    v = (float)(((double)xv - p->m[k]) * p->ad[k] + (double)p->b[k]);
-  return sn__f32_to_bf16(v);
+  return sn__aff_val_bf16(xb, p->hi[k], p->lo[k], p->a[k], p->b[k], thr != NULL ? thr[k] : 0.0f,
+                          p->m[k], p->ad[k], thr != NULL);
 }
 
 /* The forward map of bf16 rows y, x [nr, ld] (first ct channels of each row; y may equal x)
@@ -706,17 +708,11 @@ SN_CLONES SN_UNUSED static void sn__aff_rows_bf16(uint16_t *y, const uint16_t *x
       }
       sn__pf me, mo; /* max(thr, FLT_MIN): its bits, as sn__aff_run_bf16's lim */
       sn__pair_load(&me, &mo, q->lim + j);
-      const sn__pi ue = (sn__pi)e & 0x7fffffff, uo = (sn__pi)o & 0x7fffffff;
-      const sn__pi neg = (ue - (sn__pi)me) | (uo - (sn__pi)mo) | (0x7f7fffff - ue) |
-                         (0x7f7fffff - uo);
-      if (!sn__any_sign(&neg)) {
-        sn__pu re = (sn__pu)e, ro = (sn__pu)o;
-        re = re + 0x7fffu + ((re >> 16) & 1u);
-        ro = ro + 0x7fffu + ((ro >> 16) & 1u);
-        sn__pair_join(yr + j, &re, &ro, 0);
-        continue;
-      }
-      for (int64_t k = j; k < j + SN_PAIR; k++) yr[k] = sn__aff_elem_bf16(xr[k], p, thr, k);
+      const sn__pi lime = (sn__pi)me, limo = (sn__pi)mo;
+      if (!sn__pair_chk_flag(&e, &o, &lime, &limo))
+        sn__pair_narrow_finite(yr + j, &e, &o, 0);
+      else
+        for (int64_t k = j; k < j + SN_PAIR; k++) yr[k] = sn__aff_elem_bf16(xr[k], p, thr, k);
     }
     for (; j < ct; j++) yr[j] = sn__aff_elem_bf16(xr[j], p, thr, j);
   }

@@ -142,6 +142,15 @@ SN_INLINE void sn__pair_narrow(uint16_t *p, const sn__pf *e, const sn__pf *o, in
   sn__pair_join(p, &re, &ro, nt);
 }
 
+/* The 32 bf16 values at p = e and o narrowed as sn__f32_to_bf16_finite: for values known to be
+ * finite (no NaN case in the rounding). */
+SN_INLINE void sn__pair_narrow_finite(uint16_t *p, const sn__pf *e, const sn__pf *o, int nt) {
+  sn__pu re = (sn__pu)*e, ro = (sn__pu)*o;
+  re = re + 0x7fffu + ((re >> 16) & 1u);
+  ro = ro + 0x7fffu + ((ro >> 16) & 1u);
+  sn__pair_join(p, &re, &ro, nt);
+}
+
 /* Whether any of the 16 int32 lanes of v is negative: its eight 64-bit words or-ed (a
  * reduction GCC 12 keeps short; its loops over the lanes of a vector value became 16 extracts). */
 SN_INLINE int sn__any_sign(const sn__pi *v) {
@@ -468,55 +477,35 @@ SN_INLINE void sn__pair_lanes2(double *a, double *b, const double *ap, const dou
   }
 }
 
-/* sn__row_shifted_sums of a bf16 row x [n] (widen; no dst, res or sum_out), bitwise, with the
- * row read in pairs (sn__pair_widen): lanes 2m and 2m + 1 of the 32 are the even and odd halves
- * of word m, put back in order for the totals. next, out: as sn__row_shifted_sums', bf16. */
-SN_INLINE void sn__row_shifted_sums_bf16(double s[2], const uint16_t *x, int64_t n, double K,
-                                         const char *next, char *out) {
+/* sn__row_shifted_sums of a bf16 row x [n] (widen; no dst), bitwise, with the row read in pairs
+ * (sn__pair_widen): lanes 2m and 2m + 1 of the 32 are the even and odd halves of word m, put back
+ * in order for the totals. With res (NULL: none) the row summed is the residual sum x + res,
+ * rounded to bf16 as sn__row_in rounds it and stored into sum_out [n] (which may equal x or
+ * res: a block is read before it is stored), also in pairs. next, out: as
+ * sn__row_shifted_sums' (x's next row and this row's output), next_res: the residual's next
+ * row (NULL: none), bf16. */
+SN_INLINE void sn__row_shifted_sums_bf16(double s[2], uint16_t *sum_out, const uint16_t *x,
+                                         const uint16_t *res, int64_t n, double K,
+                                         const char *next, const char *next_res, char *out) {
   double ap[SN_PAIR] = {0}, bp[SN_PAIR] = {0}; /* e's 16 lanes, then o's */
   int64_t i = 0;
   for (; i + SN_PAIR <= n; i += SN_PAIR) {
     sn__row_prefetch(next, out, i, 2);
     sn__pf e, o;
     sn__pair_widen(&e, &o, x + i);
-    SN_SHIFTED32(ap, bp, e, o, K);
-  }
-  double a[SN_ROW_LANES], b[SN_ROW_LANES];
-  sn__pair_lanes2(a, b, ap, bp);
-  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const double t = (double)sn__bf16_to_f32(x[i]) - K;
-    a[k] += t;
-    b[k] += t * t;
-  }
-  s[0] = sn__lanes_total(a);
-  s[1] = sn__lanes_total(b);
-}
-
-/* sn__row_shifted_sums_bf16 of the residual sum of two bf16 rows x, res [n], rounded to bf16
- * as sn__row_in rounds it and stored into sum_out [n] (which may equal x or res: a block is read
- * before it is stored): bitwise sn__row_shifted_sums(s, dst, sum_out, x, res, 1, n, K, ...), the
- * rows read and sum_out written in pairs. next, out: as sn__row_shifted_sums' (x's next row and
- * this row's output), next_res: the residual's next row (NULL: none), bf16. */
-SN_INLINE void sn__row_shifted_sums_add_bf16(double s[2], uint16_t *sum_out, const uint16_t *x,
-                                             const uint16_t *res, int64_t n, double K,
-                                             const char *next, const char *next_res,
-                                             char *out) {
-  double ap[SN_PAIR] = {0}, bp[SN_PAIR] = {0}; /* e's 16 lanes, then o's */
-  int64_t i = 0;
-  for (; i + SN_PAIR <= n; i += SN_PAIR) {
-    sn__row_prefetch(next, out, i, 2);
-    if (next_res != NULL) SN_PF_ROW_READ(next_res + i * 2);
-    sn__pf e, o, re, ro;
-    sn__pair_widen(&e, &o, x + i);
-    sn__pair_widen(&re, &ro, res + i);
-    e = e + re;
-    o = o + ro;
-    sn__pu qe, qo; /* the sums rounded to bf16 (bits in the high half), widened back below */
-    sn__pair_round(&qe, &e);
-    sn__pair_round(&qo, &o);
-    sn__pair_join(sum_out + i, &qe, &qo, 0);
-    e = (sn__pf)(qe & 0xffff0000u);
-    o = (sn__pf)(qo & 0xffff0000u);
+    if (res != NULL) {
+      if (next_res != NULL) SN_PF_ROW_READ(next_res + i * 2);
+      sn__pf re, ro;
+      sn__pair_widen(&re, &ro, res + i);
+      e = e + re;
+      o = o + ro;
+      sn__pu qe, qo; /* the sums rounded to bf16 (bits in the high half), widened back below */
+      sn__pair_round(&qe, &e);
+      sn__pair_round(&qo, &o);
+      sn__pair_join(sum_out + i, &qe, &qo, 0);
+      e = (sn__pf)(qe & 0xffff0000u);
+      o = (sn__pf)(qo & 0xffff0000u);
+    }
     SN_SHIFTED32(ap, bp, e, o, K);
   }
   double a[SN_ROW_LANES], b[SN_ROW_LANES];
@@ -664,6 +653,20 @@ SN_INLINE void sn__row_stats_w(double *mean, double *m2, const void *x, int wide
 SN_INLINE void sn__row_stats(double *mean, double *m2, const float *x, int64_t n, double K,
                              const double s[2]) {
   sn__row_stats_w(mean, m2, x, 0, n, K, s);
+}
+
+/* mean and M2 = Σ(x − mean)² (fp64) of the bf16 row x [n], or with res of its residual sum stored
+ * into sum_out, as sn__row_shifted_sums_bf16 (the same arguments): the pivot of its first values
+ * (sn__row_pivot), the shifted sums in pairs, and the two fp64 passes over the bf16 row where
+ * those cancel (sn__row_stats_w): bitwise the statistics of the widened row. The statistics
+ * step of the LayerNorm bf16 rows and the GroupNorm NCHW bf16 groups. */
+SN_INLINE void sn__row_stats_bf16(double *mean, double *m2, uint16_t *sum_out, const uint16_t *x,
+                                  const uint16_t *res, int64_t n, const char *next,
+                                  const char *next_res, char *out) {
+  const double K = sn__row_pivot(x, res, 1, n);
+  double sums[2];
+  sn__row_shifted_sums_bf16(sums, sum_out, x, res, n, K, next, next_res, out);
+  sn__row_stats_w(mean, m2, res != NULL ? sum_out : x, 1, n, K, sums);
 }
 
 /* s[i] = x[i] + r[i] in f32, one rounding; s may equal x or r. Cloned per ISA (each including
