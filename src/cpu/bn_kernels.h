@@ -136,11 +136,11 @@ SN_CLONES static void bwd_run_bf16(double *acc, const uint16_t *dy, const uint16
 SN_INLINE int stats_rows_impl(double *restrict l1, double *restrict l2, int64_t ls,
                               const void *x, int64_t nr, int64_t ld, int64_t ct,
                               const double *restrict p, int lane, int bf16) {
-  const uintptr_t es = bf16 ? 2 : 4;
+  const uintptr_t es = bf16 ? 2 : 4, ahead = sn__row_pf_ahead(ld, es);
   for (int64_t r = 0; r < nr; r++, lane = (lane + 1) & LANE_MASK) {
-    const void *xr = (const char *)x + (uintptr_t)(r * ld) * es;
-    sn__prefetch_ahead_w(xr, ld, ct, es);
-    sn__shifted_row_w(l1 + lane * ls, l2 + lane * ls, xr, ct, p, bf16);
+    const void *xr[1] = {(const char *)x + (uintptr_t)(r * ld) * es};
+    sn__prefetch_at(xr[0], ahead, ct, es);
+    sn__shifted_rows_w(l1 + lane * ls, l2 + lane * ls, xr, 1, ct, p, bf16);
   }
   return lane;
 }
@@ -159,13 +159,13 @@ SN_CLONES static int stats_rows_bf16(double *restrict l1, double *restrict l2, i
 SN_INLINE int bwd_rows_impl(double *restrict l1, double *restrict l2, int64_t ls,
                             const void *dy, const void *x, int64_t nr, int64_t ld, int64_t ct,
                             const double *restrict m, int lane, int bf16) {
-  const uintptr_t es = bf16 ? 2 : 4;
+  const uintptr_t es = bf16 ? 2 : 4, ahead = sn__row_pf_ahead(ld, es);
   for (int64_t r = 0; r < nr; r++, lane = (lane + 1) & LANE_MASK) {
     double *s1 = l1 + lane * ls, *s2 = l2 + lane * ls;
     const void *gr = (const char *)dy + (uintptr_t)(r * ld) * es;
     const void *xr = (const char *)x + (uintptr_t)(r * ld) * es;
-    sn__prefetch_ahead_w(gr, ld, ct, es);
-    sn__prefetch_ahead_w(xr, ld, ct, es);
+    sn__prefetch_at(gr, ahead, ct, es);
+    sn__prefetch_at(xr, ahead, ct, es);
     int64_t c = 0;
     for (; c + SN_VD <= ct; c += SN_VD) {
       sn__vd g, v, mc, a1, a2;

@@ -96,57 +96,57 @@ static inline uintptr_t sn__rows_ahead_bytes(int64_t ld, int64_t floats) {
   return sn__rows_ahead_elems(ld, floats) * sizeof(float);
 }
 
-/* Prefetches for reading the first ct elements of the row SN_ROW_PF_FLOATS / ld rows (at least
- * one) after `row` in a tensor of rows ld elements of es bytes apart (f32: es = 4; bf16: 2): a
- * line per 64 bytes. Prefetches never fault, so rows past the end cost nothing but the hint;
- * their addresses are computed as integers (a pointer past its array would be undefined
- * behaviour). */
-static inline __attribute__((always_inline)) void sn__prefetch_ahead_w(const void *row,
-                                                                       int64_t ld, int64_t ct,
-                                                                       uintptr_t es) {
-  const uintptr_t q = (uintptr_t)row + sn__rows_ahead_elems(ld, SN_ROW_PF_FLOATS) * es;
+/* Bytes from a row to the row SN_ROW_PF_FLOATS / ld rows (at least one) after it, in a tensor
+ * of rows ld elements of es bytes apart (f32: es = 4; bf16: 2): the distance of the NHWC row
+ * reductions' prefetches. Computed once per call, outside the row loop: GCC left the division
+ * of sn__rows_ahead_elems in the loop, a 64-bit idiv per row (bench_ab: 0.94-0.98x the time
+ * for some NHWC backward reductions at C = 64, 1.00 elsewhere). */
+static inline uintptr_t sn__row_pf_ahead(int64_t ld, uintptr_t es) {
+  return sn__rows_ahead_elems(ld, SN_ROW_PF_FLOATS) * es;
+}
+
+/* Prefetches for reading the first ct elements (es bytes each) of the row `ahead` bytes after
+ * `row` (sn__row_pf_ahead): a line per 64 bytes. Prefetches never fault, so rows past the end
+ * cost nothing but the hint; their addresses are computed as integers (a pointer past its array
+ * would be undefined behaviour). */
+static inline __attribute__((always_inline)) void sn__prefetch_at(const void *row,
+                                                                  uintptr_t ahead, int64_t ct,
+                                                                  uintptr_t es) {
+  const uintptr_t q = (uintptr_t)row + ahead;
   for (int64_t c = 0; c < ct; c += (int64_t)(64 / es))
     __builtin_prefetch((const void *)(q + (uintptr_t)c * es), 0);
 }
-static inline __attribute__((always_inline)) void sn__prefetch_ahead(const float *row, int64_t ld,
-                                                                     int64_t ct) {
-  sn__prefetch_ahead_w(row, ld, ct, 4);
-}
 
-/* One row of per-channel shifted sums: s1[c] += x[c] − k[c], s2[c] += (x[c] − k[c])² (fp64),
- * c < ct, x f32 or (bf16) bf16; the accumulators an sn__vd at a time, loaded and stored whole.
- * The row step of the BatchNorm NHWC statistics (one lane row per input row) and of the
- * GroupNorm NHWC one-pass sums. Always inlined, so it vectorizes for the target clone that
- * calls it. */
-static inline __attribute__((always_inline)) void sn__shifted_row_w(double *restrict s1,
-                                                                    double *restrict s2,
-                                                                    const void *x, int64_t ct,
-                                                                    const double *restrict k,
-                                                                    int bf16) {
+/* Per-channel shifted sums of the rows xr[0..B), in row order: s1[c] += x[c] − k[c],
+ * s2[c] += (x[c] − k[c])² (fp64), c < ct, x f32 or (bf16) bf16; the accumulators an sn__vd at a
+ * time, loaded once, added the B rows in registers and stored once, whole. B is a constant after
+ * inlining: 1 for the BatchNorm NHWC statistics (one lane row per input row), up to
+ * GN_ROW_BLOCK (groupnorm.c) for the GroupNorm NHWC one-pass sums. Always inlined, so it vectorizes for the
+ * target clone that calls it. */
+static inline __attribute__((always_inline)) void sn__shifted_rows_w(
+    double *restrict s1, double *restrict s2, const void *const *xr, int B, int64_t ct,
+    const double *restrict k, int bf16) {
   int64_t c = 0;
   for (; c + SN_VD <= ct; c += SN_VD) {
     sn__vd v, kc, a1, a2;
-    SN_VLOAD_WIDEN_W(v, x, c, bf16);
     SN_VLOAD(kc, k + c);
     SN_VLOAD(a1, s1 + c);
     SN_VLOAD(a2, s2 + c);
-    v -= kc;
-    a1 += v;
-    a2 += v * v;
+    for (int j = 0; j < B; j++) {
+      SN_VLOAD_WIDEN_W(v, xr[j], c, bf16);
+      v -= kc;
+      a1 += v;
+      a2 += v * v;
+    }
     SN_VSTORE(s1 + c, a1);
     SN_VSTORE(s2 + c, a2);
   }
-  for (; c < ct; c++) {
-    const double v = (double)sn__load_w(x, bf16, c) - k[c];
-    s1[c] += v;
-    s2[c] += v * v;
-  }
-}
-static inline __attribute__((always_inline)) void sn__shifted_row(double *restrict s1,
-                                                                  double *restrict s2,
-                                                                  const float *x, int64_t ct,
-                                                                  const double *restrict k) {
-  sn__shifted_row_w(s1, s2, x, ct, k, 0);
+  for (; c < ct; c++)
+    for (int j = 0; j < B; j++) {
+      const double v = (double)sn__load_w(xr[j], bf16, c) - k[c];
+      s1[c] += v;
+      s2[c] += v * v;
+    }
 }
 
 /* Per-channel constants of one NHWC channel tile (channel c0 + j at index j), each array
