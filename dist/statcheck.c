@@ -114,7 +114,10 @@ static int parse(int argc, char **argv, options_t *o) {
         if (!*optarg || *end || !(o->eps > 0) || isinf(o->eps)) return bad("eps", optarg);
         break;
       case 'r': if (!uint_ok(optarg, &o->seed)) return bad("seed", optarg); break;
-      case 't': o->tol = strtod(optarg, &end); if (*end || !(o->tol >= 0)) return bad("tol", optarg); break;
+      case 't': /* an empty value parsed as 0 (exact) before */
+        o->tol = strtod(optarg, &end);
+        if (!*optarg || *end || !(o->tol >= 0)) return bad("tol", optarg);
+        break;
       case 'x': o->exact = 1; break;
       case 'm':
         if (strcmp(optarg, "none") == 0) o->momentum = SN_MOMENTUM_CUMULATIVE;
