@@ -390,8 +390,9 @@ SN_API sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const
  * sums shifted by a pivot, the mean of the group's first 32 values (NCHW) or of each channel's
  * first 128 rows in the sample (NHWC, channels combined as M2 = Σ_c M2_c + S·(mean_c − mean)²),
  * as sn_layernorm_fwd, with two passes (Σx, then Σ(x − mean)²) where a pivot lies more than σ/2
- * from its mean or a value is not finite (bf16 NCHW: the same bits as f32 on the widened x);
- * f16 NCHW always two passes. y in f32 from them,
+ * from its mean or a value is not finite (bf16 NCHW, and f16 NCHW groups of up to 2^18 values,
+ * widened once into per-thread scratch: the same bits as f32 on the widened x); larger f16 NCHW
+ * groups always two passes. y in f32 from them,
  * in fp64 where f32 is not exact enough: bf16/f16 outputs where beta cancels x̂·gamma (each
  * output within 1 ulp of the exactly rounded value while |y| ≥ ~2^-30·|x̂·gamma|, the fp64
  * statistics' accuracy), groups whose mean is 2^103 or more, factors f32 cannot hold (as in

@@ -530,20 +530,23 @@ START_TEST(test_shift_fallback) {
 END_TEST
 
 /* NCHW bf16 groups take the f32 path's one-pass shifted sums, reading the group in pairs
- * (rownorm.h): mean and rstd bitwise those of the f32 kernel on the widened x, and y without
- * beta bitwise its y rounded to bf16 (the same f32 map). Groups of every length modulo the
- * 32-value pair block, and groups whose first 32 values are far from the rest, which take the
- * two-pass fallback (as test_shift_fallback in f32). */
-START_TEST(test_bf16_nchw_matches_f32) {
+ * (rownorm.h), and f16 groups of up to 2^18 values the same sums on the group widened once:
+ * mean and rstd bitwise those of the f32 kernel on the widened x, and y without beta bitwise its
+ * y rounded to the dtype (the same f32 map). Groups of every length modulo the 32-value pair
+ * block, and groups whose first 32 values are far from the rest, which take the two-pass
+ * fallback (as test_shift_fallback in f32). Loop index: 0 bf16, 1 f16. */
+static const sn_dtype_t lowp_dtypes[] = {SN_DTYPE_BF16, SN_DTYPE_F16};
+
+START_TEST(test_lowp_nchw_matches_f32) {
   static const int64_t shapes[][4] = {{3, 4, 1, 1},  {3, 4, 1, 4},   {2, 6, 7, 3},
                                       {2, 4, 49, 2}, {1, 8, 50, 1}, {2, 64, 33, 32}};
-  const sn_dtype_t dt = SN_DTYPE_BF16;
+  const sn_dtype_t dt = lowp_dtypes[_i];
   for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
     for (int fall = 0; fall < 2; fall++) {
       const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2],
                     G = shapes[is][3], T = N * C * S, L = C / G * S;
       tu_rng_t r;
-      tu_rng_seed(&r, 60 + 2 * (uint64_t)is + (uint64_t)fall);
+      tu_rng_seed(&r, 60 + 2 * (uint64_t)is + (uint64_t)fall + 100 * (uint64_t)_i);
       void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
       float *xf = falloc(T), *yf = falloc(T), *gamma = falloc(C), *beta = falloc(C);
       float m1[64], r1[64], mf[64], rf[64];
@@ -558,14 +561,49 @@ START_TEST(test_bf16_nchw_matches_f32) {
                                         SN_LAYOUT_NCHW, dt), SN_OK);
       ck_assert_int_eq(sn_groupnorm_fwd(yf, mf, rf, xf, gamma, NULL, N, C, S, G, EPS,
                                         SN_LAYOUT_NCHW, SN_DTYPE_F32), SN_OK);
-      tu_assert_bitwise(m1, mf, (size_t)(N * G) * sizeof(float), "bf16 mean vs f32 widened");
-      tu_assert_bitwise(r1, rf, (size_t)(N * G) * sizeof(float), "bf16 rstd vs f32 widened");
+      tu_assert_bitwise(m1, mf, (size_t)(N * G) * sizeof(float), "lowp mean vs f32 widened");
+      tu_assert_bitwise(r1, rf, (size_t)(N * G) * sizeof(float), "lowp rstd vs f32 widened");
       for (int64_t i = 0; i < T; i++)
         TU_CHECK(tu_get(y, i, dt) == tu_round(yf[i], dt),
-                 "shape %zu fallback %d: bf16 y[%lld] = %.9g, f32 y rounded %.9g", is, fall,
-                 (long long)i, tu_get(y, i, dt), tu_round(yf[i], dt));
+                 "dtype %d shape %zu fallback %d: y[%lld] = %.9g, f32 y rounded %.9g", (int)dt,
+                 is, fall, (long long)i, tu_get(y, i, dt), tu_round(yf[i], dt));
       free(x), free(y), free(xf), free(yf), free(gamma), free(beta);
     }
+}
+END_TEST
+
+/* f16 NCHW groups of more than 2^18 values keep the two passes over f32 tiles (no per-thread
+ * f32 copy of the group): mean and rstd within TOL_STAT_F32 of the f32 kernel's (each an fp64
+ * value rounded once), y within 1 ulp of its y rounded, with beta (the checked map); and a
+ * group of exactly 2^18 values, the largest widened one. */
+START_TEST(test_f16_nchw_large_group) {
+  static const int64_t sizes[][4] = {{1, 2, 131072, 1}, {1, 3, 100003, 1}}; /* L = 2^18, > */
+  const sn_dtype_t dt = SN_DTYPE_F16;
+  for (size_t is = 0; is < sizeof sizes / sizeof sizes[0]; is++) {
+    const int64_t N = sizes[is][0], C = sizes[is][1], S = sizes[is][2], G = sizes[is][3];
+    const int64_t T = N * C * S;
+    tu_rng_t r;
+    tu_rng_seed(&r, 91 + (uint64_t)is);
+    void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
+    float *xf = falloc(T), *yf = falloc(T), *gamma = falloc(C), *beta = falloc(C), m1, r1, mf, rf;
+    fill_gn(x, N, C, S, SN_LAYOUT_NCHW, dt, 3.0, 2.0, &r);
+    for (int64_t i = 0; i < T; i++) xf[i] = (float)tu_get(x, i, dt);
+    fill_params(gamma, beta, C, &r);
+    tu_poison(y, T, dt);
+    ck_assert_int_eq(sn_groupnorm_fwd(y, &m1, &r1, x, gamma, beta, N, C, S, G, EPS,
+                                      SN_LAYOUT_NCHW, dt), SN_OK);
+    ck_assert_int_eq(sn_groupnorm_fwd(yf, &mf, &rf, xf, gamma, beta, N, C, S, G, EPS,
+                                      SN_LAYOUT_NCHW, SN_DTYPE_F32), SN_OK);
+    TU_CHECK(fabs((double)m1 - mf) <= TOL_STAT_F32 * (fabs((double)mf) + 1.0 / rf),
+             "size %zu: mean %.9g vs %.9g", is, (double)m1, (double)mf);
+    TU_CHECK(fabs((double)r1 - rf) <= TOL_STAT_F32 * rf, "size %zu: rstd %.9g vs %.9g", is,
+             (double)r1, (double)rf);
+    for (int64_t i = 0; i < T; i++)
+      TU_CHECK(tu_ulp_diff(tu_get(y, i, dt), tu_round(yf[i], dt), dt) <= 1.0,
+               "size %zu: y[%lld] = %.9g, f32 y rounded %.9g", is, (long long)i,
+               tu_get(y, i, dt), tu_round(yf[i], dt));
+    free(x), free(y), free(xf), free(yf), free(gamma), free(beta);
+  }
 }
 END_TEST
 
@@ -764,7 +802,8 @@ int main(void) {
   tcase_add_test(tc, test_near_f32_max);
   tcase_add_test(tc, test_beta_cancels);
   tcase_add_test(tc, test_shift_fallback);
-  tcase_add_test(tc, test_bf16_nchw_matches_f32);
+  tcase_add_loop_test(tc, test_lowp_nchw_matches_f32, 0, 2);
+  tcase_add_test(tc, test_f16_nchw_large_group);
   tcase_add_test(tc, test_nhwc_pieces_threads);
   tcase_add_test(tc, test_layouts_inplace_threads);
   tcase_add_test(tc, test_empty_batch);

@@ -11,8 +11,10 @@
  *         reductions (f32: one shifted pass, k the mean of the group's first 32 values,
  *         SN_ROW_LANES fixed lanes, prefetching the next group and this group's output; bf16:
  *         the same pass reading the group in pairs, rownorm.h, bitwise the f32 pass on the
- *         widened group; f16: two passes over converted tiles) and writes its Cg output planes
- *         while the group is in cache.
+ *         widened group; f16: the f32 pass on the group widened once into per-thread scratch,
+ *         which the map then reads, for groups of up to GN_F16_WIDE_MAX values, two passes over
+ *         converted tiles for larger ones) and writes its Cg output planes while the group is
+ *         in cache.
  *   NHWC: a group is strided inside each row. Tasks are the N samples; per-channel column sums
  *         over the S rows (vectorized across channels, fp64), shifted by each channel's mean
  *         over the sample's first 128 rows, give each channel's mean and M2, combined into
@@ -414,13 +416,23 @@ SN_CLONES static void gn_group_stats_bf16(double *mu, double *rs, const uint16_t
   *rs = 1.0 / sqrt(m2 / (double)L + eps);
 }
 
+/* f16 NCHW groups of up to GN_F16_WIDE_MAX values are widened once into a per-thread f32 row
+ * (gn_fwd_nchw's wide), whose statistics are then the f32 groups' (one shifted pass; the same
+ * bits as f32 on the widened x) and which the map reads (sn__aff_span_from_f32): x is widened
+ * once instead of three times (two passes of sums and the map over f32 tiles), which larger
+ * groups still take. 2^18 floats: 1 MiB a thread. */
+#define GN_F16_WIDE_MAX ((int64_t)1 << 18)
+
+/* wide: f16 with groups of at most GN_F16_WIDE_MAX values, a thread's f32 row of wide_stride
+ * floats each; NULL otherwise. */
 static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const float *gamma,
                         const float *beta, int64_t N, int64_t C, int64_t S, int64_t G, double eps,
-                        sn_dtype_t dtype) {
+                        sn_dtype_t dtype, float *wide, int64_t wide_stride) {
   const int64_t Cg = C / G, L = Cg * S;
   const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
 #pragma omp parallel if (N * C * S >= SN_PAR_MIN)
   {
+    float *wf = wide != NULL ? wide + (int64_t)sn__thread_num() * wide_stride : NULL; /* [L] */
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < N * G; t++) {
       const int64_t n = t / G, g = t % G, off = (n * C + g * Cg) * S;
@@ -433,6 +445,9 @@ static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const 
         const char *next = t + 1 < N * G ? (const char *)((const uint16_t *)x + off + L) : NULL;
         gn_group_stats_bf16(&mu, &rs, (const uint16_t *)x + off, L, eps, next,
                             (char *)((uint16_t *)y + off)); /* bf16 maps never stream */
+      } else if (wf != NULL) {
+        sn__to_f32(wf, x, off, L, dtype);
+        gn_group_stats_f32(&mu, &rs, wf, L, eps, NULL, NULL);
       } else {
         mu = span_sum(x, off, L, dtype) / (double)L;
         rs = 1.0 / sqrt(span_sumsq(x, off, L, mu, dtype) / (double)L + eps);
@@ -442,7 +457,10 @@ static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const 
       for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
         sn__chan_k_t k;
         sn__chan_k_set(&k, mu, rs * (gamma ? (double)gamma[ch] : 1.0), beta ? beta[ch] : 0.0, 0.0);
-        if (beta != NULL && dtype != SN_DTYPE_F32) /* beta may cancel: the checked map */
+        if (wf != NULL) /* with beta the checked map, as below */
+          sn__aff_span_from_f32(y, (n * C + ch) * S, wf + (ch - g * Cg) * S, S, &k, dtype,
+                                beta != NULL);
+        else if (beta != NULL && dtype != SN_DTYPE_F32) /* beta may cancel: the checked map */
           sn__aff_span_chk(y, x, (n * C + ch) * S, S, &k, dtype);
         else
           sn__aff_span(y, x, (n * C + ch) * S, S, &k, dtype, stream);
@@ -680,7 +698,14 @@ sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x, c
   SN_TRY(sn__check_ptr(fn, "x", x));
   SN_TRY(sn__check_overlap(fn, "y", y, "x", x, rows * c * sn_dtype_size(dtype), 1));
   if (layout == SN_LAYOUT_NCHW) {
-    gn_fwd_nchw(y, mean, rstd, x, gamma, beta, n, c, s, groups, (double)eps, dtype);
+    const int64_t L = c / groups * s, stride = sn__line_stride(L, (int64_t)sizeof(float));
+    float *wide = NULL;
+    sn_status_t st;
+    if (dtype == SN_DTYPE_F16 && L <= GN_F16_WIDE_MAX &&
+        (wide = sn__alloc(fn, sn__max_threads(), stride, (int64_t)sizeof(float), &st)) == NULL)
+      return st;
+    gn_fwd_nchw(y, mean, rstd, x, gamma, beta, n, c, s, groups, (double)eps, dtype, wide, stride);
+    sn__free(wide);
     return SN_OK;
   }
   const int nt = sn__max_threads(), bt = sn__concurrent_threads(); /* bt <= nt */

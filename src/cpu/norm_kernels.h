@@ -770,6 +770,22 @@ static inline void sn__aff_span_chk(void *y, const void *x, int64_t off, int64_t
   }
 }
 
+/* The forward map of one channel's run [off, off + n) of x into a bf16/f16 y from the run
+ * already widened, xf [n] f32: sn__aff_span (chk = 0) or sn__aff_span_chk (chk = 1) without
+ * widening x again, through one f32 tile for y; the same bits as those. */
+static inline void sn__aff_span_from_f32(void *y, int64_t off, const float *xf, int64_t n,
+                                         const sn__chan_k_t *k, sn_dtype_t dtype, int chk) {
+  const float thr = chk ? sn__cancel_thr(k->b, dtype) : 0.0f;
+  float t[SN_TILE];
+  for (int64_t i = 0; i < n; i += SN_TILE) {
+    const int64_t m = sn__min64(SN_TILE, n - i);
+    if (k->f64) sn__aff_run_f64(t, xf + i, m, k->m, k->ad, k->bd);
+    else if (chk) sn__aff_run_chk(t, xf + i, m, k->hi, k->lo, k->a, k->b, thr, k->m, k->ad);
+    else sn__aff_run(t, xf + i, m, k->hi, k->lo, k->a, k->b, 0);
+    sn__from_f32(y, off + i, t, m, dtype);
+  }
+}
+
 /* sn__aff_rowspan for bf16/f16 outputs, checked (a tile with channels mapped in fp64: those
  * channels so, run by run, the others checked). */
 static inline void sn__aff_rowspan_chk(void *y, const void *x, int64_t r0, int64_t r1, int64_t ld,
