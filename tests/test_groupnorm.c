@@ -607,6 +607,50 @@ START_TEST(test_f16_nchw_large_group) {
 }
 END_TEST
 
+/* NHWC column sums add each channel's rows in row order, also where narrow rows are summed in
+ * blocks of 8 in registers (groupnorm.c, GN_ROW_BLOCK): rows 200, 201, 202 (one block) of
+ * channels 0 (in the vector part of the 9 channels) and 8 (the scalar tail) hold 2^60, -2^60 and
+ * 100, every other value is 0. In row order the fp64 sum is exactly 100 (2^60 - 2^60 first);
+ * any other order within the block adds 100 to ±2^60 first and loses it (ulp 256). So those
+ * channels' means are 100/S and the others' 0, and the group mean is their mean in channel order
+ * (gn_nhwc_stats); with the same pattern in dy and x = 0 the backward's dbeta is 100 at channels
+ * 0 and 8, 0 elsewhere. f32 and bf16 (both blocked at C = 9); one thread. */
+START_TEST(test_nhwc_row_order) {
+  static const sn_dtype_t dtypes[] = {SN_DTYPE_F32, SN_DTYPE_BF16};
+  const sn_dtype_t dt = dtypes[_i];
+  enum { C = 9 };
+  const int64_t N = 1, G = 1, S = 1000, T = N * C * S, hot[2] = {0, C - 1};
+  void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *dx = tu_alloc(T, dt);
+  float mean, rstd, dg[C], db[C];
+  for (int64_t i = 0; i < T; i++) tu_set(x, i, 0.0, dt), tu_set(dy, i, 0.0, dt);
+  const double pattern[3] = {0x1p60, -0x1p60, 100.0};
+  for (int h = 0; h < 2; h++)
+    for (int k = 0; k < 3; k++) tu_set(x, (200 + k) * C + hot[h], pattern[k], dt);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  tu_poison(y, T, dt);
+  ck_assert_int_eq(sn_groupnorm_fwd(y, &mean, &rstd, x, NULL, NULL, N, C, S, G, EPS,
+                                    SN_LAYOUT_NHWC, dt), SN_OK);
+  double want = 0.0; /* the channel means added in channel order, as gn_nhwc_stats */
+  for (int64_t ch = 0; ch < C; ch++) want += ch == hot[0] || ch == hot[1] ? 100.0 / (double)S : 0.0;
+  want /= (double)C;
+  TU_CHECK(mean == (float)want, "dtype %d: mean %.9g, the rows in order give %.9g", (int)dt,
+           (double)mean, want);
+  for (int64_t i = 0; i < T; i++) tu_set(x, i, 0.0, dt);
+  for (int h = 0; h < 2; h++)
+    for (int k = 0; k < 3; k++) tu_set(dy, (200 + k) * C + hot[h], pattern[k], dt);
+  tu_poison(dx, T, dt);
+  ck_assert_int_eq(sn_groupnorm_bwd(dx, dg, db, dy, x, &mean, &rstd, NULL, N, C, S, G,
+                                    SN_LAYOUT_NHWC, dt), SN_OK);
+  omp_set_num_threads(saved);
+  for (int64_t ch = 0; ch < C; ch++)
+    TU_CHECK(db[ch] == (ch == hot[0] || ch == hot[1] ? 100.0f : 0.0f),
+             "dtype %d: dbeta[%lld] = %.9g, in row order %g", (int)dt, (long long)ch,
+             (double)db[ch], ch == hot[0] || ch == hot[1] ? 100.0 : 0.0);
+  free(x), free(y), free(dy), free(dx);
+}
+END_TEST
+
 /* NHWC sums a sample in fixed pieces of rows and adds the pieces in order, whichever thread
  * summed which (a team shares the sample when it has fewer samples than threads), forward and
  * backward. Here the order shows (channel 0 below); 1, 2 and 3 threads must give the same bits
@@ -804,6 +848,7 @@ int main(void) {
   tcase_add_test(tc, test_shift_fallback);
   tcase_add_loop_test(tc, test_lowp_nchw_matches_f32, 0, 2);
   tcase_add_test(tc, test_f16_nchw_large_group);
+  tcase_add_loop_test(tc, test_nhwc_row_order, 0, 2);
   tcase_add_test(tc, test_nhwc_pieces_threads);
   tcase_add_test(tc, test_layouts_inplace_threads);
   tcase_add_test(tc, test_empty_batch);

@@ -103,22 +103,23 @@ SN_INLINE void col_sumsq_impl(double *restrict acc, const void *x, int64_t nr, i
   }
 }
 
-/* Rows per block of the one-pass column kernels (col_shifted_impl, col_bwd_impl) where a row's
- * inputs (the channels of one call, of x, and of dy in the backward) are at most
- * GN_BLOCK_ROW_BYTES: a block's rows are added into each vector of channel sums in registers,
- * in row order (the same bits as a row at a time), so the sums are loaded and stored once per
- * block rather than once per row. For narrow rows those loads and stores, two or three of each
- * per 8 channels per row, set the pace: the GroupNorm NHWC forward took 0.80-0.87x the time at
- * C = 32 and 64, the backward 0.80-0.92x at C = 32 and (bf16) 64 (bench_ab, cold, 2 threads).
- * Wider rows keep a row at a time: there the pass waits on memory, and blocks of 8 rows read
- * side by side took 1.02-1.08x (forward, C = 256 f32; backward, C = 64 f32). */
+/* Rows per block of the one-pass column kernels (col_shifted_impl, col_bwd_impl) where a whole
+ * row of the inputs (all C channels of x, and of dy in the backward; f16 as its f32 tile) is at
+ * most GN_BLOCK_ROW_BYTES: a block's rows are added into each vector of channel sums in
+ * registers, in row order (the same bits as a row at a time), so the sums are loaded and stored
+ * once per block rather than once per row. For narrow rows those loads and stores, two or three
+ * of each per 8 channels per row, set the pace: the GroupNorm NHWC forward took 0.80-0.89x the
+ * time at C = 32 and 64, the backward 0.80-0.92x at C = 32 and (bf16) 64 (bench_ab, cold, 2
+ * threads). Wider rows keep a row at a time, also in a narrow last channel tile: there the pass
+ * waits on memory, and blocks of 8 rows read side by side took 1.02-1.08x (forward, C = 256
+ * f32; backward, C = 64 f32). */
 #define GN_ROW_BLOCK 8
 #define GN_BLOCK_ROW_BYTES 256
 
-/* Rows in a block of the column kernels: GN_ROW_BLOCK for narrow rows (ct elements of es bytes
+/* Rows in a block of the column kernels: GN_ROW_BLOCK for narrow rows (ld elements of es bytes
  * from each of `inputs` tensors, GN_BLOCK_ROW_BYTES in all), else 1. */
-static inline int64_t gn_row_block(int64_t ct, uintptr_t es, int64_t inputs) {
-  return inputs * ct * (int64_t)es <= GN_BLOCK_ROW_BYTES ? GN_ROW_BLOCK : 1;
+static inline int64_t gn_row_block(int64_t ld, uintptr_t es, int64_t inputs) {
+  return inputs * ld * (int64_t)es <= GN_BLOCK_ROW_BYTES ? GN_ROW_BLOCK : 1;
 }
 
 /* Shifted column sums in one pass: s1[c] += x − k[c], s2[c] += (x − k[c])² (fp64), the rows in
@@ -130,7 +131,7 @@ SN_INLINE void col_shifted_impl(double *restrict s1, double *restrict s2, const 
   const uintptr_t es = bf16 ? 2 : 4, ahead = sn__row_pf_ahead(ld, es);
   const uintptr_t ahead_b = ahead + (uintptr_t)(GN_ROW_BLOCK - 1) * (uintptr_t)ld * es;
   int64_t r = 0;
-  if (gn_row_block(ct, es, 1) > 1)
+  if (gn_row_block(ld, es, 1) > 1)
     for (; r + GN_ROW_BLOCK <= nr; r += GN_ROW_BLOCK) {
       const void *xr[GN_ROW_BLOCK];
       for (int j = 0; j < GN_ROW_BLOCK; j++) {
@@ -188,7 +189,7 @@ SN_INLINE void col_bwd_impl(double *restrict sd, double *restrict sg, double *re
   const uintptr_t es = bf16 ? 2 : 4, ahead = sn__row_pf_ahead(ld, es);
   const uintptr_t ahead_b = ahead + (uintptr_t)(GN_ROW_BLOCK - 1) * (uintptr_t)ld * es;
   int64_t r = 0;
-  if (gn_row_block(ct, es, 2) > 1)
+  if (gn_row_block(ld, es, 2) > 1)
     for (; r + GN_ROW_BLOCK <= nr; r += GN_ROW_BLOCK) {
       const void *gr[GN_ROW_BLOCK], *xr[GN_ROW_BLOCK];
       for (int j = 0; j < GN_ROW_BLOCK; j++) {

@@ -121,8 +121,8 @@ static inline __attribute__((always_inline)) void sn__prefetch_at(const void *ro
  * s2[c] += (x[c] − k[c])² (fp64), c < ct, x f32 or (bf16) bf16; the accumulators an sn__vd at a
  * time, loaded once, added the B rows in registers and stored once, whole. B is a constant after
  * inlining: 1 for the BatchNorm NHWC statistics (one lane row per input row), up to
- * GN_ROW_BLOCK (groupnorm.c) for the GroupNorm NHWC one-pass sums. Always inlined, so it vectorizes for the
- * target clone that calls it. */
+ * GN_ROW_BLOCK (groupnorm.c) for the GroupNorm NHWC one-pass sums. Always inlined, so it
+ * vectorizes for the target clone that calls it. */
 static inline __attribute__((always_inline)) void sn__shifted_rows_w(
     double *restrict s1, double *restrict s2, const void *const *xr, int B, int64_t ct,
     const double *restrict k, int bf16) {
