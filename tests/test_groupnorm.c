@@ -493,6 +493,46 @@ START_TEST(test_near_f32_max) {
 }
 END_TEST
 
+/* A channel whose factor gamma·rstd leaves the f32 range is mapped in fp64, in every dtype and
+ * layout (f16 NCHW: from its widened group, sn__aff_span_from_f32): group 0 of each sample is
+ * constant (var 0, rstd = 1/sqrt(eps)) and gamma[0] = 3e38, so gamma·rstd ≈ 9.5e40 while
+ * x − mean = 0 and y = beta exactly (the f32 map would give 0·inf = NaN); channel 1 of the group
+ * takes a gamma of 2^-140 (a subnormal f32 factor); group 1 is ordinary. Without and with beta
+ * (with it, bf16/f16 take the checked map, which recomputes a NaN in fp64 anyway). y against the
+ * fp64 reference (1 ulp, all finite). */
+START_TEST(test_wide_factor_channels) {
+  const int64_t N = 3, C = 4, G = 2, S = 300, T = N * C * S;
+  tu_rng_t r;
+  tu_rng_seed(&r, 47);
+  for (int il = 0; il < 2; il++)
+    for (int id = 0; id < 6; id++) { /* dtype id % 3; beta from id = 3 (bf16/f16: checked map) */
+      const sn_layout_t lay = LAYOUTS[il];
+      const sn_dtype_t dt = DTYPES[id % 3];
+      void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
+      float *gamma = falloc(C), *beta = falloc(C), *mean = falloc(N * G), *rstd = falloc(N * G);
+      double *yr = dalloc(T), *rm = dalloc(N * G), *rr = dalloc(N * G);
+      fill_gn(x, N, C, S, lay, dt, 1.0, 1.5, &r);
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C / G; c++)
+          for (int64_t ss = 0; ss < S; ss++) tu_set(x, at(lay, n, c, ss, C, S), 1.5, dt);
+      fill_params(gamma, beta, C, &r);
+      gamma[0] = 3e38f, gamma[1] = 0x1p-140f;
+      double *xd = as_f64(x, T, dt);
+      char what[96];
+      const float *b = id >= 3 ? beta : NULL;
+      snprintf(what, sizeof what, "wide factors %s %s%s", LNAME[il], tu_dtype_name[dt],
+               b ? " beta" : "");
+      tu_poison(y, T, dt);
+      ck_assert_int_eq(sn_groupnorm_fwd(y, mean, rstd, x, gamma, b, N, C, S, G, EPS, lay, dt),
+                       SN_OK);
+      ref_fwd(yr, rm, rr, xd, gamma, b, N, C, S, G, lay, EPS);
+      tu_assert_fwd(y, dt, yr, T, what);
+      free(x), free(y), free(gamma), free(beta), free(mean), free(rstd), free(yr), free(rm);
+      free(rr), free(xd);
+    }
+}
+END_TEST
+
 /* The one-pass statistics' fallback on a large group: 2^21 values (N = 1, C = 2, G = 1,
  * S = 2^20), constant but for 32 values at 1.7 that pull the pivots (NCHW: the mean of the
  * group's first 32 values; NHWC: of each channel's first 128 rows) far off the mean (ρ ≈ 2^15
@@ -534,12 +574,15 @@ END_TEST
  * mean and rstd bitwise those of the f32 kernel on the widened x, and y without beta bitwise its
  * y rounded to the dtype (the same f32 map). Groups of every length modulo the 32-value pair
  * block, and groups whose first 32 values are far from the rest, which take the two-pass
- * fallback (as test_shift_fallback in f32). Loop index: 0 bf16, 1 f16. */
+ * fallback (as test_shift_fallback in f32), on one thread and on a team. (For finite f16 data
+ * the two fp64 passes that f16 took before agree with these statistics to the last f32 bit, so
+ * this checks the promise, not which sums ran.) Loop index: 0 bf16, 1 f16. */
 static const sn_dtype_t lowp_dtypes[] = {SN_DTYPE_BF16, SN_DTYPE_F16};
 
 START_TEST(test_lowp_nchw_matches_f32) {
-  static const int64_t shapes[][4] = {{3, 4, 1, 1},  {3, 4, 1, 4},   {2, 6, 7, 3},
-                                      {2, 4, 49, 2}, {1, 8, 50, 1}, {2, 64, 33, 32}};
+  static const int64_t shapes[][4] = {{3, 4, 1, 1},  {3, 4, 1, 4},  {2, 6, 7, 3},
+                                      {2, 4, 49, 2}, {1, 8, 50, 1}, {2, 64, 33, 32},
+                                      {4, 8, 2050, 4}}; /* the last: 16 groups, on the team */
   const sn_dtype_t dt = lowp_dtypes[_i];
   for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
     for (int fall = 0; fall < 2; fall++) {
@@ -572,10 +615,10 @@ START_TEST(test_lowp_nchw_matches_f32) {
 }
 END_TEST
 
-/* f16 NCHW groups of more than 2^18 values keep the two passes over f32 tiles (no per-thread
- * f32 copy of the group): mean and rstd within TOL_STAT_F32 of the f32 kernel's (each an fp64
- * value rounded once), y within 1 ulp of its y rounded, with beta (the checked map); and a
- * group of exactly 2^18 values, the largest widened one. */
+/* f16 NCHW groups of exactly 2^18 values (the largest widened into scratch) and of more (the two
+ * passes over f32 tiles): mean and rstd within TOL_STAT_F32 of the f32 kernel's (each an fp64
+ * value rounded once; bitwise at 2^18, as the widened path promises), y within 1 ulp of its y
+ * rounded (with beta: the checked map may differ from f32's unchecked one by that ulp). */
 START_TEST(test_f16_nchw_large_group) {
   static const int64_t sizes[][4] = {{1, 2, 131072, 1}, {1, 3, 100003, 1}}; /* L = 2^18, > */
   const sn_dtype_t dt = SN_DTYPE_F16;
@@ -598,6 +641,10 @@ START_TEST(test_f16_nchw_large_group) {
              "size %zu: mean %.9g vs %.9g", is, (double)m1, (double)mf);
     TU_CHECK(fabs((double)r1 - rf) <= TOL_STAT_F32 * rf, "size %zu: rstd %.9g vs %.9g", is,
              (double)r1, (double)rf);
+    if (C / G * S <= ((int64_t)1 << 18)) {
+      tu_assert_bitwise(&m1, &mf, sizeof m1, "widened f16 group: mean vs f32");
+      tu_assert_bitwise(&r1, &rf, sizeof r1, "widened f16 group: rstd vs f32");
+    }
     for (int64_t i = 0; i < T; i++)
       TU_CHECK(tu_ulp_diff(tu_get(y, i, dt), tu_round(yf[i], dt), dt) <= 1.0,
                "size %zu: y[%lld] = %.9g, f32 y rounded %.9g", is, (long long)i,
@@ -844,6 +891,7 @@ int main(void) {
   tcase_add_test(tc, test_bwd_vs_fd);
   tcase_add_test(tc, test_adversarial);
   tcase_add_test(tc, test_near_f32_max);
+  tcase_add_test(tc, test_wide_factor_channels);
   tcase_add_test(tc, test_beta_cancels);
   tcase_add_test(tc, test_shift_fallback);
   tcase_add_loop_test(tc, test_lowp_nchw_matches_f32, 0, 2);
