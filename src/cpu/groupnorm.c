@@ -103,9 +103,9 @@ SN_INLINE void col_sumsq_impl(double *restrict acc, const void *x, int64_t nr, i
   }
 }
 
-/* Rows per block of the one-pass column kernels (col_shifted_impl, col_bwd_impl) where a whole
- * row of the inputs (all C channels of x, and of dy in the backward; f16 as its f32 tile) is at
- * most GN_BLOCK_ROW_BYTES: a block's rows are added into each vector of channel sums in
+/* Rows per block of the one-pass column kernels (col_rows_impl: col_shifted, col_bwd) where a
+ * whole row of the inputs (all C channels of x, and of dy in the backward; f16 as its f32 tile)
+ * is at most GN_BLOCK_ROW_BYTES: a block's rows are added into each vector of channel sums in
  * registers, in row order (the same bits as a row at a time), so the sums are loaded and stored
  * once per block rather than once per row. For narrow rows those loads and stores, two or three
  * of each per 8 channels per row, set the pace: the GroupNorm NHWC forward took 0.80-0.89x the
@@ -120,31 +120,6 @@ SN_INLINE void col_sumsq_impl(double *restrict acc, const void *x, int64_t nr, i
  * from each of `inputs` tensors, GN_BLOCK_ROW_BYTES in all), else 1. */
 static inline int64_t gn_row_block(int64_t ld, uintptr_t es, int64_t inputs) {
   return inputs * ld * (int64_t)es <= GN_BLOCK_ROW_BYTES ? GN_ROW_BLOCK : 1;
-}
-
-/* Shifted column sums in one pass: s1[c] += x − k[c], s2[c] += (x − k[c])² (fp64), the rows in
- * order, by blocks (gn_row_block). A block's prefetches reach as far past the block as a row's
- * past the row. */
-SN_INLINE void col_shifted_impl(double *restrict s1, double *restrict s2, const void *x,
-                                int64_t nr, int64_t ld, int64_t ct, const double *restrict k,
-                                int bf16) {
-  const uintptr_t es = bf16 ? 2 : 4, ahead = sn__row_pf_ahead(ld, es);
-  const uintptr_t ahead_b = ahead + (uintptr_t)(GN_ROW_BLOCK - 1) * (uintptr_t)ld * es;
-  int64_t r = 0;
-  if (gn_row_block(ld, es, 1) > 1)
-    for (; r + GN_ROW_BLOCK <= nr; r += GN_ROW_BLOCK) {
-      const void *xr[GN_ROW_BLOCK];
-      for (int j = 0; j < GN_ROW_BLOCK; j++) {
-        xr[j] = GN_ROW(x, r + j, ld, es);
-        sn__prefetch_at(xr[j], ahead_b, ct, es);
-      }
-      sn__shifted_rows_w(s1, s2, xr, GN_ROW_BLOCK, ct, k, bf16);
-    }
-  for (; r < nr; r++) {
-    const void *xr[1] = {GN_ROW(x, r, ld, es)};
-    sn__prefetch_at(xr[0], ahead, ct, es);
-    sn__shifted_rows_w(s1, s2, xr, 1, ct, k, bf16);
-  }
 }
 
 /* The rows gr[0..B) of dy and xr[0..B) of x in order into the backward sums with d = x − m[c]:
@@ -181,29 +156,41 @@ SN_INLINE void bwd_block(double *restrict sd, double *restrict sg, double *restr
     }
 }
 
-/* Backward column sums with d = x − m[c]: sd[c] += d, sg[c] += dy, sgd[c] += dy·d (fp64), the
- * rows in order, by blocks (gn_row_block), prefetching as col_shifted_impl. */
-SN_INLINE void col_bwd_impl(double *restrict sd, double *restrict sg, double *restrict sgd,
-                            const void *dy, const void *x, int64_t nr, int64_t ld, int64_t ct,
-                            const double *restrict m, int bf16) {
+/* The one-pass column sums over nr rows of x [nr, ld] (and, with bwd, of dy), first ct
+ * channels, the rows in order, by blocks (gn_row_block); a block's prefetches reach as far past
+ * the block as a row's past the row. Without bwd the shifted sums s[0][c] += x − m[c],
+ * s[1][c] += (x − m[c])² (sn__shifted_rows_w; m: the pivots); with it the backward sums
+ * (bwd_block; m: the means) into s[0..2]. bwd is a constant after inlining. */
+SN_INLINE void col_rows_impl(double *restrict s0, double *restrict s1, double *restrict s2,
+                             const void *dy, const void *x, int64_t nr, int64_t ld, int64_t ct,
+                             const double *restrict m, int bwd, int bf16) {
   const uintptr_t es = bf16 ? 2 : 4, ahead = sn__row_pf_ahead(ld, es);
   const uintptr_t ahead_b = ahead + (uintptr_t)(GN_ROW_BLOCK - 1) * (uintptr_t)ld * es;
+  const void *gr[GN_ROW_BLOCK], *xr[GN_ROW_BLOCK];
   int64_t r = 0;
-  if (gn_row_block(ld, es, 2) > 1)
+  if (gn_row_block(ld, es, bwd ? 2 : 1) > 1)
     for (; r + GN_ROW_BLOCK <= nr; r += GN_ROW_BLOCK) {
-      const void *gr[GN_ROW_BLOCK], *xr[GN_ROW_BLOCK];
       for (int j = 0; j < GN_ROW_BLOCK; j++) {
-        gr[j] = GN_ROW(dy, r + j, ld, es), xr[j] = GN_ROW(x, r + j, ld, es);
-        sn__prefetch_at(gr[j], ahead_b, ct, es);
+        xr[j] = GN_ROW(x, r + j, ld, es);
         sn__prefetch_at(xr[j], ahead_b, ct, es);
+        if (bwd) {
+          gr[j] = GN_ROW(dy, r + j, ld, es);
+          sn__prefetch_at(gr[j], ahead_b, ct, es);
+        }
       }
-      bwd_block(sd, sg, sgd, gr, xr, GN_ROW_BLOCK, ct, m, bf16);
+      if (bwd) bwd_block(s0, s1, s2, gr, xr, GN_ROW_BLOCK, ct, m, bf16);
+      else sn__shifted_rows_w(s0, s1, xr, GN_ROW_BLOCK, ct, m, bf16);
     }
   for (; r < nr; r++) {
-    const void *gr[1] = {GN_ROW(dy, r, ld, es)}, *xr[1] = {GN_ROW(x, r, ld, es)};
-    sn__prefetch_at(gr[0], ahead, ct, es);
+    xr[0] = GN_ROW(x, r, ld, es);
     sn__prefetch_at(xr[0], ahead, ct, es);
-    bwd_block(sd, sg, sgd, gr, xr, 1, ct, m, bf16);
+    if (bwd) {
+      gr[0] = GN_ROW(dy, r, ld, es);
+      sn__prefetch_at(gr[0], ahead, ct, es);
+      bwd_block(s0, s1, s2, gr, xr, 1, ct, m, bf16);
+    } else {
+      sn__shifted_rows_w(s0, s1, xr, 1, ct, m, bf16);
+    }
   }
 }
 
@@ -223,22 +210,24 @@ GN_COL_CLONES(col_sumsq_bf16, col_sumsq_impl,
               (double *restrict acc, const void *x, int64_t nr, int64_t ld, int64_t ct,
                const double *restrict m),
               (acc, x, nr, ld, ct, m, 1))
-GN_COL_CLONES(col_shifted, col_shifted_impl,
+/* Shifted column sums in one pass: s1[c] += x − k[c], s2[c] += (x − k[c])² (fp64). */
+GN_COL_CLONES(col_shifted, col_rows_impl,
               (double *restrict s1, double *restrict s2, const void *x, int64_t nr, int64_t ld,
                int64_t ct, const double *restrict k),
-              (s1, s2, x, nr, ld, ct, k, 0))
-GN_COL_CLONES(col_shifted_bf16, col_shifted_impl,
+              (s1, s2, NULL, NULL, x, nr, ld, ct, k, 0, 0))
+GN_COL_CLONES(col_shifted_bf16, col_rows_impl,
               (double *restrict s1, double *restrict s2, const void *x, int64_t nr, int64_t ld,
                int64_t ct, const double *restrict k),
-              (s1, s2, x, nr, ld, ct, k, 1))
-GN_COL_CLONES(col_bwd, col_bwd_impl,
+              (s1, s2, NULL, NULL, x, nr, ld, ct, k, 0, 1))
+/* Backward column sums with d = x − m[c]: sd[c] += d, sg[c] += dy, sgd[c] += dy·d (fp64). */
+GN_COL_CLONES(col_bwd, col_rows_impl,
               (double *restrict sd, double *restrict sg, double *restrict sgd, const void *dy,
                const void *x, int64_t nr, int64_t ld, int64_t ct, const double *restrict m),
-              (sd, sg, sgd, dy, x, nr, ld, ct, m, 0))
-GN_COL_CLONES(col_bwd_bf16, col_bwd_impl,
+              (sd, sg, sgd, dy, x, nr, ld, ct, m, 1, 0))
+GN_COL_CLONES(col_bwd_bf16, col_rows_impl,
               (double *restrict sd, double *restrict sg, double *restrict sgd, const void *dy,
                const void *x, int64_t nr, int64_t ld, int64_t ct, const double *restrict m),
-              (sd, sg, sgd, dy, x, nr, ld, ct, m, 1))
+              (sd, sg, sgd, dy, x, nr, ld, ct, m, 1, 1))
 
 /* The column reductions of rows_reduce (kind as there) over nr rows of x (and dy), f32 or
  * (bf16) bf16, from the tile's first channel: acc, m and x (dy) at that channel, the sums of
