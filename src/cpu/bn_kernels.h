@@ -21,9 +21,8 @@ _Static_assert((SN_LANES & (SN_LANES - 1)) == 0, "SN_LANES must be a power of tw
  * restarts at every 4 KiB page) left the reductions at ~70 % of the read bandwidth. */
 #define RED_PF_FLOATS 512
 
-/* The byte address RED_PF_FLOATS·4 bytes (2 KiB) past element i of x (element size es):
- * computed as an integer, as it may lie past the run. */
-#define RED_PF_AT(x, i, es) ((const char *)(uintptr_t)((uintptr_t)(x) + (uintptr_t)(i) * (es) + RED_PF_FLOATS * 4))
+/* The address RED_PF_FLOATS·4 bytes (2 KiB) past element i of x (element size es). */
+#define RED_PF_AT(x, i, es) sn__pf_addr((x), (i), (es), RED_PF_FLOATS * 4)
 
 /* NCHW run of one channel, x: [n] f32 or (bf16) bf16, continuing the chunk's lanes; `lane` is
  * the lane of x[0]. acc: [2][SN_LANES]:  acc[0][l] += x − p,  acc[1][l] += (x − p)². */

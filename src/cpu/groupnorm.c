@@ -252,8 +252,8 @@ SN_INLINE void run_bwd_impl(double *acc, const void *dy, const void *x, int64_t 
   SN_VLOAD(s3, acc + 2 * SN_LANES);
   int64_t i = 0;
   for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line of each per step (f32) */
-    __builtin_prefetch((const char *)(uintptr_t)((uintptr_t)dy + (uintptr_t)i * es + ahead), 0);
-    __builtin_prefetch((const char *)(uintptr_t)((uintptr_t)x + (uintptr_t)i * es + ahead), 0);
+    __builtin_prefetch(sn__pf_addr(dy, i, es, ahead), 0);
+    __builtin_prefetch(sn__pf_addr(x, i, es, ahead), 0);
     for (int h = 0; h < 2; h++) {
       SN_VLOAD_WIDEN_W(d, x, i + h * SN_LANES, bf16);
       SN_VLOAD_WIDEN_W(g, dy, i + h * SN_LANES, bf16);

@@ -96,6 +96,13 @@ static inline uintptr_t sn__rows_ahead_bytes(int64_t ld, int64_t floats) {
   return sn__rows_ahead_elems(ld, floats) * sizeof(float);
 }
 
+/* The address `bytes` past element i of p (elements of es bytes), for a prefetch: computed as an
+ * integer, as it may lie past the array (a pointer there would be undefined behaviour;
+ * prefetches never fault). */
+static inline const void *sn__pf_addr(const void *p, int64_t i, uintptr_t es, uintptr_t bytes) {
+  return (const void *)((uintptr_t)p + (uintptr_t)i * es + bytes);
+}
+
 /* Bytes from a row to the row SN_ROW_PF_FLOATS / ld rows (at least one) after it, in a tensor
  * of rows ld elements of es bytes apart (f32: es = 4; bf16: 2): the distance of the NHWC row
  * reductions' prefetches. Computed once per call, outside the row loop: GCC left the division
