@@ -1655,6 +1655,102 @@ START_TEST(test_bwd_aliasing_and_nan) {
 }
 END_TEST
 
+/* Raw bits of one special value in dtype dt at element i: 0 −NaN, 1 +NaN, 2 +Inf, 3 −Inf. */
+static void set_special(void *buf, int64_t i, sn_dtype_t dt, int which) {
+  static const uint32_t f[4] = {0xffc00000u, 0x7fc00000u, 0x7f800000u, 0xff800000u};
+  static const uint16_t bf[4] = {0xffc0u, 0x7fc0u, 0x7f80u, 0xff80u};
+  static const uint16_t hf[4] = {0xfe00u, 0x7e00u, 0x7c00u, 0xfc00u};
+  if (dt == SN_DTYPE_F32) memcpy((char *)buf + i * 4, &f[which], 4);
+  else memcpy((char *)buf + i * 2, dt == SN_DTYPE_BF16 ? &bf[which] : &hf[which], 2);
+}
+
+/* Whether v is the one NaN the per-channel outputs hold (NAN: positive, payload 0) or, unless
+ * nan, a number. */
+static int one_nan_f64(double v, int nan) {
+  const uint64_t q = UINT64_C(0x7ff8000000000000);
+  uint64_t u;
+  memcpy(&u, &v, 8);
+  return nan ? u == q : !isnan(v);
+}
+static int one_nan_f32(float v, int nan) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return nan ? u == 0x7fc00000u : !isnan(v);
+}
+
+/* Every per-channel output of BatchNorm that is NaN is the one NaN NAN (sign and payload 0):
+ * sums, statistics, backward sums, dgamma and dbeta, through the building blocks and the fused
+ * and unfused sn_batchnorm_fwd/sn_batchnorm_bwd (1 and 3 threads; which of them runs depends on
+ * the thread count, and two copies of a sum may pick different NaNs of NaN + NaN, which the
+ * thread-count rule then would not hold). x: channel 0 holds only −NaN, channel 1 +NaN and
+ * −NaN, channel 2 +Inf and −Inf (Inf − Inf is x86's negative default NaN); dy: −NaN in channel
+ * 3. So the statistics are NaN in channels 0-2 (but Σx² of channel 2, +Inf), Σdy (dbeta) in
+ * channel 3, Σdy·x̂ (dgamma) in 0-3. Outputs are poisoned with a negative NaN pattern first.
+ * _i: dtype · 2 + layout. */
+START_TEST(test_nan_outputs_one_nan) {
+  const sn_dtype_t dt = (sn_dtype_t)(_i / 2);
+  const sn_layout_t lay = (sn_layout_t)(_i % 2);
+  enum { N = 3, C = 5, S = 40, T = N * C * S };
+  tu_rng_t r;
+  tu_rng_seed(&r, 1700 + (uint64_t)_i);
+  void *x = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dx = tu_alloc(T, dt);
+  tu_fill_normal(x, T, dt, 1.0, 2.0, &r);
+  tu_fill_normal(dy, T, dt, 0.0, 1.0, &r);
+  set_special(x, at(lay, 1, 0, 7, C, S), dt, 0);
+  set_special(x, at(lay, 2, 0, 30, C, S), dt, 0);
+  set_special(x, at(lay, 0, 1, 3, C, S), dt, 1);
+  set_special(x, at(lay, 2, 1, 9, C, S), dt, 0);
+  set_special(x, at(lay, 0, 2, 0, C, S), dt, 2);
+  set_special(x, at(lay, 1, 2, 39, C, S), dt, 3);
+  set_special(dy, at(lay, 1, 3, 11, C, S), dt, 0);
+  float gamma[C], beta[C], var[C], rstd[C], dg[C], db[C];
+  double sum[C], sq[C], mean[C], sdy[C], sdx[C];
+  for (int c = 0; c < C; c++) gamma[c] = 1.0f + 0.25f * (float)c, beta[c] = 0.5f - 0.1f * (float)c;
+  const int saved = omp_get_max_threads();
+  for (int threads = 1; threads <= 3; threads += 2) {
+    omp_set_num_threads(threads);
+    for (int fused = 0; fused < 2; fused++) {
+      memset(sum, 0xff, sizeof sum), memset(sq, 0xff, sizeof sq), memset(mean, 0xff, sizeof mean);
+      memset(var, 0xff, sizeof var), memset(rstd, 0xff, sizeof rstd);
+      memset(sdy, 0xff, sizeof sdy), memset(sdx, 0xff, sizeof sdx);
+      memset(dg, 0xff, sizeof dg), memset(db, 0xff, sizeof db);
+      if (fused) {
+        ck_assert_int_eq(sn_batchnorm_fwd(y, mean, var, rstd, x, NULL, gamma, beta, N, C, S, EPS,
+                                          lay, dt),
+                         SN_OK);
+        ck_assert_int_eq(sn_batchnorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, N, C, S, lay, dt),
+                         SN_OK);
+      } else {
+        ck_assert_int_eq(sn_batchnorm_stats(sum, sq, x, NULL, N, C, S, lay, dt), SN_OK);
+        ck_assert_int_eq(sn_batchnorm_finalize(mean, var, rstd, sum, sq, NULL, N * S, C, EPS),
+                         SN_OK);
+        ck_assert_int_eq(sn_batchnorm_bwd_reduce(sdy, sdx, dy, x, mean, rstd, N, C, S, lay, dt),
+                         SN_OK);
+      }
+      for (int c = 0; c < C; c++) {
+        const int xn = c < 3, dn = c == 3, dxn = c < 4; /* NaN in: x's sums, Σdy, Σdy·x̂ */
+        const char *how = fused ? "sn_batchnorm_fwd/bwd" : "building blocks";
+        ck_assert_msg(one_nan_f64(mean[c], xn) && one_nan_f32(var[c], xn) &&
+                          one_nan_f32(rstd[c], xn),
+                      "%s, %d threads, channel %d: mean %g var %g rstd %g", how, threads, c,
+                      mean[c], (double)var[c], (double)rstd[c]);
+        if (fused)
+          ck_assert_msg(one_nan_f32(dg[c], dxn) && one_nan_f32(db[c], dn),
+                        "%s, %d threads, channel %d: dgamma %g dbeta %g", how, threads, c,
+                        (double)dg[c], (double)db[c]);
+        else
+          ck_assert_msg(one_nan_f64(sum[c], xn) && (c == 2 ? sq[c] == INFINITY : one_nan_f64(sq[c], xn)) &&
+                            one_nan_f64(sdy[c], dn) && one_nan_f64(sdx[c], dxn),
+                        "%s, %d threads, channel %d: sums %g %g, backward sums %g %g", how,
+                        threads, c, sum[c], sq[c], sdy[c], sdx[c]);
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+  free(x), free(dy), free(y), free(dx);
+}
+END_TEST
+
 /* The local training forward sn_batchnorm_fwd: bitwise the building blocks with SyncBatchNorm's
  * refinement (check_fwd_local), fused (NCHW, planes > 1, channels in L2) and not (NHWC, S == 1,
  * 5 channels on 2 threads), on 1, 2 and 3 threads; channels alternating |mean| ≫ σ (refined
@@ -1763,6 +1859,7 @@ int main(void) {
   tcase_add_test(tc, test_in_place);
   tcase_add_test(tc, test_threads_bitwise);
   tcase_add_test(tc, test_bwd_aliasing_and_nan);
+  tcase_add_loop_test(tc, test_nan_outputs_one_nan, 0, 6);
   tcase_add_test(tc, test_fwd_local);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);

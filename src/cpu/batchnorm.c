@@ -248,8 +248,8 @@ static sn_status_t bn_reduce(const char *fn, double *out1, double *out2, const r
   for (int64_t c = 0; c < C; c++) { /* chunk partials in chunk order */
     double s1 = 0.0, s2 = 0.0;
     for (int64_t k = 0; k < K; k++) s1 += part[(k * C + c) * 2 + 0], s2 += part[(k * C + c) * 2 + 1];
-    out1[c] = s1;
-    out2[c] = op->kind == RED_BWD ? bwd_scale(s2, op->rstd[c]) : s2;
+    out1[c] = sn__nan_canon(s1); /* NaN sums as one NaN, as the fused passes' (sn__nan_canon) */
+    out2[c] = sn__nan_canon(op->kind == RED_BWD ? bwd_scale(s2, op->rstd[c]) : s2);
   }
   sn__free(scratch);
   sn__free(part);
@@ -469,8 +469,8 @@ static void bwd_fused_nchw(void *dx, float *dgamma, float *dbeta, const void *dy
         sn__chan_k_set(&kc[j], k4[0], k4[1], k4[2], k4[3]);
       }
       for (int64_t j = 0; j < nc; j++) {
-        if (dgamma) dgamma[c0 + j] = (float)s2[j];
-        if (dbeta) dbeta[c0 + j] = (float)s1[j];
+        if (dgamma) dgamma[c0 + j] = (float)sn__nan_canon(s2[j]);
+        if (dbeta) dbeta[c0 + j] = (float)sn__nan_canon(s1[j]);
       }
       for (int64_t n = 0; n < N; n++)
         for (int64_t j = 0; j < nc; j++)
@@ -489,9 +489,9 @@ static void finalize_channel(double sum, double sumsq, double p, double inv, flo
   const double d = sum * inv;      /* mean − pivot */
   double v = sumsq * inv - d * d;  /* biased variance; fp64 cancellation only */
   if (v < 0.0) v = 0.0;            /* rounding can leave a tiny negative */
-  mean[c] = p + d;
-  if (var) var[c] = (float)v;
-  rstd[c] = (float)(1.0 / sqrt(v + (double)eps));
+  mean[c] = sn__nan_canon(p + d); /* NaN statistics as one NaN (sn__nan_canon) */
+  if (var) var[c] = (float)sn__nan_canon(v);
+  rstd[c] = (float)sn__nan_canon(1.0 / sqrt(v + (double)eps));
 }
 
 int sn__bn_refine(double sum, double sumsq, double count, float pivot, int round,
@@ -843,7 +843,7 @@ sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
                      .sum_dy = sums, .sum_dy_xhat = sums + c, .count = (double)rows};
     ew_run(&op, dx, dy, x, n, c, s, layout, dtype);
     for (int64_t ch = 0; ch < c; ch++) {
-      if (dgamma) dgamma[ch] = (float)sums[c + ch];
+      if (dgamma) dgamma[ch] = (float)sums[c + ch]; /* bn_reduce's: NaN as NAN */
       if (dbeta) dbeta[ch] = (float)sums[ch];
     }
   }

@@ -352,6 +352,7 @@ static inline int sn__needs_f64(double m, float hi, double a, double b, double e
 /* A channel's constants from their fp64 values: the centre m (the mean), and the factors a, b, e
  * of y = (x − m)·a + b, dx = (dy·a − b) − (x − m)·e. */
 static inline void sn__chan_k_set(sn__chan_k_t *k, double m, double a, double b, double e) {
+  m = sn__nan_canon(m), a = sn__nan_canon(a), b = sn__nan_canon(b), e = sn__nan_canon(e);
   sn__split_f64(m, &k->hi, &k->lo);
   k->a = (float)a, k->b = (float)b, k->e = (float)e;
   k->m = m, k->ad = a, k->bd = b, k->ed = e;
@@ -360,6 +361,7 @@ static inline void sn__chan_k_set(sn__chan_k_t *k, double m, double a, double b,
 /* The same for channel c0 + j of a tile. */
 static inline void sn__tile_set(sn__chan_tile_t *p, int64_t j, double m, double a, double b,
                                 double e) {
+  m = sn__nan_canon(m), a = sn__nan_canon(a), b = sn__nan_canon(b), e = sn__nan_canon(e);
   sn__split_f64(m, &p->hi[j], &p->lo[j]);
   p->a[j] = (float)a, p->b[j] = (float)b, p->e[j] = (float)e;
   p->m[j] = m, p->ad[j] = a, p->bd[j] = b, p->ed[j] = e;
