@@ -442,6 +442,10 @@ SN_CLONES SN_UNUSED static void sn__aff_run_bf16(uint16_t *y, const uint16_t *x,
                                                  float hi, float lo, float a, float b, float thr,
                                                  double md, double ad, int chk);
 
+/* sn__aff_span_from_f32, below the checked map's definitions. */
+static inline void sn__aff_span_from_f32(void *y, int64_t off, const float *xf, int64_t n,
+                                         const sn__chan_k_t *k, sn_dtype_t dtype, int chk);
+
 /* ---- any activation dtype: f32 in place, bf16/f16 through stack tiles ------------------------ */
 
 /* Elements [off, off+n) of one channel's run: y = ((x − hi) − lo)·a + b (k->f64: in fp64).
@@ -460,11 +464,9 @@ static inline void sn__aff_span(void *y, const void *x, int64_t off, int64_t n,
   }
   float t[SN_TILE];
   for (int64_t i = 0; i < n; i += SN_TILE) {
-    int64_t m = sn__min64(SN_TILE, n - i);
+    const int64_t m = sn__min64(SN_TILE, n - i);
     sn__to_f32(t, x, off + i, m, dtype);
-    if (k->f64) sn__aff_run_f64(t, t, m, k->m, k->ad, k->bd);
-    else sn__aff_run(t, t, m, k->hi, k->lo, k->a, k->b, 0);
-    sn__from_f32(y, off + i, t, m, dtype);
+    sn__aff_span_from_f32(y, off + i, t, m, k, dtype, 0);
   }
 }
 
@@ -764,24 +766,22 @@ static inline void sn__aff_span_chk(void *y, const void *x, int64_t off, int64_t
     sn__aff_span(y, x, off, n, k, dtype, 0);
     return;
   }
-  const float thr = sn__cancel_thr(k->b, dtype);
   if (dtype == SN_DTYPE_BF16) {
     sn__aff_run_bf16((uint16_t *)y + off, (const uint16_t *)x + off, n, k->hi, k->lo, k->a,
-                     k->b, thr, k->m, k->ad, 1);
+                     k->b, sn__cancel_thr(k->b, dtype), k->m, k->ad, 1);
     return;
   }
-  float tx[SN_TILE], ty[SN_TILE];
+  float t[SN_TILE];
   for (int64_t i = 0; i < n; i += SN_TILE) {
-    int64_t m = sn__min64(SN_TILE, n - i);
-    sn__to_f32(tx, x, off + i, m, dtype);
-    sn__aff_run_chk(ty, tx, m, k->hi, k->lo, k->a, k->b, thr, k->m, k->ad);
-    sn__from_f32(y, off + i, ty, m, dtype);
+    const int64_t m = sn__min64(SN_TILE, n - i);
+    sn__to_f32(t, x, off + i, m, dtype);
+    sn__aff_span_from_f32(y, off + i, t, m, k, dtype, 1);
   }
 }
 
 /* The forward map of one channel's run [off, off + n) of x into a bf16/f16 y from the run
- * already widened, xf [n] f32: sn__aff_span (chk = 0) or sn__aff_span_chk (chk = 1) without
- * widening x again, through one f32 tile for y; the same bits as those. */
+ * already widened, xf [n] f32, through one f32 tile for y: the tile step of sn__aff_span
+ * (chk = 0) and of sn__aff_span_chk (chk = 1), and the GroupNorm f16 groups widened once. */
 static inline void sn__aff_span_from_f32(void *y, int64_t off, const float *xf, int64_t n,
                                          const sn__chan_k_t *k, sn_dtype_t dtype, int chk) {
   const float thr = chk ? sn__cancel_thr(k->b, dtype) : 0.0f;
