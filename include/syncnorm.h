@@ -41,9 +41,11 @@
  *    NaNs, outputs are NaN, but which NaN (sign, payload) is unspecified: it can differ between
  *    builds of the library, with the buffers' alignment and with streaming stores on or off
  *    (below), not with the thread count. BatchNorm's per-channel outputs (sums, mean, var,
- *    rstd, backward sums, dgamma, dbeta) that are NaN are always the quiet NaN NAN (positive,
- *    payload 0): the thread count picks between its fused and unfused passes, whose separately
- *    compiled sums could otherwise pick different operands' NaNs.
+ *    rstd, backward sums, dgamma, dbeta) and GroupNorm's mean, rstd, dgamma and dbeta that are
+ *    NaN are always the quiet NaN NAN (positive, payload 0): the thread count picks between
+ *    code paths there (BatchNorm's fused and unfused passes, GroupNorm NHWC samples shared by
+ *    a team of threads or not), whose separately compiled sums could otherwise pick different
+ *    operands' NaNs.
  *  - In-place: y may equal x, and dx may equal dy (the same pointer). No other overlap is allowed:
  *    an output that overlaps an input partly, or dx that overlaps x, is SN_ERR_INVALID_ARGUMENT
  *    (checked on the activation buffers; every error below includes it).

@@ -1655,29 +1655,6 @@ START_TEST(test_bwd_aliasing_and_nan) {
 }
 END_TEST
 
-/* Raw bits of one special value in dtype dt at element i: 0 −NaN, 1 +NaN, 2 +Inf, 3 −Inf. */
-static void set_special(void *buf, int64_t i, sn_dtype_t dt, int which) {
-  static const uint32_t f[4] = {0xffc00000u, 0x7fc00000u, 0x7f800000u, 0xff800000u};
-  static const uint16_t bf[4] = {0xffc0u, 0x7fc0u, 0x7f80u, 0xff80u};
-  static const uint16_t hf[4] = {0xfe00u, 0x7e00u, 0x7c00u, 0xfc00u};
-  if (dt == SN_DTYPE_F32) memcpy((char *)buf + i * 4, &f[which], 4);
-  else memcpy((char *)buf + i * 2, dt == SN_DTYPE_BF16 ? &bf[which] : &hf[which], 2);
-}
-
-/* Whether v is the one NaN the per-channel outputs hold (NAN: positive, payload 0) or, unless
- * nan, a number. */
-static int one_nan_f64(double v, int nan) {
-  const uint64_t q = UINT64_C(0x7ff8000000000000);
-  uint64_t u;
-  memcpy(&u, &v, 8);
-  return nan ? u == q : !isnan(v);
-}
-static int one_nan_f32(float v, int nan) {
-  uint32_t u;
-  memcpy(&u, &v, 4);
-  return nan ? u == 0x7fc00000u : !isnan(v);
-}
-
 /* Every per-channel output of BatchNorm that is NaN is the one NaN NAN (sign and payload 0):
  * sums, statistics, backward sums, dgamma and dbeta, through the building blocks and the fused
  * and unfused sn_batchnorm_fwd/sn_batchnorm_bwd (1 and 3 threads; which of them runs depends on
@@ -1696,13 +1673,13 @@ START_TEST(test_nan_outputs_one_nan) {
   void *x = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dx = tu_alloc(T, dt);
   tu_fill_normal(x, T, dt, 1.0, 2.0, &r);
   tu_fill_normal(dy, T, dt, 0.0, 1.0, &r);
-  set_special(x, at(lay, 1, 0, 7, C, S), dt, 0);
-  set_special(x, at(lay, 2, 0, 30, C, S), dt, 0);
-  set_special(x, at(lay, 0, 1, 3, C, S), dt, 1);
-  set_special(x, at(lay, 2, 1, 9, C, S), dt, 0);
-  set_special(x, at(lay, 0, 2, 0, C, S), dt, 2);
-  set_special(x, at(lay, 1, 2, 39, C, S), dt, 3);
-  set_special(dy, at(lay, 1, 3, 11, C, S), dt, 0);
+  tu_set_special(x, at(lay, 1, 0, 7, C, S), dt, 1);
+  tu_set_special(x, at(lay, 2, 0, 30, C, S), dt, 1);
+  tu_set_special(x, at(lay, 0, 1, 3, C, S), dt, 0);
+  tu_set_special(x, at(lay, 2, 1, 9, C, S), dt, 1);
+  tu_set_special(x, at(lay, 0, 2, 0, C, S), dt, 2);
+  tu_set_special(x, at(lay, 1, 2, 39, C, S), dt, 3);
+  tu_set_special(dy, at(lay, 1, 3, 11, C, S), dt, 1);
   float gamma[C], beta[C], var[C], rstd[C], dg[C], db[C];
   double sum[C], sq[C], mean[C], sdy[C], sdx[C];
   for (int c = 0; c < C; c++) gamma[c] = 1.0f + 0.25f * (float)c, beta[c] = 0.5f - 0.1f * (float)c;
@@ -1730,17 +1707,17 @@ START_TEST(test_nan_outputs_one_nan) {
       for (int c = 0; c < C; c++) {
         const int xn = c < 3, dn = c == 3, dxn = c < 4; /* NaN in: x's sums, Σdy, Σdy·x̂ */
         const char *how = fused ? "sn_batchnorm_fwd/bwd" : "building blocks";
-        ck_assert_msg(one_nan_f64(mean[c], xn) && one_nan_f32(var[c], xn) &&
-                          one_nan_f32(rstd[c], xn),
+        ck_assert_msg(tu_one_nan_f64(mean[c], xn) && tu_one_nan_f32(var[c], xn) &&
+                          tu_one_nan_f32(rstd[c], xn),
                       "%s, %d threads, channel %d: mean %g var %g rstd %g", how, threads, c,
                       mean[c], (double)var[c], (double)rstd[c]);
         if (fused)
-          ck_assert_msg(one_nan_f32(dg[c], dxn) && one_nan_f32(db[c], dn),
+          ck_assert_msg(tu_one_nan_f32(dg[c], dxn) && tu_one_nan_f32(db[c], dn),
                         "%s, %d threads, channel %d: dgamma %g dbeta %g", how, threads, c,
                         (double)dg[c], (double)db[c]);
         else
-          ck_assert_msg(one_nan_f64(sum[c], xn) && (c == 2 ? sq[c] == INFINITY : one_nan_f64(sq[c], xn)) &&
-                            one_nan_f64(sdy[c], dn) && one_nan_f64(sdx[c], dxn),
+          ck_assert_msg(tu_one_nan_f64(sum[c], xn) && (c == 2 ? sq[c] == INFINITY : tu_one_nan_f64(sq[c], xn)) &&
+                            tu_one_nan_f64(sdy[c], dn) && tu_one_nan_f64(sdx[c], dxn),
                         "%s, %d threads, channel %d: sums %g %g, backward sums %g %g", how,
                         threads, c, sum[c], sq[c], sdy[c], sdx[c]);
       }

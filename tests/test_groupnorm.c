@@ -746,6 +746,60 @@ START_TEST(test_nhwc_pieces_threads) {
 }
 END_TEST
 
+/* GroupNorm statistics, dgamma and dbeta that are NaN are the one NaN NAN (sign and payload 0),
+ * and every output is the same for 1, 2 and 3 threads. One NHWC sample is shared by a team of
+ * threads when there are fewer samples than threads, whose piece totals are compiled apart from
+ * the one-thread path's (this gave a group's rstd −NaN on 1 thread and +NaN on more, without
+ * the canonical NaN). x: group 0 (channels 0, 1) holds +NaN and −NaN in rows of different
+ * pieces, group 1 (channels 2, 3) only −NaN, group 2 is finite; dy: −NaN in channel 5. So mean
+ * and rstd are NaN in groups 0 and 1, dgamma in channels 0-3 and 5, dbeta in channel 5.
+ * _i: dtype · 2 + layout. */
+START_TEST(test_nan_outputs_one_nan) {
+  const sn_dtype_t dt = (sn_dtype_t)(_i / 2);
+  const sn_layout_t lay = LAYOUTS[_i % 2];
+  enum { N = 1, C = 6, G = 3, S = 300, T = N * C * S };
+  tu_rng_t r;
+  tu_rng_seed(&r, 1800 + (uint64_t)_i);
+  void *x = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *y[3], *dx[3];
+  tu_fill_normal(x, T, dt, 1.0, 2.0, &r);
+  tu_fill_normal(dy, T, dt, 0.0, 1.0, &r);
+  static const int64_t rows[6] = {5, 60, 101, 150, 222, 290}; /* in different pieces */
+  for (int k = 0; k < 6; k++) {
+    tu_set_special(x, at(lay, 0, k % 2, rows[k], C, S), dt, k % 3 == 0 ? 0 : 1);
+    tu_set_special(x, at(lay, 0, 2 + k % 2, rows[k] + 1, C, S), dt, 1);
+  }
+  tu_set_special(dy, at(lay, 0, 5, 77, C, S), dt, 1);
+  float gamma[C], mean[3][G], rstd[3][G], dg[3][C], db[3][C];
+  for (int c = 0; c < C; c++) gamma[c] = 1.0f + 0.25f * (float)c;
+  const int saved = omp_get_max_threads();
+  for (int t = 0; t < 3; t++) {
+    omp_set_num_threads(t + 1);
+    y[t] = tu_alloc(T, dt), dx[t] = tu_alloc(T, dt);
+    memset(y[t], 0xff, (size_t)(T * sn_dtype_size(dt))), memset(dx[t], 0xff, (size_t)(T * sn_dtype_size(dt)));
+    memset(mean[t], 0xff, sizeof mean[t]), memset(rstd[t], 0xff, sizeof rstd[t]);
+    memset(dg[t], 0xff, sizeof dg[t]), memset(db[t], 0xff, sizeof db[t]);
+    ck_assert_int_eq(sn_groupnorm_fwd(y[t], mean[t], rstd[t], x, gamma, NULL, N, C, S, G, EPS, lay,
+                                      dt), SN_OK);
+    ck_assert_int_eq(sn_groupnorm_bwd(dx[t], dg[t], db[t], dy, x, mean[t], rstd[t], gamma, N, C, S,
+                                      G, lay, dt), SN_OK);
+    for (int g = 0; g < G; g++)
+      ck_assert_msg(tu_one_nan_f32(mean[t][g], g < 2) && tu_one_nan_f32(rstd[t][g], g < 2),
+                    "%s, %d threads, group %d: mean %g rstd %g", LNAME[_i % 2], t + 1, g,
+                    (double)mean[t][g], (double)rstd[t][g]);
+    for (int c = 0; c < C; c++)
+      ck_assert_msg(tu_one_nan_f32(dg[t][c], c < 4 || c == 5) && tu_one_nan_f32(db[t][c], c == 5),
+                    "%s, %d threads, channel %d: dgamma %g dbeta %g", LNAME[_i % 2], t + 1, c,
+                    (double)dg[t][c], (double)db[t][c]);
+    if (t == 0) continue;
+    tu_assert_bitwise(y[t], y[0], (size_t)(T * sn_dtype_size(dt)), "NaN data, threads: y");
+    tu_assert_bitwise(dx[t], dx[0], (size_t)(T * sn_dtype_size(dt)), "NaN data, threads: dx");
+  }
+  omp_set_num_threads(saved);
+  for (int t = 0; t < 3; t++) free(y[t]), free(dx[t]);
+  free(x), free(dy);
+}
+END_TEST
+
 /* NCHW and NHWC of the same batch agree (within the f32 tolerance: the reductions run in a
  * different order, so not bitwise); in place equals out of place bitwise; 1, 2, 3 threads give
  * identical bits. Shapes large enough for the parallel path. */
@@ -898,6 +952,7 @@ int main(void) {
   tcase_add_test(tc, test_f16_nchw_large_group);
   tcase_add_loop_test(tc, test_nhwc_row_order, 0, 2);
   tcase_add_test(tc, test_nhwc_pieces_threads);
+  tcase_add_loop_test(tc, test_nan_outputs_one_nan, 0, 6);
   tcase_add_test(tc, test_layouts_inplace_threads);
   tcase_add_test(tc, test_empty_batch);
   tcase_add_test(tc, test_bad_inputs);

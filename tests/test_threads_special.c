@@ -29,28 +29,16 @@ static const int THREADS[] = {1, 2, 3, 8};
 #define MAX_ELEMS (1 << 17)
 #define EPS 1e-5f
 
-/* Special values, as raw bits of each dtype: +NaN, −NaN, +Inf, −Inf. */
-static void set_special(void *buf, int64_t i, sn_dtype_t dt, int which) {
-  if (dt == SN_DTYPE_F32) {
-    static const uint32_t v[4] = {0x7fc00000u, 0xffc00000u, 0x7f800000u, 0xff800000u};
-    memcpy((char *)buf + i * 4, &v[which], 4);
-  } else {
-    static const uint16_t bf[4] = {0x7fc0u, 0xffc0u, 0x7f80u, 0xff80u};
-    static const uint16_t hf[4] = {0x7e00u, 0xfe00u, 0x7c00u, 0xfc00u};
-    memcpy((char *)buf + i * 2, dt == SN_DTYPE_BF16 ? &bf[which] : &hf[which], 2);
-  }
-}
-
 /* N(mean, 1) data with each element special with probability p, and with probability 1/4 one
  * whole run of `run` consecutive elements (a row or plane) special too. */
 static void fill_special(void *buf, int64_t n, sn_dtype_t dt, double p, int64_t run,
                          tu_rng_t *r) {
   tu_fill_normal(buf, n, dt, tu_rng_uniform(r) < 0.5 ? 0.0 : 100.0, 1.0, r);
   for (int64_t i = 0; i < n; i++)
-    if (tu_rng_uniform(r) < p) set_special(buf, i, dt, (int)tu_rng_int(r, 0, 3));
+    if (tu_rng_uniform(r) < p) tu_set_special(buf, i, dt, (int)tu_rng_int(r, 0, 3));
   if (run > 0 && run <= n && tu_rng_uniform(r) < 0.25) {
     const int64_t b = tu_rng_int(r, 0, n / run - 1) * run;
-    for (int64_t i = b; i < b + run; i++) set_special(buf, i, dt, (int)tu_rng_int(r, 0, 3));
+    for (int64_t i = b; i < b + run; i++) tu_set_special(buf, i, dt, (int)tu_rng_int(r, 0, 3));
   }
 }
 

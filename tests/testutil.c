@@ -140,6 +140,26 @@ void tu_poison_f32(float *buf, int64_t n) {
   for (int64_t i = 0; i < n; i++) buf[i] = NAN;
 }
 
+void tu_set_special(void *buf, int64_t i, sn_dtype_t dtype, int which) {
+  static const uint32_t f[4] = {0x7fc00000u, 0xffc00000u, 0x7f800000u, 0xff800000u};
+  static const uint16_t bf[4] = {0x7fc0u, 0xffc0u, 0x7f80u, 0xff80u};
+  static const uint16_t hf[4] = {0x7e00u, 0xfe00u, 0x7c00u, 0xfc00u};
+  if (dtype == SN_DTYPE_F32) memcpy((char *)buf + i * 4, &f[which], 4);
+  else memcpy((char *)buf + i * 2, dtype == SN_DTYPE_BF16 ? &bf[which] : &hf[which], 2);
+}
+
+int tu_one_nan_f32(float v, int nan) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return nan ? u == 0x7fc00000u : !isnan(v);
+}
+
+int tu_one_nan_f64(double v, int nan) {
+  uint64_t u;
+  memcpy(&u, &v, 8);
+  return nan ? u == UINT64_C(0x7ff8000000000000) : !isnan(v);
+}
+
 void tu_fill_normal(void *buf, int64_t n, sn_dtype_t dtype, double mean, double std, tu_rng_t *r) {
   for (int64_t i = 0; i < n; i++) tu_set(buf, i, mean + std * tu_rng_normal(r), dtype);
 }

@@ -45,6 +45,13 @@ void *tu_alloc(int64_t n, sn_dtype_t dtype);
 /* Fill with NaN (for outputs: every element must be overwritten). */
 void tu_poison(void *buf, int64_t n, sn_dtype_t dtype);
 void tu_poison_f32(float *buf, int64_t n);
+/* Store the raw bits of a special value at element i: which 0 +NaN, 1 −NaN, 2 +Inf, 3 −Inf
+ * (quiet NaNs of payload 0, as the dtype's bits). */
+void tu_set_special(void *buf, int64_t i, sn_dtype_t dtype, int which);
+/* Whether v is the one NaN the BatchNorm and GroupNorm statistics hold (NAN: positive, payload
+ * 0) where nan, or else not a NaN. */
+int tu_one_nan_f32(float v, int nan);
+int tu_one_nan_f64(double v, int nan);
 /* Fill with mean + std·N(0,1), rounded to the dtype. */
 void tu_fill_normal(void *buf, int64_t n, sn_dtype_t dtype, double mean, double std, tu_rng_t *r);
 /* A row-norm backward batch x, dy [rows, 2] (rows >= 4) whose gradients near FLT_MAX cancel:

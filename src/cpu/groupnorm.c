@@ -442,8 +442,8 @@ static void gn_fwd_nchw(void *y, float *mean, float *rstd, const void *x, const 
         mu = span_sum(x, off, L, dtype) / (double)L;
         rs = 1.0 / sqrt(span_sumsq(x, off, L, mu, dtype) / (double)L + eps);
       }
-      if (mean) mean[t] = (float)mu;
-      if (rstd) rstd[t] = (float)rs;
+      if (mean) mean[t] = (float)sn__nan_canon(mu);
+      if (rstd) rstd[t] = (float)sn__nan_canon(rs);
       for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
         sn__chan_k_t k;
         sn__chan_k_set(&k, mu, rs * (gamma ? (double)gamma[ch] : 1.0), beta ? beta[ch] : 0.0, 0.0);
@@ -625,8 +625,8 @@ static void gn_fwd_sample(void *y, float *mean, float *rstd, const void *x, cons
   gn_nhwc_stats(gm, gr, col, k, part, x, r0, S, C, G, eps, dtype, p0, p1, shared);
   if (writer)
     for (int64_t g = 0; g < G; g++) {
-      if (mean) mean[n * G + g] = (float)gm[g];
-      if (rstd) rstd[n * G + g] = (float)gr[g];
+      if (mean) mean[n * G + g] = (float)sn__nan_canon(gm[g]);
+      if (rstd) rstd[n * G + g] = (float)sn__nan_canon(gr[g]);
     }
   gn_nhwc_map(y, x, gamma, beta, gm, gr, r0 + gn_piece_row(S, P, p0), r0 + gn_piece_row(S, P, p1),
               C, G, dtype, stream);
@@ -881,8 +881,8 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
     for (int64_t ch = 0; ch < c; ch++) { /* over samples in order */
       double dg = 0.0, db = 0.0;
       for (int64_t i = 0; i < n; i++) dg += wq[i * c + ch], db += wq[n * c + i * c + ch];
-      if (dgamma) dgamma[ch] = (float)dg;
-      if (dbeta) dbeta[ch] = (float)db;
+      if (dgamma) dgamma[ch] = (float)sn__nan_canon(dg);
+      if (dbeta) dbeta[ch] = (float)sn__nan_canon(db);
     }
   }
   sn__free(team);
