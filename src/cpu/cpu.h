@@ -171,9 +171,10 @@ SN_HIDDEN double sn__sumsq_shifted_f64(const float *src, int64_t n, double shift
 /* v, or where v is NaN the quiet NaN NAN (positive, payload 0). x86 returns one operand's NaN
  * for NaN op NaN, and a compiler may order the operands of the same + or · either way in two
  * copies of one piece of code; so where the thread count picks which copy computes a value
- * (BatchNorm's fused and unfused passes), a NaN's sign could follow it. BatchNorm's per-channel
- * statistics, dgamma and dbeta, and the maps' per-channel constants (sn__chan_k_set,
- * sn__tile_set) go through this. */
+ * (BatchNorm's fused and unfused passes, GroupNorm NHWC samples shared by a team or not), a
+ * NaN's sign could follow it. BatchNorm's per-channel statistics, sums, dgamma and dbeta,
+ * GroupNorm's mean, rstd, dgamma and dbeta, and the maps' per-channel constants
+ * (sn__chan_k_set, sn__tile_set) go through this. */
 static inline double sn__nan_canon(double v) { return isnan(v) ? (double)NAN : v; }
 
 /* Whether an fp64 value is served by its f32 rounding: exactly representable, or a normal
