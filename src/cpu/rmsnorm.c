@@ -13,7 +13,7 @@
  * them while the passes run in cache).
  * f16 rows are widened into per-thread f32 scratch rows ([threads, d] floats, allocated before
  * the parallel region), computed there and narrowed once, round-to-nearest-even. bf16 rows take
- * a path with the same results and no f32 row (rms_fwd_row_bf16): each pass widens x in
+ * a path with the same results and no f32 row (rms_fwd_rows_bf16): each pass widens x in
  * registers, 32 values at a time as even and odd halves of 16 words (sn__pair_widen: a shift
  * and a mask instead of shuffles), the second narrowing y the same way. The fused kernel adds
  * x + residual in the first pass (f32 and bf16; f16 in a pass of its own over L1-sized
@@ -80,25 +80,60 @@ SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *res, 
 }
 
 /* One bf16 row, bitwise as rms_fwd_row on the widened row (the f16 path), in two passes with
- * no f32 copy of the row: the squares summed as x is widened in registers (sn__row_sumsq_bf16;
- * x read from memory once), then x, now cache-hot, widened again and mapped, narrowed as y is
- * stored (sn__map_pairs; y written once). Returns rstd. With res [d] (the fused kernel; NULL for
- * none) the row normalized is the residual sum, rounded to bf16 into sum_out [d] by the first
- * pass and read back by the second: bitwise the generic path (sn__residual_sum_row, then this
- * row on sum_out). gs: gamma in pairs (sn__to_pairs), NULL with gamma NULL. nt: y streamed (and
- * not prefetched). */
-SN_CLONES static double rms_fwd_row_bf16(uint16_t *y, const uint16_t *x, const uint16_t *res,
-                                         uint16_t *sum_out, const float *gamma,
-                                         const float *gs, int64_t d, float eps,
-                                         const char *next, int nt) {
-  nt = nt && sn__aligned64(y); /* the pair blocks are whole 64-byte lines */
-  const double ss = sn__row_sumsq_bf16(x, res, sum_out, d, next, nt ? NULL : (char *)y);
-  const double ms = ss / (double)d;
-  const double rstd = 1.0 / sqrt(ms + (double)eps);
-  const uint16_t *xm = res != NULL ? sum_out : x;
+ * no f32 copy of the row: rms_rstd_bf16 sums the squares as x is widened in registers
+ * (sn__row_sumsq_bf16; x read from memory once), then rms_map_bf16 widens x, now cache-hot,
+ * again and maps it, narrowing y as it is stored (sn__map_pairs; y written once). With res [d]
+ * (the fused kernel; NULL for none) the row normalized is the residual sum, rounded to bf16
+ * into sum_out [d] by the first pass and read back by the second: bitwise the generic path
+ * (sn__residual_sum_row, then this row on sum_out). gs: gamma in pairs (sn__to_pairs), NULL
+ * with gamma NULL. next: the next input row to prefetch, out: this row of y (NULL: none; not
+ * when y is streamed). rms_fwd_rows_bf16 runs them a row apart. */
+SN_CLONES static double rms_rstd_bf16(const uint16_t *x, const uint16_t *res, uint16_t *sum_out,
+                                      int64_t d, float eps, const char *next, char *out) {
+  const double ss = sn__row_sumsq_bf16(x, res, sum_out, d, next, out);
+  return 1.0 / sqrt(ss / (double)d + (double)eps);
+}
+/* nt: y streamed. */
+SN_CLONES static void rms_map_bf16(uint16_t *y, const uint16_t *xm, const float *gamma,
+                                   const float *gs, int64_t d, double rstd, int nt) {
   if (gamma != NULL) sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, (float)rstd, 1, 0, nt);
   else sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, (float)rstd, 0, 0, nt);
-  return rstd;
+}
+
+/* Rows [r0, r1) of a bf16 sn_rmsnorm_fwd or (res, sum_out non-NULL) sn_add_rmsnorm_fwd (the
+ * whole [rows, d] tensors; rstd [rows] or NULL), software-pipelined as LayerNorm's bf16 rows
+ * (ln_fwd_rows_pairs): the squares of row r + 1 are summed before row r is mapped, so the
+ * serial end of one (lane totals, division, square root) overlaps the other's vector work. Row
+ * by row the same calls, hence the same bits. In place (y == x, or sum_out == x or res), row
+ * r + 1 is read before row r is written, and the map of row r + 1 comes after (rows do not
+ * overlap). nt: y streamed where its row starts a 64-byte line (whole lines of pairs), and
+ * fenced at the end. */
+static void rms_fwd_rows_bf16(uint16_t *y, float *rstd, const uint16_t *x, const uint16_t *res,
+                              uint16_t *sum_out, const float *gamma, const float *gs,
+                              int64_t r0, int64_t r1, int64_t rows, int64_t d, float eps, int nt) {
+/* whether row q of y is streamed */
+#define RMS_NT_ROW(q) (nt && sn__aligned64(y + (q) * d))
+/* row q's rstd, prefetching row q + 1 of x and row q of y (not when y is streamed) */
+#define RMS_RSTD_ROW(q)                                                                      \
+  rms_rstd_bf16(x + (q) * d, res != NULL ? res + (q) * d : NULL,                             \
+                sum_out != NULL ? sum_out + (q) * d : NULL, d, eps,                          \
+                (q) + 1 < rows ? (const char *)(x + ((q) + 1) * d) : NULL,                   \
+                RMS_NT_ROW(q) ? NULL : (char *)(y + (q) * d))
+  /* step q sums row q and maps row q − 1: one call site each, so that in builds where they
+   * are inlined every row runs the same code (a NaN's sign could differ between copies) */
+  const uint16_t *xm = res != NULL ? sum_out : x; /* the rows mapped */
+  double prev = 0.0;
+  for (int64_t q = r0; q <= r1; q++) {
+    const double cur = q < r1 ? RMS_RSTD_ROW(q) : 0.0;
+    if (q > r0) {
+      rms_map_bf16(y + (q - 1) * d, xm + (q - 1) * d, gamma, gs, d, prev, RMS_NT_ROW(q - 1));
+      if (rstd != NULL) rstd[q - 1] = (float)prev;
+    }
+    prev = cur;
+  }
+  sn__stream_fence(nt);
+#undef RMS_RSTD_ROW
+#undef RMS_NT_ROW
 }
 
 /* Row r of the forward from its f32 view xr: writes y row r and rstd[r] when given. tmp: this
@@ -151,23 +186,24 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
   }
 
   const int stream = sn__stream_out(n * esize);
+  if (dtype == SN_DTYPE_BF16) { /* each thread one range of consecutive rows, pipelined */
+    const int64_t threads = sn__max_threads(), ranges = rows < threads ? rows : threads;
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < ranges; k++)
+      rms_fwd_rows_bf16(y, rstd, x, NULL, NULL, gamma, gs, sn__chunk_begin(k, rows, ranges),
+                        sn__chunk_begin(k + 1, rows, ranges), rows, d, eps, stream);
+  } else {
 #pragma omp parallel
-  {
-    float *tmp = scratch != NULL && dtype != SN_DTYPE_BF16
-                     ? scratch + (int64_t)sn__thread_num() * row_stride : NULL;
+    {
+      float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * row_stride : NULL;
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-      const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
-      if (dtype == SN_DTYPE_BF16) {
-        const double rs = rms_fwd_row_bf16((uint16_t *)y + r * d, (const uint16_t *)x + r * d,
-                                           NULL, NULL, gamma, gs, d, eps, next, stream);
-        if (rstd != NULL) rstd[r] = (float)rs;
-        continue;
+      for (int64_t r = 0; r < rows; r++) {
+        const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
+        const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
+        rms_fwd_store(y, rstd, xr, NULL, NULL, tmp, gamma, r, d, eps, dtype, next, stream);
       }
-      const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
-      rms_fwd_store(y, rstd, xr, NULL, NULL, tmp, gamma, r, d, eps, dtype, next, stream);
+      sn__stream_fence(stream);
     }
-    sn__stream_fence(stream);
   }
   sn__free(scratch);
   return SN_OK;
@@ -209,29 +245,30 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
   }
 
   const int stream = sn__stream_out(n * esize); /* y (sum_out, read back at once, is not) */
+  if (dtype == SN_DTYPE_BF16) { /* the add in the first pass; a range of rows per thread */
+    const int64_t threads = sn__max_threads(), ranges = rows < threads ? rows : threads;
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < ranges; k++)
+      rms_fwd_rows_bf16(y, rstd, x, residual, sum_out, gamma, gs, sn__chunk_begin(k, rows, ranges),
+                        sn__chunk_begin(k + 1, rows, ranges), rows, d, eps, stream);
+  } else {
 #pragma omp parallel
-  {
-    float *tmp = scratch != NULL && dtype != SN_DTYPE_BF16
-                     ? scratch + (int64_t)sn__thread_num() * row_stride : NULL;
+    {
+      float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * row_stride : NULL;
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-      const int64_t off = r * d;
-      const char *next = r + 1 < rows ? (const char *)x + (off + d) * esize : NULL;
-      if (dtype == SN_DTYPE_BF16) { /* the add fused into the first pass (rms_fwd_row_bf16) */
-        const double rs = rms_fwd_row_bf16((uint16_t *)y + off, (const uint16_t *)x + off,
-                                           (const uint16_t *)residual + off,
-                                           (uint16_t *)sum_out + off, gamma, gs, d, eps, next,
-                                           stream);
-        if (rstd != NULL) rstd[r] = (float)rs;
-      } else if (dtype == SN_DTYPE_F32) { /* likewise (rms_fwd_row) */
-        rms_fwd_store(y, rstd, (const float *)x + off, (const float *)residual + off,
-                      (float *)sum_out + off, NULL, gamma, r, d, eps, dtype, next, stream);
-      } else {
-        const float *sr = sn__residual_sum_row(sum_out, x, residual, tmp, off, d, dtype);
-        rms_fwd_store(y, rstd, sr, NULL, NULL, tmp, gamma, r, d, eps, dtype, NULL, 0);
+      for (int64_t r = 0; r < rows; r++) {
+        const int64_t off = r * d;
+        const char *next = r + 1 < rows ? (const char *)x + (off + d) * esize : NULL;
+        if (dtype == SN_DTYPE_F32) { /* the add in the first pass (rms_fwd_row) */
+          rms_fwd_store(y, rstd, (const float *)x + off, (const float *)residual + off,
+                        (float *)sum_out + off, NULL, gamma, r, d, eps, dtype, next, stream);
+        } else {
+          const float *sr = sn__residual_sum_row(sum_out, x, residual, tmp, off, d, dtype);
+          rms_fwd_store(y, rstd, sr, NULL, NULL, tmp, gamma, r, d, eps, dtype, NULL, 0);
+        }
       }
+      sn__stream_fence(stream);
     }
-    sn__stream_fence(stream);
   }
   sn__free(scratch);
   return SN_OK;
