@@ -318,14 +318,20 @@ static void ln_fwd_rows_pairs(uint16_t *y, float *mean, float *rstd, const uint1
   ln_stats_pairs(st, x + (q) * d, d, eps,                                                     \
                  (q) + 1 < rows ? (const char *)(x + ((q) + 1) * d) : NULL,                   \
                  LN_NT_ROW(q) ? NULL : (char *)(y + (q) * d))
-  double cur[2], nxt[2] = {0, 0};
-  LN_STATS_ROW(cur, r0);
-  for (int64_t r = r0; r < r1; r++) {
-    if (r + 1 < r1) LN_STATS_ROW(nxt, r + 1);
-    ln_map_row_pairs(y + r * d, cur, x + r * d, tmp, gamma, beta, gs, bs, d, LN_NT_ROW(r));
-    if (mean != NULL) mean[r] = (float)cur[0];
-    if (rstd != NULL) rstd[r] = (float)cur[1];
-    cur[0] = nxt[0], cur[1] = nxt[1];
+  /* step q computes row q's statistics and maps row q − 1: one call site each, so that where
+   * they are inlined (builds without target_clones) every row runs the same code, whichever
+   * row starts a thread's range (a NaN's sign could differ between two copies) */
+  double prev[2] = {0, 0};
+  for (int64_t q = r0; q <= r1; q++) {
+    double cur[2] = {0, 0};
+    if (q < r1) LN_STATS_ROW(cur, q);
+    if (q > r0) {
+      const int64_t r = q - 1;
+      ln_map_row_pairs(y + r * d, prev, x + r * d, tmp, gamma, beta, gs, bs, d, LN_NT_ROW(r));
+      if (mean != NULL) mean[r] = (float)prev[0];
+      if (rstd != NULL) rstd[r] = (float)prev[1];
+    }
+    prev[0] = cur[0], prev[1] = cur[1];
   }
   sn__stream_fence(nt);
 #undef LN_STATS_ROW
