@@ -136,6 +136,18 @@ static void rms_fwd_rows_bf16(uint16_t *y, float *rstd, const uint16_t *x, const
 #undef RMS_NT_ROW
 }
 
+/* The bf16 rows of sn_rmsnorm_fwd (res, sum_out NULL) or sn_add_rmsnorm_fwd: each thread one
+ * range of consecutive rows (rms_fwd_rows_bf16), as schedule(static) would give it. */
+static void rms_fwd_bf16(void *y, float *rstd, const void *x, const void *res, void *sum_out,
+                         const float *gamma, const float *gs, int64_t rows, int64_t d, float eps,
+                         int nt) {
+  const int64_t threads = sn__max_threads(), ranges = rows < threads ? rows : threads;
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < ranges; k++)
+    rms_fwd_rows_bf16(y, rstd, x, res, sum_out, gamma, gs, sn__chunk_begin(k, rows, ranges),
+                      sn__chunk_begin(k + 1, rows, ranges), rows, d, eps, nt);
+}
+
 /* Row r of the forward from its f32 view xr: writes y row r and rstd[r] when given. tmp: this
  * thread's d floats of scratch for bf16/f16 (the row is computed there; it may be xr), NULL
  * for f32. f32 only: res, sum_out, the rows of the fused kernel (rms_fwd_row; NULL for none).
@@ -186,12 +198,8 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
   }
 
   const int stream = sn__stream_out(n * esize);
-  if (dtype == SN_DTYPE_BF16) { /* each thread one range of consecutive rows, pipelined */
-    const int64_t threads = sn__max_threads(), ranges = rows < threads ? rows : threads;
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < ranges; k++)
-      rms_fwd_rows_bf16(y, rstd, x, NULL, NULL, gamma, gs, sn__chunk_begin(k, rows, ranges),
-                        sn__chunk_begin(k + 1, rows, ranges), rows, d, eps, stream);
+  if (dtype == SN_DTYPE_BF16) { /* pipelined rows, a range per thread */
+    rms_fwd_bf16(y, rstd, x, NULL, NULL, gamma, gs, rows, d, eps, stream);
   } else {
 #pragma omp parallel
     {
@@ -245,12 +253,8 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
   }
 
   const int stream = sn__stream_out(n * esize); /* y (sum_out, read back at once, is not) */
-  if (dtype == SN_DTYPE_BF16) { /* the add in the first pass; a range of rows per thread */
-    const int64_t threads = sn__max_threads(), ranges = rows < threads ? rows : threads;
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < ranges; k++)
-      rms_fwd_rows_bf16(y, rstd, x, residual, sum_out, gamma, gs, sn__chunk_begin(k, rows, ranges),
-                        sn__chunk_begin(k + 1, rows, ranges), rows, d, eps, stream);
+  if (dtype == SN_DTYPE_BF16) { /* the add in the first pass of the pipelined rows */
+    rms_fwd_bf16(y, rstd, x, residual, sum_out, gamma, gs, rows, d, eps, stream);
   } else {
 #pragma omp parallel
     {
