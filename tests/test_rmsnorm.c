@@ -902,6 +902,46 @@ static args_t good(void) {
   return a;
 }
 
+/* bf16 rows whose y is finite are narrowed without the NaN case of the rounding; a NaN gamma
+ * must still give NaN y. gamma holds NaNs whose low 16 bits are set (0x7fffffff, 0xffffffff:
+ * rounded as a number, such a NaN carries into the sign bit and gives ±0) in the vector body
+ * and the tail of each row; every other y must be bitwise that of the same call with those
+ * gamma finite (a column's gamma changes only its column). Plain and fused forwards. */
+START_TEST(test_bf16_nan_gamma) {
+  enum { R = 5, D = 67 };
+  tu_rng_t r;
+  tu_rng_seed(&r, 77);
+  uint16_t x[R * D], res[R * D], y[2][R * D], sum[R * D];
+  float gamma[2][D], rs[R];
+  tu_fill_normal(x, R * D, SN_DTYPE_BF16, 0.5, 1.0, &r);
+  tu_fill_normal(res, R * D, SN_DTYPE_BF16, 0.0, 1.0, &r);
+  for (int j = 0; j < D; j++) gamma[0][j] = gamma[1][j] = 0.75f + 0.01f * (float)j;
+  static const uint32_t nan_bits[3] = {0x7fffffffu, 0xffffffffu, 0x7fffffffu};
+  static const int nan_at[3] = {3, 40, 66}; /* vector body, body, tail (D = 2·32 + 3) */
+  for (int k = 0; k < 3; k++) memcpy(&gamma[1][nan_at[k]], &nan_bits[k], 4);
+  for (int fused = 0; fused < 2; fused++) {
+    for (int g = 0; g < 2; g++) {
+      memset(y[g], 0xA5, sizeof y[g]);
+      if (fused)
+        ck_assert_int_eq(sn_add_rmsnorm_fwd(y[g], sum, rs, x, res, gamma[g], R, D, EPS,
+                                            SN_DTYPE_BF16), SN_OK);
+      else
+        ck_assert_int_eq(sn_rmsnorm_fwd(y[g], rs, x, gamma[g], R, D, EPS, SN_DTYPE_BF16), SN_OK);
+    }
+    for (int i = 0; i < R * D; i++) {
+      const int j = i % D;
+      if (j == 3 || j == 40 || j == 66)
+        ck_assert_msg(isnan(tu_get(y[1], i, SN_DTYPE_BF16)),
+                      "%s: row %d col %d: y bits %04x for a NaN gamma", fused ? "fused" : "plain",
+                      i / D, j, (unsigned)y[1][i]);
+      else
+        ck_assert_msg(y[1][i] == y[0][i], "%s: row %d col %d: y %04x, with finite gamma %04x",
+                      fused ? "fused" : "plain", i / D, j, (unsigned)y[1][i], (unsigned)y[0][i]);
+    }
+  }
+}
+END_TEST
+
 /* Calls function f (0 fwd, 1 fused, 2 bwd) with a. */
 static sn_status_t call(int f, args_t a) {
   if (f == 0) return sn_rmsnorm_fwd(a.y, a.rstd, a.x, bg, a.rows, a.d, a.eps, a.dt);
@@ -1086,6 +1126,7 @@ int main(void) {
   tcase_add_test(tc, test_bwd_g_overflow);
   tcase_add_test(tc, test_bwd_term_overflow);
   tcase_add_test(tc, test_fd);
+  tcase_add_test(tc, test_bf16_nan_gamma);
   tcase_add_test(tc, test_bad_input);
   tcase_add_test(tc, test_empty_batch);
   tcase_add_loop_test(tc, test_threads, 0, 3);

@@ -296,8 +296,8 @@ SN_CLONES static void ln_map_row_pairs(uint16_t *y, const double stats[2], const
     else ln_map_beta_pairs(y, x, gs, bs, gamma, beta, d, mean, rstd, lim, 0, nt);
   } else {
     const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
-    if (gamma != NULL) sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 1, 1, nt);
-    else sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 0, 1, nt);
+    if (gamma != NULL) sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 1, 1, nt, 0);
+    else sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 0, 1, nt, 0);
   }
 }
 

@@ -93,11 +93,20 @@ SN_CLONES static double rms_rstd_bf16(const uint16_t *x, const uint16_t *res, ui
   const double ss = sn__row_sumsq_bf16(x, res, sum_out, d, next, out);
   return 1.0 / sqrt(ss / (double)d + (double)eps);
 }
-/* nt: y streamed. */
+/* nt: y streamed. gfin: gamma NULL or all finite. Where the row's sum of squares was finite too
+ * (rstd finite and > 0: the row is finite), no y is NaN: |x·rstd| <= √d(1 + 2^-23) and gamma
+ * finite make y finite or ±inf, so y is narrowed without sn__f32_to_bf16's NaN case (the same
+ * bits, sn__map_pairs's finite). */
 SN_CLONES static void rms_map_bf16(uint16_t *y, const uint16_t *xm, const float *gamma,
-                                   const float *gs, int64_t d, double rstd, int nt) {
-  if (gamma != NULL) sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, (float)rstd, 1, 0, nt);
-  else sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, (float)rstd, 0, 0, nt);
+                                   const float *gs, int64_t d, double rstd, int gfin, int nt) {
+  const float s = (float)rstd;
+  if (gfin && rstd > 0.0 && isfinite(rstd)) {
+    if (gamma != NULL) sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, s, 1, 0, nt, 1);
+    else sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, s, 0, 0, nt, 1);
+  } else {
+    if (gamma != NULL) sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, s, 1, 0, nt, 0);
+    else sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, s, 0, 0, nt, 0);
+  }
 }
 
 /* Rows [r0, r1) of a bf16 sn_rmsnorm_fwd or (res, sum_out non-NULL) sn_add_rmsnorm_fwd (the
@@ -109,7 +118,7 @@ SN_CLONES static void rms_map_bf16(uint16_t *y, const uint16_t *xm, const float 
  * overlap). nt: y streamed where its row starts a 64-byte line (whole lines of pairs), and
  * fenced at the end. */
 static void rms_fwd_rows_bf16(uint16_t *y, float *rstd, const uint16_t *x, const uint16_t *res,
-                              uint16_t *sum_out, const float *gamma, const float *gs,
+                              uint16_t *sum_out, const float *gamma, const float *gs, int gfin,
                               int64_t r0, int64_t r1, int64_t rows, int64_t d, float eps, int nt) {
 /* whether row q of y is streamed */
 #define RMS_NT_ROW(q) (nt && sn__aligned64(y + (q) * d))
@@ -126,7 +135,8 @@ static void rms_fwd_rows_bf16(uint16_t *y, float *rstd, const uint16_t *x, const
   for (int64_t q = r0; q <= r1; q++) {
     const double cur = q < r1 ? RMS_RSTD_ROW(q) : 0.0;
     if (q > r0) {
-      rms_map_bf16(y + (q - 1) * d, xm + (q - 1) * d, gamma, gs, d, prev, RMS_NT_ROW(q - 1));
+      rms_map_bf16(y + (q - 1) * d, xm + (q - 1) * d, gamma, gs, d, prev, gfin,
+                   RMS_NT_ROW(q - 1));
       if (rstd != NULL) rstd[q - 1] = (float)prev;
     }
     prev = cur;
@@ -142,9 +152,11 @@ static void rms_fwd_bf16(void *y, float *rstd, const void *x, const void *res, v
                          const float *gamma, const float *gs, int64_t rows, int64_t d, float eps,
                          int nt) {
   const int64_t threads = sn__max_threads(), ranges = rows < threads ? rows : threads;
+  int gfin = 1; /* gamma NULL or finite (rms_map_bf16) */
+  for (int64_t i = 0; gamma != NULL && i < d; i++) gfin &= isfinite(gamma[i]) != 0;
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < ranges; k++)
-    rms_fwd_rows_bf16(y, rstd, x, res, sum_out, gamma, gs, sn__chunk_begin(k, rows, ranges),
+    rms_fwd_rows_bf16(y, rstd, x, res, sum_out, gamma, gs, gfin, sn__chunk_begin(k, rows, ranges),
                       sn__chunk_begin(k + 1, rows, ranges), rows, d, eps, nt);
 }
 

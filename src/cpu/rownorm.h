@@ -216,10 +216,11 @@ SN_UNUSED static sn_status_t sn__bwd_buffers(const char *fn, double **work, floa
  * same f32 operations on the widened row followed by sn__f32_to_bf16. gs: gamma in pair order
  * (sn__to_pairs; unused without has_g), gamma as is for the tail. has_g, centre: constants after
  * inlining. y may equal xb (each block is loaded before it is stored). nt: y streamed
- * (sn__store64). */
+ * (sn__store64). finite (a constant after inlining): the caller knows no t·gamma is NaN, so y is
+ * narrowed as sn__f32_to_bf16_finite, which gives the same bits for every non-NaN value. */
 SN_INLINE void sn__map_pairs(uint16_t *y, const uint16_t *xb, const float *gs, const float *gamma,
                              int64_t d, float hi, float lo, float s, int has_g, int centre,
-                             int nt) {
+                             int nt, int finite) {
   int64_t i = 0;
   for (; i + SN_PAIR <= d; i += SN_PAIR) {
     sn__pf e, o, ge, go;
@@ -235,14 +236,15 @@ SN_INLINE void sn__map_pairs(uint16_t *y, const uint16_t *xb, const float *gs, c
       e = e * ge;
       o = o * go;
     }
-    sn__pair_narrow(y + i, &e, &o, nt);
+    if (finite) sn__pair_narrow_finite(y + i, &e, &o, nt);
+    else sn__pair_narrow(y + i, &e, &o, nt);
   }
   for (; i < d; i++) {
     float t = sn__bf16_to_f32(xb[i]);
     if (centre) t = (t - hi) - lo;
     t = t * s;
     if (has_g) t = t * gamma[i];
-    y[i] = sn__f32_to_bf16(t);
+    y[i] = finite ? sn__f32_to_bf16_finite(t) : sn__f32_to_bf16(t);
   }
 }
 
