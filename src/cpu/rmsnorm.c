@@ -94,7 +94,8 @@ SN_CLONES static double rms_rstd_bf16(const uint16_t *x, const uint16_t *res, ui
   return 1.0 / sqrt(ss / (double)d + (double)eps);
 }
 /* nt: y streamed. gfin: gamma NULL or all finite. Where the row's sum of squares was finite too
- * (rstd finite and > 0: the row is finite), no y is NaN: |x·rstd| <= √d(1 + 2^-23) and gamma
+ * (rstd finite and > 0: the row is finite), no y is NaN: |x·rstd| <= √d·(1 + 2^-19) (x² is at
+ * most the sum of squares, whose f32 blocks err by < 2^-19.9, sn__row_sumsq_lowp) and gamma
  * finite make y finite or ±inf, so y is narrowed without sn__f32_to_bf16's NaN case (the same
  * bits, sn__map_pairs's finite). */
 SN_CLONES static void rms_map_bf16(uint16_t *y, const uint16_t *xm, const float *gamma,
