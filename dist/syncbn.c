@@ -174,13 +174,18 @@ static sn_status_t check_call(const char *fn, const sn_syncbn_t *bn, int64_t n, 
     SN_TRY(sn__check_ptr(fn, bname, b));
     if (c != NULL || cn != NULL) SN_TRY(sn__check_ptr(fn, cn, c));
     /* as the kernels check them, but before any collective: y may equal x, dx may equal dy but
-     * not overlap x; no partial overlaps */
-    const int64_t bytes = total * sn_dtype_size(bn->cfg.dtype);
-    if (c == NULL) { /* forward: a = x, b = y */
-      SN_TRY(sn__check_overlap(fn, bname, b, an, a, bytes, 1));
-    } else { /* backward: a = dy, b = x, c = dx */
-      SN_TRY(sn__check_bwd_overlap(fn, c, a, b, bytes));
-    }
+     * not overlap x; no partial overlaps; and no activation over the layer's own arrays
+     * (sn_syncbn_params hands out pointers into them), which the step writes */
+    const int64_t bytes = total * sn_dtype_size(bn->cfg.dtype), C = bn->C;
+    const sn__span_t spans[] = {
+        /* forward: b = y (may equal a = x); backward: c = dx (may equal a = dy), b = x */
+        SN_SPAN_OUT(c == NULL ? bname : cn, c == NULL ? b : c, bytes, 1u << 1),
+        SN_SPAN_IN(an, a, bytes),
+        SN_SPAN_IN(c == NULL ? "(none)" : bname, c == NULL ? NULL : b, bytes),
+        SN_SPAN_OUT("the layer's f32 arrays", bn->fblock, 10 * C * 4, 0u),
+        SN_SPAN_OUT("the layer's f64 arrays", bn->red, (6 * C + SN_RED_EXTRA) * 8, 0u),
+        SN_SPAN_OUT("the layer", bn, (int64_t)sizeof *bn, 0u)};
+    SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   }
   if (bn->comm != NULL) SN_TRY(sn__comm_check(fn, bn->comm));
   return SN_OK;

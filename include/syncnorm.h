@@ -46,9 +46,12 @@
  *    code paths there (BatchNorm's fused and unfused passes, GroupNorm NHWC samples shared by
  *    a team of threads or not), whose separately compiled sums could otherwise pick different
  *    operands' NaNs.
- *  - In-place: y may equal x, and dx may equal dy (the same pointer). No other overlap is allowed:
- *    an output that overlaps an input partly, or dx that overlaps x, is SN_ERR_INVALID_ARGUMENT
- *    (checked on the activation buffers; every error below includes it).
+ *  - In-place: y may equal x, and dx may equal dy (the same pointer); a function names any
+ *    other pair it allows. No other overlap is allowed: an output that overlaps any other buffer
+ *    of the call, input or output, partly or as the same pointer (y one element into x, y over
+ *    gamma, rstd over mean, dx over x), is SN_ERR_INVALID_ARGUMENT with nothing written. Every
+ *    buffer passed is checked, at the size the call gives it; inputs may overlap each other. The
+ *    "y overlaps x partly" of the error lists below stands for all of these.
  *  - Large outputs (y, dx of at least 16 MiB: f32, and bf16 in the LayerNorm and RMSNorm
  *    kernels but the fused LayerNorm) are written with streaming (non-temporal) stores on Intel
  *    x86-64 CPUs and on AMD's from CPU family 0x1A (Zen 5; there not the bf16 LayerNorm
@@ -229,7 +232,8 @@ SN_API sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const
  * Chan, Golub and LeVeque 1983). pivot: [C] f32, NULL = 0.
  * n == 0 or s == 0 is valid (sums written as 0). Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE
  * (C <= 0, N or S < 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE,
- * SN_ERR_ALLOC (fixed-order partial sums). */
+ * SN_ERR_INVALID_ARGUMENT (an output overlaps another array), SN_ERR_ALLOC (fixed-order partial
+ * sums). */
 SN_API sn_status_t sn_batchnorm_stats(double *sum, double *sumsq, const void *x,
                                       const float *pivot, int64_t n, int64_t c, int64_t s,
                                       sn_layout_t layout, sn_dtype_t dtype);
@@ -240,7 +244,8 @@ SN_API sn_status_t sn_batchnorm_stats(double *sum, double *sumsq, const void *x,
  * mean: [C] f64 (=); var: [C] f32 (=) or NULL; rstd: [C] f32 (=). sum, sumsq: [C] f64; pivot as
  * in sn_batchnorm_stats. count <= 1 → SN_ERR_INSUFFICIENT_COUNT, as PyTorch's "Expected more than
  * 1 value per channel when training". Other errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE,
- * SN_ERR_INVALID_EPS. */
+ * SN_ERR_OVERFLOW (C beyond INT64_MAX/8), SN_ERR_INVALID_EPS, SN_ERR_INVALID_ARGUMENT (an
+ * output overlaps another array). */
 SN_API sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, const double *sum,
                                          const double *sumsq, const float *pivot, int64_t count,
                                          int64_t c, float eps);
@@ -260,8 +265,9 @@ SN_API sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, 
  * batch, as PyTorch's module forward does before normalizing; count == 1 is
  * SN_ERR_INSUFFICIENT_COUNT (no such training step exists). NaN statistics propagate. Host
  * memory. Errors (nothing written): SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C <= 0, count < 0),
- * SN_ERR_INSUFFICIENT_COUNT, SN_ERR_INVALID_ARGUMENT (momentum not in [0, 1] and not
- * SN_MOMENTUM_CUMULATIVE, or num_batches_tracked < 0). SyncBatchNorm (syncnorm_dist.h) calls it
+ * SN_ERR_OVERFLOW (C beyond INT64_MAX/8), SN_ERR_INSUFFICIENT_COUNT, SN_ERR_INVALID_ARGUMENT
+ * (momentum not in [0, 1] and not SN_MOMENTUM_CUMULATIVE, num_batches_tracked < 0, or an
+ * output overlapping another array). SyncBatchNorm (syncnorm_dist.h) calls it
  * with the global count. */
 SN_API sn_status_t sn_batchnorm_update_running(float *running_mean, float *running_var,
                                                int64_t *num_batches_tracked, const double *mean,
@@ -301,7 +307,7 @@ SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean
  * mean: [C] f64 (=); var: [C] f32 (=) biased, or NULL; rstd: [C] f32 (=); pivot: [C] f32 or
  * NULL (= 0), best near the channel means (e.g. the previous batch's mean, as SyncBatchNorm
  * keeps it); gamma, beta: [C] f32 or NULL (1 / 0). mean, var and rstd may not overlap each
- * other, pivot, gamma or beta (SN_ERR_INVALID_ARGUMENT), nor x or y (not checked). The results
+ * other, pivot, gamma, beta, x or y (SN_ERR_INVALID_ARGUMENT). The results
  * are bitwise those of sn_batchnorm_stats, the refinement above (summing again with the refined
  * pivots where any channel needs it), sn_batchnorm_finalize and sn_batchnorm_apply, for any
  * thread count. Fused in NCHW (s > 1) where one channel's x fits in
@@ -368,8 +374,8 @@ SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *
  * or NULL (= 1). dgamma, dbeta: [C] f32, overwritten (=), either may be NULL (not returned); the
  * sums are the fp64 ones of sn_batchnorm_bwd_reduce, rounded once. The results are bitwise those
  * of sn_batchnorm_bwd_reduce followed by sn_batchnorm_bwd_apply with count n·s, for any thread
- * count (every input is read before dgamma and dbeta are written, so they may even be written
- * over gamma or rstd). Fused in NCHW (s > 1) where one channel's x and dy fit in a core's L2
+ * count (every input is read before dgamma and dbeta are written, so each may equal gamma or
+ * rstd: the same pointer). Fused in NCHW (s > 1) where one channel's x and dy fit in a core's L2
  * (sysconf(_SC_LEVEL2_CACHE_SIZE), else 1 MiB) and the tasks (blocks of up to 8 channels) are a
  * multiple of the thread count or at least 4 per thread: a block is summed and then mapped while
  * it is in the cache, so x and dy are read from memory once instead of twice; otherwise the two
@@ -434,8 +440,8 @@ SN_API sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const
  * an error nothing is written. Source: the algebra of conv-BN fusion (e.g. PyTorch's
  * torch.nn.utils.fusion.fuse_conv_bn_weights). Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE
  * (c_out or per_out <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS, SN_ERR_INVALID_ARGUMENT (a
- * running_var < 0; a NaN one gives that channel NaN weights, as sn_batchnorm_infer NaN
- * outputs). */
+ * running_var < 0, or w or b overlapping another array; a NaN running_var gives that channel
+ * NaN weights, as sn_batchnorm_infer NaN outputs). */
 SN_API sn_status_t sn_fold_batchnorm(float *w, float *b, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var,
                                      int64_t c_out, int64_t per_out, float eps);

@@ -224,8 +224,9 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
  * SN_ERR_INSUFFICIENT_COUNT (global count 1), SN_ERR_MISMATCH, SN_ERR_NONFINITE, SN_ERR_COMM,
  * SN_ERR_TIMEOUT, SN_ERR_INVALID_HANDLE, SN_ERR_ALLOC, SN_ERR_INVALID_ARGUMENT (eval mode with a
  * running_var < 0, or training with a num_batches_tracked < 0, written through sn_syncbn_params;
- * y overlapping x partly; backward: dx overlapping dy partly, or x at all — all checked before
- * any collective). A global count of 0 is an empty batch: SN_OK, y and the running statistics
+ * y overlapping x partly; backward: dx overlapping dy partly, or x at all; an activation over
+ * the layer's own arrays, those sn_syncbn_params hands out included — all checked before any
+ * collective). A global count of 0 is an empty batch: SN_OK, y and the running statistics
  * untouched, num_batches_tracked += 1 when tracking (as
  * torch.nn.BatchNorm's forward, which counts the batch before normalizing it; with momentum
  * None the next factor is then 1/num_batches_tracked as there). */

@@ -28,16 +28,27 @@ SN_HIDDEN sn_status_t sn__fail_prefix(sn_status_t status, const char *fmt, ...) 
 
 /* p != NULL, else SN_ERR_NULL_POINTER naming the argument. */
 SN_HIDDEN sn_status_t sn__check_ptr(const char *fn, const char *name, const void *p);
-/* SN_ERR_INVALID_ARGUMENT where the buffers a and b, `bytes` long each, overlap: partly, or, unless
- * same_ok (an in-place pair), as the same pointer. A partial overlap reads values the call
- * already overwrote. */
-SN_HIDDEN sn_status_t sn__check_overlap(const char *fn, const char *a_name, const void *a,
-                                        const char *b_name, const void *b, int64_t bytes,
-                                        int same_ok);
-/* The activations of a backward, `bytes` each: dx may equal dy, and may not overlap x
- * (sn__check_overlap). */
-SN_HIDDEN sn_status_t sn__check_bwd_overlap(const char *fn, const void *dx, const void *dy,
-                                            const void *x, int64_t bytes);
+/* One buffer of a call for sn__check_spans: `bytes` long from p (absent where p is NULL or
+ * bytes <= 0), written by the call (out) or only read. may_equal: bit j set where this buffer may
+ * be buffer j of the list, listed after it, exactly (the same pointer and length: an in-place
+ * pair). */
+typedef struct {
+  const char *name;
+  const void *p;
+  int64_t bytes;
+  int out;
+  unsigned may_equal;
+} sn__span_t;
+#define SN_SPAN_IN(name, p, bytes) {(name), (p), (bytes), 0, 0u}
+#define SN_SPAN_OUT(name, p, bytes, may_equal) {(name), (p), (bytes), 1, (may_equal)}
+/* SN_ERR_INVALID_ARGUMENT naming the first pair of the `count` buffers s (in list order) where an
+ * output overlaps another buffer, input or output, partly or wholly, other than an allowed
+ * in-place pair; inputs may overlap each other. Checked before anything is written: an output
+ * over an input changes values the call still reads (the rows or channels not yet done, or, in
+ * place partly, the rest of the same buffer), and two outputs over each other leave whichever
+ * was written last. syncnorm.h: "No other overlap is allowed". */
+SN_HIDDEN sn_status_t sn__check_spans(const char *fn, const sn__span_t *s, int count);
+#define SN_SPANS(s) ((int)(sizeof(s) / sizeof((s)[0])))
 /* SN_ERR_INVALID_ARGUMENT unless momentum is in [0, 1] or SN_MOMENTUM_CUMULATIVE. */
 SN_HIDDEN sn_status_t sn__check_momentum(const char *fn, float momentum);
 /* v >= min (min is 0 for counts that may be empty, 1 for d/C/G), else SN_ERR_INVALID_SIZE. */

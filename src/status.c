@@ -63,25 +63,28 @@ sn_status_t sn__fail(sn_status_t status, const char *fmt, ...) {
   return status;
 }
 
-sn_status_t sn__check_overlap(const char *fn, const char *a_name, const void *a,
-                              const char *b_name, const void *b, int64_t bytes, int same_ok) {
-  const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b, len = (uintptr_t)bytes;
-  if (bytes <= 0 || pa >= pb + len || pb >= pa + len) return SN_OK;
-  if (pa == pb)
-    return same_ok ? SN_OK
-                   : sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: %s and %s are the same buffer", fn,
-                              a_name, b_name);
-  return sn__fail(SN_ERR_INVALID_ARGUMENT,
-                  "%s: %s and %s overlap without being the same buffer (%lld bytes each, %lld "
-                  "apart)%s",
-                  fn, a_name, b_name, (long long)bytes, (long long)(pa > pb ? pa - pb : pb - pa),
-                  same_ok ? ": an in-place call passes the same pointer" : "");
-}
-
-sn_status_t sn__check_bwd_overlap(const char *fn, const void *dx, const void *dy,
-                                  const void *x, int64_t bytes) {
-  SN_TRY(sn__check_overlap(fn, "dx", dx, "dy", dy, bytes, 1));
-  return sn__check_overlap(fn, "dx", dx, "x", x, bytes, 0);
+sn_status_t sn__check_spans(const char *fn, const sn__span_t *s, int count) {
+  for (int i = 0; i < count; i++)
+    for (int j = i + 1; j < count; j++) {
+      const sn__span_t *a = &s[i], *b = &s[j];
+      if (!a->out && !b->out) continue;
+      if (a->p == NULL || b->p == NULL || a->bytes <= 0 || b->bytes <= 0) continue;
+      const uintptr_t pa = (uintptr_t)a->p, pb = (uintptr_t)b->p;
+      if (pa >= pb + (uintptr_t)b->bytes || pb >= pa + (uintptr_t)a->bytes) continue;
+      const int in_place = j < 32 && ((a->may_equal >> j) & 1u);
+      if (pa == pb && a->bytes == b->bytes) {
+        if (in_place) continue;
+        return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: %s and %s are the same buffer", fn,
+                        a->name, b->name);
+      }
+      return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                      "%s: %s (%lld bytes) and %s (%lld bytes) overlap%s, %lld bytes apart%s",
+                      fn, a->name, (long long)a->bytes, b->name, (long long)b->bytes,
+                      a->bytes == b->bytes ? " without being the same buffer" : "",
+                      (long long)(pa > pb ? pa - pb : pb - pa),
+                      in_place ? ": an in-place call passes the same pointer" : "");
+    }
+  return SN_OK;
 }
 
 sn_status_t sn__check_momentum(const char *fn, float momentum) {

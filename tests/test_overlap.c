@@ -4,6 +4,9 @@
  * SN_ERR_INVALID_ARGUMENT with memory untouched; the documented in-place pairs (y == x,
  * dx == dy; sum_out == x or residual in the fused kernels) work; dx == x and, in the fused
  * kernels, y equal to any other buffer are rejected (syncnorm.h: "No other overlap is allowed").
+ * test_every_pair goes through every public kernel's buffer list: each output placed over each
+ * other buffer of the call, at its start and one element in, is rejected before anything is
+ * written, but for the pairs the header allows.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,15 +19,16 @@ enum { ROWS = 3, D = 8, N = 2, C = 4, S = 3, E = 24 }; /* E elements: ROWS·D = 
 _Static_assert(ROWS * D == E && N * C * S == E, "one element count for every kernel");
 
 /* One arena holding every buffer of a call; a call is checked to leave it bitwise unchanged. */
-static float arena[8 * E];
-static float keep[8 * E];
+static float arena[12 * E];
+static float keep[12 * E];
 static const float gamma4[D] = {1, 2, 3, 4, 5, 6, 7, 8}, beta4[D] = {0};
 static float mean_r[ROWS], rstd_r[ROWS], gmean[N * 2], grstd[N * 2], rmean[C], rvar[C], rs_r[ROWS];
 static float brstd[C];
 static double bmean[C], sdy[C], sdyx[C];
 
 static void fill(void) {
-  for (int i = 0; i < 8 * E; i++) arena[i] = (float)((i * 37) % 11) - 5.0f;
+  /* positive: valid as any buffer (a running_var; num_batches_tracked's int64 from two) */
+  for (int i = 0; i < 12 * E; i++) arena[i] = (float)((i * 37) % 11) + 0.5f;
   for (int r = 0; r < ROWS; r++) mean_r[r] = 0.1f, rstd_r[r] = 0.5f, rs_r[r] = 0.5f;
   for (int k = 0; k < N * 2; k++) gmean[k] = 0.2f, grstd[k] = 0.7f;
   for (int c = 0; c < C; c++) {
@@ -156,6 +160,244 @@ START_TEST(test_channel_overlaps) {
 }
 END_TEST
 
+/* ---- every output over every other buffer, kernel by kernel ------------------------------ */
+
+enum { G = 2, PER = 6, NB_MAX = 9 }; /* groups; fold's per_out (C·PER = E) */
+_Static_assert(C * PER == E, "fold's w fills one slot");
+
+/* One buffer of a kernel: its name, bytes, whether the kernel writes it, and the buffers it may
+ * equal (bit j: buffer j; the header's in-place pairs). */
+typedef struct {
+  const char *name;
+  int bytes;
+  int out;
+  unsigned may_equal;
+} buf_t;
+typedef struct {
+  const char *fn;
+  int nb;
+  buf_t b[NB_MAX];
+  sn_status_t (*call)(void *const *p);
+} kern_t;
+
+#define AB (E * 4) /* an f32 activation [ROWS, D] or [N, C, S] */
+#define F32C (C * 4)
+#define F64C (C * 8)
+static const float EPS = 1e-5f;
+
+static sn_status_t k_ln_fwd(void *const *p) {
+  return sn_layernorm_fwd(p[0], p[1], p[2], p[3], p[4], p[5], ROWS, D, EPS, SN_DTYPE_F32);
+}
+static sn_status_t k_add_ln(void *const *p) {
+  return sn_add_layernorm_fwd(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], ROWS, D, EPS,
+                              SN_DTYPE_F32);
+}
+static sn_status_t k_rms_fwd(void *const *p) {
+  return sn_rmsnorm_fwd(p[0], p[1], p[2], p[3], ROWS, D, EPS, SN_DTYPE_F32);
+}
+static sn_status_t k_add_rms(void *const *p) {
+  return sn_add_rmsnorm_fwd(p[0], p[1], p[2], p[3], p[4], p[5], ROWS, D, EPS, SN_DTYPE_F32);
+}
+static sn_status_t k_ln_bwd(void *const *p) {
+  return sn_layernorm_bwd(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], ROWS, D, SN_DTYPE_F32);
+}
+static sn_status_t k_rms_bwd(void *const *p) {
+  return sn_rmsnorm_bwd(p[0], p[1], p[2], p[3], p[4], p[5], ROWS, D, SN_DTYPE_F32);
+}
+static sn_status_t k_bn_stats(void *const *p) {
+  return sn_batchnorm_stats(p[0], p[1], p[2], p[3], N, C, S, SN_LAYOUT_NCHW, SN_DTYPE_F32);
+}
+static sn_status_t k_bn_finalize(void *const *p) {
+  return sn_batchnorm_finalize(p[0], p[1], p[2], p[3], p[4], p[5], N * S, C, EPS);
+}
+static sn_status_t k_bn_running(void *const *p) {
+  return sn_batchnorm_update_running(p[0], p[1], p[2], p[3], p[4], N * S, C, 0.1f);
+}
+static sn_status_t k_bn_apply(void *const *p) {
+  return sn_batchnorm_apply(p[0], p[1], p[2], p[3], p[4], p[5], N, C, S, SN_LAYOUT_NHWC,
+                            SN_DTYPE_F32);
+}
+static sn_status_t k_bn_fwd(void *const *p) {
+  return sn_batchnorm_fwd(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], N, C, S, EPS,
+                          SN_LAYOUT_NCHW, SN_DTYPE_F32);
+}
+static sn_status_t k_bn_infer(void *const *p) {
+  return sn_batchnorm_infer(p[0], p[1], p[2], p[3], p[4], p[5], N, C, S, EPS, SN_LAYOUT_NCHW,
+                            SN_DTYPE_F32);
+}
+static sn_status_t k_bn_bwd_reduce(void *const *p) {
+  return sn_batchnorm_bwd_reduce(p[0], p[1], p[2], p[3], p[4], p[5], N, C, S, SN_LAYOUT_NHWC,
+                                 SN_DTYPE_F32);
+}
+static sn_status_t k_bn_bwd_apply(void *const *p) {
+  return sn_batchnorm_bwd_apply(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], N * S, N, C, S,
+                                SN_LAYOUT_NCHW, SN_DTYPE_F32);
+}
+static sn_status_t k_bn_bwd(void *const *p) {
+  return sn_batchnorm_bwd(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], N, C, S,
+                          SN_LAYOUT_NCHW, SN_DTYPE_F32);
+}
+static sn_status_t k_gn_fwd(void *const *p) {
+  return sn_groupnorm_fwd(p[0], p[1], p[2], p[3], p[4], p[5], N, C, S, G, EPS, SN_LAYOUT_NHWC,
+                          SN_DTYPE_F32);
+}
+static sn_status_t k_gn_bwd(void *const *p) {
+  return sn_groupnorm_bwd(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], N, C, S, G,
+                          SN_LAYOUT_NCHW, SN_DTYPE_F32);
+}
+static sn_status_t k_fold(void *const *p) {
+  return sn_fold_batchnorm(p[0], p[1], p[2], p[3], p[4], p[5], C, PER, EPS);
+}
+
+#define IN(name, bytes) {name, bytes, 0, 0u}
+#define OUT(name, bytes, eq) {name, bytes, 1, eq}
+static const kern_t kernels[] = {
+    {"sn_layernorm_fwd", 6,
+     {OUT("y", AB, 1u << 3), OUT("mean", ROWS * 4, 0), OUT("rstd", ROWS * 4, 0), IN("x", AB),
+      IN("gamma", D * 4), IN("beta", D * 4)},
+     k_ln_fwd},
+    {"sn_add_layernorm_fwd", 8,
+     {OUT("y", AB, 0), OUT("sum_out", AB, 1u << 4 | 1u << 5), OUT("mean", ROWS * 4, 0),
+      OUT("rstd", ROWS * 4, 0), IN("x", AB), IN("residual", AB), IN("gamma", D * 4),
+      IN("beta", D * 4)},
+     k_add_ln},
+    {"sn_rmsnorm_fwd", 4,
+     {OUT("y", AB, 1u << 2), OUT("rstd", ROWS * 4, 0), IN("x", AB), IN("gamma", D * 4)},
+     k_rms_fwd},
+    {"sn_add_rmsnorm_fwd", 6,
+     {OUT("y", AB, 0), OUT("sum_out", AB, 1u << 3 | 1u << 4), OUT("rstd", ROWS * 4, 0),
+      IN("x", AB), IN("residual", AB), IN("gamma", D * 4)},
+     k_add_rms},
+    {"sn_layernorm_bwd", 8,
+     {OUT("dx", AB, 1u << 3), OUT("dgamma", D * 4, 0), OUT("dbeta", D * 4, 0), IN("dy", AB),
+      IN("x", AB), IN("mean", ROWS * 4), IN("rstd", ROWS * 4), IN("gamma", D * 4)},
+     k_ln_bwd},
+    {"sn_rmsnorm_bwd", 6,
+     {OUT("dx", AB, 1u << 2), OUT("dgamma", D * 4, 0), IN("dy", AB), IN("x", AB),
+      IN("rstd", ROWS * 4), IN("gamma", D * 4)},
+     k_rms_bwd},
+    {"sn_batchnorm_stats", 4,
+     {OUT("sum", F64C, 0), OUT("sumsq", F64C, 0), IN("x", AB), IN("pivot", F32C)},
+     k_bn_stats},
+    {"sn_batchnorm_finalize", 6,
+     {OUT("mean", F64C, 0), OUT("var", F32C, 0), OUT("rstd", F32C, 0), IN("sum", F64C),
+      IN("sumsq", F64C), IN("pivot", F32C)},
+     k_bn_finalize},
+    {"sn_batchnorm_update_running", 5,
+     {OUT("running_mean", F32C, 0), OUT("running_var", F32C, 0), OUT("num_batches_tracked", 8, 0),
+      IN("mean", F64C), IN("var", F32C)},
+     k_bn_running},
+    {"sn_batchnorm_apply", 6,
+     {OUT("y", AB, 1u << 1), IN("x", AB), IN("mean", F64C), IN("rstd", F32C), IN("gamma", F32C),
+      IN("beta", F32C)},
+     k_bn_apply},
+    {"sn_batchnorm_fwd", 8,
+     {OUT("y", AB, 1u << 4), OUT("mean", F64C, 0), OUT("var", F32C, 0), OUT("rstd", F32C, 0),
+      IN("x", AB), IN("pivot", F32C), IN("gamma", F32C), IN("beta", F32C)},
+     k_bn_fwd},
+    {"sn_batchnorm_infer", 6,
+     {OUT("y", AB, 1u << 1), IN("x", AB), IN("running_mean", F32C), IN("running_var", F32C),
+      IN("gamma", F32C), IN("beta", F32C)},
+     k_bn_infer},
+    {"sn_batchnorm_bwd_reduce", 6,
+     {OUT("sum_dy", F64C, 0), OUT("sum_dy_xhat", F64C, 0), IN("dy", AB), IN("x", AB),
+      IN("mean", F64C), IN("rstd", F32C)},
+     k_bn_bwd_reduce},
+    {"sn_batchnorm_bwd_apply", 8,
+     {OUT("dx", AB, 1u << 1), IN("dy", AB), IN("x", AB), IN("mean", F64C), IN("rstd", F32C),
+      IN("gamma", F32C), IN("sum_dy", F64C), IN("sum_dy_xhat", F64C)},
+     k_bn_bwd_apply},
+    /* the header: every input is read before dgamma and dbeta are written over gamma or rstd */
+    {"sn_batchnorm_bwd", 8,
+     {OUT("dx", AB, 1u << 3), OUT("dgamma", F32C, 1u << 6 | 1u << 7),
+      OUT("dbeta", F32C, 1u << 6 | 1u << 7), IN("dy", AB), IN("x", AB), IN("mean", F64C),
+      IN("rstd", F32C), IN("gamma", F32C)},
+     k_bn_bwd},
+    {"sn_groupnorm_fwd", 6,
+     {OUT("y", AB, 1u << 3), OUT("mean", N * G * 4, 0), OUT("rstd", N * G * 4, 0), IN("x", AB),
+      IN("gamma", F32C), IN("beta", F32C)},
+     k_gn_fwd},
+    {"sn_groupnorm_bwd", 8,
+     {OUT("dx", AB, 1u << 3), OUT("dgamma", F32C, 0), OUT("dbeta", F32C, 0), IN("dy", AB),
+      IN("x", AB), IN("mean", N * G * 4), IN("rstd", N * G * 4), IN("gamma", F32C)},
+     k_gn_bwd},
+    {"sn_fold_batchnorm", 6,
+     {OUT("w", AB, 0), OUT("b", F32C, 0), IN("gamma", F32C), IN("beta", F32C),
+      IN("running_mean", F32C), IN("running_var", F32C)},
+     k_fold},
+};
+#undef IN
+#undef OUT
+
+/* Slot k of the arena: buffer k of a call, apart from the others (slot E floats, the largest
+ * buffer; the arena has room for a buffer moved one element past the last slot). */
+START_TEST(test_every_pair) {
+  const int nk = (int)(sizeof kernels / sizeof kernels[0]);
+  int rejected = 0, allowed = 0;
+  for (int k = 0; k < nk; k++) {
+    const kern_t *kn = &kernels[k];
+    void *p[NB_MAX];
+    for (int i = 0; i < kn->nb; i++) {
+      ck_assert_int_le(kn->b[i].bytes, E * 4);
+      p[i] = at(i, 0);
+    }
+    fill();
+    expect(kn->call(p), SN_OK, kn->fn, "every buffer apart");
+    for (int i = 0; i < kn->nb; i++) {
+      if (!kn->b[i].out) continue;
+      for (int j = 0; j < kn->nb; j++) {
+        if (j == i) continue;
+        for (int shift = 0; shift < 2; shift++) {
+          const int ok = shift == 0 && kn->b[i].bytes == kn->b[j].bytes &&
+                         (((kn->b[i].may_equal >> j) | (kn->b[j].may_equal >> i)) & 1u);
+          char what[96];
+          snprintf(what, sizeof what, "%s %s %s", kn->b[i].name, shift ? "one element into" : "at",
+                   kn->b[j].name);
+          for (int m = 0; m < kn->nb; m++) p[m] = at(m, 0);
+          p[i] = at(j, shift);
+          fill();
+          expect(kn->call(p), ok ? SN_OK : SN_ERR_INVALID_ARGUMENT, kn->fn, what);
+          ok ? allowed++ : rejected++;
+        }
+      }
+    }
+  }
+  /* the loops ran: 2 placements per (output, other buffer); 19 allowed pairs in the table */
+  ck_assert_int_eq(rejected + allowed, 500);
+  ck_assert_int_eq(allowed, 19);
+}
+END_TEST
+
+/* An empty batch writes only the [C]/[d] arrays, which are still checked. */
+START_TEST(test_empty_batch_overlaps) {
+  const sn_status_t BAD = SN_ERR_INVALID_ARGUMENT;
+  fill();
+  expect(sn_layernorm_bwd(NULL, at(0, 0), at(0, 2), NULL, NULL, NULL, NULL, gamma4, 0, D,
+                          SN_DTYPE_F32),
+         BAD, "sn_layernorm_bwd", "empty: dbeta two into dgamma");
+  fill();
+  expect(sn_rmsnorm_bwd(NULL, at(0, 0), NULL, NULL, NULL, at(0, 0), 0, D, SN_DTYPE_F32), BAD,
+         "sn_rmsnorm_bwd", "empty: dgamma == gamma");
+  fill();
+  expect(sn_groupnorm_bwd(NULL, at(0, 0), at(0, 0), NULL, NULL, NULL, NULL, NULL, 0, C, S, G,
+                          SN_LAYOUT_NCHW, SN_DTYPE_F32),
+         BAD, "sn_groupnorm_bwd", "empty: dgamma == dbeta");
+  fill();
+  expect(sn_batchnorm_stats((double *)at(0, 0), (double *)at(0, 4), NULL, NULL, 0, C, S,
+                            SN_LAYOUT_NCHW, SN_DTYPE_F32),
+         BAD, "sn_batchnorm_stats", "empty: sumsq half into sum");
+  fill();
+  expect(sn_batchnorm_bwd_reduce((double *)at(0, 0), (double *)at(1, 0), NULL, NULL,
+                                 (double *)at(1, 0), brstd, N, C, 0, SN_LAYOUT_NCHW,
+                                 SN_DTYPE_F32),
+         BAD, "sn_batchnorm_bwd_reduce", "empty: sum_dy_xhat == mean");
+  fill();
+  expect(sn_layernorm_bwd(NULL, at(0, 0), at(1, 0), NULL, NULL, NULL, NULL, gamma4, 0, D,
+                          SN_DTYPE_F32),
+         SN_OK, "sn_layernorm_bwd", "empty: apart");
+}
+END_TEST
+
 /* SyncBatchNorm checks before any collective or state change: num_batches_tracked stays. */
 START_TEST(test_syncbn_overlaps) {
   sn_syncbn_config_t cfg = sn_syncbn_default_config(C);
@@ -178,6 +420,24 @@ START_TEST(test_syncbn_overlaps) {
   fill();
   expect(sn_syncbn_backward(bn, at(2, 0), at(2, 0), at(0, 0), N, S), SN_OK, "sn_syncbn_backward",
          "dx == dy");
+  /* the layer's own arrays (sn_syncbn_params hands them out), which a step writes */
+  int64_t before = 0;
+  ck_assert_int_eq(sn_syncbn_collective_count(bn, &before), SN_OK);
+  const float w0 = p.weight[0], rm0 = p.running_mean[0];
+  fill();
+  expect(sn_syncbn_forward(bn, p.weight, at(0, 0), 2, 1, 1), SN_ERR_INVALID_ARGUMENT,
+         "sn_syncbn_forward", "y over weight and the rest of the layer's arrays");
+  fill();
+  expect(sn_syncbn_forward(bn, at(1, 0), p.running_var, 2, 1, 1), SN_ERR_INVALID_ARGUMENT,
+         "sn_syncbn_forward", "x over running_var");
+  fill();
+  expect(sn_syncbn_backward(bn, p.grad_bias, at(2, 0), at(0, 0), 2, 1), SN_ERR_INVALID_ARGUMENT,
+         "sn_syncbn_backward", "dx over grad_bias");
+  int64_t after = 0;
+  ck_assert_int_eq(sn_syncbn_collective_count(bn, &after), SN_OK);
+  ck_assert_int_eq(after, before);
+  ck_assert_int_eq(*p.num_batches_tracked, 1);
+  ck_assert(p.weight[0] == w0 && p.running_mean[0] == rm0);
   sn_syncbn_destroy(bn);
 }
 END_TEST
@@ -188,6 +448,8 @@ int main(void) {
   tcase_add_test(tc, test_rownorm_overlaps);
   tcase_add_test(tc, test_channel_overlaps);
   tcase_add_test(tc, test_syncbn_overlaps);
+  tcase_add_test(tc, test_every_pair);
+  tcase_add_test(tc, test_empty_batch_overlaps);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -583,11 +583,16 @@ sn_status_t sn_batchnorm_stats(double *sum, double *sumsq, const void *x, const 
   SN_TRY(sn__check_act_dtype(fn, dtype));
   SN_TRY(sn__check_ptr(fn, "sum", sum));
   SN_TRY(sn__check_ptr(fn, "sumsq", sumsq));
+  if (rows > 0) SN_TRY(sn__check_ptr(fn, "x", x));
+  const sn__span_t spans[] = {SN_SPAN_OUT("sum", sum, c * 8, 0u),
+                              SN_SPAN_OUT("sumsq", sumsq, c * 8, 0u),
+                              SN_SPAN_IN("x", x, rows * c * sn_dtype_size(dtype)),
+                              SN_SPAN_IN("pivot", pivot, c * 4)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   if (rows == 0) { /* an empty local batch contributes zero sums */
     for (int64_t ch = 0; ch < c; ch++) sum[ch] = 0.0, sumsq[ch] = 0.0;
     return SN_OK;
   }
-  SN_TRY(sn__check_ptr(fn, "x", x));
   const red_t op = {RED_STATS, x, NULL, pivot, NULL, NULL, 0};
   return bn_reduce(fn, sum, sumsq, &op, n, c, s, layout, dtype);
 }
@@ -597,12 +602,20 @@ sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, const d
                                   int64_t c, float eps) {
   static const char fn[] = "sn_batchnorm_finalize";
   SN_TRY(sn__check_size(fn, "c", c, 1));
+  SN_TRY(sn__check_elems(fn, "c", c)); /* the overlap check's byte counts */
   SN_TRY(check_train_count(fn, count));
   SN_TRY(sn__check_eps(fn, eps));
   SN_TRY(sn__check_ptr(fn, "mean", mean));
   SN_TRY(sn__check_ptr(fn, "rstd", rstd));
   SN_TRY(sn__check_ptr(fn, "sum", sum));
   SN_TRY(sn__check_ptr(fn, "sumsq", sumsq));
+  const sn__span_t spans[] = {SN_SPAN_OUT("mean", mean, c * 8, 0u),
+                              SN_SPAN_OUT("var", var, c * 4, 0u),
+                              SN_SPAN_OUT("rstd", rstd, c * 4, 0u),
+                              SN_SPAN_IN("sum", sum, c * 8),
+                              SN_SPAN_IN("sumsq", sumsq, c * 8),
+                              SN_SPAN_IN("pivot", pivot, c * 4)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   const double inv = 1.0 / (double)count;
   for (int64_t ch = 0; ch < c; ch++)
     finalize_channel(sum[ch], sumsq[ch], pivot ? (double)pivot[ch] : 0.0, inv, eps, ch, mean, var,
@@ -616,6 +629,7 @@ sn_status_t sn_batchnorm_update_running(float *running_mean, float *running_var,
                                         float momentum) {
   static const char fn[] = "sn_batchnorm_update_running";
   SN_TRY(sn__check_size(fn, "c", c, 1));
+  SN_TRY(sn__check_elems(fn, "c", c)); /* the overlap check's byte counts */
   SN_TRY(sn__check_size(fn, "count", count, 0));
   SN_TRY(sn__check_momentum(fn, momentum));
   const int cumulative = momentum == SN_MOMENTUM_CUMULATIVE;
@@ -630,6 +644,13 @@ sn_status_t sn_batchnorm_update_running(float *running_mean, float *running_var,
     SN_TRY(sn__check_ptr(fn, "mean", mean));
     SN_TRY(sn__check_ptr(fn, "var", var));
   }
+  const int64_t cb = count > 1 ? c * 4 : 0; /* the [C] arrays: not touched by an empty batch */
+  const sn__span_t spans[] = {SN_SPAN_OUT("running_mean", running_mean, cb, 0u),
+                              SN_SPAN_OUT("running_var", running_var, cb, 0u),
+                              SN_SPAN_OUT("num_batches_tracked", num_batches_tracked, 8, 0u),
+                              SN_SPAN_IN("mean", mean, 2 * cb),
+                              SN_SPAN_IN("var", var, cb)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   /* saturates: a checkpoint can hold any int64 (INT64_MAX + 1 would be undefined behaviour) */
   if (num_batches_tracked != NULL && *num_batches_tracked < INT64_MAX) *num_batches_tracked += 1;
   if (count == 0) return SN_OK; /* an empty batch is counted, nothing else */
@@ -655,36 +676,14 @@ sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean, const
   if (rows == 0) return SN_OK;
   SN_TRY(sn__check_ptr(fn, "y", y));
   SN_TRY(sn__check_ptr(fn, "x", x));
-  SN_TRY(sn__check_overlap(fn, "y", y, "x", x, rows * c * sn_dtype_size(dtype), 1));
+  const int64_t ab = rows * c * sn_dtype_size(dtype);
+  const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 1), SN_SPAN_IN("x", x, ab),
+                              SN_SPAN_IN("mean", mean, c * 8),  SN_SPAN_IN("rstd", rstd, c * 4),
+                              SN_SPAN_IN("gamma", gamma, c * 4), SN_SPAN_IN("beta", beta, c * 4)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   const ew_t op = {.kind = EW_APPLY, .mean = mean, .rstd = rstd, .gamma = gamma, .beta = beta};
   ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
   return SN_OK;
-}
-
-/* SN_ERR_INVALID_ARGUMENT where an output of sn_batchnorm_fwd — mean [C] f64, var, rstd [C] f32
- * (var may be NULL) — overlaps another one or a per-channel input (pivot, gamma, beta [C] f32,
- * each may be NULL): the fused path writes a block's statistics while other threads still read
- * other channels' inputs. An f64 array is checked as its two halves of 4·C bytes. */
-static sn_status_t check_fwd_stat_overlap(const char *fn, const double *mean, const float *var,
-                                          const float *rstd, const float *pivot,
-                                          const float *gamma, const float *beta, int64_t c) {
-  const int64_t b = 4 * c;
-  const char *mean_hi = (const char *)mean + b;
-  const void *ins[3] = {pivot, gamma, beta};
-  static const char *const in_names[3] = {"pivot", "gamma", "beta"};
-  for (int i = 0; i < 3; i++) {
-    if (ins[i] == NULL) continue;
-    SN_TRY(sn__check_overlap(fn, "mean", mean, in_names[i], ins[i], b, 0));
-    SN_TRY(sn__check_overlap(fn, "mean", mean_hi, in_names[i], ins[i], b, 0));
-    SN_TRY(sn__check_overlap(fn, "rstd", rstd, in_names[i], ins[i], b, 0));
-    if (var) SN_TRY(sn__check_overlap(fn, "var", var, in_names[i], ins[i], b, 0));
-  }
-  SN_TRY(sn__check_overlap(fn, "mean", mean, "rstd", rstd, b, 0));
-  SN_TRY(sn__check_overlap(fn, "mean", mean_hi, "rstd", rstd, b, 0));
-  if (var == NULL) return SN_OK;
-  SN_TRY(sn__check_overlap(fn, "mean", mean, "var", var, b, 0));
-  SN_TRY(sn__check_overlap(fn, "mean", mean_hi, "var", var, b, 0));
-  return sn__check_overlap(fn, "var", var, "rstd", rstd, b, 0);
 }
 
 sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, const void *x,
@@ -702,8 +701,15 @@ sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, con
   SN_TRY(sn__check_ptr(fn, "rstd", rstd));
   SN_TRY(sn__check_ptr(fn, "y", y));
   SN_TRY(sn__check_ptr(fn, "x", x));
-  SN_TRY(sn__check_overlap(fn, "y", y, "x", x, rows * c * sn_dtype_size(dtype), 1));
-  SN_TRY(check_fwd_stat_overlap(fn, mean, var, rstd, pivot, gamma, beta, c));
+  /* the fused path writes a block's statistics while other threads still read other
+   * channels' inputs: no [C] output may overlap anything either */
+  const int64_t ab = rows * c * sn_dtype_size(dtype);
+  const sn__span_t spans[] = {
+      SN_SPAN_OUT("y", y, ab, 1u << 4),     SN_SPAN_OUT("mean", mean, c * 8, 0u),
+      SN_SPAN_OUT("var", var, c * 4, 0u),   SN_SPAN_OUT("rstd", rstd, c * 4, 0u),
+      SN_SPAN_IN("x", x, ab),               SN_SPAN_IN("pivot", pivot, c * 4),
+      SN_SPAN_IN("gamma", gamma, c * 4),    SN_SPAN_IN("beta", beta, c * 4)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   const int64_t cb = fused_block(n, c, s, layout, dtype, 1);
   if (cb > 0) {
     fwd_fused_nchw(y, mean, var, rstd, x, pivot, gamma, beta, n, c, s, eps, cb, dtype);
@@ -752,7 +758,14 @@ sn_status_t sn_batchnorm_infer(void *y, const void *x, const float *running_mean
   SN_TRY(sn__check_ptr(fn, "y", y));
   SN_TRY(sn__check_ptr(fn, "x", x));
   SN_TRY(sn__check_running_var(fn, running_var, c));
-  SN_TRY(sn__check_overlap(fn, "y", y, "x", x, rows * c * sn_dtype_size(dtype), 1));
+  const int64_t ab = rows * c * sn_dtype_size(dtype);
+  const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 1),
+                              SN_SPAN_IN("x", x, ab),
+                              SN_SPAN_IN("running_mean", running_mean, c * 4),
+                              SN_SPAN_IN("running_var", running_var, c * 4),
+                              SN_SPAN_IN("gamma", gamma, c * 4),
+                              SN_SPAN_IN("beta", beta, c * 4)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   const ew_t op = {.kind = EW_INFER, .rmean = running_mean, .rvar = running_var,
                    .gamma = gamma, .beta = beta, .eps = (double)eps};
   ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
@@ -772,12 +785,22 @@ sn_status_t sn_batchnorm_bwd_reduce(double *sum_dy, double *sum_dy_xhat, const v
   SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", sum_dy_xhat));
   SN_TRY(sn__check_ptr(fn, "mean", mean));
   SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  if (rows > 0) {
+    SN_TRY(sn__check_ptr(fn, "dy", dy));
+    SN_TRY(sn__check_ptr(fn, "x", x));
+  }
+  const int64_t ab = rows * c * sn_dtype_size(dtype);
+  const sn__span_t spans[] = {SN_SPAN_OUT("sum_dy", sum_dy, c * 8, 0u),
+                              SN_SPAN_OUT("sum_dy_xhat", sum_dy_xhat, c * 8, 0u),
+                              SN_SPAN_IN("dy", dy, ab),
+                              SN_SPAN_IN("x", x, ab),
+                              SN_SPAN_IN("mean", mean, c * 8),
+                              SN_SPAN_IN("rstd", rstd, c * 4)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   if (rows == 0) {
     for (int64_t ch = 0; ch < c; ch++) sum_dy[ch] = 0.0, sum_dy_xhat[ch] = 0.0;
     return SN_OK;
   }
-  SN_TRY(sn__check_ptr(fn, "dy", dy));
-  SN_TRY(sn__check_ptr(fn, "x", x));
   /* Σ dy·x̂ = rstd·Σ dy·(x − mean): one multiply per channel instead of per element. */
   const red_t op = {RED_BWD, dy, x, NULL, mean, rstd, 0};
   return bn_reduce(fn, sum_dy, sum_dy_xhat, &op, n, c, s, layout, dtype);
@@ -804,7 +827,13 @@ sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *x, cons
   SN_TRY(sn__check_ptr(fn, "dx", dx));
   SN_TRY(sn__check_ptr(fn, "dy", dy));
   SN_TRY(sn__check_ptr(fn, "x", x));
-  SN_TRY(sn__check_bwd_overlap(fn, dx, dy, x, rows * c * sn_dtype_size(dtype)));
+  const int64_t ab = rows * c * sn_dtype_size(dtype);
+  const sn__span_t spans[] = {
+      SN_SPAN_OUT("dx", dx, ab, 1u << 1),      SN_SPAN_IN("dy", dy, ab),
+      SN_SPAN_IN("x", x, ab),                  SN_SPAN_IN("mean", mean, c * 8),
+      SN_SPAN_IN("rstd", rstd, c * 4),         SN_SPAN_IN("gamma", gamma, c * 4),
+      SN_SPAN_IN("sum_dy", sum_dy, c * 8),     SN_SPAN_IN("sum_dy_xhat", sum_dy_xhat, c * 8)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   const ew_t op = {.kind = eval ? EW_BWD_EVAL : EW_BWD, .mean = mean, .rstd = rstd,
                    .gamma = gamma, .sum_dy = sum_dy, .sum_dy_xhat = sum_dy_xhat,
                    .count = (double)count};
@@ -826,7 +855,19 @@ sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   SN_TRY(sn__check_ptr(fn, "dx", dx));
   SN_TRY(sn__check_ptr(fn, "dy", dy));
   SN_TRY(sn__check_ptr(fn, "x", x));
-  SN_TRY(sn__check_bwd_overlap(fn, dx, dy, x, rows * c * sn_dtype_size(dtype)));
+  /* every input is read before dgamma and dbeta are written: they may equal gamma or rstd */
+  const int64_t ab = rows * c * sn_dtype_size(dtype);
+  const unsigned over_params = 1u << 6 | 1u << 7; /* rstd, gamma */
+  const sn__span_t spans[] = {
+      SN_SPAN_OUT("dx", dx, ab, 1u << 3),
+      SN_SPAN_OUT("dgamma", dgamma, c * 4, over_params),
+      SN_SPAN_OUT("dbeta", dbeta, c * 4, over_params),
+      SN_SPAN_IN("dy", dy, ab),
+      SN_SPAN_IN("x", x, ab),
+      SN_SPAN_IN("mean", mean, c * 8),
+      SN_SPAN_IN("rstd", rstd, c * 4),
+      SN_SPAN_IN("gamma", gamma, c * 4)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   const int64_t cb = fused_block(n, c, s, layout, dtype, 2);
   if (cb > 0) {
     bwd_fused_nchw(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, cb, dtype);

@@ -27,6 +27,14 @@ sn_status_t sn_fold_batchnorm(float *w, float *b, const float *gamma, const floa
   SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
   SN_TRY(sn__check_ptr(fn, "running_var", running_var));
   SN_TRY(sn__check_running_var(fn, running_var, c_out));
+  const int64_t cb = c_out * 4;
+  const sn__span_t spans[] = {SN_SPAN_OUT("w", w, total * 4, 0u),
+                              SN_SPAN_OUT("b", b, cb, 0u),
+                              SN_SPAN_IN("gamma", gamma, cb),
+                              SN_SPAN_IN("beta", beta, cb),
+                              SN_SPAN_IN("running_mean", running_mean, cb),
+                              SN_SPAN_IN("running_var", running_var, cb)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
 #pragma omp parallel for schedule(static) if (total >= FOLD_PAR_MIN)
   for (int64_t c = 0; c < c_out; c++) {
     const double k = (gamma ? (double)gamma[c] : 1.0) / sqrt((double)running_var[c] + (double)eps);

@@ -686,7 +686,11 @@ sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x, c
   if (rows == 0) return SN_OK;
   SN_TRY(sn__check_ptr(fn, "y", y));
   SN_TRY(sn__check_ptr(fn, "x", x));
-  SN_TRY(sn__check_overlap(fn, "y", y, "x", x, rows * c * sn_dtype_size(dtype), 1));
+  const int64_t ab = rows * c * sn_dtype_size(dtype), sb = n * groups * 4, pb = c * 4;
+  const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 3), SN_SPAN_OUT("mean", mean, sb, 0u),
+                              SN_SPAN_OUT("rstd", rstd, sb, 0u),  SN_SPAN_IN("x", x, ab),
+                              SN_SPAN_IN("gamma", gamma, pb),     SN_SPAN_IN("beta", beta, pb)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   if (layout == SN_LAYOUT_NCHW) {
     const int64_t L = c / groups * s, stride = sn__line_stride(L, (int64_t)sizeof(float));
     float *wide = NULL;
@@ -845,7 +849,16 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   static const char fn[] = "sn_groupnorm_bwd";
   int64_t rows;
   SN_TRY(check_gn(fn, n, c, s, groups, layout, dtype, &rows));
+  /* dx may equal dy; activations absent (0 bytes) in an empty batch */
+  const int64_t ab = rows * c * sn_dtype_size(dtype), sb = rows > 0 ? n * groups * 4 : 0;
+  const int64_t pb = c * 4;
+  const sn__span_t spans[] = {
+      SN_SPAN_OUT("dx", dx, ab, 1u << 3),     SN_SPAN_OUT("dgamma", dgamma, pb, 0u),
+      SN_SPAN_OUT("dbeta", dbeta, pb, 0u),    SN_SPAN_IN("dy", dy, ab),
+      SN_SPAN_IN("x", x, ab),                 SN_SPAN_IN("mean", mean, sb),
+      SN_SPAN_IN("rstd", rstd, sb),           SN_SPAN_IN("gamma", gamma, pb)};
   if (rows == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
+    SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
     if (dgamma != NULL) memset(dgamma, 0, (size_t)c * sizeof *dgamma);
     if (dbeta != NULL) memset(dbeta, 0, (size_t)c * sizeof *dbeta);
     return SN_OK;
@@ -855,7 +868,7 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   SN_TRY(sn__check_ptr(fn, "x", x));
   SN_TRY(sn__check_ptr(fn, "mean", mean));
   SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  SN_TRY(sn__check_bwd_overlap(fn, dx, dy, x, rows * c * sn_dtype_size(dtype)));
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   const int nt = sn__max_threads(), bt = sn__concurrent_threads(); /* bt <= nt */
   sn_status_t st = SN_OK;
   double *wq = NULL, *scratch = NULL, *team = NULL;

@@ -404,7 +404,7 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
                            &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
-  st = sn__check_overlap(fn, "y", y, "x", x, n * sn_dtype_size(dtype), 1);
+  st = sn__rownorm_fwd_spans(fn, y, NULL, mean, rstd, x, NULL, gamma, beta, rows, d, esize);
   if (st != SN_OK) {
     sn__free(scratch);
     return st;
@@ -466,7 +466,8 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
                            &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
-  st = sn__check_fused_overlap(fn, y, sum_out, x, residual, n * sn_dtype_size(dtype));
+  st = sn__rownorm_fwd_spans(fn, y, sum_out, mean, rstd, x, residual, gamma, beta, rows, d,
+                             esize);
   if (st != SN_OK) {
     sn__free(scratch);
     return st;

@@ -411,6 +411,7 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   SN_TRY(sn__check_act(fn, "mean", mean, n)); /* per-row: may be NULL in an empty batch */
   SN_TRY(sn__check_act(fn, "rstd", rstd, n));
   if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
+    SN_TRY(sn__rownorm_bwd_spans(fn, NULL, dgamma, dbeta, NULL, NULL, NULL, NULL, gamma, 0, d, 0));
     if (dgamma != NULL) memset(dgamma, 0, (size_t)d * sizeof *dgamma);
     if (dbeta != NULL) memset(dbeta, 0, (size_t)d * sizeof *dbeta);
     return SN_OK;
@@ -428,8 +429,8 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   const int64_t work_cols = chunked ? sn__line_stride(2 * d, sizeof(double)) : 0;
   double *work;
   float *scratch, *gs; /* gs: bf16, gamma in pairs (ln_bwd_pairs) */
-  SN_TRY(sn__bwd_buffers(fn, &work, &scratch, &gs, threads, work_cols, per_thread,
-                         gamma, d, dtype, dx, dy, x, n * sn_dtype_size(dtype)));
+  SN_TRY(sn__bwd_buffers(fn, &work, &scratch, &gs, threads, work_cols, per_thread, dx, dgamma,
+                         dbeta, dy, x, mean, rstd, gamma, rows, d, dtype));
   float gmaxf = gamma != NULL ? 0.0f : 1.0f; /* max|gamma| (NaN skipped), for ln_dx_f32_ok */
   if (gamma != NULL)
     for (int64_t j = 0; j < d; j++) gmaxf = sn__max_abs(gmaxf, gamma[j]);

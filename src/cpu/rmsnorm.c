@@ -198,7 +198,7 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
                            sizeof(float), &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
-  st = sn__check_overlap(fn, "y", y, "x", x, n * sn_dtype_size(dtype), 1);
+  st = sn__rownorm_fwd_spans(fn, y, NULL, NULL, rstd, x, NULL, gamma, NULL, rows, d, esize);
   if (st != SN_OK) {
     sn__free(scratch);
     return st;
@@ -253,7 +253,8 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
                            sizeof(float), &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
-  st = sn__check_fused_overlap(fn, y, sum_out, x, residual, n * sn_dtype_size(dtype));
+  st = sn__rownorm_fwd_spans(fn, y, sum_out, NULL, rstd, x, residual, gamma, NULL, rows, d,
+                             esize);
   if (st != SN_OK) {
     sn__free(scratch);
     return st;
@@ -567,6 +568,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   SN_TRY(sn__check_act(fn, "x", x, n));
   SN_TRY(sn__check_act(fn, "rstd", rstd, n)); /* per-row: may be NULL in an empty batch */
   if (n == 0) { /* empty batch: the parameter gradient is zero, nothing else is written */
+    SN_TRY(sn__rownorm_bwd_spans(fn, NULL, dgamma, NULL, NULL, NULL, NULL, NULL, gamma, 0, d, 0));
     if (dgamma != NULL) memset(dgamma, 0, (size_t)d * sizeof *dgamma);
     return SN_OK;
   }
@@ -581,8 +583,8 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   const int64_t work_cols = dgamma != NULL ? sn__line_stride(d, sizeof(double)) : 0;
   double *work;
   float *scratch, *gs; /* gs: bf16, gamma in pairs (rms_bwd_pairs) */
-  SN_TRY(sn__bwd_buffers(fn, &work, &scratch, &gs, threads, work_cols, per_thread,
-                         gamma, d, dtype, dx, dy, x, n * sn_dtype_size(dtype)));
+  SN_TRY(sn__bwd_buffers(fn, &work, &scratch, &gs, threads, work_cols, per_thread, dx, dgamma,
+                         NULL, dy, x, NULL, rstd, gamma, rows, d, dtype));
 
   /* rows independent without dgamma; with it, fixed chunks whose partials are added in chunk
    * order (see sn_layernorm_bwd) */
