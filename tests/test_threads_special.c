@@ -12,6 +12,7 @@
  * different addresses need not agree (the numbers do: test_*'s in-place and stream tests).
  * Every third case runs without gamma and beta (and the row norms' backwards without their
  * gradients, unchunked), every fourth row-norm case in place.
+ * Each family first runs a fixed list of shapes at its thread-count switches, then random ones.
  * Run again by CTest with SN_STREAM_MIN_BYTES=0, where every f32 output streams.
  */
 #include <omp.h>
@@ -102,14 +103,23 @@ static void arena_free(arena_t *a) { free(a->base), free(a->ref); }
 #define OK(call) ck_assert_msg((call) == SN_OK, "%s: %s", #call, sn_last_error())
 
 /* LayerNorm and RMSNorm: forward, fused residual add, backward with parameter gradients. */
+/* Shapes at the thread-count switches, run before the random cases: one row, fewer rows than
+ * threads (the ranges of the pipelined bf16 rows, a thread with none), rows in ranges that do
+ * not divide, odd d. {rows, d}. */
+static const int64_t ROW_SHAPES[][2] = {{1, 40000}, {2, 20001}, {3, 11000}, {7, 5003},
+                                        {9, 4096},  {257, 129}, {1000, 33}};
+#define N_ROW_SHAPES ((int)(sizeof ROW_SHAPES / sizeof ROW_SHAPES[0]))
+
 START_TEST(test_rownorm_special) {
   const sn_dtype_t dt = (sn_dtype_t)_i;
   const int64_t es = sn_dtype_size(dt);
   tu_rng_t rng;
   tu_rng_seed(&rng, 9100 + (uint64_t)_i);
-  for (int c = 0; c < CASES; c++) {
-    const int64_t d = tu_rng_int(&rng, 1, 700);
-    const int64_t rows = tu_rng_int(&rng, 1, MAX_ELEMS / d), n = rows * d;
+  for (int c = 0; c < N_ROW_SHAPES + CASES; c++) {
+    const int fixed = c < N_ROW_SHAPES;
+    const int64_t d = fixed ? ROW_SHAPES[c][1] : tu_rng_int(&rng, 1, 700);
+    const int64_t rows = fixed ? ROW_SHAPES[c][0] : tu_rng_int(&rng, 1, MAX_ELEMS / d);
+    const int64_t n = rows * d;
     const double p = c % 2 ? 1e-2 : 1e-4;
     void *x = tu_alloc(n, dt), *res = tu_alloc(n, dt), *dy = tu_alloc(n, dt);
     fill_special(x, n, dt, p, d, &rng);
@@ -150,6 +160,15 @@ START_TEST(test_rownorm_special) {
 }
 END_TEST
 
+/* BatchNorm shapes at the switches of the fused NCHW passes (fused_block: tasks of up to 8
+ * channels, fused where they share evenly between the threads or are many), run before the
+ * random cases: N=7 C=117 S=114 (15 tasks: fused on 1 thread, not on 8; the case that found the
+ * NaN sign of the fused and unfused sums), one task, 8 tasks, one channel, C beyond a multiple
+ * of 8. {N, C, S}. */
+static const int64_t BN_SHAPES[][3] = {{7, 117, 114}, {1, 8, 5000}, {2, 64, 300},
+                                       {1, 1, 40000}, {9, 3, 2000}, {4, 257, 33}};
+#define N_BN_SHAPES ((int)(sizeof BN_SHAPES / sizeof BN_SHAPES[0]))
+
 /* BatchNorm: every building block and the fused forward/backward, NCHW and NHWC, with and
  * without a pivot. _i: dtype · 2 + layout. */
 START_TEST(test_batchnorm_special) {
@@ -158,9 +177,12 @@ START_TEST(test_batchnorm_special) {
   const int64_t es = sn_dtype_size(dt);
   tu_rng_t rng;
   tu_rng_seed(&rng, 9200 + (uint64_t)_i);
-  for (int c = 0; c < CASES; c++) {
-    const int64_t C = tu_rng_int(&rng, 1, 300), N = tu_rng_int(&rng, 1, 9);
-    const int64_t S = tu_rng_int(&rng, N == 1 ? 2 : 1, max64(2, MAX_ELEMS / (C * N)));
+  for (int c = 0; c < N_BN_SHAPES + CASES; c++) {
+    const int fixed = c < N_BN_SHAPES;
+    const int64_t C = fixed ? BN_SHAPES[c][1] : tu_rng_int(&rng, 1, 300);
+    const int64_t N = fixed ? BN_SHAPES[c][0] : tu_rng_int(&rng, 1, 9);
+    const int64_t S = fixed ? BN_SHAPES[c][2]
+                            : tu_rng_int(&rng, N == 1 ? 2 : 1, max64(2, MAX_ELEMS / (C * N)));
     const int64_t n = N * C * S, count = N * S;
     const double p = c % 2 ? 1e-2 : 1e-4;
     void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt);
@@ -198,6 +220,14 @@ START_TEST(test_batchnorm_special) {
 }
 END_TEST
 
+/* GroupNorm shapes at the thread-count switches, run before the random cases: one sample (NHWC
+ * shares it between a team of threads: the case that found GroupNorm's rstd NaN sign following
+ * the thread count), two and three samples (fewer than the threads, in teams that do not
+ * divide), one channel. {N, C, S, G}. */
+static const int64_t GN_SHAPES[][4] = {{1, 64, 1024, 8}, {1, 32, 2048, 32}, {2, 48, 600, 4},
+                                       {3, 96, 256, 32}, {1, 1, 40000, 1}};
+#define N_GN_SHAPES ((int)(sizeof GN_SHAPES / sizeof GN_SHAPES[0]))
+
 /* GroupNorm forward and backward, NCHW and NHWC, G ∈ {1, 2, …, 32, C}. N up to 3, so that a
  * batch smaller than the thread count is shared between threads. _i: dtype · 2 + layout. */
 START_TEST(test_groupnorm_special) {
@@ -206,10 +236,14 @@ START_TEST(test_groupnorm_special) {
   const int64_t es = sn_dtype_size(dt);
   tu_rng_t rng;
   tu_rng_seed(&rng, 9300 + (uint64_t)_i);
-  for (int c = 0; c < CASES; c++) {
-    const int64_t G = (int64_t)1 << tu_rng_int(&rng, 0, 5);
-    const int64_t C = c % 3 == 0 ? G : G * tu_rng_int(&rng, 1, 12), N = tu_rng_int(&rng, 1, 3);
-    const int64_t S = tu_rng_int(&rng, 1, max64(1, MAX_ELEMS / (C * N)));
+  for (int c = 0; c < N_GN_SHAPES + CASES; c++) {
+    const int fixed = c < N_GN_SHAPES;
+    const int64_t G = fixed ? GN_SHAPES[c][3] : (int64_t)1 << tu_rng_int(&rng, 0, 5);
+    const int64_t C = fixed ? GN_SHAPES[c][1]
+                            : c % 3 == 0 ? G : G * tu_rng_int(&rng, 1, 12);
+    const int64_t N = fixed ? GN_SHAPES[c][0] : tu_rng_int(&rng, 1, 3);
+    const int64_t S = fixed ? GN_SHAPES[c][2]
+                            : tu_rng_int(&rng, 1, max64(1, MAX_ELEMS / (C * N)));
     const int64_t n = N * C * S;
     const double p = c % 2 ? 1e-2 : 1e-4;
     void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt);
