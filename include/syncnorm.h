@@ -319,7 +319,8 @@ SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean
  * Errors (outputs untouched): SN_ERR_INSUFFICIENT_COUNT (n·s <= 1, as sn_batchnorm_finalize),
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y overlaps x partly,
- * or a [C] output another [C] array), SN_ERR_ALLOC (the unfused path's per-channel sums). */
+ * or a [C] output overlaps another array, x and y included), SN_ERR_ALLOC (the unfused path's
+ * per-channel sums). */
 SN_API sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, const void *x,
                                     const float *pivot, const float *gamma, const float *beta,
                                     int64_t n, int64_t c, int64_t s, float eps, sn_layout_t layout,
@@ -383,8 +384,9 @@ SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *
  * all of x and dy fit in the L2s of the threads.
  * Errors (outputs untouched): SN_ERR_INSUFFICIENT_COUNT (n·s <= 1, as sn_batchnorm_finalize),
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT,
- * SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (dx overlaps dy partly, or x at all),
- * SN_ERR_ALLOC (the unfused path's per-channel sums). */
+ * SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (dx overlaps dy partly, or x at all; dgamma or
+ * dbeta overlaps any other array but as the same pointer as gamma or rstd), SN_ERR_ALLOC (the
+ * unfused path's per-channel sums). */
 SN_API sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
                                     const void *x, const double *mean, const float *rstd,
                                     const float *gamma, int64_t n, int64_t c, int64_t s,

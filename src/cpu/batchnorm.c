@@ -644,7 +644,9 @@ sn_status_t sn_batchnorm_update_running(float *running_mean, float *running_var,
     SN_TRY(sn__check_ptr(fn, "mean", mean));
     SN_TRY(sn__check_ptr(fn, "var", var));
   }
-  const int64_t cb = count > 1 ? c * 4 : 0; /* the [C] arrays: not touched by an empty batch */
+  /* every array passed at its size, also for an empty batch (count 0), which writes only
+   * num_batches_tracked: that must not land in them either */
+  const int64_t cb = c * 4;
   const sn__span_t spans[] = {SN_SPAN_OUT("running_mean", running_mean, cb, 0u),
                               SN_SPAN_OUT("running_var", running_var, cb, 0u),
                               SN_SPAN_OUT("num_batches_tracked", num_batches_tracked, 8, 0u),

@@ -849,8 +849,8 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   static const char fn[] = "sn_groupnorm_bwd";
   int64_t rows;
   SN_TRY(check_gn(fn, n, c, s, groups, layout, dtype, &rows));
-  /* dx may equal dy; activations absent (0 bytes) in an empty batch */
-  const int64_t ab = rows * c * sn_dtype_size(dtype), sb = rows > 0 ? n * groups * 4 : 0;
+  /* dx may equal dy; activations absent (0 bytes) in an empty batch, mean and rstd [N, G] */
+  const int64_t ab = rows * c * sn_dtype_size(dtype), sb = n * groups * 4;
   const int64_t pb = c * 4;
   const sn__span_t spans[] = {
       SN_SPAN_OUT("dx", dx, ab, 1u << 3),     SN_SPAN_OUT("dgamma", dgamma, pb, 0u),
