@@ -423,6 +423,10 @@ START_TEST(test_empty_batch_overlaps) {
                           SN_LAYOUT_NHWC, SN_DTYPE_F32),
          BAD, "sn_groupnorm_bwd", "S == 0: dgamma == mean");
   fill();
+  expect(sn_groupnorm_fwd(NULL, at(0, 0), at(0, 1), NULL, NULL, NULL, N, C, 0, G, 1e-5f,
+                          SN_LAYOUT_NCHW, SN_DTYPE_F32),
+         BAD, "sn_groupnorm_fwd", "S == 0: rstd one into mean");
+  fill();
   expect(sn_layernorm_bwd(NULL, at(0, 0), at(1, 0), NULL, NULL, NULL, NULL, gamma4, 0, D,
                           SN_DTYPE_F32),
          SN_OK, "sn_layernorm_bwd", "empty: apart");

@@ -683,14 +683,17 @@ sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x, c
   int64_t rows;
   SN_TRY(check_gn(fn, n, c, s, groups, layout, dtype, &rows));
   SN_TRY(sn__check_eps(fn, eps));
-  if (rows == 0) return SN_OK;
-  SN_TRY(sn__check_ptr(fn, "y", y));
-  SN_TRY(sn__check_ptr(fn, "x", x));
+  if (rows > 0) {
+    SN_TRY(sn__check_ptr(fn, "y", y));
+    SN_TRY(sn__check_ptr(fn, "x", x));
+  }
+  /* mean and rstd [N, G] checked also where S == 0 (an empty batch writes nothing) */
   const int64_t ab = rows * c * sn_dtype_size(dtype), sb = n * groups * 4, pb = c * 4;
   const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 3), SN_SPAN_OUT("mean", mean, sb, 0u),
                               SN_SPAN_OUT("rstd", rstd, sb, 0u),  SN_SPAN_IN("x", x, ab),
                               SN_SPAN_IN("gamma", gamma, pb),     SN_SPAN_IN("beta", beta, pb)};
   SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  if (rows == 0) return SN_OK;
   if (layout == SN_LAYOUT_NCHW) {
     const int64_t L = c / groups * s, stride = sn__line_stride(L, (int64_t)sizeof(float));
     float *wide = NULL;

@@ -164,8 +164,9 @@ static void op_batchnorm(fz_t *in, int which) {
   if (which == 1) { /* finalize: c, count, eps only */
     const int64_t ch = pick_size(in), count = pick_size(in);
     const float eps = pick_eps(in);
-    call_init(&c, names[1], SN_DTYPE_F32, ch >= 1, 0);
+    call_init(&c, names[1], SN_DTYPE_F32, ch >= 1 && ch <= MAX_ELEMS, 0);
     if (ch < 1) c.errs |= ERR(SN_ERR_INVALID_SIZE);
+    else if (ch > MAX_ELEMS) c.errs |= ERR(SN_ERR_OVERFLOW); /* [C] arrays' byte counts */
     if (count <= 1) c.errs |= ERR(SN_ERR_INSUFFICIENT_COUNT);
     if (!eps_ok(eps)) c.errs |= ERR(SN_ERR_INVALID_EPS);
     const int mean = add_arg(&c, "mean", T_F64, R_REQ, OUT, ch, 1);
