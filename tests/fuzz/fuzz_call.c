@@ -250,6 +250,42 @@ void maybe_alias(call_t *c, fz_t *in, int out, int src) {
   c->a[out].alias = src;
 }
 
+/* One call in eight (decided from the data seed's top bits, so that an input's bytes still mean
+ * what they meant before this existed): an output (OUT or INOUT, real, not an in-place alias)
+ * is moved to start one or more of its elements into another real buffer of the call, input or
+ * output, whose block is grown to hold it. That is a partial overlap, never the same pointer,
+ * so no in-place pair allows it: the call must fail (SN_ERR_INVALID_ARGUMENT, or another error
+ * it already has) and change nothing, the grown block included. */
+static void place_overlap(call_t *c) {
+  const uint64_t s = (c->seed + 1) * 0x9e3779b97f4a7c15ull;
+  if ((s >> 61) != 0) return;
+  int outs[12], hosts[12], no = 0, nh = 0;
+  for (int i = 0; i < c->na; i++) {
+    const arg_t *a = &c->a[i];
+    if (a->role != IN && a->p != NULL && a->alias < 0 && a->bytes > 0) outs[no++] = i;
+  }
+  if (no == 0) return;
+  arg_t *o = &c->a[outs[(s >> 8) % (uint64_t)no]];
+  for (int j = 0; j < c->na; j++) {
+    const arg_t *a = &c->a[j];
+    if (a != o && a->p != NULL && a->alias < 0 && a->bytes > o->esize) hosts[nh++] = j;
+  }
+  if (nh == 0) return;
+  arg_t *h = &c->a[hosts[(s >> 16) % (uint64_t)nh]];
+  const size_t off = o->esize * (1 + (size_t)((s >> 24) % ((h->bytes - 1) / o->esize)));
+  uint8_t *blk = malloc(h->bytes + o->bytes);
+  FUZZ_CHECK(blk != NULL, "out of memory");
+  memcpy(blk, h->p, h->bytes);
+  memset(blk + h->bytes, 0x5a, o->bytes);
+  free(h->p);
+  free(o->p);
+  h->p = blk;
+  h->room = o->bytes;
+  o->p = blk + off;
+  o->overlay = 1;
+  c->errs |= ERR(SN_ERR_INVALID_ARGUMENT);
+}
+
 /* Allocates and fills the buffers; returns 0 when the call must be skipped (valid but too large
  * to back with real buffers). */
 int setup(call_t *c, fz_t *in) {
@@ -274,6 +310,7 @@ int setup(call_t *c, fz_t *in) {
     }
     fill(c, a, i, in);
   }
+  if (c->overlap_ok && feasible) place_overlap(c);
   for (int i = 0; i < c->na; i++) {
     arg_t *a = &c->a[i];
     if (a->alias >= 0) {
@@ -284,10 +321,10 @@ int setup(call_t *c, fz_t *in) {
   }
   for (int i = 0; i < c->na; i++) {
     arg_t *a = &c->a[i];
-    if (a->p == NULL || a->alias >= 0) continue;
-    a->snap = malloc(a->bytes > 0 ? a->bytes : 1);
+    if (a->p == NULL || a->alias >= 0 || a->overlay) continue;
+    a->snap = malloc(a->bytes + a->room > 0 ? a->bytes + a->room : 1);
     FUZZ_CHECK(a->snap != NULL, "out of memory");
-    memcpy(a->snap, a->p, a->bytes);
+    memcpy(a->snap, a->p, a->bytes + a->room);
   }
   return 1;
 }
@@ -336,7 +373,7 @@ void verify(call_t *c, sn_status_t st) {
     if (a->snap == NULL) continue;
     int aliased = 0; /* an output writes into this buffer */
     for (int j = 0; j < c->na; j++) aliased |= c->a[j].alias == i;
-    const int changed = memcmp(a->snap, a->p, a->bytes) != 0;
+    const int changed = memcmp(a->snap, a->p, a->bytes + a->room) != 0;
     if (st != SN_OK) {
       FUZZ_CHECK(!changed, "%s failed (%s) but changed '%s'", c->fn, sn_status_string(st), a->name);
     } else if (a->role == IN && !aliased) {
@@ -349,7 +386,7 @@ void verify(call_t *c, sn_status_t st) {
     }
   }
   for (int i = 0; i < c->na; i++) {
-    if (c->a[i].alias < 0) free(c->a[i].p);
+    if (c->a[i].alias < 0 && !c->a[i].overlay) free(c->a[i].p);
     free(c->a[i].snap);
   }
 }

@@ -52,6 +52,8 @@ typedef struct {
   int64_t elems;   /* -1 when the sizes are invalid */
   int must_write;  /* OUT: a successful call writes every element */
   int alias;       /* index of the argument whose buffer this one shares, or -1 */
+  int overlay;     /* placed partly over another argument's buffer (place_overlap) */
+  size_t room;     /* bytes after this buffer in its block, holding an overlaid output */
   int is_null;
   void *p;
   size_t bytes, esize;
@@ -65,6 +67,7 @@ typedef struct {
   uint32_t errs;  /* statuses the call may return; 0: it must return SN_OK */
   int sizes_ok;   /* every elems is known */
   int empty;      /* an empty batch: R_NONEMPTY pointers may be NULL */
+  int overlap_ok;  /* the function checks every buffer for overlap: setup may overlay one */
   int dtype;
   int data_mode;
   uint64_t seed;
@@ -80,7 +83,9 @@ void choose_pointers(call_t *c, fz_t *in);
 /* Lets output `out` share the buffer of input `src` (in-place) when the input says so. */
 void maybe_alias(call_t *c, fz_t *in, int out, int src);
 /* Adds NULL_POINTER to the allowed statuses where required pointers are NULL, allocates and fills
- * the buffers; returns 0 when the call must be skipped (valid but larger than CAP_ELEMS). */
+ * the buffers; returns 0 when the call must be skipped (valid but larger than CAP_ELEMS). With
+ * c->overlap_ok, one call in eight that has real buffers gets an output placed partly over
+ * another buffer (syncnorm.h: no overlap but the in-place pairs), and must then fail. */
 int setup(call_t *c, fz_t *in);
 /* The buffer of argument i as passed to the library (NULL when chosen so). */
 void *P(const call_t *c, int i);

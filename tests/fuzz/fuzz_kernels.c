@@ -70,6 +70,7 @@ static void op_rownorm(fz_t *in, int which) {
   rowargs_t r = pick_rows(in, !bwd);
   call_t c;
   call_init(&c, names[which], r.dtype, r.sizes_ok, r.n == 0);
+  c.overlap_ok = 1; /* every buffer checked for overlap */
   c.errs = r.errs;
   const sn_dtype_t dt = (sn_dtype_t)r.dtype;
   sn_status_t st;
@@ -165,6 +166,7 @@ static void op_batchnorm(fz_t *in, int which) {
     const int64_t ch = pick_size(in), count = pick_size(in);
     const float eps = pick_eps(in);
     call_init(&c, names[1], SN_DTYPE_F32, ch >= 1 && ch <= MAX_ELEMS, 0);
+    c.overlap_ok = 1; /* every buffer checked for overlap */
     if (ch < 1) c.errs |= ERR(SN_ERR_INVALID_SIZE);
     else if (ch > MAX_ELEMS) c.errs |= ERR(SN_ERR_OVERFLOW); /* [C] arrays' byte counts */
     if (count <= 1) c.errs |= ERR(SN_ERR_INSUFFICIENT_COUNT);
@@ -185,6 +187,7 @@ static void op_batchnorm(fz_t *in, int which) {
   ncs_t v = pick_ncs(in);
   const float eps = which == 3 || which == 7 ? pick_eps(in) : 1.0f;
   call_init(&c, names[which], v.dtype, v.sizes_ok, v.rows == 0);
+  c.overlap_ok = 1; /* every buffer checked for overlap */
   c.errs = v.errs;
   if (!eps_ok(eps)) c.errs |= ERR(SN_ERR_INVALID_EPS);
   const sn_layout_t lay = (sn_layout_t)v.layout;
@@ -317,6 +320,7 @@ static void op_groupnorm(fz_t *in, int bwd) {
   }
   if (!eps_ok(eps)) errs |= ERR(SN_ERR_INVALID_EPS);
   call_init(&c, bwd ? "sn_groupnorm_bwd" : "sn_groupnorm_fwd", v.dtype, v.sizes_ok, v.rows == 0);
+  c.overlap_ok = 1; /* every buffer checked for overlap */
   c.errs = errs;
   /* [N, G] statistics: N·G <= N·C when G divides C; otherwise the call fails anyway */
   int64_t ng = 0;
@@ -366,6 +370,7 @@ static void op_fold(fz_t *in) {
   if (c_out < 1 || per_out < 1) errs |= ERR(SN_ERR_INVALID_SIZE);
   else if (!mul_ok(c_out, per_out, &total)) errs |= ERR(SN_ERR_OVERFLOW);
   call_init(&c, "sn_fold_batchnorm", SN_DTYPE_F32, errs == 0, 0);
+  c.overlap_ok = 1; /* every buffer checked for overlap */
   if (!eps_ok(eps)) errs |= ERR(SN_ERR_INVALID_EPS);
   c.errs = errs;
   const int w = add_arg(&c, "w", T_F32, R_REQ, INOUT, total, 0);
