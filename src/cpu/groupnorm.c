@@ -852,6 +852,13 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   static const char fn[] = "sn_groupnorm_bwd";
   int64_t rows;
   SN_TRY(check_gn(fn, n, c, s, groups, layout, dtype, &rows));
+  if (rows > 0) { /* an empty batch may pass NULL for these */
+    SN_TRY(sn__check_ptr(fn, "dx", dx));
+    SN_TRY(sn__check_ptr(fn, "dy", dy));
+    SN_TRY(sn__check_ptr(fn, "x", x));
+    SN_TRY(sn__check_ptr(fn, "mean", mean));
+    SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  }
   /* dx may equal dy; activations absent (0 bytes) in an empty batch, mean and rstd [N, G] */
   const int64_t ab = rows * c * sn_dtype_size(dtype), sb = n * groups * 4;
   const int64_t pb = c * 4;
@@ -860,18 +867,12 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
       SN_SPAN_OUT("dbeta", dbeta, pb, 0u),    SN_SPAN_IN("dy", dy, ab),
       SN_SPAN_IN("x", x, ab),                 SN_SPAN_IN("mean", mean, sb),
       SN_SPAN_IN("rstd", rstd, sb),           SN_SPAN_IN("gamma", gamma, pb)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   if (rows == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
-    SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
     if (dgamma != NULL) memset(dgamma, 0, (size_t)c * sizeof *dgamma);
     if (dbeta != NULL) memset(dbeta, 0, (size_t)c * sizeof *dbeta);
     return SN_OK;
   }
-  SN_TRY(sn__check_ptr(fn, "dx", dx));
-  SN_TRY(sn__check_ptr(fn, "dy", dy));
-  SN_TRY(sn__check_ptr(fn, "x", x));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   const int nt = sn__max_threads(), bt = sn__concurrent_threads(); /* bt <= nt */
   sn_status_t st = SN_OK;
   double *wq = NULL, *scratch = NULL, *team = NULL;
