@@ -804,8 +804,10 @@ END_TEST
  * different order, so not bitwise); in place equals out of place bitwise; 1, 2, 3 threads give
  * identical bits. Shapes large enough for the parallel path. */
 START_TEST(test_layouts_inplace_threads) {
-  /* {1, 300, 150, 1}, {2, 64, 9000, 8}: fewer samples than threads, or (f32) samples of 2.3 MB,
-   * above the L2 of most cores: NHWC shares each sample between the threads (gn_fwd_nhwc) */
+  /* {1, 300, 150, 1}, {2, 64, 9000, 8}: fewer samples than threads, or samples above a core's
+   * L2 (2.3 MB f32, 1.15 MB bf16/f16) that two threads' L2s hold: NHWC shares each sample
+   * between the threads (gn_fwd_split) for f32 where L2 is 2 MiB, bf16/f16 where it is 1 MiB;
+   * the other dtypes take a sample per thread there */
   static const int64_t shapes[][4] = {{4, 64, 300, 32}, {3, 65, 97, 5}, {1, 300, 150, 1},
                                       {9, 8, 1000, 4}, {2, 64, 9000, 8}};
   tu_rng_t r;

@@ -20,8 +20,8 @@
  *         over the sample's first 128 rows, give each channel's mean and M2, combined into
  *         groups in channel order (gn_nhwc_stats); then the sample's rows are normalized. The
  *         sums are taken over GN_PIECES fixed pieces of rows, added in piece order, so that a
- *         batch of fewer samples than threads, or a sample larger than a core's L2, can be
- *         shared by the whole team with the same bits.
+ *         batch of fewer samples than threads, or a sample larger than a core's L2 (but not
+ *         than the team's), can be shared by the whole team with the same bits.
  * The normalization is norm_kernels.h's f32 map y = ((x − hi) − lo)·a + b; for bf16/f16 outputs
  * with beta its checked variant (SN_CANCEL_LOG2_BF16), which recomputes in fp64 the elements
  * where beta cancels x̂·gamma too deeply for the 1-ulp bound.
@@ -35,11 +35,11 @@
  * sum them), and dgamma/dbeta by channel in n order: results are bitwise identical for any
  * thread count. Parallelism is over groups (NCHW), or over samples or pieces of a sample (NHWC:
  * the backward shares a sample between the threads only when there are fewer samples than
- * threads; the forward also when a sample exceeds a core's L2). "Threads" there are those that
- * can run at once (sn__concurrent_threads): with more OpenMP threads than processors, a batch
- * that has a sample per processor is not shared, as each barrier of a shared sample would wait
- * for descheduled threads (8 threads on 2 cores, [4,64,56,56]: 0.78x / 0.88x the time,
- * forward / backward).
+ * threads; the forward also when a sample exceeds a core's L2 and its share per thread does
+ * not). "Threads" there are those that can run at once (sn__concurrent_threads): with more
+ * OpenMP threads than processors, a batch that has a sample per processor is not shared, as
+ * each barrier of a shared sample would wait for descheduled threads (8 threads on 2 cores,
+ * [4,64,56,56]: 0.78x / 0.88x the time, forward / backward).
  */
 #include <math.h>
 #include <string.h>
@@ -608,9 +608,14 @@ static void gn_nhwc_map(void *y, const void *x, const float *gamma, const float 
 static int64_t gn_fwd_nhwc_scratch(int64_t C, int64_t G) { return per_thread(5 * C + 2 * G); }
 
 /* Whether the NHWC forward shares each sample between the threads: fewer samples than nt (the
- * threads that can run at once), or a sample larger than a core's L2. */
+ * threads that can run at once), or a sample larger than a core's L2 whose share per thread
+ * fits it, so that the team reads the sample from memory once. Where the share is larger too,
+ * the map reads it again from L3 or memory either way, and the team's barrier per sample costs
+ * more than it saves: [256,256,56,56] f32 (3.2 MB samples, 1 MiB L2 per core), two threads,
+ * 0.90-0.93x the time with each thread taking whole samples (bench_ab, cold). */
 static int gn_fwd_split(int64_t N, int64_t C, int64_t S, sn_dtype_t dtype, int nt) {
-  return nt > 1 && (N < nt || S * C * (int64_t)sn_dtype_size(dtype) > sn__l2_bytes());
+  const int64_t sample = S * C * (int64_t)sn_dtype_size(dtype), l2 = sn__l2_bytes();
+  return nt > 1 && (N < nt || (sample > l2 && sample / nt <= l2));
 }
 
 /* Sample n of the NHWC forward: its statistics (this thread's pieces [p0, p1) into part, added
@@ -765,7 +770,8 @@ static int64_t gn_bwd_nhwc_scratch(int64_t C, int64_t G) { return per_thread(7 *
 /* Whether the NHWC backward shares each sample between the threads: fewer samples than nt (the
  * threads that can run at once). Unlike the forward (gn_fwd_split), a sample larger than L2
  * stays with one thread, its dx pass prefetching x and dy (gn_bwd_nhwc); sharing it is
- * untried (the forward gained 4-6 % from it, docs/BENCHMARKS.md). */
+ * untried (the forward gained 4-6 % from it where a thread's share fits its L2, and lost 7-10 %
+ * where it does not, docs/BENCHMARKS.md). */
 static int gn_bwd_split(int64_t N, int nt) { return nt > 1 && N < nt; }
 
 /* Sample n of the NHWC backward: its sums by pieces (this thread's [p0, p1) into part, added by
