@@ -58,8 +58,9 @@
  *    forward's): faster where memory bandwidth bounds the call, but the output is then not in
  *    the cache for the next layer. The environment variable SN_STREAM_MIN_BYTES sets the
  *    threshold in bytes on any x86-64 CPU (0: every output; a huge value: never; a value that is
- *    not a whole number >= 0 is ignored, silently); it is read once per process. The values
- *    written are the same either way, but for the sign of NaN outputs from NaN inputs (above).
+ *    not a whole number of bytes, digits only, is ignored with one line on stderr); it is read
+ *    once per process. The values written are the same either way, but for the sign of NaN
+ *    outputs from NaN inputs (above).
  */
 #ifndef SYNCNORM_H
 #define SYNCNORM_H

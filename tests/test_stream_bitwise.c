@@ -19,6 +19,9 @@
  * two runs are the same code). Under valgrind (scripts/valgrind.sh) only the parent runs under
  * memcheck: the children are exec'd natively (the kernels are under memcheck in their tests).
  *
+ * test_env_threshold runs it with --probe under values of SN_STREAM_MIN_BYTES: a value that is
+ * not a whole number of bytes must be ignored, with one warning on stderr.
+ *
  * Linked with the static library, for sn__stream_out (internal), as test_convert is.
  */
 #include <check.h>
@@ -375,15 +378,27 @@ static int emit_all(void) {
   return fflush(f) != 0 || ferror(f);
 }
 
+/* --probe: whether outputs of 1 byte, 1 MiB (below the default threshold) and INT64_MAX bytes
+ * stream, as one line "probe A B C" on stdout; each asked three times, so that a warning about
+ * SN_STREAM_MIN_BYTES shows whether it is written once per process. */
+static int probe(void) {
+  int a = 0, b = 0, c = 0;
+  for (int k = 0; k < 3; k++)
+    a = sn__stream_out(1), b = sn__stream_out((int64_t)1 << 20), c = sn__stream_out(INT64_MAX);
+  printf("probe %d %d %d\n", a, b, c);
+  return fflush(stdout) != 0;
+}
+
 /* ---- the parent -------------------------------------------------------------------------- */
 
 /* This program's path, read at start (readlink of /proc/self/exe, which valgrind answers with
  * the program it runs, not itself; else argv[0]). */
 static char self[4096];
 
-/* Runs this program with --emit and SN_STREAM_MIN_BYTES=min_bytes, its stdout a pipe read here
- * (no files to leave behind); requires exit 0. Returns the output (free it). */
-static char *run_child(const char *min_bytes) {
+/* Runs this program with `mode` (--emit or --probe) and SN_STREAM_MIN_BYTES=min_bytes (NULL:
+ * unset), its stdout, and with --probe its stderr too, a pipe read here (no files to leave
+ * behind); requires exit 0. Returns the output (free it). */
+static char *run_mode(const char *mode, const char *min_bytes) {
   int fd[2];
   ck_assert_int_eq(pipe(fd), 0);
   fflush(NULL);
@@ -391,9 +406,11 @@ static char *run_child(const char *min_bytes) {
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
     dup2(fd[1], STDOUT_FILENO);
+    if (strcmp(mode, "--probe") == 0) dup2(fd[1], STDERR_FILENO);
     close(fd[0]), close(fd[1]);
-    setenv("SN_STREAM_MIN_BYTES", min_bytes, 1);
-    execl(self, self, "--emit", (char *)NULL);
+    if (min_bytes != NULL) setenv("SN_STREAM_MIN_BYTES", min_bytes, 1);
+    else unsetenv("SN_STREAM_MIN_BYTES");
+    execl(self, self, mode, (char *)NULL);
     _exit(127);
   }
   close(fd[1]);
@@ -415,10 +432,13 @@ static char *run_child(const char *min_bytes) {
   int status;
   ck_assert_int_eq(waitpid(pid, &status, 0), pid);
   ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                "the child with SN_STREAM_MIN_BYTES=%s failed (status 0x%x)", min_bytes,
-                (unsigned)status);
+                "the child %s with SN_STREAM_MIN_BYTES=%s failed (status 0x%x)", mode,
+                min_bytes != NULL ? min_bytes : "(unset)", (unsigned)status);
   return text;
 }
+
+/* The --emit child. */
+static char *run_child(const char *min_bytes) { return run_mode("--emit", min_bytes); }
 
 /* The next line of *p (its newline cut), advancing *p; NULL at the end. */
 static char *next_line(char **p) {
@@ -461,8 +481,49 @@ START_TEST(test_streamed_equals_ordinary) {
 }
 END_TEST
 
+/* SN_STREAM_MIN_BYTES: a value that is not a whole number of bytes is ignored (the threshold of
+ * the variable unset) with one line on stderr naming it, however often the kernels ask; a whole
+ * number sets the threshold without a word; an empty one is unset. */
+START_TEST(test_env_threshold) {
+  static const char *const bad[] = {"16M", "-1", " 5", "+5", "0x10", "1e6", "5 "};
+  char *unset = run_mode("--probe", NULL);
+  ck_assert_msg(strncmp(unset, "probe ", 6) == 0 && strchr(unset, '\n') == unset + 11 &&
+                    unset[12] == '\0',
+                "unset: expected one probe line, got '%s'", unset);
+  for (int i = 0; i < COUNT(bad); i++) {
+    char *out = run_mode("--probe", bad[i]), want[128];
+    snprintf(want, sizeof want, "syncnorm: ignoring SN_STREAM_MIN_BYTES='%s': ", bad[i]);
+#if defined(__x86_64__) && defined(__GNUC__) /* elsewhere nothing streams: the variable is unread */
+    const char *warn = strstr(out, want);
+    ck_assert_msg(warn != NULL, "'%s': no warning in '%s'", bad[i], out);
+    const char *eol = strchr(warn, '\n');
+    ck_assert_msg(eol != NULL && strstr(eol, "syncnorm:") == NULL &&
+                      strstr(out, "syncnorm:") == warn,
+                  "'%s': more than one warning: '%s'", bad[i], out);
+#endif
+    ck_assert_msg(strstr(out, unset) != NULL, "'%s': not the default (%s): '%s'", bad[i], unset,
+                  out);
+    free(out);
+  }
+  char *empty = run_mode("--probe", "");
+  ck_assert_str_eq(empty, unset);
+  char *zero = run_mode("--probe", "0"), *never = run_mode("--probe", NEVER);
+  char *beyond = run_mode("--probe", "99999999999999999999"); /* beyond INT64_MAX: never */
+#if defined(__x86_64__) && defined(__GNUC__) /* streaming stores exist */
+  ck_assert_str_eq(zero, "probe 1 1 1\n");
+  ck_assert_str_eq(never, "probe 0 0 1\n");
+#else
+  ck_assert_str_eq(zero, "probe 0 0 0\n");
+  ck_assert_str_eq(never, "probe 0 0 0\n");
+#endif
+  ck_assert_str_eq(beyond, never);
+  free(unset), free(empty), free(zero), free(never), free(beyond);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "--emit") == 0) return emit_all();
+  if (argc == 2 && strcmp(argv[1], "--probe") == 0) return probe();
   const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
   if (len > 0) self[len] = '\0';
   else snprintf(self, sizeof self, "%s", argv[0]);
@@ -472,6 +533,7 @@ int main(int argc, char **argv) {
    * below the two children's ~15 s */
   if (getenv("CK_DEFAULT_TIMEOUT") == NULL) tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_streamed_equals_ordinary);
+  tcase_add_test(tc, test_env_threshold);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

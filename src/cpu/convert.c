@@ -4,6 +4,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -211,22 +212,28 @@ static int stream_by_default(void) {
   return family >= 0x1au;
 }
 
-/* The threshold, once per process: SN_STREAM_MIN_BYTES when it holds a whole number >= 0 (then on
- * any x86-64 CPU, every kernel), else 16 MiB on the CPUs of stream_by_default and never on
- * others; the bf16 LayerNorm forward's rows by default on Intel CPUs only (see cpu.h). */
+/* The threshold, once per process: SN_STREAM_MIN_BYTES when it holds a whole decimal number
+ * (digits only; beyond INT64_MAX: never), then on any x86-64 CPU, every kernel; else 16 MiB on the
+ * CPUs of stream_by_default and never on others; the bf16 LayerNorm forward's rows by default on
+ * Intel CPUs only (see cpu.h). Another value ("16M", "-1", " 5") is ignored with one line on
+ * stderr, as libgomp and NCCL do for their variables: a kernel cannot fail over a speed setting,
+ * and ignoring it silently left a typo unnoticed. */
 static void stream_init(void) {
   stream_min = stream_by_default() ? SN_STREAM_MIN_BYTES : INT64_MAX;
   stream_ln_bf16 = __builtin_cpu_is("intel");
   const char *env = getenv("SN_STREAM_MIN_BYTES");
-  if (env != NULL && *env != '\0') {
-    char *end;
-    errno = 0;
-    const long long v = strtoll(env, &end, 10);
-    if (*end == '\0' && v >= 0) {
-      stream_min = errno == ERANGE ? INT64_MAX : v;
-      stream_env = 1;
-    }
+  if (env == NULL || *env == '\0') return;
+  if (strspn(env, "0123456789") != strlen(env)) {
+    fprintf(stderr,
+            "syncnorm: ignoring SN_STREAM_MIN_BYTES='%.64s': not a whole number of bytes (such as "
+            "0, every output, or 16777216); the default applies\n",
+            env);
+    return;
   }
+  errno = 0;
+  const long long v = strtoll(env, NULL, 10);
+  stream_min = errno == ERANGE ? INT64_MAX : v;
+  stream_env = 1;
 }
 
 int sn__stream_out(int64_t out_bytes) {
