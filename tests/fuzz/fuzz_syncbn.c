@@ -237,13 +237,38 @@ void fuzz_op_syncbn(fz_t *in) {
       }
     }
 
+    /* the call's activations: forward (y, x) = (pa[1], pa[0]); backward (dx, dy, x) = (pa[2],
+     * pa[0], pa[1]) */
+    void *pa[3] = {null_a ? NULL : buf[0].p, null_b ? NULL : buf[1].p, null_c ? NULL : out};
+    if (!backward) pa[1] = null_b ? NULL : out;
+    /* In one call in eight that would pass the argument checks with real buffers, one of its
+     * activations is placed over the layer's own memory instead: an element of an array that
+     * sn_syncbn_params hands out, or the handle itself. The call must fail with
+     * SN_ERR_INVALID_ARGUMENT before it reads or writes anything (check_call), the saved forward
+     * kept. Chosen from the data seed's top bits, so committed inputs decode as before. */
+    int over = -1; /* the activation placed, or -1 */
+    if (e == 0 && total > 0 && (c.seed >> 29) == 0) {
+      float *arr[6] = {p.weight, p.bias, p.grad_weight, p.grad_bias, p.running_mean, p.running_var};
+      void *target[7];
+      int nt = 0;
+      for (int k = 0; k < 6; k++)
+        if (arr[k] != NULL) target[nt++] = arr[k] + (int64_t)((c.seed >> 8) % (uint64_t)C);
+      target[nt++] = bn;
+      over = (int)((c.seed >> 4) % (backward ? 3u : 2u));
+      pa[over] = target[c.seed % (uint64_t)nt];
+      allowed = ERR(SN_ERR_INVALID_ARGUMENT), ok_too = 0;
+      written = finite_out = updates = counts = 0;
+    }
     if (backward)
-      st = sn_syncbn_backward(bn, null_c ? NULL : out, null_a ? NULL : buf[0].p, null_b ? NULL : buf[1].p, n, s);
+      st = sn_syncbn_backward(bn, pa[2], pa[0], pa[1], n, s);
     else
-      st = sn_syncbn_forward(bn, null_b ? NULL : out, null_a ? NULL : buf[0].p, n, s, training);
+      st = sn_syncbn_forward(bn, pa[1], pa[0], n, s, training);
     const char *fname = backward ? "sn_syncbn_backward" : "sn_syncbn_forward";
     count_call(fname, st);
-    if (fz_debug()) {
+    if (fz_debug() && over >= 0) {
+      fprintf(stderr, "  %s n=%lld s=%lld: activation %d over the layer -> %s %s\n", fname, (long long)n,
+              (long long)s, over, sn_status_string(st), st ? sn_last_error() : "");
+    } else if (fz_debug()) {
       fprintf(stderr, "  %s n=%lld s=%lld training=%d inplace=%d mode=%d -> %s %s\n", fname, (long long)n, (long long)s,
               training, inplace, c.data_mode, sn_status_string(st), st ? sn_last_error() : "");
       for (int64_t k = 0; k < (int64_t)(bytes / es) && k < 64 && dtype == SN_DTYPE_F32; k++)
@@ -260,7 +285,7 @@ void fuzz_op_syncbn(fz_t *in) {
                    sn_status_string(st), k);
       FUZZ_CHECK(memcmp(before.v, after.v, (size_t)(6 * C) * sizeof(float)) == 0 && before.nbt == after.nbt,
                  "%s failed (%s) but changed the layer's state", fname, sn_status_string(st));
-      if (!backward && e == 0) fwd_valid = 0; /* a forward that failed past its checks */
+      if (!backward && e == 0 && over < 0) fwd_valid = 0; /* a forward that failed past its checks */
     } else {
       FUZZ_CHECK(allowed == 0 || ok_too, "%s returned SN_OK, expected bits 0x%x", fname, allowed);
       const int out_idx = inplace ? 0 : out_k;
