@@ -804,12 +804,12 @@ END_TEST
  * different order, so not bitwise); in place equals out of place bitwise; 1, 2, 3 threads give
  * identical bits. Shapes large enough for the parallel path. */
 START_TEST(test_layouts_inplace_threads) {
-  /* {1, 300, 150, 1}, {2, 64, 9000, 8}: fewer samples than threads, or samples above a core's
-   * L2 (2.3 MB f32, 1.15 MB bf16/f16) that two threads' L2s hold: NHWC shares each sample
-   * between the threads (gn_fwd_split) for f32 where L2 is 2 MiB, bf16/f16 where it is 1 MiB;
-   * the other dtypes take a sample per thread there */
+  /* {1, 300, 150, 1}: fewer samples than threads; {2, 64, 9000, 8}, {2, 64, 3000, 8}: samples
+   * above a core's L2 whose share per thread fits it (gn_fwd_split), which NHWC shares between
+   * the threads: 2.3 MB f32 where L2 is 2 MiB, 1.15 MB bf16/f16 where it is 1 MiB, 768 KB f32
+   * where it is 512 KiB; the other dtypes take a sample per thread there */
   static const int64_t shapes[][4] = {{4, 64, 300, 32}, {3, 65, 97, 5}, {1, 300, 150, 1},
-                                      {9, 8, 1000, 4}, {2, 64, 9000, 8}};
+                                      {9, 8, 1000, 4}, {2, 64, 9000, 8}, {2, 64, 3000, 8}};
   tu_rng_t r;
   tu_rng_seed(&r, 24);
   for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)

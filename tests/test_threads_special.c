@@ -222,8 +222,9 @@ END_TEST
 
 /* GroupNorm shapes at the thread-count switches, run before the random cases: one sample (NHWC
  * shares it between a team of threads: the case that found GroupNorm's rstd NaN sign following
- * the thread count), two and three samples (fewer than the threads, in teams that do not
- * divide), one channel. {N, C, S, G}. */
+ * the thread count), two and three samples (fewer than the threads that can run at once on
+ * hosts with more processors than that, in teams that do not divide; on two processors they
+ * take a sample per thread), one channel. {N, C, S, G}. */
 static const int64_t GN_SHAPES[][4] = {{1, 64, 1024, 8}, {1, 32, 2048, 32}, {2, 48, 600, 4},
                                        {3, 96, 256, 32}, {1, 1, 40000, 1}};
 #define N_GN_SHAPES ((int)(sizeof GN_SHAPES / sizeof GN_SHAPES[0]))

@@ -607,15 +607,27 @@ static void gn_nhwc_map(void *y, const void *x, const float *gamma, const float 
 /* Scratch doubles of one thread: col [2][C], k [C], gm, gr [G], part [2][C]. */
 static int64_t gn_fwd_nhwc_scratch(int64_t C, int64_t G) { return per_thread(5 * C + 2 * G); }
 
+/* The most rows of a sample that one thread of a team of T sums and maps when the team shares
+ * it: its pieces [t·P/T, (t+1)·P/T) of the P = gn_pieces(S), at most ⌈P/T⌉ (one where T > P,
+ * and then T − P threads have none), each of at most ⌈S/P⌉ rows. */
+static int64_t gn_share_rows(int64_t S, int64_t T) {
+  const int64_t P = gn_pieces(S);
+  return (P + T - 1) / T * ((S + P - 1) / P);
+}
+
 /* Whether the NHWC forward shares each sample between the threads: fewer samples than nt (the
  * threads that can run at once), or a sample larger than a core's L2 whose share per thread
- * fits it, so that the team reads the sample from memory once. Where the share is larger too,
- * the map reads it again from L3 or memory either way, and the team's barrier per sample costs
- * more than it saves: [256,256,56,56] f32 (3.2 MB samples, 1 MiB L2 per core), two threads,
- * 0.90-0.93x the time with each thread taking whole samples (bench_ab, cold). */
+ * (gn_share_rows) fits it, so that the team reads the sample from memory once, and that has a
+ * piece for each thread (nt <= GN_PIECES; else some would idle at every barrier). Where the
+ * share is larger too, the map reads it again from L3 or memory either way, and the team's
+ * barrier per sample costs more than it saves: [256,256,56,56] f32 (3.2 MB samples, 1 MiB L2
+ * per core), two threads, 0.90-0.93x the time with each thread taking whole samples (bench_ab,
+ * cold). */
 static int gn_fwd_split(int64_t N, int64_t C, int64_t S, sn_dtype_t dtype, int nt) {
-  const int64_t sample = S * C * (int64_t)sn_dtype_size(dtype), l2 = sn__l2_bytes();
-  return nt > 1 && (N < nt || (sample > l2 && sample / nt <= l2));
+  const int64_t es = sn_dtype_size(dtype), l2 = sn__l2_bytes();
+  if (nt <= 1) return 0;
+  if (N < nt) return 1;
+  return S * C * es > l2 && nt <= gn_pieces(S) && gn_share_rows(S, nt) * C * es <= l2;
 }
 
 /* Sample n of the NHWC forward: its statistics (this thread's pieces [p0, p1) into part, added
@@ -640,12 +652,12 @@ static void gn_fwd_sample(void *y, float *mean, float *rstd, const void *x, cons
 /* The nt flags of an NHWC map pass (the forward's y, the backward's dx), called inside the
  * parallel region: stream0 (sn__stream_out of the whole output), with SN_NT_PREFETCH added
  * where the `inputs` tensors (1: x; 2: x and dy) of this thread's rows of a sample — S rows, or
- * about S / T when the team shares the sample — exceed its L2. The pass then reads them from
+ * gn_share_rows when the team shares the sample — exceed its L2. The pass then reads them from
  * memory a second time (after the sums), so it prefetches them, as the BatchNorm maps do; only
  * where it streams (SN_NT_PREFETCH needs SN_NT_STREAM). A sample per thread is the case of one
  * thread, or of one processor per MPI rank. */
 static int gn_map_nt(int stream0, int shared, int64_t S, int64_t C, int64_t es, int64_t inputs) {
-  const int64_t rows = shared ? S / sn__team_size() + 1 : S;
+  const int64_t rows = shared ? gn_share_rows(S, sn__team_size()) : S;
   return stream0 && inputs * rows * C * es > sn__l2_bytes() ? stream0 | SN_NT_PREFETCH : stream0;
 }
 
