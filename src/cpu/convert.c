@@ -224,10 +224,15 @@ static void stream_init(void) {
   const char *env = getenv("SN_STREAM_MIN_BYTES");
   if (env == NULL || *env == '\0') return;
   if (strspn(env, "0123456789") != strlen(env)) {
+    char shown[65]; /* the value's first 64 bytes, each outside printable ASCII shown as '?' */
+    size_t k = 0;
+    for (; k < sizeof shown - 1 && env[k] != '\0'; k++)
+      shown[k] = env[k] >= ' ' && env[k] <= '~' ? env[k] : '?';
+    shown[k] = '\0';
     fprintf(stderr,
-            "syncnorm: ignoring SN_STREAM_MIN_BYTES='%.64s': not a whole number of bytes (such as "
+            "syncnorm: ignoring SN_STREAM_MIN_BYTES='%s': not a whole number of bytes (such as "
             "0, every output, or 16777216); the default applies\n",
-            env);
+            shown);
     return;
   }
   errno = 0;
