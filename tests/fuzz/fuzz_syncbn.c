@@ -239,8 +239,8 @@ void fuzz_op_syncbn(fz_t *in) {
 
     /* the call's activations: forward (y, x) = (pa[1], pa[0]); backward (dx, dy, x) = (pa[2],
      * pa[0], pa[1]) */
-    void *pa[3] = {null_a ? NULL : buf[0].p, null_b ? NULL : buf[1].p, null_c ? NULL : out};
-    if (!backward) pa[1] = null_b ? NULL : out;
+    void *pa[3] = {null_a ? NULL : buf[0].p, null_b ? NULL : backward ? buf[1].p : out,
+                   null_c ? NULL : out};
     /* In one call in eight that would pass the argument checks with real buffers, one of its
      * activations is placed over the layer's own memory instead: an element of an array that
      * sn_syncbn_params hands out, or the handle itself. The call must fail with
