@@ -203,7 +203,11 @@ SN_CLONES static int bwd_rows_bf16(double *restrict l1, double *restrict l2, int
  * starting at lane 0: lane l gets rows l, l + 8, ..., l + 8·(GROUP_K − 1) of the group in that
  * order, so the sums and their order are those of stats_rows/bwd_rows, with one load and store
  * of each accumulator (an sn__vd of 8 channels) per GROUP_K rows. GROUP_K 8 against 4: statistics
- * 0.79-0.85x, backward sums 0.91-1.06x at 128 and 256 channels; 16 was slower. */
+ * 0.79-0.85x, backward sums 0.91-1.06x at 128 and 256 channels; 16 was slower.
+ * Each lane walks its GROUP_K rows with one pointer per input advanced by `step` (SN_LANES
+ * rows): indexed from the group's start, GCC kept a pointer per row (16 for the backward, some
+ * spilled to the stack). The fused NHWC backward at [64,256,28,28] f32: 0.965-0.97x the time
+ * (docs/BENCHMARKS.md, 2026-12-03 seventh sitting); the same bits. */
 #define GROUP_K 8
 #define GROUP_ROWS (GROUP_K * SN_LANES)
 
@@ -212,6 +216,7 @@ SN_CLONES static int bwd_rows_bf16(double *restrict l1, double *restrict l2, int
 SN_INLINE void stats_groups_impl(double *restrict l1, double *restrict l2, int64_t ls,
                                  const void *x, int64_t ng, int64_t ld, int64_t ct,
                                  const double *restrict p, int bf16) {
+  const uintptr_t es = bf16 ? 2 : 4, step = (uintptr_t)(SN_LANES * ld) * es; /* lane's next row */
   for (int64_t gi = 0; gi < ng; gi++) {
     const int64_t xg = gi * GROUP_ROWS * ld; /* the group's first element */
     for (int lane = 0; lane < SN_LANES; lane++) {
@@ -222,9 +227,10 @@ SN_INLINE void stats_groups_impl(double *restrict l1, double *restrict l2, int64
         SN_VLOAD(a1, s1 + c);
         SN_VLOAD(a2, s2 + c);
         SN_VLOAD(pc, p + c);
+        const char *xp = (const char *)x + (uintptr_t)(xg + lane * ld + c) * es;
 #pragma GCC unroll 8
-        for (int m = 0; m < GROUP_K; m++) {
-          SN_VLOAD_WIDEN_W(v, x, xg + (m * SN_LANES + lane) * ld + c, bf16);
+        for (int m = 0; m < GROUP_K; m++, xp += step) {
+          SN_VLOAD_WIDEN_W(v, xp, 0, bf16);
           v -= pc;
           a1 += v;
           a2 += v * v;
@@ -259,6 +265,7 @@ SN_CLONES static void stats_groups_bf16(double *restrict l1, double *restrict l2
 SN_INLINE void bwd_groups_impl(double *restrict l1, double *restrict l2, int64_t ls,
                                const void *dy, const void *x, int64_t ng, int64_t ld, int64_t ct,
                                const double *restrict m, int bf16) {
+  const uintptr_t es = bf16 ? 2 : 4, step = (uintptr_t)(SN_LANES * ld) * es; /* lane's next row */
   for (int64_t gi = 0; gi < ng; gi++) {
     const int64_t g0 = gi * GROUP_ROWS * ld; /* the group's first element */
     for (int lane = 0; lane < SN_LANES; lane++) {
@@ -269,11 +276,12 @@ SN_INLINE void bwd_groups_impl(double *restrict l1, double *restrict l2, int64_t
         SN_VLOAD(a1, s1 + c);
         SN_VLOAD(a2, s2 + c);
         SN_VLOAD(mc, m + c);
+        const uintptr_t o = (uintptr_t)(g0 + lane * ld + c) * es;
+        const char *gp = (const char *)dy + o, *xp = (const char *)x + o;
 #pragma GCC unroll 8
-        for (int j = 0; j < GROUP_K; j++) {
-          const int64_t o = g0 + (j * SN_LANES + lane) * ld + c;
-          SN_VLOAD_WIDEN_W(g, dy, o, bf16);
-          SN_VLOAD_WIDEN_W(v, x, o, bf16);
+        for (int j = 0; j < GROUP_K; j++, gp += step, xp += step) {
+          SN_VLOAD_WIDEN_W(g, gp, 0, bf16);
+          SN_VLOAD_WIDEN_W(v, xp, 0, bf16);
           a1 += g;
           a2 += g * (v - mc);
         }
