@@ -222,14 +222,27 @@ static int64_t running_hash(const sn_syncbn_t *bn) {
   return (int64_t)(h >> 2);
 }
 
+/* The fields of the signature (check_consistency); CALL_FIELDS of the call, then the configuration up to
+ * CONFIG_FIELDS, then the running statistics. F_CHECKS: the status of this rank's own checks of
+ * the call (0: passed; see tell_peers). */
+enum {
+  F_ID, F_C, F_OP, F_DTYPE, F_LAYOUT, F_CHECKS, F_MOMENTUM, F_EPS, F_TRACK, F_AFFINE, F_FINITE,
+  F_RUNNING, K
+};
+enum { CALL_FIELDS = F_CHECKS + 1, CONFIG_FIELDS = F_RUNNING };
+
 /* The name of a value of field k of the signature (check_consistency), where it has one: the
  * operation, dtype and layout; NULL otherwise. */
 static const char *field_name(int k, int64_t v) {
   static const char *const op_name[] = {"?", "forward", "backward"};
   static const char *const dtype_name[] = {"f32", "bf16", "f16", "f64"};
   static const char *const layout_name[] = {"NCHW", "NHWC"};
-  const char *const *names = k == 2 ? op_name : k == 3 ? dtype_name : k == 4 ? layout_name : NULL;
-  const int64_t count = k == 2 ? 3 : k == 3 ? 4 : 2;
+  if (k == F_CHECKS) return v == 0 ? "passed" : sn_status_string((sn_status_t)v);
+  const char *const *names = k == F_OP       ? op_name
+                             : k == F_DTYPE  ? dtype_name
+                             : k == F_LAYOUT ? layout_name
+                                             : NULL;
+  const int64_t count = k == F_OP ? 3 : k == F_DTYPE ? 4 : 2;
   return names != NULL && v >= 0 && v < count ? names[v] : NULL;
 }
 
@@ -241,15 +254,15 @@ static void field_value(char *out, size_t size, int k, int64_t v, int first) {
   const char *name = field_name(k, v);
   if (name != NULL) {
     snprintf(out, size, "%s", name);
-  } else if (k == 5 || k == 6) {
+  } else if (k == F_MOMENTUM || k == F_EPS) {
     const float f = float_of(v);
-    if (k == 5 && f == SN_MOMENTUM_CUMULATIVE) {
+    if (k == F_MOMENTUM && f == SN_MOMENTUM_CUMULATIVE) {
       snprintf(out, size, "None");
     } else { /* the shortest of %g and %.9g that reads back as f: values that differ print so */
       snprintf(out, size, "%g", (double)f);
       if (strtof(out, NULL) != f) snprintf(out, size, "%.9g", (double)f);
     }
-  } else if (k == 10) {
+  } else if (k == F_RUNNING) {
     snprintf(out, size, "%s", first ? "one state" : "another");
   } else {
     snprintf(out, size, "%lld", (long long)v);
@@ -263,12 +276,12 @@ static void field_value(char *out, size_t size, int k, int64_t v, int first) {
 static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi, int64_t rlo,
                        int64_t rhi) {
   const int ranked = rlo >= 0 && rhi >= 0;
-  if (k == 10)
+  if (k == F_RUNNING)
     return ranked ? snprintf(out, size, " (e.g. ranks %lld and %lld)", (long long)rlo,
                              (long long)rhi)
                   : snprintf(out, size, "%s", "");
   char a[32], b[32], ra[32] = "", rb[32] = "";
-  if ((k == 5 || k == 6) && float_of(lo) > float_of(hi)) { /* order values, not bits */
+  if ((k == F_MOMENTUM || k == F_EPS) && float_of(lo) > float_of(hi)) { /* order values, not bits */
     const int64_t t = lo, rt = rlo;
     lo = hi, rlo = rhi, hi = t, rhi = rt;
   }
@@ -277,7 +290,7 @@ static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi, in
     snprintf(ra, sizeof ra, " on rank %lld", (long long)rlo);
     snprintf(rb, sizeof rb, " on rank %lld", (long long)rhi);
   }
-  if (k == 5 || k == 6) /* the extreme bit patterns: two of the values */
+  if (k == F_MOMENTUM || k == F_EPS) /* the extreme bit patterns: two of the values */
     return snprintf(out, size, " (e.g. %s%s, %s%s)", a, ranked ? ra : " on one rank", b,
                     ranked ? rb : " on another");
   if (!ranked) return snprintf(out, size, " (%s..%s)", a, b);
@@ -286,7 +299,7 @@ static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi, in
 
 /* Values listed per field, and ranks per value, in a mismatch message (then "..."). */
 enum { MSG_VALUES = 3, MSG_RANKS = 6 };
-/* Up to this many ranks, a mismatch gathers every rank's signature (on the stack: 5 KiB) and the
+/* Up to this many ranks, a mismatch gathers every rank's signature (on the stack: 6 KiB) and the
  * message lists the ranks of each value (field_by_rank); beyond, the lowest rank holding each
  * extreme (field_range). No allocation on that path: every rank must make the same collective. */
 enum { MSG_TABLE_RANKS = 64 };
@@ -350,18 +363,18 @@ static int field_by_rank(char *out, size_t size, int k, const int64_t *table, in
  * the lowest rank holding each field's extremes. The ranks are those of the layer's
  * communicator (of a split one, not the world's). Should that collective fail (a timeout), its
  * status is returned, with both messages: the communicator is then broken. */
-enum { CALL_FIELDS = 5, CONFIG_FIELDS = 10 };
-static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op) {
-  enum { K = 11 };
+static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op, sn_status_t checks) {
   /* check_finite is configuration too: a rank with it returns SN_ERR_NONFINITE before the
    * statistics' second all-reduce (the pivot refinement) that a rank without it makes, so ranks
    * that differ in it would go on out of step (a review: MPI_ERR_TRUNCATE ended the job) */
   static const char *const field[K] = {
-      "layer id", "C (num_features)", "operation", "dtype", "layout", "momentum", "eps",
-      "track_running_stats", "affine", "check_finite",
+      "layer id", "C (num_features)", "operation", "dtype", "layout",
+      "the call's own checks (a rank whose arguments or state failed them returned that error)",
+      "momentum", "eps", "track_running_stats", "affine", "check_finite",
       "running statistics (load or set them on every rank, or broadcast them from one)"};
+  /* momentum + 0.0f: -0 and 0 are the same momentum (a review: they were reported as differing) */
   int64_t sig[K] = {bn->id, bn->C, op, (int64_t)bn->cfg.dtype, (int64_t)bn->cfg.layout,
-                    float_bits(bn->cfg.momentum), float_bits(bn->cfg.eps),
+                    (int64_t)checks, float_bits(bn->cfg.momentum + 0.0f), float_bits(bn->cfg.eps),
                     bn->cfg.track_running_stats, bn->cfg.affine, bn->cfg.check_finite != 0,
                     running_hash(bn)};
   int64_t v[2 * K];
@@ -514,19 +527,54 @@ static sn_status_t batch_stats(sn_syncbn_t *bn, const char *fn, void *y, const v
 /* No other rank to agree with: no communicator, or one of a single rank. */
 static int alone(const sn_syncbn_t *bn) { return bn->comm == NULL || bn->comm->size == 1; }
 
+/* A call that failed this rank's own checks (st, its message in sn_last_error) where the other
+ * ranks, making the same call, would be in its consistency all-reduce (would_sync, from this
+ * rank's arguments and saved forward): this rank makes that all-reduce too, with st in its
+ * signature (F_CHECKS), so that the others return SN_ERR_MISMATCH naming it at once instead of
+ * waiting for it until SN_COMM_TIMEOUT_S. Only with check_consistency (without it the call has
+ * no such all-reduce), on a live layer whose communicator is live. Nothing changes on any rank
+ * (the saved forward is kept everywhere: a forward replaces it only after its check), so every
+ * rank can repeat the call. Returns st with its message, and with what became of telling the
+ * others. */
+static sn_status_t tell_peers(sn_syncbn_t *bn, const char *fn, int op, sn_status_t st,
+                              int would_sync) {
+  if (!would_sync || bn == NULL || bn->magic != SN_SYNCBN_MAGIC || !bn->cfg.check_consistency ||
+      alone(bn) || bn->comm->magic != SN_COMM_MAGIC || bn->comm->broken)
+    return st;
+  char own[1024];
+  snprintf(own, sizeof own, "%s", sn_last_error());
+  const sn_status_t told = check_consistency(bn, fn, op, st);
+  if (told == SN_OK) /* every rank failed its checks alike: each returns its own error */
+    return sn__fail(st, "%s", own);
+  if (told == SN_ERR_MISMATCH)
+    return sn__fail(st, "%s (the other ranks were told: SN_ERR_MISMATCH)", own);
+  return sn__fail(st, "%s; telling the other ranks failed: %s", own, sn_last_error());
+}
+
+/* Whether this rank's backward would make its consistency all-reduce, as far as it can tell:
+ * after a forward, that forward's (synchronized, a nonempty global batch); without one, if no
+ * forward was tried on this layer (the others may be in the forward this rank skipped). */
+static int backward_would_sync(const sn_syncbn_t *bn) {
+  if (bn == NULL || bn->magic != SN_SYNCBN_MAGIC) return 0;
+  if (bn->saved.valid) return bn->saved.synced && bn->saved.count != 0;
+  return !bn->forward_tried && !alone(bn);
+}
+
 /* Training-mode forward (or track_running_stats = 0): batch statistics, synced over comm when
  * `synced`, running stats updated when `update`. */
 static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const void *x,
                                  int64_t n, int64_t s, int synced, int update) {
   const int64_t C = bn->C;
   const sn_syncbn_config_t *cfg = &bn->cfg;
-  bn->saved.valid = 0;
   /* A batch with NaN/Inf (check_finite off) or a checkpoint's non-finite running_mean leaves a
    * non-finite pivot, which would make the sums of every later batch NaN: restart such channels
    * from 0. The pivot is identical on every rank, so every rank resets the same channels. */
   for (int64_t c = 0; c < C; c++)
     if (!isfinite(bn->pivot[c])) bn->pivot[c] = 0.0f;
-  if (synced && cfg->check_consistency) SN_TRY(check_consistency(bn, fn, OP_FORWARD));
+  if (synced && cfg->check_consistency) SN_TRY(check_consistency(bn, fn, OP_FORWARD, SN_OK));
+  /* from here on the saved forward is replaced; a mismatch above kept it on every rank, as a
+   * rank whose own checks failed keeps it (tell_peers) */
+  bn->saved.valid = 0;
   int64_t count = n * s;
   if (!synced && !cfg->check_finite && count > 1) {
     /* nothing to all-reduce, nothing to check before y is written: the local forward, bitwise
@@ -576,30 +624,41 @@ static sn_status_t forward_eval(sn_syncbn_t *bn, const char *fn, void *y, const 
 sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, int64_t n, int64_t s,
                               int training) {
   const char *fn = "sn_syncbn_forward";
-  SN_TRY(check_call(fn, bn, n, s, x, "x", y, "y", NULL, NULL));
+  const sn_status_t st = check_call(fn, bn, n, s, x, "x", y, "y", NULL, NULL);
+  if (bn != NULL && bn->magic == SN_SYNCBN_MAGIC) bn->forward_tried = 1;
+  if (st != SN_OK) return tell_peers(bn, fn, OP_FORWARD, st, training); /* eval: not synced */
   if (!training && bn->cfg.track_running_stats) return forward_eval(bn, fn, y, x, n, s);
   /* PyTorch synchronizes only in training mode and with more than one rank
    * (torch.nn.SyncBatchNorm.forward: need_sync = ... and world_size > 1) */
   const int synced = training && !alone(bn);
   const int update = training && bn->cfg.track_running_stats;
   if (update && bn->num_batches_tracked < 0) /* written through sn_syncbn_params */
-    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: %s: num_batches_tracked must be >= 0, got %lld",
-                    fn, bn->label, (long long)bn->num_batches_tracked);
+    return tell_peers(bn, fn, OP_FORWARD,
+                      sn__fail(SN_ERR_INVALID_ARGUMENT,
+                               "%s: %s: num_batches_tracked must be >= 0, got %lld", fn, bn->label,
+                               (long long)bn->num_batches_tracked),
+                      synced);
   return forward_batch(bn, fn, y, x, n, s, synced, update);
 }
 
 sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy, const void *x,
                                int64_t n, int64_t s) {
   const char *fn = "sn_syncbn_backward";
-  SN_TRY(check_call(fn, bn, n, s, dy, "dy", x, "x", dx, "dx"));
-  if (!bn->saved.valid)
-    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: %s: backward without a successful forward", fn,
-                    bn->label);
-  if (n != bn->saved.n || s != bn->saved.s)
-    return sn__fail(SN_ERR_INVALID_ARGUMENT,
-                    "%s: %s: shape n=%lld s=%lld differs from the forward's n=%lld s=%lld", fn,
-                    bn->label, (long long)n, (long long)s, (long long)bn->saved.n,
-                    (long long)bn->saved.s);
+  sn_status_t st = check_call(fn, bn, n, s, dy, "dy", x, "x", dx, "dx");
+  if (st == SN_OK && !bn->saved.valid)
+    st = sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: %s: backward without a successful forward", fn,
+                  bn->label);
+  if (st == SN_OK && (n != bn->saved.n || s != bn->saved.s))
+    st = sn__fail(SN_ERR_INVALID_ARGUMENT,
+                  "%s: %s: shape n=%lld s=%lld differs from the forward's n=%lld s=%lld", fn,
+                  bn->label, (long long)n, (long long)s, (long long)bn->saved.n,
+                  (long long)bn->saved.s);
+  if (st != SN_OK) {
+    const int would_sync = backward_would_sync(bn);
+    /* a backward without a forward stands for the forward skipped: once */
+    if (would_sync && !bn->saved.valid) bn->forward_tried = 1;
+    return tell_peers(bn, fn, OP_BACKWARD, st, would_sync);
+  }
   const int64_t C = bn->C;
   const sn_syncbn_config_t *cfg = &bn->cfg;
   const int synced = bn->saved.synced;
@@ -615,7 +674,7 @@ sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy, const 
     return sn_batchnorm_bwd(dx, cfg->affine ? bn->grad_weight : NULL,
                             cfg->affine ? bn->grad_bias : NULL, dy, x, bn->mean, bn->rstd,
                             bn->weight, n, C, s, cfg->layout, cfg->dtype);
-  if (synced && cfg->check_consistency) SN_TRY(check_consistency(bn, fn, OP_BACKWARD));
+  if (synced && cfg->check_consistency) SN_TRY(check_consistency(bn, fn, OP_BACKWARD, SN_OK));
   /* local Σdy, Σdy·x̂: this rank's dβ, dγ — and, summed over ranks, what dx needs */
   SN_TRY(sn_batchnorm_bwd_reduce(bn->red, bn->red + C, dy, x, bn->mean, bn->rstd, n, C, s,
                                  cfg->layout, cfg->dtype));

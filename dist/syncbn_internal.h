@@ -41,6 +41,7 @@ struct sn_syncbn {
   float *rstd;   /* [C] */
   float *tmp;    /* [C] scratch (refined pivot) */
   sn_syncbn_saved_t saved;
+  int forward_tried; /* sn_syncbn_forward was called on this layer */
   float *fblock;   /* the one allocation behind every f32 array above */
 
   int64_t collectives;          /* all-reduces issued by this layer */

@@ -8,8 +8,12 @@
  *
  * Collectives: every function documented as "collective" must be called by every rank of the
  * communicator, in the same order. Misuse is detected where possible (see check_consistency) and
- * bounded in time by the communicator's timeout, never left to hang silently. An error from a
- * call's own arguments is returned before any communication, on that rank only: the other ranks
+ * bounded in time by the communicator's timeout, never left to hang silently. A SyncBatchNorm
+ * forward or backward whose own checks (its arguments, the layer's state) fail on some ranks
+ * only still makes its consistency all-reduce, on a layer with check_consistency (the default):
+ * every rank returns an error at once, and all stay in step (see sn_syncbn_forward). Any other
+ * error from a call's own arguments (check_consistency off, a NULL or destroyed handle, the
+ * sn_comm_* functions) is returned before any communication, on that rank only: the other ranks
  * go on, and that rank is a call behind until it repeats the call (treat any error as fatal to
  * the step on every rank). A rank in eval mode makes no collective, so training and eval mixed
  * across ranks leaves the training ranks to the timeout, as in PyTorch.
@@ -146,8 +150,10 @@ typedef struct {
   sn_dtype_t dtype;        /* x, y, dy, dx: f32, bf16 or f16; parameters stay f32; default f32 */
   int check_consistency;   /* before each collective, check all ranks call the same layer id,
                               C, operation, dtype, layout, momentum, eps, track_running_stats,
-                              affine and check_finite with the same running statistics (one extra
-                              all-reduce of 22 int64; on a mismatch one more, so that the message
+                              affine and check_finite with the same running statistics, and
+                              tell the other ranks where this rank's own checks of the call
+                              failed (see sn_syncbn_forward) (one extra
+                              all-reduce of 24 int64; on a mismatch one more, so that the message
                               names the ranks (of this communicator) holding each value: up to 64
                               ranks all of them, beyond the lowest rank at each end of the range;
                               should that one time out, its SN_ERR_TIMEOUT is returned); default 1.
@@ -218,15 +224,24 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
  * same bits as the steps above. Formulas: Ioffe & Szegedy 2015 (arXiv:1502.03167), running stats
  * as torch.nn.BatchNorm; the shifted sums: Chan, Golub & LeVeque 1983. Errors (y, parameters and
  * running stats untouched, the same on every rank for the collective ones; bad arguments, a
- * running_var < 0 in eval mode included, change nothing, not even the saved forward; any later
- * failure drops the saved forward, so a backward needs a new successful forward):
+ * running_var < 0 in eval mode included, and a mismatch found by the consistency check change
+ * nothing, not even the saved forward; any later failure drops the saved forward, so a backward
+ * needs a new successful forward):
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
  * SN_ERR_INSUFFICIENT_COUNT (global count 1), SN_ERR_MISMATCH, SN_ERR_NONFINITE, SN_ERR_COMM,
  * SN_ERR_TIMEOUT, SN_ERR_INVALID_HANDLE, SN_ERR_ALLOC, SN_ERR_INVALID_ARGUMENT (eval mode with a
  * running_var < 0, or training with a num_batches_tracked < 0, written through sn_syncbn_params;
  * y overlapping x partly; backward: dx overlapping dy partly, or x at all; an activation over
- * the layer's own arrays, those sn_syncbn_params hands out included — all checked before any
- * collective). A global count of 0 is an empty batch: SN_OK, y and the running statistics
+ * the layer's own arrays, those sn_syncbn_params hands out included — all checked before the
+ * statistics' collective). In training mode on a layer with check_consistency and a
+ * communicator of two or more ranks, a rank whose own checks fail (the errors before
+ * SN_ERR_INSUFFICIENT_COUNT above, and SN_ERR_INVALID_ARGUMENT) still makes the consistency
+ * all-reduce, with its error in place of "passed": it returns that error (the message ending
+ * "(the other ranks were told: SN_ERR_MISMATCH)"), and the others return SN_ERR_MISMATCH naming
+ * it ("the call's own checks (...) differs across ranks (passed on ranks 0, 1; SN_ERR_NULL_POINTER
+ * on rank 2)"), at once instead of after the timeout; nothing changes anywhere, so every rank
+ * can repeat the call. Where every rank fails alike, each returns its own error. A global count
+ * of 0 is an empty batch: SN_OK, y and the running statistics
  * untouched, num_batches_tracked += 1 when tracking (as
  * torch.nn.BatchNorm's forward, which counts the batch before normalizing it; with momentum
  * None the next factor is then 1/num_batches_tracked as there). */
@@ -242,8 +257,12 @@ SN_API sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, in
  * check_finite off, it is sn_batchnorm_bwd (fused in NCHW where a channel fits in L2), with the
  * same bits. dx may equal dy. Shapes and dtype as forward; host memory. Formula:
  * the BatchNorm backward of Ioffe & Szegedy 2015, as torch.nn.SyncBatchNorm's. Errors: as
- * forward (SN_ERR_ALLOC included), plus SN_ERR_INVALID_ARGUMENT (no successful forward since the
- * last error, or n/s differ from the forward's). */
+ * forward (SN_ERR_ALLOC included), plus SN_ERR_INVALID_ARGUMENT (no forward has succeeded since
+ * the layer was created or loaded, or the last forward failed after its consistency check; or
+ * n/s differ from the forward's). A rank whose own checks fail tells the others as in forward,
+ * where its backward would be synchronized: after a synchronized forward of a nonempty global
+ * batch, or, once, on a layer whose forward this rank never called (the other ranks may be in
+ * the forward it skipped). */
 SN_API sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy, const void *x,
                                       int64_t n, int64_t s);
 

@@ -1,5 +1,5 @@
 /*
- * test_faults_mpi.c — misuse and bad data across 3–4 ranks, where one rank (a minority) is the
+ * test_faults_mpi.c — misuse and bad data across 2–4 ranks, where one rank (a minority) is the
  * odd one out: every rank must get the same error, with a message naming its layer, and nothing
  * may be written or mixed anywhere; the communicator stays usable afterwards (a clean step then
  * gives bitwise identical running stats on every rank). test_syncbn_mpi.c's "two_ranks" case
@@ -12,6 +12,9 @@
  *              layout, or calls the layers in another order: SN_ERR_MISMATCH on every rank
  *   nonfinite  (P ≥ 2) NaN/+Inf/−Inf in one rank's x (also next to an empty rank) or dy, with
  *              check_finite: SN_ERR_NONFINITE on every rank, outputs and state untouched
+ *   own_checks (P ≥ 2) one rank's forward or backward fails its own checks (NULL y, another n
+ *              than its forward's, num_batches_tracked < 0, no forward): that rank returns the
+ *              error, the others SN_ERR_MISMATCH naming it, at once; momentum -0 against 0
  *   timeout    (P ≥ 2) one rank skips a call and never makes another: the others fail with
  *              SN_ERR_TIMEOUT after the timeout, later calls fail at once with SN_ERR_COMM; the
  *              late rank's arrival afterwards cannot touch their memory
@@ -117,11 +120,13 @@ static void assert_mismatch(sn_status_t st, const char *what, const char *s1, co
                 mt_rank, what, s2, msg);
 }
 
-/* "<field> differs across ranks (a on ranks 0, 1, ...; b on rank P-1)" into buf: the message's
+/* "<field> differs across ranks (a on ranks 0, 1, ...; b on rank P-1)" ("a on rank 0" for P = 2)
+ * into buf: the message's
  * part for a field where rank ODD (the last) alone holds b, most common value first. */
 static const char *odd_one_out(char *buf, size_t size, const char *field, const char *a,
                                const char *b) {
-  int len = snprintf(buf, size, "%s differs across ranks (%s on ranks", field, a);
+  int len = snprintf(buf, size, "%s differs across ranks (%s on rank%s", field, a,
+                     mt_size > 2 ? "s" : "");
   for (int r = 0; r < mt_size - 1; r++)
     len += snprintf(buf + len, size - (size_t)len, "%s %d", r ? "," : "", r);
   snprintf(buf + len, size - (size_t)len, "; %s on rank %d)", b, mt_size - 1);
@@ -138,10 +143,148 @@ static void good_step(layer_t *l, uint64_t seed, const char *what) {
   layer_identical(l, what);
 }
 
-/* ---- disagree (P ≥ 3) ------------------------------------------------------------------------- */
-
 /* The odd rank: the last one, so rank 0 (which prints) is in the majority. */
 #define ODD (mt_size - 1)
+
+static double mono_now(void);
+
+/* ---- own checks (P ≥ 2) ------------------------------------------------------------------------ */
+
+/* The own-checks cases' communicator timeout: should a rank wait for one that returned early
+ * (the bug these cases catch), it fails with SN_ERR_TIMEOUT after this long instead of hanging
+ * for the default 1800 s; far above a step on a loaded machine. */
+#define OWN_TIMEOUT_S 20.0
+
+/* A layer on its own communicator with OWN_TIMEOUT_S (comm: out). */
+static void own_layer(layer_t *l, sn_comm_t **comm, const char *name, float momentum) {
+  MT_OK(sn_comm_create_mpi(comm, MPI_COMM_WORLD));
+  MT_OK(sn_comm_set_timeout(*comm, OWN_TIMEOUT_S));
+  sn_syncbn_config_t cfg = sn_syncbn_default_config(FT_C);
+  cfg.momentum = momentum;
+  snprintf(cfg.name, sizeof cfg.name, "%s", name);
+  memset(l, 0, sizeof *l);
+  MT_OK(sn_syncbn_create(&l->bn, &cfg, *comm));
+  MT_OK(sn_syncbn_params(l->bn, &l->p));
+}
+
+/* Rank ODD got `want` from its own checks, the others SN_ERR_MISMATCH naming ODD and that code. */
+static void assert_told(sn_status_t st, sn_status_t want, const char *what) {
+  if (mt_rank == ODD) {
+    ck_assert_msg(st == want, "rank %d: %s: got %s (%s), want %s", mt_rank, what,
+                  sn_status_string(st), sn_last_error(), sn_status_string(want));
+    ck_assert_msg(strstr(sn_last_error(), "the other ranks were told: SN_ERR_MISMATCH"), "%s: %s",
+                  what, sn_last_error());
+  } else {
+    char want_msg[256];
+    assert_mismatch(st, what, "'own' (id ",
+                    odd_one_out(want_msg, sizeof want_msg,
+                                "the call's own checks (a rank whose arguments or state failed "
+                                "them returned that error)",
+                                "passed", sn_status_string(want)));
+  }
+}
+
+/* One rank's forward or backward fails its own checks (a NULL output, another shape for the
+ * backward than its forward's, a negative num_batches_tracked, a backward without a forward):
+ * that rank returns the error, every other rank SN_ERR_MISMATCH naming it, at once (not after
+ * the communicator's timeout); nothing is written; a clean step follows on every rank. */
+START_TEST(test_own_checks_told) {
+  ck_assert_int_ge(mt_size, 2);
+  sn_comm_t *comm = NULL;
+  layer_t a;
+  own_layer(&a, &comm, "own", 0.1f);
+  float x[FT_LEN], y[FT_LEN], dy[FT_LEN], dx[FT_LEN];
+  fill_x(x, FT_LEN, 500 + (uint64_t)mt_rank);
+  fill_x(dy, FT_LEN, 510 + (uint64_t)mt_rank);
+  const double t0 = mono_now();
+
+  /* a NULL y on one rank, after a forward */
+  MT_OK(sn_syncbn_forward(a.bn, y, x, FT_N, FT_S, 1));
+  layer_snapshot(&a);
+  poison(y, FT_LEN);
+  sn_status_t st = sn_syncbn_forward(a.bn, mt_rank == ODD ? NULL : y, x, FT_N, FT_S, 1);
+  assert_told(st, SN_ERR_NULL_POINTER, "forward with a NULL y on one rank");
+  assert_poisoned(y, FT_LEN, "y of the failed forward");
+  layer_unchanged(&a, "after the NULL y");
+  /* every rank kept the earlier forward: its backward runs everywhere */
+  MT_OK(sn_syncbn_backward(a.bn, dx, dy, x, FT_N, FT_S));
+  good_step(&a, 520, "after the NULL y");
+
+  /* the backward's shape differs from its forward's on one rank */
+  MT_OK(sn_syncbn_forward(a.bn, y, x, FT_N, FT_S, 1));
+  layer_snapshot(&a);
+  poison(dx, FT_LEN);
+  st = sn_syncbn_backward(a.bn, dx, dy, x, mt_rank == ODD ? FT_N - 1 : FT_N, FT_S);
+  assert_told(st, SN_ERR_INVALID_ARGUMENT, "backward with another n on one rank");
+  assert_poisoned(dx, FT_LEN, "dx of the failed backward");
+  layer_unchanged(&a, "after the backward's other n");
+  /* nothing changed anywhere: repeated with the forward's shape, it succeeds on every rank */
+  MT_OK(sn_syncbn_backward(a.bn, dx, dy, x, FT_N, FT_S));
+  good_step(&a, 530, "after the backward's other n");
+
+  /* a negative num_batches_tracked written on one rank */
+  layer_snapshot(&a);
+  if (mt_rank == ODD) *a.p.num_batches_tracked = -5;
+  poison(y, FT_LEN);
+  st = sn_syncbn_forward(a.bn, y, x, FT_N, FT_S, 1);
+  assert_told(st, SN_ERR_INVALID_ARGUMENT, "forward with num_batches_tracked < 0 on one rank");
+  assert_poisoned(y, FT_LEN, "y of the forward with num_batches_tracked < 0");
+  if (mt_rank == ODD) *a.p.num_batches_tracked = a.nbt;
+  layer_unchanged(&a, "after num_batches_tracked < 0");
+  good_step(&a, 540, "after num_batches_tracked < 0");
+
+  /* every rank passes a NULL y: each gets its own error, no mismatch */
+  st = sn_syncbn_forward(a.bn, NULL, x, FT_N, FT_S, 1);
+  ck_assert_msg(st == SN_ERR_NULL_POINTER && !strstr(sn_last_error(), "other ranks"),
+                "rank %d: got %s (%s)", mt_rank, sn_status_string(st), sn_last_error());
+  good_step(&a, 550, "after a NULL y everywhere");
+
+  /* one rank calls a new layer's backward without its forward: the others, in the forward,
+   * get SN_ERR_MISMATCH; their backward then fails at once (no forward) */
+  layer_t b;
+  sn_comm_t *comm_b = NULL;
+  own_layer(&b, &comm_b, "own", 0.1f);
+  poison(y, FT_LEN);
+  poison(dx, FT_LEN);
+  st = mt_rank == ODD ? sn_syncbn_backward(b.bn, dx, dy, x, FT_N, FT_S)
+                      : sn_syncbn_forward(b.bn, y, x, FT_N, FT_S, 1);
+  if (mt_rank == ODD)
+    ck_assert_msg(st == SN_ERR_INVALID_ARGUMENT && strstr(sn_last_error(), "other ranks were told"),
+                  "rank %d: got %s (%s)", mt_rank, sn_status_string(st), sn_last_error());
+  else
+    assert_mismatch(st, "forward against a backward without forward", "operation differs", NULL);
+  if (mt_rank != ODD) {
+    st = sn_syncbn_backward(b.bn, dx, dy, x, FT_N, FT_S);
+    ck_assert_msg(st == SN_ERR_INVALID_ARGUMENT, "rank %d: got %s (%s)", mt_rank,
+                  sn_status_string(st), sn_last_error());
+  }
+  assert_poisoned(y, FT_LEN, "y of the mismatched forward");
+  assert_poisoned(dx, FT_LEN, "dx of the backward without forward");
+  good_step(&b, 560, "after the backward without forward");
+
+  const double took = mono_now() - t0;
+  ck_assert_msg(took < OWN_TIMEOUT_S, "rank %d: the cases took %.1f s: a rank waited", mt_rank,
+                took);
+  sn_syncbn_destroy(b.bn);
+  sn_comm_destroy(comm_b);
+  sn_syncbn_destroy(a.bn);
+  sn_comm_destroy(comm);
+}
+END_TEST
+
+/* momentum 0 and -0 are the same momentum: no mismatch (a review found one reported). */
+START_TEST(test_momentum_negative_zero) {
+  sn_comm_t *comm = NULL;
+  layer_t a;
+  own_layer(&a, &comm, "own", mt_rank == ODD ? -0.0f : 0.0f);
+  good_step(&a, 570, "momentum -0 on one rank, 0 on the others");
+  sn_syncbn_destroy(a.bn);
+  sn_comm_destroy(comm);
+}
+END_TEST
+
+/* ---- disagree (P ≥ 3) ------------------------------------------------------------------------- */
+
 
 /* Rank ODD skips layer A's forward and calls B's: everyone's first collective compares A with B.
  * Every rank gets SN_ERR_MISMATCH on "layer id", naming the layer it called. */
@@ -423,6 +566,11 @@ static Suite *make_suite(void) {
   tcase_add_test(nf, test_forward_nonfinite);
   tcase_add_test(nf, test_backward_nonfinite);
   suite_add_tcase(s, nf);
+  TCase *own = tcase_create("own_checks");
+  tcase_set_timeout(own, 120);
+  tcase_add_test(own, test_own_checks_told);
+  tcase_add_test(own, test_momentum_negative_zero);
+  suite_add_tcase(s, own);
   TCase *to = tcase_create("timeout");
   tcase_set_timeout(to, 120);
   tcase_add_test(to, test_skipped_call_times_out);
