@@ -26,7 +26,10 @@ void sn__sleep_us(long us) {
 sn_status_t sn__comm_new(sn_comm_t **out, const sn_comm_ops_t *ops, int rank, int size,
                          void *impl) {
   sn_comm_t *c = calloc(1, sizeof *c);
-  if (c == NULL) return sn__fail(SN_ERR_ALLOC, "sn_comm: out of memory");
+  if (c == NULL || !sn__handle_add(c)) {
+    free(c);
+    return sn__fail(SN_ERR_ALLOC, "sn_comm: out of memory");
+  }
   c->magic = SN_COMM_MAGIC;
   c->ops = ops;
   c->rank = rank;
@@ -58,7 +61,7 @@ sn_status_t sn__comm_env_timeout(const char *fn, double *seconds) {
 
 sn_status_t sn__comm_check(const char *fn, const sn_comm_t *comm) {
   SN_TRY(sn__check_ptr(fn, "comm", comm));
-  if (comm->magic != SN_COMM_MAGIC)
+  if (!SN_COMM_LIVE(comm))
     return sn__fail(SN_ERR_INVALID_HANDLE, "%s: comm is not a live sn_comm_t (destroyed or corrupt)", fn);
   if (comm->broken)
     return sn__fail(SN_ERR_COMM,
@@ -83,7 +86,7 @@ sn_status_t sn__comm_allreduce(const char *fn, sn_comm_t *comm, void *buf, int64
 sn_status_t sn_comm_rank(const sn_comm_t *comm, int *rank) {
   SN_TRY(sn__check_ptr("sn_comm_rank", "rank", rank));
   SN_TRY(sn__check_ptr("sn_comm_rank", "comm", comm));
-  if (comm->magic != SN_COMM_MAGIC)
+  if (!SN_COMM_LIVE(comm))
     return sn__fail(SN_ERR_INVALID_HANDLE, "sn_comm_rank: comm is not a live sn_comm_t");
   *rank = comm->rank;
   return SN_OK;
@@ -92,20 +95,20 @@ sn_status_t sn_comm_rank(const sn_comm_t *comm, int *rank) {
 sn_status_t sn_comm_size(const sn_comm_t *comm, int *size) {
   SN_TRY(sn__check_ptr("sn_comm_size", "size", size));
   SN_TRY(sn__check_ptr("sn_comm_size", "comm", comm));
-  if (comm->magic != SN_COMM_MAGIC)
+  if (!SN_COMM_LIVE(comm))
     return sn__fail(SN_ERR_INVALID_HANDLE, "sn_comm_size: comm is not a live sn_comm_t");
   *size = comm->size;
   return SN_OK;
 }
 
 const char *sn_comm_backend(const sn_comm_t *comm) {
-  if (comm == NULL || comm->magic != SN_COMM_MAGIC) return "invalid";
+  if (!SN_COMM_LIVE(comm)) return "invalid";
   return comm->ops->name;
 }
 
 sn_status_t sn_comm_set_timeout(sn_comm_t *comm, double seconds) {
   SN_TRY(sn__check_ptr("sn_comm_set_timeout", "comm", comm));
-  if (comm->magic != SN_COMM_MAGIC)
+  if (!SN_COMM_LIVE(comm))
     return sn__fail(SN_ERR_INVALID_HANDLE, "sn_comm_set_timeout: comm is not a live sn_comm_t");
   if (!(seconds >= 0.0) || isinf(seconds))
     return sn__fail(SN_ERR_INVALID_ARGUMENT,
@@ -153,7 +156,8 @@ sn_status_t sn_comm_split(sn_comm_t *comm, sn_comm_t **sub, int color, int key) 
 }
 
 void sn_comm_destroy(sn_comm_t *comm) {
-  if (comm == NULL || comm->magic != SN_COMM_MAGIC) return;
+  if (!SN_COMM_LIVE(comm)) return; /* NULL, or not (no longer) a communicator */
+  sn__handle_remove(comm);
   comm->ops->destroy(comm);
   comm->magic = 0;
   free(comm);

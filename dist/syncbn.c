@@ -52,7 +52,7 @@ sn_syncbn_config_t sn_syncbn_default_config(int64_t num_features) {
 
 sn_status_t sn__syncbn_check(const char *fn, const sn_syncbn_t *bn) {
   SN_TRY(sn__check_ptr(fn, "bn", bn));
-  if (bn->magic != SN_SYNCBN_MAGIC)
+  if (!SN_SYNCBN_LIVE(bn))
     return sn__fail(SN_ERR_INVALID_HANDLE, "%s: bn is not a live sn_syncbn_t (destroyed or corrupt)",
                     fn);
   return SN_OK;
@@ -100,7 +100,7 @@ sn_status_t sn_syncbn_create(sn_syncbn_t **out, const sn_syncbn_config_t *cfg, s
   sn_syncbn_t *bn = calloc(1, sizeof *bn);
   float *f = calloc((size_t)(10 * C), sizeof(float)); /* 10 [C] f32 arrays */
   double *d = calloc((size_t)(6 * C + SN_RED_EXTRA), sizeof(double)); /* red, local 2C, mean C */
-  if (bn == NULL || f == NULL || d == NULL) {
+  if (bn == NULL || f == NULL || d == NULL || !sn__handle_add(bn)) {
     free(bn), free(f), free(d);
     return sn__fail(SN_ERR_ALLOC, "%s: out of memory for %lld channels", fn, (long long)C);
   }
@@ -132,7 +132,8 @@ sn_status_t sn_syncbn_create(sn_syncbn_t **out, const sn_syncbn_config_t *cfg, s
 }
 
 void sn_syncbn_destroy(sn_syncbn_t *bn) {
-  if (bn == NULL || bn->magic != SN_SYNCBN_MAGIC) return;
+  if (!SN_SYNCBN_LIVE(bn)) return; /* NULL, or not (no longer) a layer */
+  sn__handle_remove(bn);
   bn->magic = 0;
   free(bn->fblock);
   free(bn->red);
@@ -538,8 +539,8 @@ static int alone(const sn_syncbn_t *bn) { return bn->comm == NULL || bn->comm->s
  * others. */
 static sn_status_t tell_peers(sn_syncbn_t *bn, const char *fn, int op, sn_status_t st,
                               int would_sync) {
-  if (!would_sync || bn == NULL || bn->magic != SN_SYNCBN_MAGIC || !bn->cfg.check_consistency ||
-      alone(bn) || bn->comm->magic != SN_COMM_MAGIC || bn->comm->broken)
+  if (!would_sync || !SN_SYNCBN_LIVE(bn) || !bn->cfg.check_consistency ||
+      !SN_COMM_LIVE(bn->comm) || bn->comm->broken || alone(bn))
     return st;
   char own[1024];
   snprintf(own, sizeof own, "%s", sn_last_error());
@@ -555,9 +556,9 @@ static sn_status_t tell_peers(sn_syncbn_t *bn, const char *fn, int op, sn_status
  * after a forward, that forward's (synchronized, a nonempty global batch); without one, if no
  * forward was tried on this layer (the others may be in the forward this rank skipped). */
 static int backward_would_sync(const sn_syncbn_t *bn) {
-  if (bn == NULL || bn->magic != SN_SYNCBN_MAGIC) return 0;
+  if (!SN_SYNCBN_LIVE(bn)) return 0;
   if (bn->saved.valid) return bn->saved.synced && bn->saved.count != 0;
-  return !bn->forward_tried && !alone(bn);
+  return !bn->forward_tried && SN_COMM_LIVE(bn->comm) && !alone(bn);
 }
 
 /* Training-mode forward (or track_running_stats = 0): batch statistics, synced over comm when
@@ -625,7 +626,7 @@ sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, int64_t n
                               int training) {
   const char *fn = "sn_syncbn_forward";
   const sn_status_t st = check_call(fn, bn, n, s, x, "x", y, "y", NULL, NULL);
-  if (bn != NULL && bn->magic == SN_SYNCBN_MAGIC) bn->forward_tried = 1;
+  if (SN_SYNCBN_LIVE(bn)) bn->forward_tried = 1;
   if (st != SN_OK) return tell_peers(bn, fn, OP_FORWARD, st, training); /* eval: not synced */
   if (!training && bn->cfg.track_running_stats) return forward_eval(bn, fn, y, x, n, s);
   /* PyTorch synchronizes only in training mode and with more than one rank

@@ -48,6 +48,9 @@ struct sn_syncbn {
   char tensor_names[5][256];    /* names handed out by sn_syncbn_state_tensors */
 };
 
+/* A live layer: registered (sn__handle_live), with the layer's magic. */
+#define SN_SYNCBN_LIVE(b) ((b) != NULL && sn__handle_live(b) && (b)->magic == SN_SYNCBN_MAGIC)
+
 /* SN_OK for a live layer, else SN_ERR_NULL_POINTER / SN_ERR_INVALID_HANDLE. */
 SN_HIDDEN sn_status_t sn__syncbn_check(const char *fn, const sn_syncbn_t *bn);
 
