@@ -494,7 +494,11 @@ int main(int argc, char **argv) {
     sn_comm_t *probe = NULL;
     char err[1024] = "";
     const sn_status_t st = sn_comm_create_self(&probe);
-    if (st != SN_OK) snprintf(err, sizeof err, "%s: %s", sn_status_string(st), sn_last_error());
+    if (st != SN_OK) { /* the message without the probe's function name: not the user's call */
+      const char *msg = sn_last_error(), *probe_fn = "sn_comm_create_self: ";
+      if (strncmp(msg, probe_fn, strlen(probe_fn)) == 0) msg += strlen(probe_fn);
+      snprintf(err, sizeof err, "%s: environment: %s", sn_status_string(st), msg);
+    }
     sn_comm_destroy(probe);
     exit_if_any_failed(&t, st != SN_OK, err);
   }

@@ -51,7 +51,7 @@ cmake -S . -B "$build" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInf
   { cat "$build.configure.log"; exit 1; }
 names=()
 for t in "${targets[@]}"; do names+=("fuzz_$t"); done
-cmake --build "$build" -j"$(nproc)" --target "${names[@]}"
+cmake --build "$build" -j"${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" --target "${names[@]}"
 echo "   built in $(( $(date +%s) - start )) s"
 
 # The same settings as the CTest smoke tests (tests/fuzz/CMakeLists.txt). A huge allocation

@@ -45,7 +45,7 @@ echo "run.sh: building (Release) in $build"
 mkdir -p "$build"
 log="$build/run-sh-build.log"
 { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSN_WITH_MPI=ON &&
-  cmake --build "$build" --target syncnorm-train -j "$(nproc)"; } >"$log" 2>&1 ||
+  cmake --build "$build" --target syncnorm-train -j "${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"; } >"$log" 2>&1 ||
   { tail -n 40 "$log" >&2; echo "run.sh: build failed (whole log: $log)" >&2; exit 1; }
 prog="$build/examples/syncnorm-train"
 

@@ -22,7 +22,7 @@ done
 
 bash scripts/setup-deps.sh || exit 1
 
-jobs=$(nproc)
+jobs=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} # build jobs; set CMAKE_BUILD_PARALLEL_LEVEL to change
 # Open MPI refuses to run as root without these (containers, CI).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 failed=()
@@ -33,7 +33,7 @@ if [ "$quick" = 0 ]; then
        -DSN_WITH_MPI=ON -DSN_BUILD_BENCH=OFF >/dev/null &&
      cmake --build build-asan -j"$jobs" >build-asan.log 2>&1; then
     # Leaks are checked; Open MPI's own allocations are suppressed (tests/lsan.supp), which needs
-    # full stacks (fast_unwind_on_malloc=0). The >2^31-element test and the soak run in pass 3.
+    # full stacks (fast_unwind_on_malloc=0). The >2^31-element test and the soak run in pass 4.
     ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:detect_stack_use_after_return=1 \
     LSAN_OPTIONS=suppressions=$root/tests/lsan.supp \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

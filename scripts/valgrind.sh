@@ -35,7 +35,7 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSN_SANITIZE= -DSN_WIT
   -DMEMORYCHECK_COMMAND="$(command -v valgrind)" -DMEMORYCHECK_COMMAND_OPTIONS="$opts" \
   -DMEMORYCHECK_SUPPRESSIONS_FILE="$root/tests/valgrind.supp" >"$build.configure.log" 2>&1 ||
   { cat "$build.configure.log"; exit 1; }
-cmake --build "$build" -j"$(nproc)"
+cmake --build "$build" -j"${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 built=$(date +%s)
 
 # OpenMP: two threads (valgrind serializes them, but the threaded code paths run); libgomp's

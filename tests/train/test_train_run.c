@@ -503,8 +503,10 @@ START_TEST(test_errors_exit_2) {
   char saved[256] = "";
   if (outer != NULL) snprintf(saved, sizeof saved, "%s", outer);
   ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", "5m", 1), 0);
-  expect_error("bad_timeout_env", 2, "SN_COMM_TIMEOUT_S='5m'", "--data", g_data, "--epochs",
-               "1", "--out", out);
+  expect_error("bad_timeout_env", 2, "environment: SN_COMM_TIMEOUT_S='5m'", "--data", g_data,
+               "--epochs", "1", "--out", out);
+  ck_assert_msg(strstr(g_err, "sn_comm_create_self") == NULL, /* a call the user never made */
+                "bad_timeout_env names the probe: %s", g_err);
   if (outer != NULL) ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", saved, 1), 0);
   else ck_assert_int_eq(unsetenv("SN_COMM_TIMEOUT_S"), 0);
   st = run("help", 1, "--help", NULL);
