@@ -26,7 +26,7 @@ void sn__sleep_us(long us) {
 sn_status_t sn__comm_new(sn_comm_t **out, const sn_comm_ops_t *ops, int rank, int size,
                          void *impl) {
   sn_comm_t *c = calloc(1, sizeof *c);
-  if (c == NULL || !sn__handle_add(c)) {
+  if (c == NULL || !sn__handle_add(c, SN_HANDLE_COMM)) {
     free(c);
     return sn__fail(SN_ERR_ALLOC, "sn_comm: out of memory");
   }
@@ -156,8 +156,7 @@ sn_status_t sn_comm_split(sn_comm_t *comm, sn_comm_t **sub, int color, int key) 
 }
 
 void sn_comm_destroy(sn_comm_t *comm) {
-  if (!SN_COMM_LIVE(comm)) return; /* NULL, or not (no longer) a communicator */
-  sn__handle_remove(comm);
+  if (comm == NULL || !sn__handle_take(comm, SN_HANDLE_COMM)) return; /* not (no longer) one */
   comm->ops->destroy(comm);
   comm->magic = 0;
   free(comm);

@@ -52,14 +52,16 @@ SN_HIDDEN sn_status_t sn__comm_check(const char *fn, const sn_comm_t *comm);
 /* Validated all-reduce through the backend table, for internal callers. */
 SN_HIDDEN sn_status_t sn__comm_allreduce(const char *fn, sn_comm_t *comm, void *buf,
                                          int64_t count, sn_red_type_t type, sn_red_op_t op);
-/* The live handles (handles.c): sn__handle_add records a new communicator or layer (0: out of
- * memory), sn__handle_remove forgets it before it is freed, sn__handle_live says whether h is
- * one (then, and only then, its memory may be read). Thread-safe. */
-SN_HIDDEN int sn__handle_add(const void *h);
-SN_HIDDEN void sn__handle_remove(const void *h);
-SN_HIDDEN int sn__handle_live(const void *h);
-/* A live communicator: registered, with the communicator's magic. */
-#define SN_COMM_LIVE(c) ((c) != NULL && sn__handle_live(c) && (c)->magic == SN_COMM_MAGIC)
+/* The live handles (handles.c), by kind: sn__handle_add records a new communicator or layer
+ * (0: out of memory); sn__handle_take removes h if it is a live one of that kind and says
+ * whether it was (a destroy frees it only then); sn__handle_live says whether h is a live one of
+ * that kind (then, and only then, its memory may be read). Thread-safe. */
+enum { SN_HANDLE_COMM = 1, SN_HANDLE_SYNCBN = 2 };
+SN_HIDDEN int sn__handle_add(const void *h, int kind);
+SN_HIDDEN int sn__handle_take(const void *h, int kind);
+SN_HIDDEN int sn__handle_live(const void *h, int kind);
+/* A live communicator. */
+#define SN_COMM_LIVE(c) ((c) != NULL && sn__handle_live((c), SN_HANDLE_COMM))
 /* Seconds since an arbitrary fixed point (CLOCK_MONOTONIC). */
 SN_HIDDEN double sn__now(void);
 /* Sleeps about `us` microseconds (used between polls of a pending collective). */

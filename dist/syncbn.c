@@ -100,7 +100,7 @@ sn_status_t sn_syncbn_create(sn_syncbn_t **out, const sn_syncbn_config_t *cfg, s
   sn_syncbn_t *bn = calloc(1, sizeof *bn);
   float *f = calloc((size_t)(10 * C), sizeof(float)); /* 10 [C] f32 arrays */
   double *d = calloc((size_t)(6 * C + SN_RED_EXTRA), sizeof(double)); /* red, local 2C, mean C */
-  if (bn == NULL || f == NULL || d == NULL || !sn__handle_add(bn)) {
+  if (bn == NULL || f == NULL || d == NULL || !sn__handle_add(bn, SN_HANDLE_SYNCBN)) {
     free(bn), free(f), free(d);
     return sn__fail(SN_ERR_ALLOC, "%s: out of memory for %lld channels", fn, (long long)C);
   }
@@ -132,8 +132,7 @@ sn_status_t sn_syncbn_create(sn_syncbn_t **out, const sn_syncbn_config_t *cfg, s
 }
 
 void sn_syncbn_destroy(sn_syncbn_t *bn) {
-  if (!SN_SYNCBN_LIVE(bn)) return; /* NULL, or not (no longer) a layer */
-  sn__handle_remove(bn);
+  if (bn == NULL || !sn__handle_take(bn, SN_HANDLE_SYNCBN)) return; /* not (no longer) one */
   bn->magic = 0;
   free(bn->fblock);
   free(bn->red);
@@ -533,32 +532,35 @@ static int alone(const sn_syncbn_t *bn) { return bn->comm == NULL || bn->comm->s
  * rank's arguments and saved forward): this rank makes that all-reduce too, with st in its
  * signature (F_CHECKS), so that the others return SN_ERR_MISMATCH naming it at once instead of
  * waiting for it until SN_COMM_TIMEOUT_S. Only with check_consistency (without it the call has
- * no such all-reduce), on a live layer whose communicator is live. Nothing changes on any rank
- * (the saved forward is kept everywhere: a forward replaces it only after its check), so every
- * rank can repeat the call. Returns st with its message, and with what became of telling the
- * others. */
+ * no such all-reduce), on a live layer whose communicator is live. A forward told so drops the
+ * saved forward, as the others' forward, failing the check, does: a backward then fails on every
+ * rank (a review: keeping it let a backward run on the step before). A backward keeps it
+ * everywhere. Returns st with its message, or, where telling failed, that collective's status
+ * (the communicator is then broken) with both messages. */
 static sn_status_t tell_peers(sn_syncbn_t *bn, const char *fn, int op, sn_status_t st,
                               int would_sync) {
   if (!would_sync || !SN_SYNCBN_LIVE(bn) || !bn->cfg.check_consistency ||
       !SN_COMM_LIVE(bn->comm) || bn->comm->broken || alone(bn))
     return st;
-  char own[1024];
+  char own[1024], why[1024];
   snprintf(own, sizeof own, "%s", sn_last_error());
   const sn_status_t told = check_consistency(bn, fn, op, st);
+  if (op == OP_FORWARD) bn->saved.valid = 0;
   if (told == SN_OK) /* every rank failed its checks alike: each returns its own error */
     return sn__fail(st, "%s", own);
   if (told == SN_ERR_MISMATCH)
-    return sn__fail(st, "%s (the other ranks were told: SN_ERR_MISMATCH)", own);
-  return sn__fail(st, "%s; telling the other ranks failed: %s", own, sn_last_error());
+    return sn__fail(st, "%s (sent to the other ranks in the consistency check: those whose checks "
+                        "passed return SN_ERR_MISMATCH)", own);
+  snprintf(why, sizeof why, "%s", sn_last_error()); /* sn__fail writes over sn_last_error */
+  return sn__fail(told, "%s; then telling the other ranks failed: %s", own, why);
 }
 
-/* Whether this rank's backward would make its consistency all-reduce, as far as it can tell:
- * after a forward, that forward's (synchronized, a nonempty global batch); without one, if no
- * forward was tried on this layer (the others may be in the forward this rank skipped). */
+/* Whether this rank's backward would make its consistency all-reduce: after a synchronized
+ * forward of a nonempty global batch. Without a saved forward it cannot know what the others do
+ * (a review: assuming they were in the forward this rank skipped, a frozen layer's stray
+ * all-reduce met the others' next collective), so the error stays local, as before. */
 static int backward_would_sync(const sn_syncbn_t *bn) {
-  if (!SN_SYNCBN_LIVE(bn)) return 0;
-  if (bn->saved.valid) return bn->saved.synced && bn->saved.count != 0;
-  return !bn->forward_tried && SN_COMM_LIVE(bn->comm) && !alone(bn);
+  return SN_SYNCBN_LIVE(bn) && bn->saved.valid && bn->saved.synced && bn->saved.count != 0;
 }
 
 /* Training-mode forward (or track_running_stats = 0): batch statistics, synced over comm when
@@ -567,15 +569,13 @@ static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const
                                  int64_t n, int64_t s, int synced, int update) {
   const int64_t C = bn->C;
   const sn_syncbn_config_t *cfg = &bn->cfg;
+  bn->saved.valid = 0; /* a failure below leaves no saved forward (on every rank: tell_peers) */
   /* A batch with NaN/Inf (check_finite off) or a checkpoint's non-finite running_mean leaves a
    * non-finite pivot, which would make the sums of every later batch NaN: restart such channels
    * from 0. The pivot is identical on every rank, so every rank resets the same channels. */
   for (int64_t c = 0; c < C; c++)
     if (!isfinite(bn->pivot[c])) bn->pivot[c] = 0.0f;
   if (synced && cfg->check_consistency) SN_TRY(check_consistency(bn, fn, OP_FORWARD, SN_OK));
-  /* from here on the saved forward is replaced; a mismatch above kept it on every rank, as a
-   * rank whose own checks failed keeps it (tell_peers) */
-  bn->saved.valid = 0;
   int64_t count = n * s;
   if (!synced && !cfg->check_finite && count > 1) {
     /* nothing to all-reduce, nothing to check before y is written: the local forward, bitwise
@@ -626,7 +626,6 @@ sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, int64_t n
                               int training) {
   const char *fn = "sn_syncbn_forward";
   const sn_status_t st = check_call(fn, bn, n, s, x, "x", y, "y", NULL, NULL);
-  if (SN_SYNCBN_LIVE(bn)) bn->forward_tried = 1;
   if (st != SN_OK) return tell_peers(bn, fn, OP_FORWARD, st, training); /* eval: not synced */
   if (!training && bn->cfg.track_running_stats) return forward_eval(bn, fn, y, x, n, s);
   /* PyTorch synchronizes only in training mode and with more than one rank
@@ -654,12 +653,7 @@ sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy, const 
                   "%s: %s: shape n=%lld s=%lld differs from the forward's n=%lld s=%lld", fn,
                   bn->label, (long long)n, (long long)s, (long long)bn->saved.n,
                   (long long)bn->saved.s);
-  if (st != SN_OK) {
-    const int would_sync = backward_would_sync(bn);
-    /* a backward without a forward stands for the forward skipped: once */
-    if (would_sync && !bn->saved.valid) bn->forward_tried = 1;
-    return tell_peers(bn, fn, OP_BACKWARD, st, would_sync);
-  }
+  if (st != SN_OK) return tell_peers(bn, fn, OP_BACKWARD, st, backward_would_sync(bn));
   const int64_t C = bn->C;
   const sn_syncbn_config_t *cfg = &bn->cfg;
   const int synced = bn->saved.synced;

@@ -41,15 +41,14 @@ struct sn_syncbn {
   float *rstd;   /* [C] */
   float *tmp;    /* [C] scratch (refined pivot) */
   sn_syncbn_saved_t saved;
-  int forward_tried; /* sn_syncbn_forward was called on this layer */
   float *fblock;   /* the one allocation behind every f32 array above */
 
   int64_t collectives;          /* all-reduces issued by this layer */
   char tensor_names[5][256];    /* names handed out by sn_syncbn_state_tensors */
 };
 
-/* A live layer: registered (sn__handle_live), with the layer's magic. */
-#define SN_SYNCBN_LIVE(b) ((b) != NULL && sn__handle_live(b) && (b)->magic == SN_SYNCBN_MAGIC)
+/* A live layer (sn__handle_live). */
+#define SN_SYNCBN_LIVE(b) ((b) != NULL && sn__handle_live((b), SN_HANDLE_SYNCBN))
 
 /* SN_OK for a live layer, else SN_ERR_NULL_POINTER / SN_ERR_INVALID_HANDLE. */
 SN_HIDDEN sn_status_t sn__syncbn_check(const char *fn, const sn_syncbn_t *bn);

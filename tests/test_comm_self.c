@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <omp.h>
+#include <pthread.h>
 
 #include "syncnorm_dist.h"
 #include "testutil.h"
@@ -91,6 +92,41 @@ START_TEST(test_destroyed_handles) {
   sn_syncbn_destroy((sn_syncbn_t *)(void *)&junk);
   sn_comm_destroy((sn_comm_t *)(void *)&junk);
   ck_assert_int_eq(junk, 0);
+}
+END_TEST
+
+/* Two threads destroying the same layer (a misuse) free it once: a review found a double free
+ * ("double free or corruption", within 0.5 s) when the check and the removal from the set of
+ * live handles were two steps. DESTROY_RACES rounds, each thread released by a barrier. */
+#define DESTROY_RACES 20000
+static pthread_barrier_t race_start, race_end;
+static sn_syncbn_t *race_bn;
+static void *race_destroyer(void *arg) {
+  (void)arg;
+  for (int i = 0; i < DESTROY_RACES; i++) {
+    pthread_barrier_wait(&race_start);
+    sn_syncbn_destroy(race_bn);
+    pthread_barrier_wait(&race_end);
+  }
+  return NULL;
+}
+
+START_TEST(test_destroy_race) {
+  sn_syncbn_config_t cfg = sn_syncbn_default_config(1);
+  ck_assert_int_eq(pthread_barrier_init(&race_start, NULL, 3), 0);
+  ck_assert_int_eq(pthread_barrier_init(&race_end, NULL, 3), 0);
+  pthread_t t[2];
+  for (int k = 0; k < 2; k++) ck_assert_int_eq(pthread_create(&t[k], NULL, race_destroyer, NULL), 0);
+  for (int i = 0; i < DESTROY_RACES; i++) {
+    ck_assert_int_eq(sn_syncbn_create(&race_bn, &cfg, NULL), SN_OK);
+    pthread_barrier_wait(&race_start);
+    pthread_barrier_wait(&race_end);
+    sn_syncbn_params_t p;
+    ck_assert_int_eq(sn_syncbn_params(race_bn, &p), SN_ERR_INVALID_HANDLE);
+  }
+  for (int k = 0; k < 2; k++) ck_assert_int_eq(pthread_join(t[k], NULL), 0);
+  pthread_barrier_destroy(&race_start);
+  pthread_barrier_destroy(&race_end);
 }
 END_TEST
 
@@ -391,6 +427,7 @@ int main(void) {
   TCase *tc = tcase_create("core");
   tcase_add_test(tc, test_self_comm_basics);
   tcase_add_test(tc, test_destroyed_handles);
+  tcase_add_test(tc, test_destroy_race);
   tcase_add_test(tc, test_env_timeout);
   tcase_add_test(tc, test_layer_config_validation);
   tcase_add_test(tc, test_null_comm_equals_self);
