@@ -222,9 +222,9 @@ static int64_t running_hash(const sn_syncbn_t *bn) {
   return (int64_t)(h >> 2);
 }
 
-/* The fields of the signature (check_consistency); CALL_FIELDS of the call, then the configuration up to
- * CONFIG_FIELDS, then the running statistics. F_CHECKS: the status of this rank's own checks of
- * the call (0: passed; see tell_peers). */
+/* The fields of the signature (check_consistency): those of the call up to CALL_FIELDS, then
+ * the configuration up to CONFIG_FIELDS, then the running statistics. F_CHECKS: the status of
+ * this rank's own checks of the call (0: passed; see tell_peers). */
 enum {
   F_ID, F_C, F_OP, F_DTYPE, F_LAYOUT, F_CHECKS, F_MOMENTUM, F_EPS, F_TRACK, F_AFFINE, F_FINITE,
   F_RUNNING, K

@@ -16,11 +16,11 @@
  * training forward, or a backward after a synchronized forward, whose own checks (its
  * arguments, the layer's state) fail on some ranks only still makes its consistency all-reduce
  * on a layer with check_consistency (the default): every rank returns an error at once, and all
- * stay in step (see sn_syncbn_forward). Any other error from a call's own arguments (check_consistency
- * off, a NULL or destroyed handle, a backward without a saved forward, the sn_comm_* functions)
- * is returned before any communication, on that rank only: the other ranks go on, and that rank
- * is a call behind until it repeats the call (treat any error as fatal to the step on every
- * rank). A rank in eval mode makes no collective, so training and eval mixed
+ * stay in step (see sn_syncbn_forward). Any other error from a call's own arguments
+ * (check_consistency off, a NULL or destroyed handle, a backward without a saved forward, the
+ * sn_comm_* functions) is returned before any communication, on that rank only: the other ranks
+ * go on, and that rank is a call behind until it repeats the call (treat any error as fatal to
+ * the step on every rank). A rank in eval mode makes no collective, so training and eval mixed
  * across ranks leaves the training ranks to the timeout, as in PyTorch.
  */
 #ifndef SYNCNORM_DIST_H

@@ -116,7 +116,8 @@ START_TEST(test_destroy_race) {
   ck_assert_int_eq(pthread_barrier_init(&race_start, NULL, 3), 0);
   ck_assert_int_eq(pthread_barrier_init(&race_end, NULL, 3), 0);
   pthread_t t[2];
-  for (int k = 0; k < 2; k++) ck_assert_int_eq(pthread_create(&t[k], NULL, race_destroyer, NULL), 0);
+  for (int k = 0; k < 2; k++)
+    ck_assert_int_eq(pthread_create(&t[k], NULL, race_destroyer, NULL), 0);
   for (int i = 0; i < DESTROY_RACES; i++) {
     ck_assert_int_eq(sn_syncbn_create(&race_bn, &cfg, NULL), SN_OK);
     pthread_barrier_wait(&race_start);

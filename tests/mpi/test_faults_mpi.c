@@ -148,7 +148,7 @@ static void good_step(layer_t *l, uint64_t seed, const char *what) {
 
 static double mono_now(void);
 
-/* ---- own checks (P ≥ 2) ------------------------------------------------------------------------ */
+/* ---- own checks (P ≥ 2) ----------------------------------------------------------------------- */
 
 /* The own-checks cases' communicator timeout: should a rank wait for one that returned early
  * (the bug these cases catch), it fails with SN_ERR_TIMEOUT after this long instead of hanging
