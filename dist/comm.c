@@ -30,7 +30,6 @@ sn_status_t sn__comm_new(sn_comm_t **out, const sn_comm_ops_t *ops, int rank, in
     free(c);
     return sn__fail(SN_ERR_ALLOC, "sn_comm: out of memory");
   }
-  c->magic = SN_COMM_MAGIC;
   c->ops = ops;
   c->rank = rank;
   c->size = size;
@@ -62,7 +61,7 @@ sn_status_t sn__comm_env_timeout(const char *fn, double *seconds) {
 sn_status_t sn__comm_check(const char *fn, const sn_comm_t *comm) {
   SN_TRY(sn__check_ptr(fn, "comm", comm));
   if (!SN_COMM_LIVE(comm))
-    return sn__fail(SN_ERR_INVALID_HANDLE, "%s: comm is not a live sn_comm_t (destroyed or corrupt)", fn);
+    return sn__fail(SN_ERR_INVALID_HANDLE, "%s: comm is not a live sn_comm_t (destroyed, or never one)", fn);
   if (comm->broken)
     return sn__fail(SN_ERR_COMM,
                     "%s: communicator is broken by an earlier timeout or failure; recreate it", fn);
@@ -158,6 +157,5 @@ sn_status_t sn_comm_split(sn_comm_t *comm, sn_comm_t **sub, int color, int key) 
 void sn_comm_destroy(sn_comm_t *comm) {
   if (comm == NULL || !sn__handle_take(comm, SN_HANDLE_COMM)) return; /* not (no longer) one */
   comm->ops->destroy(comm);
-  comm->magic = 0;
   free(comm);
 }

@@ -11,8 +11,6 @@
 #include "../src/internal.h"
 #include "syncnorm_dist.h"
 
-#define SN_COMM_MAGIC 0x736e636f6d6d3031ull /* "sncomm01" */
-
 /* Element type of an internal all-reduce: the public f32/f64 plus int64 for consistency checks. */
 typedef enum { SN_RED_F32, SN_RED_F64, SN_RED_I64 } sn_red_type_t;
 typedef enum { SN_RED_SUM, SN_RED_MAX } sn_red_op_t;
@@ -31,7 +29,6 @@ typedef struct sn_comm_ops {
 } sn_comm_ops_t;
 
 struct sn_comm {
-  uint64_t magic;
   const sn_comm_ops_t *ops;
   int rank, size;
   double timeout_s;       /* 0 = wait forever */

@@ -3,9 +3,9 @@
  *
  * A handle is checked against this set before the library reads through it: a destroyed handle
  * then gives SN_ERR_INVALID_HANDLE instead of a read of freed memory (an API-misuse audit found
- * sn_syncbn_forward on a destroyed layer reading it, and a stale handle driving the layer later
- * allocated at the same address). A handle whose address a later create reuses is that new
- * object again, as with free() and malloc(): the set cannot tell them apart.
+ * sn_syncbn_forward on a destroyed layer reading its magic number, which the set replaces). A
+ * handle whose address a later create reuses is that new object again, as with free() and
+ * malloc(): the set cannot tell them apart.
  *
  * Each entry has its kind (SN_HANDLE_COMM, SN_HANDLE_SYNCBN), so that a layer passed as a
  * communicator is not one. A destroy takes its handle out of the set and frees it only if it was

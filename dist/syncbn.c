@@ -53,7 +53,7 @@ sn_syncbn_config_t sn_syncbn_default_config(int64_t num_features) {
 sn_status_t sn__syncbn_check(const char *fn, const sn_syncbn_t *bn) {
   SN_TRY(sn__check_ptr(fn, "bn", bn));
   if (!SN_SYNCBN_LIVE(bn))
-    return sn__fail(SN_ERR_INVALID_HANDLE, "%s: bn is not a live sn_syncbn_t (destroyed or corrupt)",
+    return sn__fail(SN_ERR_INVALID_HANDLE, "%s: bn is not a live sn_syncbn_t (destroyed, or never one)",
                     fn);
   return SN_OK;
 }
@@ -126,14 +126,12 @@ sn_status_t sn_syncbn_create(sn_syncbn_t **out, const sn_syncbn_config_t *cfg, s
   bn->fblock = f;
   bn->pivot = arr[6], bn->var = arr[7], bn->rstd = arr[8], bn->tmp = arr[9];
   bn->red = d, bn->local = d + 2 * C + SN_RED_EXTRA, bn->mean = d + 4 * C + SN_RED_EXTRA;
-  bn->magic = SN_SYNCBN_MAGIC;
   *out = bn;
   return SN_OK;
 }
 
 void sn_syncbn_destroy(sn_syncbn_t *bn) {
   if (bn == NULL || !sn__handle_take(bn, SN_HANDLE_SYNCBN)) return; /* not (no longer) one */
-  bn->magic = 0;
   free(bn->fblock);
   free(bn->red);
   free(bn);

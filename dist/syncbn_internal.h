@@ -7,8 +7,6 @@
 
 #include "comm_internal.h"
 
-#define SN_SYNCBN_MAGIC 0x736e73796e636231ull /* "snsyncb1" */
-
 /* What the last forward saved for backward. */
 typedef struct {
   int valid;       /* a forward succeeded since creation or the last load */
@@ -19,7 +17,6 @@ typedef struct {
 } sn_syncbn_saved_t;
 
 struct sn_syncbn {
-  uint64_t magic;
   sn_syncbn_config_t cfg;
   sn_comm_t *comm;     /* NULL: local BatchNorm */
   int64_t C, id;

@@ -85,7 +85,7 @@ START_TEST(test_destroyed_handles) {
   sn_syncbn_destroy(bn);
   for (int i = 0; i < 6; i++) ck_assert(y[i] == -7.0f && dx[i] == -7.0f);
 
-  /* never a handle: smaller than one, so even reading its magic would overrun it */
+  /* never a handle: smaller than one, so even reading its first field would overrun it */
   int junk = 0;
   ck_assert_int_eq(sn_syncbn_params((sn_syncbn_t *)(void *)&junk, &p), SN_ERR_INVALID_HANDLE);
   ck_assert_int_eq(sn_comm_rank((sn_comm_t *)(void *)&junk, &rank), SN_ERR_INVALID_HANDLE);

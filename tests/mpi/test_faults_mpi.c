@@ -121,8 +121,8 @@ static void assert_mismatch(sn_status_t st, const char *what, const char *s1, co
 }
 
 /* "<field> differs across ranks (a on ranks 0, 1, ...; b on rank P-1)" ("a on rank 0" for P = 2)
- * into buf: the message's
- * part for a field where rank ODD (the last) alone holds b, most common value first. */
+ * into buf: the message's part for a field where rank ODD (the last) alone holds b, most common
+ * value first. */
 static const char *odd_one_out(char *buf, size_t size, const char *field, const char *a,
                                const char *b) {
   int len = snprintf(buf, size, "%s differs across ranks (%s on rank%s", field, a,
@@ -265,7 +265,6 @@ START_TEST(test_momentum_negative_zero) {
 END_TEST
 
 /* ---- disagree (P ≥ 3) ------------------------------------------------------------------------- */
-
 
 /* Rank ODD skips layer A's forward and calls B's: everyone's first collective compares A with B.
  * Every rank gets SN_ERR_MISMATCH on "layer id", naming the layer it called. */
