@@ -59,6 +59,14 @@ SN_HIDDEN int sn__handle_take(const void *h, int kind);
 SN_HIDDEN int sn__handle_live(const void *h, int kind);
 /* A live communicator. */
 #define SN_COMM_LIVE(c) ((c) != NULL && sn__handle_live((c), SN_HANDLE_COMM))
+/* Disagreements across ranks (agree.c): up to SN_MSG_TABLE_RANKS ranks, a mismatch is told by a
+ * [ranks, nf] int64 table every rank fills its own row of (one sum all-reduce); the text of field
+ * k's values, grouped, most common first: " (3 on ranks 0, 1, 3; 4 on rank 2)", each value as
+ * text() writes it (first: the first value shown). Returns the snprintf length. */
+enum { SN_MSG_TABLE_RANKS = 64 };
+typedef void (*sn__field_text_t)(char *out, size_t size, int k, int64_t v, int first);
+SN_HIDDEN int sn__field_by_rank(char *out, size_t size, int k, const int64_t *table, int ranks,
+                                int nf, sn__field_text_t text);
 /* Seconds since an arbitrary fixed point (CLOCK_MONOTONIC). */
 SN_HIDDEN double sn__now(void);
 /* Sleeps about `us` microseconds (used between polls of a pending collective). */

@@ -268,9 +268,9 @@ static void field_value(char *out, size_t size, int k, int64_t v, int first) {
 }
 
 /* One field's range over the ranks, lo..hi (its maxima of v and −v), for the message of
- * check_consistency beyond MSG_TABLE_RANKS: names or values as field_value, with the lowest rank
- * holding each (rlo, rhi; −1: not known, then only the values); two momentum or eps values (the
- * extreme bit patterns) and two ranks whose running statistics differ as examples. */
+ * check_consistency beyond SN_MSG_TABLE_RANKS: names or values as field_value, with the lowest
+ * rank holding each (rlo, rhi; −1: not known, then only the values); two momentum or eps values
+ * (the extreme bit patterns) and two ranks whose running statistics differ as examples. */
 static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi, int64_t rlo,
                        int64_t rhi) {
   const int ranked = rlo >= 0 && rhi >= 0;
@@ -295,59 +295,10 @@ static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi, in
   return snprintf(out, size, " (%s..%s; e.g. %s%s, %s%s)", a, b, a, ra, b, rb);
 }
 
-/* Values listed per field, and ranks per value, in a mismatch message (then "..."). */
-enum { MSG_VALUES = 3, MSG_RANKS = 6 };
-/* Up to this many ranks, a mismatch gathers every rank's signature (on the stack: 6 KiB) and the
- * message lists the ranks of each value (field_by_rank); beyond, the lowest rank holding each
- * extreme (field_range). No allocation on that path: every rank must make the same collective. */
-enum { MSG_TABLE_RANKS = 64 };
-
-typedef struct {
-  int leader; /* the first rank with the value */
-  int count;  /* ranks with it */
-} group_t;
-
-static int group_order(const void *a, const void *b) { /* most ranks first, then by rank */
-  const group_t *p = a, *q = b;
-  if (p->count != q->count) return p->count > q->count ? -1 : 1;
-  return (p->leader > q->leader) - (p->leader < q->leader);
-}
-
-/* Field k from every rank's signature (table: [ranks, nf], row r rank r's), the values grouped,
- * most common first: " (3 on ranks 0, 1, 3; 4 on rank 2)". groups: scratch of `ranks`. */
-static int field_by_rank(char *out, size_t size, int k, const int64_t *table, int ranks, int nf,
-                         group_t *groups) {
-  int ng = 0;
-  for (int r = 0; r < ranks; r++) {
-    int g = 0;
-    while (g < ng && table[(int64_t)groups[g].leader * nf + k] != table[(int64_t)r * nf + k]) g++;
-    if (g == ng) groups[ng].leader = r, groups[ng].count = 0, ng++;
-    groups[g].count++;
-  }
-  qsort(groups, (size_t)ng, sizeof *groups, group_order);
-  int len = snprintf(out, size, " (");
-  for (int g = 0; g < ng && g < MSG_VALUES && len < (int)size; g++) {
-    const int64_t v = table[(int64_t)groups[g].leader * nf + k];
-    char text[32];
-    field_value(text, sizeof text, k, v, g == 0);
-    len += snprintf(out + len, size - (size_t)len, "%s%s on rank%s", g ? "; " : "", text,
-                    groups[g].count > 1 ? "s" : "");
-    for (int r = groups[g].leader, shown = 0; r < ranks && len < (int)size; r++) {
-      if (table[(int64_t)r * nf + k] != v) continue;
-      if (shown == MSG_RANKS) {
-        len += snprintf(out + len, size - (size_t)len, ", ... (%d ranks)", groups[g].count);
-        break;
-      }
-      len += snprintf(out + len, size - (size_t)len, "%s %d", shown ? "," : "", r);
-      shown++;
-    }
-  }
-  if (ng > MSG_VALUES && len < (int)size)
-    len += snprintf(out + len, size - (size_t)len, "; %d more value%s", ng - MSG_VALUES,
-                    ng - MSG_VALUES > 1 ? "s" : "");
-  if (len < (int)size) len += snprintf(out + len, size - (size_t)len, ")");
-  return len;
-}
+/* Up to SN_MSG_TABLE_RANKS ranks, a mismatch gathers every rank's signature (on the stack: 6 KiB)
+ * and the message lists the ranks of each value (sn__field_by_rank, agree.c); beyond, the lowest
+ * rank holding each extreme (field_range). No allocation on that path: every rank must make the
+ * same collective. */
 
 /* With cfg.check_consistency: one max-all-reduce of (v, −v) for each field of this call's
  * signature. Every rank gets the same maxima, so every rank reaches the same verdict. The first
@@ -355,7 +306,7 @@ static int field_by_rank(char *out, size_t size, int k, const int64_t *table, in
  * of step, and the others (another layer's configuration and state) differ as a consequence,
  * so only the call fields are reported then; likewise the configuration fields before the
  * running statistics (whose hash changes with track_running_stats). On a mismatch every rank
- * (all take that path) makes one more collective: up to MSG_TABLE_RANKS ranks a sum all-reduce
+ * (all take that path) makes one more collective: up to SN_MSG_TABLE_RANKS ranks a sum all-reduce
  * of a [ranks, fields] table in which each rank fills its own row (exact: one nonzero term per
  * element), so that the message lists which ranks hold which value; beyond, a max all-reduce of
  * the lowest rank holding each field's extremes. The ranks are those of the layer's
@@ -391,9 +342,8 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op, sn
   /* every rank is here (the same verdict everywhere): one more collective, of a size every rank
    * knows, tells which ranks hold which values; without it (an error) only the ranges */
   const int ranks = bn->comm->size, me = bn->comm->rank;
-  int64_t table[MSG_TABLE_RANKS * K] = {0}, who[2 * K];
-  group_t groups[MSG_TABLE_RANKS];
-  const int by_rank = ranks <= MSG_TABLE_RANKS;
+  int64_t table[SN_MSG_TABLE_RANKS * K] = {0}, who[2 * K];
+  const int by_rank = ranks <= SN_MSG_TABLE_RANKS;
   if (by_rank) {
     memcpy(table + (int64_t)me * K, sig, sizeof sig);
   } else { /* −(the lowest rank) holding each field's largest value, then its smallest */
@@ -418,7 +368,8 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op, sn
                     field[k]);
     if (len >= (int)sizeof msg) break;
     len += known && by_rank
-               ? field_by_rank(msg + len, sizeof msg - (size_t)len, k, table, ranks, K, groups)
+               ? sn__field_by_rank(msg + len, sizeof msg - (size_t)len, k, table, ranks, K,
+                                   field_value)
                : field_range(msg + len, sizeof msg - (size_t)len, k, -v[K + k], v[k],
                              known ? -who[K + k] : -1, known ? -who[k] : -1);
   }
