@@ -1,7 +1,8 @@
 /*
  * agree.c — the text of a disagreement across ranks: which ranks hold which value of a field,
  * read from a [ranks, fields] table in which every rank filled its own row (one sum
- * all-reduce). Used by SyncBatchNorm's check_consistency (syncbn.c).
+ * all-reduce). Used by SyncBatchNorm's check_consistency (syncbn.c) and by the communicator's
+ * call check (SN_COMM_CHECK, comm.c).
  */
 #include <stdio.h>
 #include <stdlib.h>

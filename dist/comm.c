@@ -1,9 +1,11 @@
 /*
  * comm.c — backend-independent communicator functions: handle checks, rank/size, timeout,
- * sum all-reduce and the cross-rank identity check, dispatching through sn_comm_ops_t.
+ * sum all-reduce and the cross-rank identity check, dispatching through sn_comm_ops_t; the call
+ * check (SN_COMM_CHECK) that compares each collective across the ranks before making it.
  */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -58,6 +60,20 @@ sn_status_t sn__comm_env_timeout(const char *fn, double *seconds) {
   return SN_OK;
 }
 
+sn_status_t sn__comm_env_check(const char *fn, int *on) {
+  *on = 0;
+  const char *env = getenv("SN_COMM_CHECK");
+  if (env == NULL || *env == '\0' || strcmp(env, "0") == 0) return SN_OK; /* off */
+  if (strcmp(env, "1") == 0) {
+    *on = 1;
+    return SN_OK;
+  }
+  return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                  "%s: SN_COMM_CHECK='%.64s' is neither 1 (compare each collective across the "
+                  "ranks before making it) nor 0 (do not); unset it for 0",
+                  fn, env);
+}
+
 sn_status_t sn__comm_check(const char *fn, const sn_comm_t *comm) {
   SN_TRY(sn__check_ptr(fn, "comm", comm));
   if (!SN_COMM_LIVE(comm))
@@ -68,18 +84,138 @@ sn_status_t sn__comm_check(const char *fn, const sn_comm_t *comm) {
   return SN_OK;
 }
 
-sn_status_t sn__comm_allreduce(const char *fn, sn_comm_t *comm, void *buf, int64_t count,
+/* The all-reduce itself, arguments checked, no call check. */
+static sn_status_t comm_reduce(const char *fn, sn_comm_t *comm, void *buf, int64_t count,
                                sn_red_type_t type, sn_red_op_t op) {
-  SN_TRY(sn__comm_check(fn, comm));
+  if (comm->size == 1 || count == 0) return SN_OK; /* nothing to exchange */
+  /* the backend's message names the MPI call; put the caller's name before it */
+  const sn_status_t st = comm->ops->allreduce(comm, buf, count, type, op);
+  return st == SN_OK ? SN_OK : sn__fail_prefix(st, "%s", fn);
+}
+
+/* ---- the call check (SN_COMM_CHECK) --------------------------------------------------------- */
+
+/* Fields of a collective's signature, and the values of C_CALL. */
+enum { C_CALL, C_COUNT, C_TYPE, C_OP, C_CHECKS, CK };
+enum { CALL_ALLREDUCE_SUM = 1, CALL_ALL_IDENTICAL, CALL_SPLIT, CALL_LAYER, CALLS };
+
+/* One value of field k as text (sn__field_text_t): names for the call, element type, reduction
+ * and the own checks' status, the number otherwise. */
+static void call_text(char *out, size_t size, int k, int64_t v, int first) {
+  (void)first;
+  static const char *const call[CALLS] = {"?", "sn_comm_allreduce_sum", "sn_comm_all_identical",
+                                          "sn_comm_split", "a layer's all-reduce"};
+  static const char *const type[] = {"f32", "f64", "int64"};
+  static const char *const op[] = {"sum", "max"};
+  const char *name = NULL;
+  if (k == C_CALL && v >= 1 && v < CALLS) name = call[v];
+  else if ((k == C_TYPE || k == C_OP) && v < 0) name = "none";
+  else if (k == C_TYPE && v <= SN_RED_I64) name = type[v];
+  else if (k == C_OP && v <= SN_RED_MAX) name = op[v];
+  else if (k == C_CHECKS) name = v == 0 ? "passed" : sn_status_string((sn_status_t)v);
+  if (name != NULL) snprintf(out, size, "%s", name);
+  else snprintf(out, size, "%lld", (long long)v);
+}
+
+/* With comm->check on a communicator of more than one rank: one max all-reduce of (v, −v) for
+ * each field of this call's signature (which function, the count, element type and reduction
+ * of its all-reduce, and `own`, the status of this rank's own checks of the call), so every rank
+ * reaches the same verdict. Where a field differs, every rank (all take that path) makes one
+ * more collective, up to SN_MSG_TABLE_RANKS ranks a sum all-reduce of the [ranks, fields] table
+ * in which each rank fills its own row, and returns SN_ERR_MISMATCH naming the ranks that hold
+ * each value (where the function differs, only it: the rest follows from it); the call's
+ * collective is made by none, so the communicator stays in step. Beyond SN_MSG_TABLE_RANKS
+ * ranks the message gives each field's range, with no second collective. A failure of these
+ * collectives (a timeout) returns its status. As SyncBatchNorm's check_consistency (syncbn.c). */
+static sn_status_t call_check(const char *fn, sn_comm_t *comm, int call, int64_t count,
+                              int type, int op, sn_status_t own) {
+  static const char *const field[CK] = {
+      "function", "count", "element type", "reduction",
+      "the call's own checks (a rank whose arguments failed them returned that error)"};
+  const int64_t sig[CK] = {call, count < 0 ? -1 : count, type, op, (int64_t)own};
+  int64_t v[2 * CK];
+  for (int k = 0; k < CK; k++) v[k] = sig[k], v[CK + k] = -sig[k];
+  char where[160];
+  snprintf(where, sizeof where, "%s (SN_COMM_CHECK)", fn);
+  SN_TRY(comm_reduce(where, comm, v, 2 * CK, SN_RED_I64, SN_RED_MAX));
+  int differs = 0;
+  for (int k = 0; k < CK; k++) differs |= v[k] != -v[CK + k];
+  if (!differs) return SN_OK;
+  /* another function: its count, type and reduction differ as a consequence: only it is told */
+  const int fields = v[C_CALL] != -v[CK + C_CALL] ? C_CALL + 1 : CK;
+  const int ranks = comm->size, by_rank = ranks <= SN_MSG_TABLE_RANKS;
+  int64_t table[SN_MSG_TABLE_RANKS * CK] = {0};
+  sn_status_t got = SN_OK;
+  char why[256] = ""; /* why the ranks are not named: that collective's own error */
+  if (by_rank) {
+    memcpy(table + (int64_t)comm->rank * CK, sig, sizeof sig);
+    got = comm_reduce(where, comm, table, (int64_t)ranks * CK, SN_RED_I64, SN_RED_SUM);
+    if (got != SN_OK) snprintf(why, sizeof why, "%s", sn_last_error());
+  }
+  char msg[512];
+  int len = 0;
+  for (int k = 0; k < fields && len < (int)sizeof msg; k++) {
+    if (v[k] == -v[CK + k]) continue;
+    len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%s differs across ranks",
+                    len ? "; " : "", field[k]);
+    if (len >= (int)sizeof msg) break;
+    if (by_rank && got == SN_OK) {
+      len += sn__field_by_rank(msg + len, sizeof msg - (size_t)len, k, table, ranks, CK,
+                               call_text);
+    } else {
+      char lo[32], hi[32];
+      call_text(lo, sizeof lo, k, -v[CK + k], 1), call_text(hi, sizeof hi, k, v[k], 0);
+      len += snprintf(msg + len, sizeof msg - (size_t)len, " (%s..%s)", lo, hi);
+    }
+  }
+  if (len >= (int)sizeof msg) memcpy(msg + sizeof msg - 4, "...", 4); /* cut: say so */
+  return sn__fail(got == SN_OK ? SN_ERR_MISMATCH : got,
+                  "%s: ranks disagree on this collective (SN_COMM_CHECK; none of them made it): "
+                  "%s%s%s",
+                  fn, msg, got == SN_OK ? "" : "; then naming the ranks failed: ", why);
+}
+
+/* A collective whose own checks gave `own` (its message set where it failed): on a live,
+ * unbroken communicator with the call check on, the check (call_check) first, which this rank
+ * makes even when its own checks failed, so that the others return SN_ERR_MISMATCH at once
+ * rather than wait for it until the timeout; this rank returns its own error then (or, should
+ * telling fail, that status with both messages). Then, for an all-reduce (call != CALL_SPLIT),
+ * the all-reduce. */
+static sn_status_t checked(const char *fn, sn_comm_t *comm, int call, void *buf, int64_t count,
+                           int type, int op, sn_status_t own) {
+  if (!SN_COMM_LIVE(comm) || comm->broken) return own != SN_OK ? own : sn__comm_check(fn, comm);
+  if (comm->check && comm->size > 1) {
+    char mine[512] = "";
+    if (own != SN_OK) snprintf(mine, sizeof mine, "%s", sn_last_error());
+    const sn_status_t told = call_check(fn, comm, call, count, type, op, own);
+    if (own != SN_OK) {
+      if (told == SN_OK || told == SN_ERR_MISMATCH) return sn__fail(own, "%s", mine);
+      char why[512];
+      snprintf(why, sizeof why, "%s", sn_last_error()); /* sn__fail writes over it */
+      return sn__fail(told, "%s; then telling the other ranks failed: %s", mine, why);
+    }
+    if (told != SN_OK) return told;
+  } else if (own != SN_OK) {
+    return own;
+  }
+  if (call == CALL_SPLIT) return SN_OK;
+  return comm_reduce(fn, comm, buf, count, (sn_red_type_t)type, (sn_red_op_t)op);
+}
+
+/* The checks of an all-reduce's arguments, comm aside. */
+static sn_status_t reduce_args(const char *fn, const void *buf, int64_t count) {
   SN_TRY(sn__check_size(fn, "count", count, 0));
   if (count > 0) SN_TRY(sn__check_ptr(fn, "buf", buf));
   if (count > INT32_MAX)
     return sn__fail(SN_ERR_OVERFLOW, "%s: count %lld exceeds the 2^31-1 elements of one collective",
                     fn, (long long)count);
-  if (comm->size == 1 || count == 0) return SN_OK; /* nothing to exchange */
-  /* the backend's message names the MPI call; put the caller's name before it */
-  const sn_status_t st = comm->ops->allreduce(comm, buf, count, type, op);
-  return st == SN_OK ? SN_OK : sn__fail_prefix(st, "%s", fn);
+  return SN_OK;
+}
+
+sn_status_t sn__comm_allreduce(const char *fn, sn_comm_t *comm, void *buf, int64_t count,
+                               sn_red_type_t type, sn_red_op_t op) {
+  SN_TRY(sn__comm_check(fn, comm));
+  return checked(fn, comm, CALL_LAYER, buf, count, type, op, reduce_args(fn, buf, count));
 }
 
 sn_status_t sn_comm_rank(const sn_comm_t *comm, int *rank) {
@@ -119,11 +255,13 @@ sn_status_t sn_comm_set_timeout(sn_comm_t *comm, double seconds) {
 
 sn_status_t sn_comm_allreduce_sum(sn_comm_t *comm, void *buf, int64_t count, sn_dtype_t dtype) {
   const char *fn = "sn_comm_allreduce_sum";
+  sn_status_t own = SN_OK;
   if (dtype != SN_DTYPE_F32 && dtype != SN_DTYPE_F64)
-    return sn__fail(SN_ERR_INVALID_DTYPE,
-                    "%s: dtype must be SN_DTYPE_F32 or SN_DTYPE_F64, got %d", fn, (int)dtype);
-  return sn__comm_allreduce(fn, comm, buf, count, dtype == SN_DTYPE_F32 ? SN_RED_F32 : SN_RED_F64,
-                            SN_RED_SUM);
+    own = sn__fail(SN_ERR_INVALID_DTYPE,
+                   "%s: dtype must be SN_DTYPE_F32 or SN_DTYPE_F64, got %d", fn, (int)dtype);
+  else own = reduce_args(fn, buf, count);
+  const int type = dtype == SN_DTYPE_F32 ? SN_RED_F32 : dtype == SN_DTYPE_F64 ? SN_RED_F64 : -1;
+  return checked(fn, comm, CALL_ALLREDUCE_SUM, buf, count, type, SN_RED_SUM, own);
 }
 
 sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const void *buf,
@@ -131,26 +269,29 @@ sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const void *b
   const char *fn = "sn_comm_all_identical";
   SN_TRY(sn__check_ptr(fn, "identical", identical));
   SN_TRY(sn__comm_check(fn, comm));
-  SN_TRY(sn__check_size(fn, "bytes", bytes, 0));
-  if (bytes > 0) SN_TRY(sn__check_ptr(fn, "buf", buf));
   if (comm->ops->device_memory)
     return sn__fail(SN_ERR_UNSUPPORTED, "%s: needs a host communicator (self or mpi)", fn);
+  sn_status_t own = sn__check_size(fn, "bytes", bytes, 0);
+  if (own == SN_OK && bytes > 0) own = sn__check_ptr(fn, "buf", buf);
   uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
   const unsigned char *p = buf;
-  for (int64_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+  for (int64_t i = 0; own == SN_OK && i < bytes; i++) h = (h ^ p[i]) * 0x100000001b3ull;
   /* max(v) == −max(−v) iff all ranks hold the same v; split h so negation never overflows */
   int64_t v[4] = {(int64_t)(h >> 1), -(int64_t)(h >> 1), (int64_t)(h & 1), -(int64_t)(h & 1)};
-  SN_TRY(sn__comm_allreduce(fn, comm, v, 4, SN_RED_I64, SN_RED_MAX));
+  SN_TRY(checked(fn, comm, CALL_ALL_IDENTICAL, v, 4, SN_RED_I64, SN_RED_MAX, own));
   *identical = v[0] == -v[1] && v[2] == -v[3];
   return SN_OK;
 }
 
 sn_status_t sn_comm_split(sn_comm_t *comm, sn_comm_t **sub, int color, int key) {
   const char *fn = "sn_comm_split";
-  SN_TRY(sn__check_ptr(fn, "sub", sub));
   SN_TRY(sn__comm_check(fn, comm));
+  SN_TRY(checked(fn, comm, CALL_SPLIT, NULL, 0, -1, -1, sn__check_ptr(fn, "sub", sub)));
   sn_status_t st = comm->ops->split(comm, color, key, sub);
-  if (st == SN_OK && *sub != NULL) (*sub)->timeout_s = comm->timeout_s;
+  if (st == SN_OK && *sub != NULL) {
+    (*sub)->timeout_s = comm->timeout_s;
+    (*sub)->check = comm->check;
+  }
   return st;
 }
 

@@ -33,6 +33,7 @@ struct sn_comm {
   int rank, size;
   double timeout_s;       /* 0 = wait forever */
   int broken;             /* set after a timeout or fatal error: later collectives fail */
+  int check;              /* SN_COMM_CHECK: each collective compared across the ranks first */
   int64_t next_layer_id;  /* default SyncBatchNorm layer ids, in creation order */
   void *impl;             /* backend state */
 };
@@ -44,9 +45,13 @@ SN_HIDDEN sn_status_t sn__comm_new(sn_comm_t **out, const sn_comm_ops_t *ops, in
  * empty. Another value (not a number >= 0 in full, or infinite) is SN_ERR_INVALID_ARGUMENT,
  * message naming fn. Local: creators call it before their collective part. */
 SN_HIDDEN sn_status_t sn__comm_env_timeout(const char *fn, double *seconds);
+/* Whether SN_COMM_CHECK asks for the call check: unset, empty or "0" off, "1" on; any other
+ * value is SN_ERR_INVALID_ARGUMENT, message naming fn. Local, as sn__comm_env_timeout. */
+SN_HIDDEN sn_status_t sn__comm_env_check(const char *fn, int *on);
 /* SN_OK for a live, unbroken communicator; else SN_ERR_INVALID_HANDLE / SN_ERR_COMM. */
 SN_HIDDEN sn_status_t sn__comm_check(const char *fn, const sn_comm_t *comm);
-/* Validated all-reduce through the backend table, for internal callers. */
+/* Validated all-reduce through the backend table, for internal callers (the layers); with the
+ * call check on (comm->check), compared across the ranks first as "a layer's all-reduce". */
 SN_HIDDEN sn_status_t sn__comm_allreduce(const char *fn, sn_comm_t *comm, void *buf,
                                          int64_t count, sn_red_type_t type, sn_red_op_t op);
 /* The live handles (handles.c), by kind: sn__handle_add records a new communicator or layer

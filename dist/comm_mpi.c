@@ -150,24 +150,31 @@ sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
     return sn__fail(SN_ERR_INVALID_ARGUMENT,
                     "%s: mpi_comm is an intercommunicator; pass an intracommunicator (for "
                     "example from MPI_Intercomm_merge)", fn);
-  /* SN_COMM_TIMEOUT_S can differ between ranks (Open MPI passes a shell's variables to other
-   * hosts only with -x): the ranks agree on it first, so that a rank refusing it does not leave
-   * the others waiting inside MPI_Comm_dup. Collective over mpi_comm, as the dup is. */
+  /* SN_COMM_TIMEOUT_S and SN_COMM_CHECK can differ between ranks (Open MPI passes a shell's
+   * variables to other hosts only with -x): the ranks agree on them first, so that a rank
+   * refusing one does not leave the others waiting inside MPI_Comm_dup, and so that the call
+   * check is on everywhere where any rank asks for it (a rank checking its calls alone would make
+   * collectives the others do not). Collective over mpi_comm, as the dup is. */
   double timeout_s;
-  const sn_status_t env_st = sn__comm_env_timeout(fn, &timeout_s);
+  int check = 0;
+  const sn_status_t time_st = sn__comm_env_timeout(fn, &timeout_s);
+  const sn_status_t env_st = time_st != SN_OK ? time_st : sn__comm_env_check(fn, &check);
   int my_rank = 0, ranks = 1;
   rc = MPI_Comm_rank(mpi_comm, &my_rank);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_size(mpi_comm, &ranks);
   if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Comm_rank/size", rc);
-  int first_bad = env_st != SN_OK ? my_rank : ranks;
-  rc = MPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, mpi_comm);
+  /* the first rank with a bad SN_COMM_TIMEOUT_S, with a bad SN_COMM_CHECK; −(any rank's check) */
+  int agree[3] = {time_st != SN_OK ? my_rank : ranks,
+                  time_st == SN_OK && env_st != SN_OK ? my_rank : ranks, -check};
+  rc = MPI_Allreduce(MPI_IN_PLACE, agree, 3, MPI_INT, MPI_MIN, mpi_comm);
   if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Allreduce (SN_COMM_TIMEOUT_S)", rc);
   if (env_st != SN_OK) return env_st; /* its message is set */
-  if (first_bad < ranks)
+  if (agree[0] < ranks || agree[1] < ranks)
     return sn__fail(SN_ERR_INVALID_ARGUMENT,
-                    "%s: SN_COMM_TIMEOUT_S is not a number of seconds >= 0 on rank %d of "
-                    "mpi_comm (this is rank %d); nothing was created",
-                    fn, first_bad, my_rank);
+                    "%s: %s on rank %d of mpi_comm (this is rank %d); nothing was created", fn,
+                    agree[0] < ranks ? "SN_COMM_TIMEOUT_S is not a number of seconds >= 0"
+                                     : "SN_COMM_CHECK is neither 0 nor 1",
+                    agree[0] < ranks ? agree[0] : agree[1], my_rank);
   MPI_Comm dup;
   rc = MPI_Comm_dup(mpi_comm, &dup);
   if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Comm_dup", rc);
@@ -178,6 +185,6 @@ sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
   }
   sn_status_t st = mpi_wrap(comm, dup);
   if (st != SN_OK) MPI_Comm_free(&dup);
-  else (*comm)->timeout_s = timeout_s;
+  else (*comm)->timeout_s = timeout_s, (*comm)->check = -agree[2];
   return st;
 }

@@ -29,8 +29,12 @@ static sn_status_t self_split(sn_comm_t *comm, int color, int key, sn_comm_t **s
 sn_status_t sn_comm_create_self(sn_comm_t **comm) {
   SN_TRY(sn__check_ptr("sn_comm_create_self", "comm", comm));
   double timeout_s;
+  int check;
   SN_TRY(sn__comm_env_timeout("sn_comm_create_self", &timeout_s));
+  SN_TRY(sn__comm_env_check("sn_comm_create_self", &check));
   SN_TRY(sn__comm_new(comm, &self_ops, 0, 1, NULL));
-  (*comm)->timeout_s = timeout_s; /* unused by "self" (it never waits), kept for split */
+  /* both unused by "self" (it never waits, and one rank cannot disagree), kept for split */
+  (*comm)->timeout_s = timeout_s;
+  (*comm)->check = check;
   return SN_OK;
 }

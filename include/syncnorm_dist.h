@@ -65,7 +65,8 @@ typedef struct sn_comm sn_comm_t;
 /* A world of one rank: every all-reduce is the identity. *comm receives the handle (host object);
  * free it with sn_comm_destroy. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT
  * (SN_COMM_TIMEOUT_S set to a value that is not a number of seconds >= 0: see
- * sn_comm_set_timeout), SN_ERR_ALLOC. */
+ * sn_comm_set_timeout; SN_COMM_CHECK set to another value than 0 or 1: see
+ * sn_comm_allreduce_sum), SN_ERR_ALLOC. */
 SN_API sn_status_t sn_comm_create_self(sn_comm_t **comm);
 
 #if SN_HAVE_MPI
@@ -80,17 +81,19 @@ SN_API sn_status_t sn_comm_create_self(sn_comm_t **comm);
  * MPI must be initialized, and stay so until sn_comm_destroy.
  * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (MPI not initialized, MPI_COMM_NULL or
  * an intercommunicator, checked before anything collective; SN_COMM_TIMEOUT_S set to a value
- * that is not a number of seconds >= 0 on any rank: the ranks agree on it with one
- * MPI_Allreduce over mpi_comm before the dup, so every rank fails alike), SN_ERR_COMM,
- * SN_ERR_ALLOC. */
+ * that is not a number of seconds >= 0, or SN_COMM_CHECK to another value than 0 or 1, on any
+ * rank: the ranks agree on both with one MPI_Allreduce over mpi_comm before the dup, so every
+ * rank fails alike, and SN_COMM_CHECK=1 on any rank turns the call check on for all of them),
+ * SN_ERR_COMM, SN_ERR_ALLOC. */
 SN_API sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm);
 #endif
 
 /* Splits comm into sub-communicators, as MPI_Comm_split / PyTorch's process groups: ranks with
  * the same color form a group, ordered by key then by rank. Collective over comm. color < 0
  * gives *sub = NULL (this rank joins no group). *sub is owned by the caller (sn_comm_destroy) and
- * inherits the timeout. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_HANDLE, SN_ERR_COMM,
- * SN_ERR_TIMEOUT, SN_ERR_ALLOC. */
+ * inherits the timeout and the call check (SN_COMM_CHECK, see sn_comm_allreduce_sum, which also
+ * checks this call). Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_HANDLE, SN_ERR_MISMATCH (the
+ * call check), SN_ERR_COMM, SN_ERR_TIMEOUT, SN_ERR_ALLOC. */
 SN_API sn_status_t sn_comm_split(sn_comm_t *comm, sn_comm_t **sub, int color, int key);
 
 /* This process's rank in comm (0 ≤ rank < size). Errors: SN_ERR_NULL_POINTER,
@@ -105,20 +108,35 @@ SN_API const char *sn_comm_backend(const sn_comm_t *comm);
 
 /* In-place sum all-reduce of count elements of dtype SN_DTYPE_F32 or SN_DTYPE_F64 in buf (host
  * memory for "self"/"mpi", device memory for "nccl", enqueued on its stream). Collective: every
- * rank passes the same count and dtype, which is not checked (as MPI_Allreduce: another count
- * or dtype on some rank mixes or truncates buffers, and Open MPI may end the job; the layers
- * check theirs with check_consistency). The result is bitwise identical on every rank. Errors:
- * SN_ERR_NULL_POINTER (buf NULL with count > 0), SN_ERR_INVALID_SIZE (count < 0),
- * SN_ERR_OVERFLOW (count beyond what the backend can send in one call: 2^31 − 1 elements for
- * MPI), SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_HANDLE, SN_ERR_ALLOC (staging buffer), SN_ERR_COMM,
+ * rank passes the same count and dtype. By default that is not checked (as MPI_Allreduce:
+ * another count or dtype on some rank mixes or truncates buffers, and Open MPI may end the job;
+ * an argument error returns on that rank only, before the collective, and the others wait for
+ * the timeout; the layers check theirs with check_consistency).
+ * The call check, for debugging (as PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL): with the
+ * environment variable SN_COMM_CHECK=1 when the communicator is created (inherited by
+ * sn_comm_split), every collective on it (this function's, sn_comm_all_identical's,
+ * sn_comm_split's and the layers' all-reduces) is first compared across the ranks with one
+ * max-all-reduce of 10 int64: which function, the count, element type and reduction of its
+ * all-reduce, and whether this rank's own argument checks passed (a rank whose checks fail
+ * still joins it). Where anything differs, no rank makes the collective: the ranks with a
+ * failed check return that error, the others SN_ERR_MISMATCH with a message naming which ranks
+ * hold which value (up to 64 ranks; beyond, the range), e.g. "count differs across ranks (8 on
+ * ranks 0, 1; 5 on rank 2)", at once; buffers are not written, and the communicator stays in
+ * step. It cannot see a rank that skipped a call and makes the next one of the same shape, nor
+ * catch what the count and dtype do not show; and it doubles the collectives. The result is
+ * bitwise identical on every rank. Errors: SN_ERR_NULL_POINTER (buf NULL with count > 0),
+ * SN_ERR_INVALID_SIZE (count < 0), SN_ERR_OVERFLOW (count beyond what the backend can send in
+ * one call: 2^31 − 1 elements for MPI), SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_HANDLE,
+ * SN_ERR_MISMATCH (the call check), SN_ERR_ALLOC (staging buffer), SN_ERR_COMM,
  * SN_ERR_TIMEOUT. */
 SN_API sn_status_t sn_comm_allreduce_sum(sn_comm_t *comm, void *buf, int64_t count,
                                          sn_dtype_t dtype);
 
 /* Whether `bytes` bytes at buf (host memory) are identical on every rank: *identical = 1 on
  * every rank if so, 0 on every rank if not. Compares a 64-bit FNV-1a hash (collision chance
- * 2^-64) with one max-all-reduce. Collective. Errors as sn_comm_allreduce_sum, plus
- * SN_ERR_UNSUPPORTED (a backend without max-all-reduce on host buffers: "nccl"). */
+ * 2^-64) with one max-all-reduce. Collective (checked with SN_COMM_CHECK=1 as
+ * sn_comm_allreduce_sum says). Errors as sn_comm_allreduce_sum, plus SN_ERR_UNSUPPORTED (a
+ * backend without max-all-reduce on host buffers: "nccl"). */
 SN_API sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const void *buf,
                                          int64_t bytes);
 
@@ -280,8 +298,9 @@ SN_API sn_status_t sn_syncbn_params(sn_syncbn_t *bn, sn_syncbn_params_t *params)
 
 /* Number of collectives (all-reduces) this layer has issued so far: a training forward adds 1
  * (rarely up to 5, see forward), a backward after it adds 1, consistency checks add 1 each (2
- * when they find a mismatch); none on a communicator of one rank. For
- * benchmarks and tests. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_HANDLE. */
+ * when they find a mismatch); none on a communicator of one rank. The communicator's call check
+ * (SN_COMM_CHECK=1) adds one of its own before each, not counted here. For benchmarks and
+ * tests. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_syncbn_collective_count(const sn_syncbn_t *bn, int64_t *count);
 
 /* Frees the layer. NULL is a no-op. */

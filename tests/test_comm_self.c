@@ -162,6 +162,37 @@ START_TEST(test_env_timeout) {
 }
 END_TEST
 
+/* SN_COMM_CHECK: unset, "" and "0" off, "1" on, anything else fails the creation (the self
+ * backend has one rank, so the check itself never runs: test_comm_check_mpi). */
+START_TEST(test_env_check) {
+  const char *outer = getenv("SN_COMM_CHECK"); /* restored at the end */
+  char saved[64] = "";
+  if (outer != NULL) snprintf(saved, sizeof saved, "%s", outer);
+  static const char *const good[] = {"", "0", "1"};
+  static const char *const bad[] = {"yes", "2", "on", " 1", "1 ", "true", "01"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    ck_assert_int_eq(setenv("SN_COMM_CHECK", good[i], 1), 0);
+    sn_comm_t *c = NULL, *sub = NULL;
+    ck_assert_msg(sn_comm_create_self(&c) == SN_OK, "'%s': %s", good[i], sn_last_error());
+    double v = 3.0;
+    ck_assert_int_eq(sn_comm_allreduce_sum(c, &v, 1, SN_DTYPE_F64), SN_OK);
+    ck_assert(v == 3.0);
+    ck_assert_int_eq(sn_comm_split(c, &sub, 0, 0), SN_OK);
+    sn_comm_destroy(sub);
+    sn_comm_destroy(c);
+  }
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ck_assert_int_eq(setenv("SN_COMM_CHECK", bad[i], 1), 0);
+    sn_comm_t *c = (sn_comm_t *)0x1; /* untouched on error */
+    ck_assert_msg(sn_comm_create_self(&c) == SN_ERR_INVALID_ARGUMENT, "'%s' accepted", bad[i]);
+    ck_assert_ptr_eq(c, (sn_comm_t *)0x1);
+    ck_assert_msg(strstr(sn_last_error(), "SN_COMM_CHECK='") != NULL, "%s", sn_last_error());
+  }
+  if (outer != NULL) ck_assert_int_eq(setenv("SN_COMM_CHECK", saved, 1), 0);
+  else ck_assert_int_eq(unsetenv("SN_COMM_CHECK"), 0);
+}
+END_TEST
+
 START_TEST(test_layer_config_validation) {
   sn_syncbn_t *bn = (sn_syncbn_t *)0x1;
   sn_syncbn_config_t cfg = sn_syncbn_default_config(4);
@@ -430,6 +461,7 @@ int main(void) {
   tcase_add_test(tc, test_destroyed_handles);
   tcase_add_test(tc, test_destroy_race);
   tcase_add_test(tc, test_env_timeout);
+  tcase_add_test(tc, test_env_check);
   tcase_add_test(tc, test_layer_config_validation);
   tcase_add_test(tc, test_null_comm_equals_self);
   tcase_add_test(tc, test_local_paths_equal_steps);
