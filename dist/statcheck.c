@@ -342,7 +342,8 @@ int main(int argc, char **argv) {
       pass &= !bad;
       printf("  %-24s abs %.3e  rel %.3e  %s\n", name[k], worst[k].abs, worst[k].rel, bad ? "FAIL" : "ok");
     }
-    printf("running stats bitwise identical on all %d ranks: %s\n", nranks, all_identical ? "yes" : "NO");
+    if (nranks == 1) printf("running stats: 1 rank, nothing to compare across ranks\n");
+    else printf("running stats bitwise identical on all %d ranks: %s\n", nranks, all_identical ? "yes" : "NO");
     pass &= all_identical;
     printf("%s (tolerance %.1e%s)\n", pass ? "PASS" : "FAIL", o.tol, o.exact ? ", exact: bitwise except dgamma" : "");
   }

@@ -444,7 +444,9 @@ static void end_epoch(trainer_t *t, int64_t step_done, double epoch_start, doubl
   if (t->rank == 0) {
     const int64_t steps = step_done - (epoch - 1) * t->steps_per_epoch;
     char stats[160];
-    if (t->o.sync_bn)
+    if (t->size == 1) /* "identical on all 1 ranks" said nothing */
+      snprintf(stats, sizeof stats, "1 rank (no running stats to compare across ranks)");
+    else if (t->o.sync_bn)
       snprintf(stats, sizeof stats, "running stats %s on all %d ranks",
                same ? "bitwise identical" : "DIFFERENT", t->size);
     else
@@ -619,8 +621,11 @@ int main(int argc, char **argv) {
     save(&t, t.end_step, path);
   }
   if (t.rank == 0) {
-    printf("parameters, running stats and momentum bitwise identical on all %d ranks: %s\n",
-           t.size, same ? "yes" : "NO");
+    if (t.size == 1)
+      printf("parameters, running stats and momentum: 1 rank, nothing to compare across ranks\n");
+    else
+      printf("parameters, running stats and momentum bitwise identical on all %d ranks: %s\n",
+             t.size, same ? "yes" : "NO");
     if (t.last_accuracy >= 0)
       printf("test accuracy %.2f%% after %lld step%s (%.2f epochs)\n", t.last_accuracy,
              (long long)t.end_step, t.end_step == 1 ? "" : "s",

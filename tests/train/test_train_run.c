@@ -201,6 +201,17 @@ START_TEST(test_short_run) {
   ck_assert_int_eq(get_i64(f, "trainer.step"), 200);
   ck_assert_int_eq(sn_safetensors_get(f, &t, "optimizer.momentum_buffer.bn1.weight"), SN_OK);
   sn_safetensors_free(f);
+
+  /* one rank: nothing to compare across ranks, said so (it read "on all 1 ranks") */
+  wpath(out, sizeof out, "out1");
+  const int st1 = run("one_rank", 1, "--data", g_data, "--out", out, "--train-subset", "3200",
+                      "--test-subset", "100", "--epochs", "1", "--max-steps", "3", "--threads",
+                      "1", NULL);
+  ASSERT_RUN(st1, 0, "one rank");
+  ck_assert_msg(strstr(g_out, "1 rank (no running stats to compare across ranks)") &&
+                    strstr(g_out, "momentum: 1 rank, nothing to compare across ranks") &&
+                    !strstr(g_out, "all 1 ranks"),
+                "%s", g_out);
 }
 END_TEST
 
