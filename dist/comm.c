@@ -113,6 +113,7 @@ static void call_text(char *out, size_t size, int k, int64_t v, int first) {
   else if (k == C_TYPE && v <= SN_RED_I64) name = type[v];
   else if (k == C_OP && v <= SN_RED_MAX) name = op[v];
   else if (k == C_CHECKS) name = v == 0 ? "passed" : sn_status_string((sn_status_t)v);
+  else if (k == C_COUNT && v < 0) name = "negative";
   if (name != NULL) snprintf(out, size, "%s", name);
   else snprintf(out, size, "%lld", (long long)v);
 }
@@ -123,7 +124,8 @@ static void call_text(char *out, size_t size, int k, int64_t v, int first) {
  * reaches the same verdict. Where a field differs, every rank (all take that path) makes one
  * more collective, up to SN_MSG_TABLE_RANKS ranks a sum all-reduce of the [ranks, fields] table
  * in which each rank fills its own row, and returns SN_ERR_MISMATCH naming the ranks that hold
- * each value (where the function differs, only it: the rest follows from it); the call's
+ * each value (where the function differs, only it, else where the own checks do, only they:
+ * the rest follows from them); the call's
  * collective is made by none, so the communicator stays in step. Beyond SN_MSG_TABLE_RANKS
  * ranks the message gives each field's range, with no second collective. A failure of these
  * collectives (a timeout) returns its status. As SyncBatchNorm's check_consistency (syncbn.c). */
@@ -141,8 +143,11 @@ static sn_status_t call_check(const char *fn, sn_comm_t *comm, int call, int64_t
   int differs = 0;
   for (int k = 0; k < CK; k++) differs |= v[k] != -v[CK + k];
   if (!differs) return SN_OK;
-  /* another function: its count, type and reduction differ as a consequence: only it is told */
-  const int fields = v[C_CALL] != -v[CK + C_CALL] ? C_CALL + 1 : CK;
+  /* Another function: its count, type and reduction differ as a consequence, so only it is
+   * told; likewise a rank whose own checks failed (it may not know what it would have sent). */
+  const int only = v[C_CALL] != -v[CK + C_CALL]       ? C_CALL
+                   : v[C_CHECKS] != -v[CK + C_CHECKS] ? C_CHECKS
+                                                      : -1;
   const int ranks = comm->size, by_rank = ranks <= SN_MSG_TABLE_RANKS;
   int64_t table[SN_MSG_TABLE_RANKS * CK] = {0};
   sn_status_t got = SN_OK;
@@ -154,8 +159,8 @@ static sn_status_t call_check(const char *fn, sn_comm_t *comm, int call, int64_t
   }
   char msg[512];
   int len = 0;
-  for (int k = 0; k < fields && len < (int)sizeof msg; k++) {
-    if (v[k] == -v[CK + k]) continue;
+  for (int k = 0; k < CK && len < (int)sizeof msg; k++) {
+    if (v[k] == -v[CK + k] || (only >= 0 && k != only)) continue;
     len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%s differs across ranks",
                     len ? "; " : "", field[k]);
     if (len >= (int)sizeof msg) break;
@@ -200,6 +205,12 @@ static sn_status_t checked(const char *fn, sn_comm_t *comm, int call, void *buf,
   }
   if (call == CALL_SPLIT) return SN_OK;
   return comm_reduce(fn, comm, buf, count, (sn_red_type_t)type, (sn_red_op_t)op);
+}
+
+int sn__comm_tell(const char *fn, sn_comm_t *comm, sn_status_t own, sn_status_t *told) {
+  if (!SN_COMM_LIVE(comm) || comm->broken || !comm->check || comm->size == 1) return 0;
+  *told = call_check(fn, comm, CALL_LAYER, -1, -1, -1, own);
+  return 1;
 }
 
 /* The checks of an all-reduce's arguments, comm aside. */
@@ -267,11 +278,11 @@ sn_status_t sn_comm_allreduce_sum(sn_comm_t *comm, void *buf, int64_t count, sn_
 sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const void *buf,
                                   int64_t bytes) {
   const char *fn = "sn_comm_all_identical";
-  SN_TRY(sn__check_ptr(fn, "identical", identical));
   SN_TRY(sn__comm_check(fn, comm));
   if (comm->ops->device_memory)
     return sn__fail(SN_ERR_UNSUPPORTED, "%s: needs a host communicator (self or mpi)", fn);
-  sn_status_t own = sn__check_size(fn, "bytes", bytes, 0);
+  sn_status_t own = sn__check_ptr(fn, "identical", identical);
+  if (own == SN_OK) own = sn__check_size(fn, "bytes", bytes, 0);
   if (own == SN_OK && bytes > 0) own = sn__check_ptr(fn, "buf", buf);
   uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
   const unsigned char *p = buf;

@@ -480,26 +480,35 @@ static int alone(const sn_syncbn_t *bn) { return bn->comm == NULL || bn->comm->s
  * ranks, making the same call, would be in its consistency all-reduce (would_sync, from this
  * rank's arguments and saved forward): this rank makes that all-reduce too, with st in its
  * signature (F_CHECKS), so that the others return SN_ERR_MISMATCH naming it at once instead of
- * waiting for it until SN_COMM_TIMEOUT_S. Only with check_consistency (without it the call has
- * no such all-reduce), on a live layer whose communicator is live. A forward told so drops the
- * saved forward, as the others' forward, failing the check, does: a backward then fails on every
- * rank (a review: keeping it let a backward run on the step before). A backward keeps it
- * everywhere. Returns st with its message, or, where telling failed, that collective's status
+ * waiting for it until SN_COMM_TIMEOUT_S. With check_consistency off the call has no such
+ * all-reduce: then only where the communicator's call check (SN_COMM_CHECK) is on, in the call
+ * check of the others' first all-reduce (sn__comm_tell). On a live layer whose communicator is
+ * live. A forward told so drops the saved forward, as the others' forward, failing the check,
+ * does: a backward then fails on every rank (a review: keeping it let a backward run on the step
+ * before). A backward keeps it everywhere. Returns st with its message, or, where telling failed, that collective's status
  * (the communicator is then broken) with both messages. */
 static sn_status_t tell_peers(sn_syncbn_t *bn, const char *fn, int op, sn_status_t st,
                               int would_sync) {
-  if (!would_sync || !SN_SYNCBN_LIVE(bn) || !bn->cfg.check_consistency ||
-      !SN_COMM_LIVE(bn->comm) || bn->comm->broken || alone(bn))
+  if (!would_sync || !SN_SYNCBN_LIVE(bn) || !SN_COMM_LIVE(bn->comm) || bn->comm->broken ||
+      alone(bn))
     return st;
   char own[1024], why[1024];
   snprintf(own, sizeof own, "%s", sn_last_error());
-  const sn_status_t told = check_consistency(bn, fn, op, st);
+  sn_status_t told = SN_OK;
+  if (bn->cfg.check_consistency) {
+    told = check_consistency(bn, fn, op, st);
+  } else { /* the communicator's call check, where it is on, meets the others' first all-reduce */
+    char where[sizeof bn->label + 64];
+    snprintf(where, sizeof where, "%s (%s)", fn, bn->label);
+    if (!sn__comm_tell(where, bn->comm, st, &told)) return sn__fail(st, "%s", own);
+  }
   if (op == OP_FORWARD) bn->saved.valid = 0;
   if (told == SN_OK) /* every rank failed its checks alike: each returns its own error */
     return sn__fail(st, "%s", own);
   if (told == SN_ERR_MISMATCH)
-    return sn__fail(st, "%s (sent to the other ranks in the consistency check: those whose checks "
-                        "passed return SN_ERR_MISMATCH)", own);
+    return sn__fail(st, "%s (sent to the other ranks in the %s: those whose checks passed "
+                        "return SN_ERR_MISMATCH)",
+                    own, bn->cfg.check_consistency ? "consistency check" : "call check");
   snprintf(why, sizeof why, "%s", sn_last_error()); /* sn__fail writes over sn_last_error */
   return sn__fail(told, "%s; then telling the other ranks failed: %s", own, why);
 }

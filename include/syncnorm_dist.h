@@ -20,7 +20,9 @@
  * (check_consistency off, a NULL or destroyed handle, a backward without a saved forward, the
  * sn_comm_* functions) is returned before any communication, on that rank only: the other ranks
  * go on, and that rank is a call behind until it repeats the call (treat any error as fatal to
- * the step on every rank). A rank in eval mode makes no collective, so training and eval mixed
+ * the step on every rank); with the call check (SN_COMM_CHECK=1, see sn_comm_allreduce_sum)
+ * those of the sn_comm_* functions and of such a layer call with check_consistency off are told
+ * to the other ranks too. A rank in eval mode makes no collective, so training and eval mixed
  * across ranks leaves the training ranks to the timeout, as in PyTorch.
  */
 #ifndef SYNCNORM_DIST_H
@@ -118,12 +120,16 @@ SN_API const char *sn_comm_backend(const sn_comm_t *comm);
  * sn_comm_split's and the layers' all-reduces) is first compared across the ranks with one
  * max-all-reduce of 10 int64: which function, the count, element type and reduction of its
  * all-reduce, and whether this rank's own argument checks passed (a rank whose checks fail
- * still joins it). Where anything differs, no rank makes the collective: the ranks with a
- * failed check return that error, the others SN_ERR_MISMATCH with a message naming which ranks
- * hold which value (up to 64 ranks; beyond, the range), e.g. "count differs across ranks (8 on
- * ranks 0, 1; 5 on rank 2)", at once; buffers are not written, and the communicator stays in
- * step. It cannot see a rank that skipped a call and makes the next one of the same shape, nor
- * catch what the count and dtype do not show; and it doubles the collectives. The result is
+ * still joins it, as does a SyncBatchNorm training forward, or backward after a synchronized
+ * forward, whose own checks fail on a layer without check_consistency). Where anything differs,
+ * no rank makes the collective: the ranks with a failed check return that error, the others
+ * SN_ERR_MISMATCH with a message naming which ranks (of this communicator) hold which value (up
+ * to 64 ranks; beyond, the range), e.g. "count differs across ranks (8 on ranks 0, 1; 5 on rank
+ * 2)", at once; buffers are not written, and the communicator stays in step. Still local, as
+ * without the check: a NULL, destroyed or broken comm handle on that rank (the others wait for
+ * the timeout). It cannot see a rank that skipped a call and makes the next one of the same
+ * shape, nor catch what the count and dtype do not show; and it doubles the collectives. The
+ * result is
  * bitwise identical on every rank. Errors: SN_ERR_NULL_POINTER (buf NULL with count > 0),
  * SN_ERR_INVALID_SIZE (count < 0), SN_ERR_OVERFLOW (count beyond what the backend can send in
  * one call: 2^31 − 1 elements for MPI), SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_HANDLE,
@@ -266,7 +272,9 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
  * SN_ERR_NULL_POINTER on rank 2)"), at once instead of after the timeout. Nothing is written; the
  * saved forward is dropped on every rank, so a backward then fails everywhere, at once. Where
  * every rank fails alike, each returns its own error. Should that all-reduce itself fail (a
- * timeout), its SN_ERR_TIMEOUT or SN_ERR_COMM is returned, with both messages. A global count
+ * timeout), its SN_ERR_TIMEOUT or SN_ERR_COMM is returned, with both messages. With
+ * check_consistency off the same is done in the communicator's call check where SN_COMM_CHECK=1
+ * (see sn_comm_allreduce_sum), and not at all otherwise. A global count
  * of 0 is an empty batch: SN_OK, y and the running statistics
  * untouched, num_batches_tracked += 1 when tracking (as
  * torch.nn.BatchNorm's forward, which counts the batch before normalizing it; with momentum
@@ -299,8 +307,8 @@ SN_API sn_status_t sn_syncbn_params(sn_syncbn_t *bn, sn_syncbn_params_t *params)
 /* Number of collectives (all-reduces) this layer has issued so far: a training forward adds 1
  * (rarely up to 5, see forward), a backward after it adds 1, consistency checks add 1 each (2
  * when they find a mismatch); none on a communicator of one rank. The communicator's call check
- * (SN_COMM_CHECK=1) adds one of its own before each, not counted here. For benchmarks and
- * tests. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_HANDLE. */
+ * (SN_COMM_CHECK=1) adds one of its own before each, not counted here (and an all-reduce it
+ * refuses is counted all the same). For benchmarks and tests. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_syncbn_collective_count(const sn_syncbn_t *bn, int64_t *count);
 
 /* Frees the layer. NULL is a no-op. */

@@ -208,6 +208,16 @@ START_TEST(test_own_errors_told) {
   assert_untouched(b, "count 2^40");
   assert_in_step(c, "own errors");
 
+  /* sn_comm_all_identical with no place for its answer (a review: it returned before the
+   * check, and the others' check met that rank's next call) */
+  int same = -1;
+  t0 = now_s();
+  st = sn_comm_all_identical(c, odd ? NULL : &same, b, sizeof b);
+  assert_told(st, odd ? SN_ERR_NULL_POINTER : SN_ERR_MISMATCH, t0, "identical NULL",
+              odd ? "identical" : "SN_ERR_NULL_POINTER on rank");
+  ck_assert_int_eq(same, -1);
+  assert_in_step(c, "identical NULL");
+
   /* every rank refuses alike: each its own error, not a mismatch */
   t0 = now_s();
   st = sn_comm_allreduce_sum(c, b, -1, SN_DTYPE_F64);
@@ -247,6 +257,41 @@ START_TEST(test_layer_against_raw_call) {
   int same = 0;
   MT_OK(sn_comm_all_identical(c, &same, p.running_mean, 2 * sizeof(float)));
   ck_assert_int_eq(same, 1);
+  sn_syncbn_destroy(bn);
+  sn_comm_destroy(c);
+}
+END_TEST
+
+/* A layer without check_consistency has no consistency all-reduce to tell its own errors in:
+ * with the call check on, a rank whose forward fails its checks (x NULL) tells the others in
+ * the call check of their first all-reduce (a review: it returned alone, and the others' check
+ * met its next call). */
+START_TEST(test_layer_unchecked_own_error) {
+  sn_comm_t *c = make_comm("1", ~0u);
+  const int odd = mt_rank == mt_size - 1;
+  sn_syncbn_config_t cfg = sn_syncbn_default_config(2);
+  cfg.check_consistency = 0;
+  snprintf(cfg.name, sizeof cfg.name, "bn_unchecked");
+  sn_syncbn_t *bn = NULL;
+  MT_OK(sn_syncbn_create(&bn, &cfg, c));
+  float x[2 * 2 * 3], y[2 * 2 * 3];
+  for (int i = 0; i < 12; i++) x[i] = (float)(i % 5) + 0.25f * (float)mt_rank, y[i] = -1.0f;
+  double t0 = now_s();
+  sn_status_t st = sn_syncbn_forward(bn, y, odd ? NULL : x, 2, 3, 1);
+  assert_told(st, odd ? SN_ERR_NULL_POINTER : SN_ERR_MISMATCH, t0, "unchecked layer, x NULL",
+              odd ? "sent to the other ranks in the call check"
+                  : "own checks (a rank whose arguments failed them returned that error) differs "
+                    "across ranks (passed");
+  ck_assert_msg(odd || strstr(sn_last_error(), "count differs") == NULL, "%s", sn_last_error());
+  for (int i = 0; i < 12; i++) ck_assert(y[i] == -1.0f);
+  sn_syncbn_params_t p;
+  MT_OK(sn_syncbn_params(bn, &p));
+  ck_assert_int_eq(*p.num_batches_tracked, 0);
+  MT_OK(sn_syncbn_forward(bn, y, x, 2, 3, 1)); /* in step */
+  int same = 0;
+  MT_OK(sn_comm_all_identical(c, &same, p.running_mean, 2 * sizeof(float)));
+  ck_assert_int_eq(same, 1);
+  assert_in_step(c, "unchecked layer");
   sn_syncbn_destroy(bn);
   sn_comm_destroy(c);
 }
@@ -323,6 +368,7 @@ static Suite *make_suite(void) {
   tcase_add_test(tc, test_mismatches_detected);
   tcase_add_test(tc, test_own_errors_told);
   tcase_add_test(tc, test_layer_against_raw_call);
+  tcase_add_test(tc, test_layer_unchecked_own_error);
   tcase_add_test(tc, test_env_values);
   suite_add_tcase(s, tc);
   TCase *many = tcase_create("many");
