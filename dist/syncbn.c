@@ -306,12 +306,12 @@ static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi, in
  * of step, and the others (another layer's configuration and state) differ as a consequence,
  * so only the call fields are reported then; likewise the configuration fields before the
  * running statistics (whose hash changes with track_running_stats). On a mismatch every rank
- * (all take that path) makes one more collective: up to SN_MSG_TABLE_RANKS ranks a sum all-reduce
- * of a [ranks, fields] table in which each rank fills its own row (exact: one nonzero term per
- * element), so that the message lists which ranks hold which value; beyond, a max all-reduce of
- * the lowest rank holding each field's extremes. The ranks are those of the layer's
- * communicator (of a split one, not the world's). Should that collective fail (a timeout), its
- * status is returned, with both messages: the communicator is then broken. */
+ * (all take that path) makes one more collective: up to SN_MSG_TABLE_RANKS ranks a sum
+ * all-reduce of a [ranks, fields] table in which each rank fills its own row (exact: one nonzero
+ * term per element), so that the message lists which ranks hold which value; beyond, a max
+ * all-reduce of the lowest rank holding each field's extremes. The ranks are those of the
+ * layer's communicator (of a split one, not the world's). Should that collective fail (a
+ * timeout), its status is returned, with both messages: the communicator is then broken. */
 static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op, sn_status_t checks) {
   /* check_finite is configuration too: a rank with it returns SN_ERR_NONFINITE before the
    * statistics' second all-reduce (the pivot refinement) that a rank without it makes, so ranks
@@ -485,8 +485,8 @@ static int alone(const sn_syncbn_t *bn) { return bn->comm == NULL || bn->comm->s
  * check of the others' first all-reduce (sn__comm_tell). On a live layer whose communicator is
  * live. A forward told so drops the saved forward, as the others' forward, failing the check,
  * does: a backward then fails on every rank (a review: keeping it let a backward run on the step
- * before). A backward keeps it everywhere. Returns st with its message, or, where telling failed, that collective's status
- * (the communicator is then broken) with both messages. */
+ * before). A backward keeps it everywhere. Returns st with its message, or, where telling
+ * failed, that collective's status (the communicator is then broken) with both messages. */
 static sn_status_t tell_peers(sn_syncbn_t *bn, const char *fn, int op, sn_status_t st,
                               int would_sync) {
   if (!would_sync || !SN_SYNCBN_LIVE(bn) || !SN_COMM_LIVE(bn->comm) || bn->comm->broken ||
