@@ -34,10 +34,10 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* A communicator over MPI_COMM_WORLD with SN_COMM_CHECK set to `value` on the ranks `on_ranks`
- * (a bit mask; the others have it unset) for its creation. */
-static sn_comm_t *make_comm(const char *value, unsigned on_ranks) {
-  if (on_ranks >> mt_rank & 1u) ck_assert_int_eq(setenv("SN_COMM_CHECK", value, 1), 0);
+/* A communicator over MPI_COMM_WORLD with SN_COMM_CHECK set to `value` for its creation on
+ * every rank (all) or on rank 0 only (the others have it unset). */
+static sn_comm_t *make_comm(const char *value, int all) {
+  if (all || mt_rank == 0) ck_assert_int_eq(setenv("SN_COMM_CHECK", value, 1), 0);
   else ck_assert_int_eq(unsetenv("SN_COMM_CHECK"), 0);
   sn_comm_t *c = NULL;
   MT_OK(sn_comm_create_mpi(&c, MPI_COMM_WORLD));
@@ -94,7 +94,7 @@ static void others(char *out, size_t size) {
 }
 
 START_TEST(test_mismatches_detected) {
-  sn_comm_t *c = make_comm("1", ~0u);
+  sn_comm_t *c = make_comm("1", 1);
   const int odd = mt_rank == mt_size - 1; /* the last rank makes the other call */
   char usual[64], want[320];
   others(usual, sizeof usual);
@@ -175,7 +175,7 @@ END_TEST
  * others SN_ERR_MISMATCH naming it, at once; where every rank refuses alike, each returns its
  * own error. */
 START_TEST(test_own_errors_told) {
-  sn_comm_t *c = make_comm("1", ~0u);
+  sn_comm_t *c = make_comm("1", 1);
   const int odd = mt_rank == mt_size - 1;
   char usual[64], want[320];
   others(usual, sizeof usual);
@@ -232,7 +232,7 @@ END_TEST
  * which calls sn_comm_allreduce_sum on the same communicator, fails everywhere at once with
  * nothing written, and the next steps agree. */
 START_TEST(test_layer_against_raw_call) {
-  sn_comm_t *c = make_comm("1", ~0u);
+  sn_comm_t *c = make_comm("1", 1);
   const int odd = mt_rank == mt_size - 1;
   sn_syncbn_config_t cfg = sn_syncbn_default_config(2);
   snprintf(cfg.name, sizeof cfg.name, "bn_checked");
@@ -267,7 +267,7 @@ END_TEST
  * the call check of their first all-reduce (a review: it returned alone, and the others' check
  * met its next call). */
 START_TEST(test_layer_unchecked_own_error) {
-  sn_comm_t *c = make_comm("1", ~0u);
+  sn_comm_t *c = make_comm("1", 1);
   const int odd = mt_rank == mt_size - 1;
   sn_syncbn_config_t cfg = sn_syncbn_default_config(2);
   cfg.check_consistency = 0;
@@ -305,7 +305,7 @@ START_TEST(test_env_values) {
   char saved[64] = "";
   if (outer != NULL) snprintf(saved, sizeof saved, "%s", outer);
   /* only rank 0 asks for it: on everywhere (the last rank's other count is caught) */
-  sn_comm_t *c = make_comm("1", 1u);
+  sn_comm_t *c = make_comm("1", 0);
   const int odd = mt_rank == mt_size - 1;
   double b[CC_N];
   fill(b, CC_POISON);
@@ -316,7 +316,7 @@ START_TEST(test_env_values) {
   assert_in_step(c, "check from rank 0");
   sn_comm_destroy(c);
   /* "0" is off: a matching call works (a mismatching one would not be caught) */
-  c = make_comm("0", ~0u);
+  c = make_comm("0", 1);
   assert_in_step(c, "SN_COMM_CHECK=0");
   sn_comm_destroy(c);
   /* a bad value on every rank, then on the last only: every rank fails, none waits in the dup */
@@ -342,7 +342,7 @@ END_TEST
 /* Beyond SN_MSG_TABLE_RANKS (64) ranks a mismatch is told by each field's range. */
 START_TEST(test_many_ranks_ranges) {
   ck_assert_msg(mt_size > 64, "the many case needs more than 64 ranks, got %d", mt_size);
-  sn_comm_t *c = make_comm("1", ~0u);
+  sn_comm_t *c = make_comm("1", 1);
   const int odd = mt_rank == mt_size - 1;
   double b[CC_N];
   fill(b, CC_POISON);
