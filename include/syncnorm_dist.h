@@ -128,13 +128,12 @@ SN_API const char *sn_comm_backend(const sn_comm_t *comm);
  * 2)", at once; buffers are not written, and the communicator stays in step. Still local, as
  * without the check: a NULL, destroyed or broken comm handle on that rank (the others wait for
  * the timeout). It cannot see a rank that skipped a call and makes the next one of the same
- * shape, nor catch what the count and dtype do not show; and it doubles the collectives. The
- * result is
- * bitwise identical on every rank. Errors: SN_ERR_NULL_POINTER (buf NULL with count > 0),
- * SN_ERR_INVALID_SIZE (count < 0), SN_ERR_OVERFLOW (count beyond what the backend can send in
- * one call: 2^31 − 1 elements for MPI), SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_HANDLE,
- * SN_ERR_MISMATCH (the call check), SN_ERR_ALLOC (staging buffer), SN_ERR_COMM,
- * SN_ERR_TIMEOUT. */
+ * shape, nor catch what the count and dtype do not show; and it doubles the collectives.
+ * The result is bitwise identical on every rank. Errors: SN_ERR_NULL_POINTER (buf NULL with
+ * count > 0), SN_ERR_INVALID_SIZE (count < 0), SN_ERR_OVERFLOW (count beyond what the backend
+ * can send in one call: 2^31 − 1 elements for MPI), SN_ERR_INVALID_DTYPE,
+ * SN_ERR_INVALID_HANDLE, SN_ERR_MISMATCH (the call check), SN_ERR_ALLOC (staging buffer),
+ * SN_ERR_COMM, SN_ERR_TIMEOUT. */
 SN_API sn_status_t sn_comm_allreduce_sum(sn_comm_t *comm, void *buf, int64_t count,
                                          sn_dtype_t dtype);
 
@@ -308,7 +307,8 @@ SN_API sn_status_t sn_syncbn_params(sn_syncbn_t *bn, sn_syncbn_params_t *params)
  * (rarely up to 5, see forward), a backward after it adds 1, consistency checks add 1 each (2
  * when they find a mismatch); none on a communicator of one rank. The communicator's call check
  * (SN_COMM_CHECK=1) adds one of its own before each, not counted here (and an all-reduce it
- * refuses is counted all the same). For benchmarks and tests. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_HANDLE. */
+ * refuses is counted all the same). For benchmarks and tests. Errors: SN_ERR_NULL_POINTER,
+ * SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_syncbn_collective_count(const sn_syncbn_t *bn, int64_t *count);
 
 /* Frees the layer. NULL is a no-op. */
