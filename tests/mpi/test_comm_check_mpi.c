@@ -228,18 +228,41 @@ START_TEST(test_own_errors_told) {
 }
 END_TEST
 
+/* A 2-channel layer on c (check_consistency as given), x [2, 2, 3] filled per rank, y poisoned
+ * with −1. */
+static sn_syncbn_t *make_layer(sn_comm_t *c, int check_consistency, const char *name, float *x,
+                               float *y) {
+  sn_syncbn_config_t cfg = sn_syncbn_default_config(2);
+  cfg.check_consistency = check_consistency;
+  snprintf(cfg.name, sizeof cfg.name, "%s", name);
+  sn_syncbn_t *bn = NULL;
+  MT_OK(sn_syncbn_create(&bn, &cfg, c));
+  for (int i = 0; i < 12; i++) x[i] = (float)(i % 5) + 0.25f * (float)mt_rank, y[i] = -1.0f;
+  return bn;
+}
+
+/* After a refused forward of make_layer's layer: y still poisoned, no batch counted; then a
+ * forward on every rank works and leaves the same running mean everywhere (in step). */
+static void assert_layer_refused_then_in_step(sn_syncbn_t *bn, sn_comm_t *c, const float *x,
+                                              float *y) {
+  for (int i = 0; i < 12; i++) ck_assert(y[i] == -1.0f);
+  sn_syncbn_params_t p;
+  MT_OK(sn_syncbn_params(bn, &p));
+  ck_assert_int_eq(*p.num_batches_tracked, 0);
+  MT_OK(sn_syncbn_forward(bn, y, x, 2, 3, 1));
+  int same = 0;
+  MT_OK(sn_comm_all_identical(c, &same, p.running_mean, 2 * sizeof(float)));
+  ck_assert_int_eq(same, 1);
+}
+
 /* A layer's all-reduces are checked too: a SyncBatchNorm forward on all ranks but the last,
  * which calls sn_comm_allreduce_sum on the same communicator, fails everywhere at once with
  * nothing written, and the next steps agree. */
 START_TEST(test_layer_against_raw_call) {
   sn_comm_t *c = make_comm("1", 1);
   const int odd = mt_rank == mt_size - 1;
-  sn_syncbn_config_t cfg = sn_syncbn_default_config(2);
-  snprintf(cfg.name, sizeof cfg.name, "bn_checked");
-  sn_syncbn_t *bn = NULL;
-  MT_OK(sn_syncbn_create(&bn, &cfg, c));
   float x[2 * 2 * 3], y[2 * 2 * 3];
-  for (int i = 0; i < 12; i++) x[i] = (float)(i % 5) + 0.25f * (float)mt_rank, y[i] = -1.0f;
+  sn_syncbn_t *bn = make_layer(c, 1, "bn_checked", x, y);
   double b[CC_N];
   fill(b, CC_POISON);
   double t0 = now_s();
@@ -248,15 +271,7 @@ START_TEST(test_layer_against_raw_call) {
   assert_told(st, SN_ERR_MISMATCH, t0, "layer against raw", "a layer's all-reduce",
               "sn_comm_allreduce_sum on rank");
   assert_untouched(b, "layer against raw");
-  for (int i = 0; i < 12; i++) ck_assert(y[i] == -1.0f);
-  sn_syncbn_params_t p;
-  MT_OK(sn_syncbn_params(bn, &p));
-  ck_assert_int_eq(*p.num_batches_tracked, 0);
-  /* in step: a forward on every rank now works and agrees */
-  MT_OK(sn_syncbn_forward(bn, y, x, 2, 3, 1));
-  int same = 0;
-  MT_OK(sn_comm_all_identical(c, &same, p.running_mean, 2 * sizeof(float)));
-  ck_assert_int_eq(same, 1);
+  assert_layer_refused_then_in_step(bn, c, x, y);
   sn_syncbn_destroy(bn);
   sn_comm_destroy(c);
 }
@@ -269,13 +284,8 @@ END_TEST
 START_TEST(test_layer_unchecked_own_error) {
   sn_comm_t *c = make_comm("1", 1);
   const int odd = mt_rank == mt_size - 1;
-  sn_syncbn_config_t cfg = sn_syncbn_default_config(2);
-  cfg.check_consistency = 0;
-  snprintf(cfg.name, sizeof cfg.name, "bn_unchecked");
-  sn_syncbn_t *bn = NULL;
-  MT_OK(sn_syncbn_create(&bn, &cfg, c));
   float x[2 * 2 * 3], y[2 * 2 * 3];
-  for (int i = 0; i < 12; i++) x[i] = (float)(i % 5) + 0.25f * (float)mt_rank, y[i] = -1.0f;
+  sn_syncbn_t *bn = make_layer(c, 0, "bn_unchecked", x, y);
   double t0 = now_s();
   sn_status_t st = sn_syncbn_forward(bn, y, odd ? NULL : x, 2, 3, 1);
   assert_told(st, odd ? SN_ERR_NULL_POINTER : SN_ERR_MISMATCH, t0, "unchecked layer, x NULL",
@@ -283,14 +293,7 @@ START_TEST(test_layer_unchecked_own_error) {
                   : "own checks (a rank whose arguments failed them returned that error) differs "
                     "across ranks (passed");
   ck_assert_msg(odd || strstr(sn_last_error(), "count differs") == NULL, "%s", sn_last_error());
-  for (int i = 0; i < 12; i++) ck_assert(y[i] == -1.0f);
-  sn_syncbn_params_t p;
-  MT_OK(sn_syncbn_params(bn, &p));
-  ck_assert_int_eq(*p.num_batches_tracked, 0);
-  MT_OK(sn_syncbn_forward(bn, y, x, 2, 3, 1)); /* in step */
-  int same = 0;
-  MT_OK(sn_comm_all_identical(c, &same, p.running_mean, 2 * sizeof(float)));
-  ck_assert_int_eq(same, 1);
+  assert_layer_refused_then_in_step(bn, c, x, y);
   assert_in_step(c, "unchecked layer");
   sn_syncbn_destroy(bn);
   sn_comm_destroy(c);

@@ -45,6 +45,21 @@ static sn_comm_t *checked_comm(void) {
   return comm;
 }
 
+/* The naming collective of a mismatch timed out on rank 0 (st: SN_ERR_TIMEOUT, with `range`,
+ * the mismatch's range, and why the ranks are not named), completed on rank 1 (SN_ERR_MISMATCH
+ * naming the ranks: `ranks`). */
+static void assert_naming_timed_out(sn_status_t st, const char *range, const char *ranks) {
+  const char *msg = sn_last_error();
+  if (mt_rank == 0) {
+    ck_assert_msg(st == SN_ERR_TIMEOUT, "rank 0: got %s: %s", sn_status_string(st), msg);
+    ck_assert_msg(strstr(msg, range) != NULL && strstr(msg, "then naming the ranks failed") != NULL,
+                  "rank 0: %s", msg);
+  } else {
+    ck_assert_msg(st == SN_ERR_MISMATCH, "rank 1: got %s: %s", sn_status_string(st), msg);
+    ck_assert_msg(strstr(msg, ranks) != NULL, "rank 1: %s", msg);
+  }
+}
+
 START_TEST(test_naming_times_out) {
   ck_assert_int_eq(mt_size, 2);
   sn_comm_t *comm = NULL;
@@ -58,19 +73,11 @@ START_TEST(test_naming_times_out) {
   float x[2 * 4 * 2], y[2 * 4 * 2];
   mt_fill(x, 2 * cfg.num_features * 2, SN_DTYPE_F32, 5, 0);
   armed = 1;
-  const sn_status_t st = sn_syncbn_forward(bn, y, x, 2, 2, 1);
-  const char *msg = sn_last_error();
-  if (mt_rank == 0) {
-    ck_assert_msg(st == SN_ERR_TIMEOUT, "rank 0: got %s: %s", sn_status_string(st), msg);
-    ck_assert_msg(strstr(msg, "C (num_features) differs across ranks (3..4)") != NULL &&
-                      strstr(msg, "then naming the ranks failed") != NULL,
-                  "rank 0: %s", msg);
+  assert_naming_timed_out(sn_syncbn_forward(bn, y, x, 2, 2, 1),
+                          "C (num_features) differs across ranks (3..4)",
+                          "C (num_features) differs across ranks (3 on rank 0; 4 on rank 1)");
+  if (mt_rank == 0)
     ck_assert_int_eq(sn_syncbn_forward(bn, y, x, 2, 2, 1), SN_ERR_COMM); /* broken now */
-  } else {
-    ck_assert_msg(st == SN_ERR_MISMATCH, "rank 1: got %s: %s", sn_status_string(st), msg);
-    ck_assert_msg(strstr(msg, "C (num_features) differs across ranks (3 on rank 0; 4 on rank 1)"),
-                  "rank 1: %s", msg);
-  }
   sn_syncbn_destroy(bn);
   sn_comm_destroy(comm);
 }
@@ -84,19 +91,11 @@ START_TEST(test_call_check_naming_times_out) {
   MT_OK(sn_comm_set_timeout(comm, mt_rank == 0 ? TIMEOUT_S : MT_TIMEOUT_S));
   double b[8] = {0};
   armed_op = MPI_SUM, armed = 1;
-  const sn_status_t st = sn_comm_allreduce_sum(comm, b, mt_rank == 1 ? 5 : 8, SN_DTYPE_F64);
-  const char *msg = sn_last_error();
-  if (mt_rank == 0) {
-    ck_assert_msg(st == SN_ERR_TIMEOUT, "rank 0: got %s: %s", sn_status_string(st), msg);
-    ck_assert_msg(strstr(msg, "count differs across ranks (5..8)") != NULL &&
-                      strstr(msg, "then naming the ranks failed") != NULL,
-                  "rank 0: %s", msg);
+  assert_naming_timed_out(sn_comm_allreduce_sum(comm, b, mt_rank == 1 ? 5 : 8, SN_DTYPE_F64),
+                          "count differs across ranks (5..8)",
+                          "count differs across ranks (8 on rank 0; 5 on rank 1)");
+  if (mt_rank == 0)
     ck_assert_int_eq(sn_comm_allreduce_sum(comm, b, 8, SN_DTYPE_F64), SN_ERR_COMM); /* broken */
-  } else {
-    ck_assert_msg(st == SN_ERR_MISMATCH, "rank 1: got %s: %s", sn_status_string(st), msg);
-    ck_assert_msg(strstr(msg, "count differs across ranks (8 on rank 0; 5 on rank 1)"),
-                  "rank 1: %s", msg);
-  }
   for (int i = 0; i < 8; i++) ck_assert(b[i] == 0.0);
   sn_comm_destroy(comm);
 }
