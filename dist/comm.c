@@ -208,7 +208,7 @@ static sn_status_t checked(const char *fn, sn_comm_t *comm, int call, void *buf,
 }
 
 int sn__comm_tell(const char *fn, sn_comm_t *comm, sn_status_t own, sn_status_t *told) {
-  if (!SN_COMM_LIVE(comm) || comm->broken || !comm->check || comm->size == 1) return 0;
+  if (!comm->check) return 0; /* live, unbroken, more than one rank: the caller's checks */
   *told = call_check(fn, comm, CALL_LAYER, -1, -1, -1, own);
   return 1;
 }
@@ -266,12 +266,11 @@ sn_status_t sn_comm_set_timeout(sn_comm_t *comm, double seconds) {
 
 sn_status_t sn_comm_allreduce_sum(sn_comm_t *comm, void *buf, int64_t count, sn_dtype_t dtype) {
   const char *fn = "sn_comm_allreduce_sum";
-  sn_status_t own = SN_OK;
-  if (dtype != SN_DTYPE_F32 && dtype != SN_DTYPE_F64)
-    own = sn__fail(SN_ERR_INVALID_DTYPE,
-                   "%s: dtype must be SN_DTYPE_F32 or SN_DTYPE_F64, got %d", fn, (int)dtype);
-  else own = reduce_args(fn, buf, count);
   const int type = dtype == SN_DTYPE_F32 ? SN_RED_F32 : dtype == SN_DTYPE_F64 ? SN_RED_F64 : -1;
+  const sn_status_t own =
+      type < 0 ? sn__fail(SN_ERR_INVALID_DTYPE,
+                          "%s: dtype must be SN_DTYPE_F32 or SN_DTYPE_F64, got %d", fn, (int)dtype)
+               : reduce_args(fn, buf, count);
   return checked(fn, comm, CALL_ALLREDUCE_SUM, buf, count, type, SN_RED_SUM, own);
 }
 

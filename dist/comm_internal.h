@@ -65,10 +65,11 @@ SN_HIDDEN int sn__handle_live(const void *h, int kind);
 /* A live communicator. */
 #define SN_COMM_LIVE(c) ((c) != NULL && sn__handle_live((c), SN_HANDLE_COMM))
 /* For a layer call that failed this rank's own checks (own, its message set) while the other
- * ranks are in the call's first all-reduce: with the call check on (comm->check, more than one
- * rank, a live unbroken communicator), makes that call check with own in it, so the others
- * return SN_ERR_MISMATCH naming it; *told = its status (SN_OK: every rank failed alike), and
- * returns 1. Returns 0, telling nothing, where the check is off. Overwrites sn_last_error. */
+ * ranks are in the call's first all-reduce, on a live, unbroken communicator of more than one
+ * rank (the caller checks): with the call check on (comm->check), makes that call check with
+ * own in it, so the others return SN_ERR_MISMATCH naming it; *told = its status (SN_OK: every
+ * rank failed alike), and returns 1. Returns 0, telling nothing, where the check is off.
+ * Overwrites sn_last_error. */
 SN_HIDDEN int sn__comm_tell(const char *fn, sn_comm_t *comm, sn_status_t own, sn_status_t *told);
 /* Disagreements across ranks (agree.c): up to SN_MSG_TABLE_RANKS ranks, a mismatch is told by a
  * [ranks, nf] int64 table every rank fills its own row of (one sum all-reduce); the text of field
