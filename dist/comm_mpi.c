@@ -85,11 +85,17 @@ static sn_status_t mpi_wrap(sn_comm_t **out, MPI_Comm dup);
 static sn_status_t mpi_split(sn_comm_t *c, int color, int key, sn_comm_t **sub) {
   mpi_impl_t *m = c->impl;
   /* MPI_Comm_split has no non-blocking form: first make sure every rank has arrived, under the
-   * timeout, so that a missing rank fails here instead of hanging in the split. */
-  MPI_Request req;
-  int rc = MPI_Ibarrier(m->comm, &req);
-  if (rc != MPI_SUCCESS) return mpi_fail(c, "MPI_Ibarrier", rc);
-  SN_TRY(mpi_wait(c, &req, "sn_comm_split (MPI_Ibarrier)"));
+   * timeout, so that a missing rank fails here instead of hanging in the split. Two barriers:
+   * ranks that time out in the first have posted it, so a rank arriving after they gave up
+   * still completes it; the second, which they never post, makes that rank time out too,
+   * instead of entering the split alone and waiting there for ever (a review found it). */
+  int rc = MPI_SUCCESS;
+  for (int step = 0; step < 2; step++) {
+    MPI_Request req;
+    rc = MPI_Ibarrier(m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(c, "MPI_Ibarrier", rc);
+    SN_TRY(mpi_wait(c, &req, "sn_comm_split (MPI_Ibarrier)"));
+  }
   MPI_Comm nc;
   rc = MPI_Comm_split(m->comm, color < 0 ? MPI_UNDEFINED : color, key, &nc);
   if (rc != MPI_SUCCESS) return mpi_fail(c, "MPI_Comm_split", rc);

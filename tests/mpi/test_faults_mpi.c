@@ -477,9 +477,10 @@ static double mono_now(void) {
  * is broken). Then the late rank makes its call: it completes the abandoned all-reduce, whose
  * result lands in the staging buffer the others abandoned — their state must stay untouched
  * (under ASan this also shows that buffer was not freed). The job then ends normally. */
-START_TEST(test_skipped_call_times_out) {
-  /* without the call check (SN_COMM_CHECK=1 in the environment would add a collective before
-   * the forward's, which the late call below could not complete: it would time out itself) */
+/* A communicator of MPI_COMM_WORLD with timeout FT_TIMEOUT_S and without the call check
+ * (SN_COMM_CHECK=1 in the environment would add a collective before each call's, which a late
+ * call could not complete against the others' abandoned one: it would time out itself). */
+static sn_comm_t *comm_unchecked(void) {
   const char *outer = getenv("SN_COMM_CHECK");
   char saved[64] = "";
   if (outer != NULL) snprintf(saved, sizeof saved, "%s", outer);
@@ -488,6 +489,20 @@ START_TEST(test_skipped_call_times_out) {
   MT_OK(sn_comm_create_mpi(&comm, MPI_COMM_WORLD));
   if (outer != NULL) ck_assert_int_eq(setenv("SN_COMM_CHECK", saved, 1), 0);
   MT_OK(sn_comm_set_timeout(comm, FT_TIMEOUT_S));
+  return comm;
+}
+
+/* SN_ERR_TIMEOUT from `what` after at least FT_TIMEOUT_S and well before CTest's limit. */
+static void assert_timed_out(sn_status_t st, double waited, const char *what) {
+  ck_assert_msg(st == SN_ERR_TIMEOUT, "rank %d: %s got %s (%s)", mt_rank, what,
+                sn_status_string(st), sn_last_error());
+  ck_assert_msg(waited >= FT_TIMEOUT_S && waited < FT_TIMEOUT_S + 10.0,
+                "rank %d: %s: SN_ERR_TIMEOUT after %.3f s, timeout %.1f s", mt_rank, what,
+                waited, FT_TIMEOUT_S);
+}
+
+START_TEST(test_skipped_call_times_out) {
+  sn_comm_t *comm = comm_unchecked();
   sn_syncbn_config_t cfg = sn_syncbn_default_config(FT_C);
   cfg.check_consistency = 0; /* the late call then completes the abandoned one and returns */
   snprintf(cfg.name, sizeof cfg.name, "bn_late");
@@ -505,11 +520,7 @@ START_TEST(test_skipped_call_times_out) {
     const double t0 = mono_now();
     sn_status_t st = sn_syncbn_forward(bn, y, x, FT_N, FT_S, 1);
     const double waited = mono_now() - t0;
-    ck_assert_msg(st == SN_ERR_TIMEOUT, "rank %d: got %s (%s)", mt_rank, sn_status_string(st),
-                  sn_last_error());
-    ck_assert_msg(waited >= FT_TIMEOUT_S && waited < FT_TIMEOUT_S + 10.0,
-                  "rank %d: SN_ERR_TIMEOUT after %.3f s, timeout %.1f s", mt_rank, waited,
-                  FT_TIMEOUT_S);
+    assert_timed_out(st, waited, "sn_syncbn_forward");
     ck_assert_msg(strstr(sn_last_error(), "waited 2.0 s for the other ranks"), "%s", sn_last_error());
     /* the message names the call and the layer, not only the MPI call under them */
     ck_assert_msg(strstr(sn_last_error(), "sn_syncbn_forward (layer 'bn_late'"), "%s",
@@ -539,6 +550,31 @@ START_TEST(test_skipped_call_times_out) {
 }
 END_TEST
 
+/* The last rank calls sn_comm_split only after the others timed out in it: it must time out
+ * too, not complete their abandoned barrier and then wait for ever in MPI_Comm_split, which they
+ * never enter (a review found that hang). */
+START_TEST(test_late_split_times_out) {
+  sn_comm_t *comm = comm_unchecked();
+  const int late = mt_size - 1;
+  sn_comm_t *sub = NULL;
+  if (mt_rank != late) {
+    const double t0 = mono_now();
+    const sn_status_t st = sn_comm_split(comm, &sub, 0, mt_rank);
+    assert_timed_out(st, mono_now() - t0, "sn_comm_split");
+  }
+  MPI_Barrier(MPI_COMM_WORLD); /* the late rank waits here while the others time out */
+  if (mt_rank == late) {
+    const double t0 = mono_now();
+    const sn_status_t st = sn_comm_split(comm, &sub, 0, mt_rank);
+    assert_timed_out(st, mono_now() - t0, "the late sn_comm_split");
+  }
+  ck_assert_ptr_null(sub);
+  ck_assert_msg(strstr(sn_last_error(), "sn_comm_split"), "%s", sn_last_error());
+  MPI_Barrier(MPI_COMM_WORLD);
+  sn_comm_destroy(comm);
+}
+END_TEST
+
 static Suite *make_suite(void) {
   Suite *s = suite_create("faults_mpi");
   TCase *dis = tcase_create("disagree");
@@ -561,6 +597,7 @@ static Suite *make_suite(void) {
   TCase *to = tcase_create("timeout");
   tcase_set_timeout(to, 120);
   tcase_add_test(to, test_skipped_call_times_out);
+  tcase_add_test(to, test_late_split_times_out);
   suite_add_tcase(s, to);
   return s;
 }
