@@ -49,9 +49,11 @@ sn_status_t sn__comm_env_timeout(const char *fn, double *seconds) {
   const int decimal = (env[0] >= '0' && env[0] <= '9') || env[0] == '.';
   char *end;
   errno = 0;
-  const double t = strtod(env, &end); /* ERANGE: beyond the doubles, or 1e-400 rounded to 0 */
+  /* ERANGE: beyond the doubles (inf), or below them: 1e-400 rounded to 0, which would wait
+   * forever, is refused; 5e-324, a subnormal, is a tiny timeout like any other */
+  const double t = strtod(env, &end);
   if (!decimal || strspn(env, "0123456789.eE+-") != strlen(env) || *end != '\0' ||
-      errno == ERANGE || !(t >= 0.0) || !isfinite(t))
+      (errno == ERANGE && t == 0.0) || !(t >= 0.0) || !isfinite(t))
     return sn__fail(SN_ERR_INVALID_ARGUMENT,
                     "%s: SN_COMM_TIMEOUT_S='%.64s' is not a number of seconds >= 0 (such as 300 "
                     "or 2.5; 0 waits forever); unset it for the default %g s",

@@ -137,7 +137,8 @@ START_TEST(test_env_timeout) {
   const char *outer = getenv("SN_COMM_TIMEOUT_S"); /* restored at the end */
   char saved[256] = "";
   if (outer != NULL) snprintf(saved, sizeof saved, "%s", outer);
-  static const char *const good[] = {"", "0", "300", "2.5", "1e3", ".5"};
+  static const char *const good[] = {"", "0", "300", "2.5", "1e3", ".5",
+                                     "5e-324"}; /* subnormal: strtod's ERANGE, yet a number */
   static const char *const bad[] = {"5m", "-1",  "inf", "nan",  "abc", " ",
                                     "1800s", "-0.5", " 5",  "5 ",  "0x10", "1e400",
                                     "1e-400"}; /* rounds to 0, which would wait forever */
