@@ -154,6 +154,18 @@ static int parse(int argc, char **argv, options_t *o) {
   return 1;
 }
 
+/* Whether the buffers of a run fit: rank 0 holds six batches of max_batch samples from each of
+ * `ranks` ranks, C·S elements each, and every byte count must fit int64 and size_t (a review
+ * found --max-batch 9223372036854775807 overflowing into a wrong message). */
+static int sizes_fit(const options_t *o, int ranks) {
+  int64_t per, bytes, cap, all;
+  return !__builtin_mul_overflow(o->C, o->S, &per) &&
+         !__builtin_mul_overflow(per, (int64_t)sn_dtype_size(o->dtype), &bytes) &&
+         !__builtin_mul_overflow(o->max_batch, (int64_t)ranks, &cap) &&
+         !__builtin_mul_overflow(cap, bytes, &all) && !__builtin_mul_overflow(all, 6, &all) &&
+         (uint64_t)all < (uint64_t)SIZE_MAX;
+}
+
 /* splitmix64: the same stream on every machine. */
 static uint64_t mix(uint64_t *s) {
   uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -239,11 +251,20 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
   options_t o;
   print_errors = rank == 0;
+  opterr = print_errors; /* getopt's own messages (an unknown option) once, not once per rank */
   int ok = parse(argc, argv, &o);
   if (ok <= 0) {
     if (ok == 0 && rank == 0) usage(stderr);
     MPI_Finalize();
     return ok == 0 ? 2 : 0;
+  }
+  if (!sizes_fit(&o, nranks)) {
+    if (rank == 0)
+      fprintf(stderr, "syncnorm-statcheck: invalid value: --channels %lld x --spatial %lld x "
+              "--max-batch %lld x %d ranks is too large (rank 0 holds six such batches)\n",
+              (long long)o.C, (long long)o.S, (long long)o.max_batch, nranks);
+    MPI_Finalize();
+    return 2;
   }
   if (o.max_batch * nranks < 2) {
     if (rank == 0) fprintf(stderr, "syncnorm-statcheck: --max-batch x ranks must be >= 2 (BatchNorm needs 2 values)\n");
