@@ -43,6 +43,24 @@ static void *alloc_zero(int64_t n, size_t elem) {
   return p;
 }
 
+/* The activation buffers for a batch of b images, as cnn_model_create allocates them: floats
+ * of x, col1, a1, h1, p1, dh1, col2, a2, h2, p2, dh2, feat, dfeat, dp2, dp1, logits, dlogits. */
+#define CNN_NACT 17
+static void act_floats(int64_t b, int64_t n[CNN_NACT]) {
+  const int64_t s1 = b * CNN_PIXELS, s2 = s1 / 4, s3 = s2 / 4; /* N·28·28, N·14·14, N·7·7 */
+  const int64_t f[CNN_NACT] = {s1,      9 * s1,  32 * s1, 32 * s1, 32 * s2, 32 * s1,
+                               288 * s2, 64 * s2, 64 * s2, 64 * s3, 64 * s2, 64 * s3,
+                               64 * s3, 64 * s3, 32 * s2, b * CNN_CLASSES, b * CNN_CLASSES};
+  memcpy(n, f, sizeof f);
+}
+
+int64_t cnn_model_bytes(int64_t batch_cap) {
+  int64_t floats[CNN_NACT], total = 0;
+  act_floats(batch_cap, floats);
+  for (int i = 0; i < CNN_NACT; i++) total += floats[i];
+  return total * (int64_t)sizeof(float);
+}
+
 static void set_param(cnn_param_t *p, const char *name, float *data, int decay, int ndim,
                       int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
   const int64_t d[4] = {d0, d1, d2, d3};
@@ -125,29 +143,13 @@ int cnn_model_create(cnn_model_t **model, int64_t batch_cap, sn_comm_t *bn_comm,
   init_uniform(p[CNN_FC_W].data, p[CNN_FC_W].numel, CNN_FEATURES, &rng);
   init_uniform(p[CNN_FC_B].data, p[CNN_FC_B].numel, CNN_FEATURES, &rng);
 
-  const int64_t b = batch_cap;
-  const int64_t s1 = b * CNN_PIXELS, s2 = s1 / 4, s3 = s2 / 4; /* N·28·28, N·14·14, N·7·7 */
-  m->x = alloc_zero(s1, sizeof(float));
-  m->col1 = alloc_zero(9 * s1, sizeof(float));
-  m->a1 = alloc_zero(32 * s1, sizeof(float));
-  m->h1 = alloc_zero(32 * s1, sizeof(float));
-  m->p1 = alloc_zero(32 * s2, sizeof(float));
-  m->dh1 = alloc_zero(32 * s1, sizeof(float));
-  m->col2 = alloc_zero(288 * s2, sizeof(float));
-  m->a2 = alloc_zero(64 * s2, sizeof(float));
-  m->h2 = alloc_zero(64 * s2, sizeof(float));
-  m->p2 = alloc_zero(64 * s3, sizeof(float));
-  m->dh2 = alloc_zero(64 * s2, sizeof(float));
-  m->feat = alloc_zero(64 * s3, sizeof(float));
-  m->dfeat = alloc_zero(64 * s3, sizeof(float));
-  m->dp2 = alloc_zero(64 * s3, sizeof(float));
-  m->dp1 = alloc_zero(32 * s2, sizeof(float));
-  m->logits = alloc_zero(b * CNN_CLASSES, sizeof(float));
-  m->dlogits = alloc_zero(b * CNN_CLASSES, sizeof(float));
-  if (!m->x || !m->col1 || !m->a1 || !m->h1 || !m->p1 || !m->dh1 || !m->col2 || !m->a2 ||
-      !m->h2 || !m->p2 || !m->dh2 || !m->feat || !m->dfeat || !m->dp2 || !m->dp1 ||
-      !m->logits || !m->dlogits)
-    goto oom;
+  float **act[CNN_NACT] = {&m->x,  &m->col1, &m->a1, &m->h1, &m->p1,    &m->dh1,
+                           &m->col2, &m->a2, &m->h2, &m->p2, &m->dh2,  &m->feat,
+                           &m->dfeat, &m->dp2, &m->dp1, &m->logits, &m->dlogits};
+  int64_t floats[CNN_NACT];
+  act_floats(batch_cap, floats);
+  for (int i = 0; i < CNN_NACT; i++)
+    if ((*act[i] = alloc_zero(floats[i], sizeof(float))) == NULL) goto oom;
   *model = m;
   return 0;
 oom:

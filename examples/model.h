@@ -69,6 +69,10 @@ typedef struct {
   float *dfeat, *dp2, *dp1;    /* gradients of feat, p2, p1 */
 } cnn_model_t;
 
+/* Bytes of the activation buffers cnn_model_create allocates (and zeroes) for batch_cap images:
+ * about 0.8 MB per image; the parameters (under 1 MB in all) aside. batch_cap <= 2^30. */
+int64_t cnn_model_bytes(int64_t batch_cap);
+
 /* Builds the model: PyTorch's default initialization (kaiming_uniform(a=√5): weights and biases
  * uniform in ±1/√fan_in) drawn from `seed` — the same parameters on every rank —, BatchNorm
  * weight 1, bias 0, running stats 0/1. bn_comm: communicator of both SyncBatchNorm layers, or

@@ -58,10 +58,11 @@ typedef struct {
   float lut[256];        /* pixel byte → standardized value */
   cnn_model_t *model;
   int64_t *perm, perm_epoch;
-  uint8_t *labels;       /* [max(batch, eval_batch)] */
+  uint8_t *labels;       /* [max(batch, eval_chunk)] */
   unsigned char *state;  /* scratch for the identical-state checks */
   metrics_t metrics;
   int64_t steps_per_epoch, total_steps, start_step, end_step;
+  int64_t eval_chunk; /* images per evaluation forward: --eval-batch, at most a rank's shard */
   double t0, last_eval_s, last_accuracy; /* last_accuracy < 0: not evaluated */
 } trainer_t;
 
@@ -231,8 +232,8 @@ static void evaluate(trainer_t *t, double *accuracy, double *loss) {
   char err[1024];
   const int64_t lo = t->test_n * t->rank / t->size, hi = t->test_n * (t->rank + 1) / t->size;
   double acc[2] = {0, 0}; /* correct, Σ loss */
-  for (int64_t b = lo; b < hi; b += t->o.eval_batch) {
-    const int64_t n = hi - b < t->o.eval_batch ? hi - b : t->o.eval_batch;
+  for (int64_t b = lo; b < hi; b += t->eval_chunk) {
+    const int64_t n = hi - b < t->eval_chunk ? hi - b : t->eval_chunk;
     gather(t, &t->test, NULL, b, n);
     if (cnn_model_forward(t->model, n, 0, err, sizeof err) != 0) die("%s", err);
     int64_t correct = 0;
@@ -524,7 +525,28 @@ int main(int argc, char **argv) {
                        msg);
   }
   char err[4096] = "";
-  const int64_t cap = t.o.batch > t.o.eval_batch ? t.o.batch : t.o.eval_batch;
+  /* the model's buffers hold the larger of a training batch and an evaluation chunk, which
+   * never needs to exceed a rank's shard of the test set (the largest: ceil(test_n / size));
+   * a review: --eval-batch 65536 sized them for 65536 images, 53 GB per rank, for a test set of
+   * 10, and the kernel's OOM killer ended the job */
+  const int64_t shard = (t.test_n + t.size - 1) / t.size;
+  t.eval_chunk = t.o.eval_batch < shard ? t.o.eval_batch : shard > 0 ? shard : 1;
+  const int64_t cap = t.o.batch > t.eval_chunk ? t.o.batch : t.eval_chunk;
+  {
+    /* refused while every rank can still say so, rather than by the OOM killer mid-allocation
+     * (it may pick another process): all ranks on this host together against its memory */
+    const double need = (double)cnn_model_bytes(cap) * (double)t.local_ranks;
+    const double have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    char msg[512];
+    snprintf(msg, sizeof msg,
+             "a batch of %lld images (--batch %lld, --eval-batch %lld) needs %.1f GiB of "
+             "buffers per rank, %.1f GiB for the %d ranks on this host, which has %.1f GiB of "
+             "memory: use a smaller --batch or --eval-batch, or fewer ranks per host",
+             (long long)cap, (long long)t.o.batch, (long long)t.o.eval_batch,
+             need / t.local_ranks / 1073741824.0, need / 1073741824.0, t.local_ranks,
+             have / 1073741824.0);
+    exit_if_any_failed(&t, have > 0 && need > have, msg);
+  }
   if (cnn_model_create(&t.model, cap, t.o.sync_bn ? t.comm : NULL, t.o.seed, err, sizeof err))
     die("%s", err);
   t.perm = malloc((size_t)t.train_n * sizeof *t.perm);

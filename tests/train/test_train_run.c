@@ -484,7 +484,24 @@ START_TEST(test_errors_exit_2) {
   /* a review: epochs × steps per epoch overflowed into a negative schedule (exit 0, no files) */
   expect_error("huge_epochs", 2, "beyond 2^63 steps", "--data", g_data, "--epochs",
                "9223372036854775807");
-  int st = run("unknown_option", 2, "--bogus", NULL);
+  /* a batch the host's memory cannot hold: refused by every rank's check (exit 2, one message)
+   * instead of the kernel's OOM killer mid-allocation. 2 ranks × 30000 images × ~0.8 MB of
+   * buffers = 48 GB: asserted where the host has less (else it would run, or be killed) */
+  const double host = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  if (host < 45e9)
+    expect_error("batch_beyond_memory", 2, "GiB of buffers per rank", "--data", g_data,
+                 "--batch", "30000", "--epochs", "1");
+  else
+    printf("batch_beyond_memory: skipped, this host has %.0f GB\n", host / 1e9);
+  /* a review: --eval-batch 65536 sized the buffers for 65536 images (53 GB per rank) though
+   * each rank evaluates 5; they now hold at most a rank's shard of the test set */
+  char out_eval[1024];
+  wpath(out_eval, sizeof out_eval, "out_eval");
+  int st = run("eval_batch_beyond_shard", 2, "--data", g_data, "--train-subset", "40",
+               "--test-subset", "10", "--eval-batch", "65536", "--max-steps", "2", "--out",
+               out_eval, NULL);
+  ASSERT_RUN(st, 0, "--eval-batch 65536");
+  st = run("unknown_option", 2, "--bogus", NULL);
   ASSERT_RUN(st, 2, "unknown option");
   expect_error("resume_missing", 2, "--resume /nonexistent.safetensors", "--data", g_data,
                "--resume", "/nonexistent.safetensors");
