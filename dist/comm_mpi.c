@@ -30,26 +30,36 @@ static sn_status_t mpi_fail(sn_comm_t *c, const char *what, int rc) {
   return sn__fail(SN_ERR_COMM, "%s failed on rank %d: %s", what, c ? c->rank : -1, msg);
 }
 
-/* Polls a request until it completes, fails, or the timeout passes. Spins briefly, then yields
- * the core (ranks are often oversubscribed), then sleeps in short steps. */
-static sn_status_t mpi_wait(sn_comm_t *c, MPI_Request *req, const char *what) {
-  double deadline = c->timeout_s > 0.0 ? sn__now() + c->timeout_s : INFINITY;
+/* Polls a request until it completes (SN_OK), fails (SN_ERR_COMM, the MPI error in *rc), or
+ * timeout_s passes (SN_ERR_TIMEOUT; 0: never). Spins briefly, then yields the core (ranks are
+ * often oversubscribed), then sleeps in short steps. Sets no message. */
+static sn_status_t mpi_poll(MPI_Request *req, double timeout_s, int *rc) {
+  const double deadline = timeout_s > 0.0 ? sn__now() + timeout_s : INFINITY;
   for (long polls = 1;; polls++) {
     int done = 0;
-    int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return mpi_fail(c, what, rc);
+    *rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (*rc != MPI_SUCCESS) return SN_ERR_COMM;
     if (done) return SN_OK;
     if (polls > 20000) sn__sleep_us(100);
     else if (polls > 200) sched_yield();
-    if ((polls & 31) == 0 && sn__now() > deadline) {
-      c->broken = 1;
-      return sn__fail(SN_ERR_TIMEOUT,
+    if ((polls & 31) == 0 && sn__now() > deadline) return SN_ERR_TIMEOUT;
+  }
+}
+
+/* mpi_poll against the communicator's timeout: a timeout marks it broken. */
+static sn_status_t mpi_wait(sn_comm_t *c, MPI_Request *req, const char *what) {
+  int rc = MPI_SUCCESS;
+  const sn_status_t st = mpi_poll(req, c->timeout_s, &rc);
+  if (st == SN_ERR_COMM) return mpi_fail(c, what, rc);
+  if (st == SN_ERR_TIMEOUT) {
+    c->broken = 1;
+    return sn__fail(SN_ERR_TIMEOUT,
                       "%s: rank %d of %d waited %.1f s for the other ranks (timeout; set it with "
                       "sn_comm_set_timeout or SN_COMM_TIMEOUT_S). A rank may have died, skipped "
                       "a call, or be stuck; the communicator is now unusable",
-                      what, c->rank, c->size, c->timeout_s);
-    }
+                    what, c->rank, c->size, c->timeout_s);
   }
+  return SN_OK;
 }
 
 static sn_status_t mpi_allreduce(sn_comm_t *c, void *buf, int64_t count, sn_red_type_t type,
@@ -124,6 +134,32 @@ static void mpi_destroy(sn_comm_t *c) {
 
 static const sn_comm_ops_t mpi_ops = {"mpi", 0, mpi_allreduce, mpi_split, mpi_destroy};
 
+/* The heap buffers of sn_comm_create_mpi's non-blocking steps. */
+typedef struct {
+  int agree[3];
+  MPI_Comm dup;
+} create_wait_t;
+
+/* Waits for one step of sn_comm_create_mpi (`what`) under timeout_s. On SN_ERR_TIMEOUT w is
+ * abandoned (MPI may still write it); on SN_ERR_COMM it is freed; on SN_OK kept. */
+static sn_status_t create_wait(const char *fn, MPI_Request *req, double timeout_s, int rank,
+                               int ranks, const char *what, create_wait_t *w) {
+  int rc = MPI_SUCCESS;
+  const sn_status_t st = mpi_poll(req, timeout_s, &rc);
+  if (st == SN_ERR_COMM) {
+    free(w);
+    return mpi_fail(NULL, what, rc);
+  }
+  if (st == SN_ERR_TIMEOUT)
+    return sn__fail(SN_ERR_TIMEOUT,
+                    "%s: %s: rank %d of %d of mpi_comm waited %.1f s for the other ranks "
+                    "(timeout: SN_COMM_TIMEOUT_S, or the default). A rank may have died or not "
+                    "reached the creation; nothing was created, and mpi_comm keeps the pending "
+                    "operation: do not use it for collectives again",
+                    fn, what, rank, ranks, timeout_s);
+  return SN_OK;
+}
+
 static sn_status_t mpi_wrap(sn_comm_t **out, MPI_Comm dup) {
   int rank, size;
   int rc = MPI_Comm_rank(dup, &rank);
@@ -169,11 +205,28 @@ sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
   rc = MPI_Comm_rank(mpi_comm, &my_rank);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_size(mpi_comm, &ranks);
   if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Comm_rank/size", rc);
+  /* Both steps (the agreement, the dup) are non-blocking, polled against this rank's timeout
+   * (SN_COMM_TIMEOUT_S, or the default where it is unset or refused), so that a rank that never
+   * arrives makes the others fail with SN_ERR_TIMEOUT here too. A rank arriving after the
+   * others gave up completes their agreement but times out in the dup, which they never post.
+   * Their buffers live on the heap: after a timeout MPI may still write them, so they are
+   * abandoned, as the communicators' staging buffers are. */
+  create_wait_t *w = malloc(sizeof *w);
+  if (w == NULL) return sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
   /* the first rank with a bad SN_COMM_TIMEOUT_S, with a bad SN_COMM_CHECK; −(any rank's check) */
-  int agree[3] = {time_st != SN_OK ? my_rank : ranks,
-                  time_st == SN_OK && env_st != SN_OK ? my_rank : ranks, -check};
-  rc = MPI_Allreduce(MPI_IN_PLACE, agree, 3, MPI_INT, MPI_MIN, mpi_comm);
-  if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Allreduce (SN_COMM_TIMEOUT_S)", rc);
+  w->agree[0] = time_st != SN_OK ? my_rank : ranks;
+  w->agree[1] = time_st == SN_OK && env_st != SN_OK ? my_rank : ranks;
+  w->agree[2] = -check;
+  MPI_Request req;
+  rc = MPI_Iallreduce(MPI_IN_PLACE, w->agree, 3, MPI_INT, MPI_MIN, mpi_comm, &req);
+  if (rc != MPI_SUCCESS) {
+    free(w);
+    return mpi_fail(NULL, "MPI_Iallreduce (SN_COMM_TIMEOUT_S)", rc);
+  }
+  SN_TRY(create_wait(fn, &req, timeout_s, my_rank, ranks, "MPI_Iallreduce (SN_COMM_TIMEOUT_S)",
+                     w));
+  const int agree[3] = {w->agree[0], w->agree[1], w->agree[2]};
+  if (env_st != SN_OK || agree[0] < ranks || agree[1] < ranks) free(w);
   if (env_st != SN_OK) return env_st; /* its message is set */
   if (agree[0] < ranks || agree[1] < ranks)
     return sn__fail(SN_ERR_INVALID_ARGUMENT,
@@ -181,9 +234,14 @@ sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
                     agree[0] < ranks ? "SN_COMM_TIMEOUT_S is not a number of seconds >= 0"
                                      : "SN_COMM_CHECK is neither 0 nor 1",
                     agree[0] < ranks ? agree[0] : agree[1], my_rank);
-  MPI_Comm dup;
-  rc = MPI_Comm_dup(mpi_comm, &dup);
-  if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Comm_dup", rc);
+  rc = MPI_Comm_idup(mpi_comm, &w->dup, &req);
+  if (rc != MPI_SUCCESS) {
+    free(w);
+    return mpi_fail(NULL, "MPI_Comm_idup", rc);
+  }
+  SN_TRY(create_wait(fn, &req, timeout_s, my_rank, ranks, "MPI_Comm_idup", w));
+  MPI_Comm dup = w->dup;
+  free(w);
   rc = MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
   if (rc != MPI_SUCCESS) {
     MPI_Comm_free(&dup);

@@ -72,7 +72,7 @@ typedef struct sn_comm sn_comm_t;
 SN_API sn_status_t sn_comm_create_self(sn_comm_t **comm);
 
 #if SN_HAVE_MPI
-/* Communicator over an MPI communicator. Collective over mpi_comm (it calls MPI_Comm_dup): the
+/* Communicator over an MPI communicator. Collective over mpi_comm (it calls MPI_Comm_idup): the
  * handle owns the duplicate, with MPI_ERRORS_RETURN set on it, so an MPI failure becomes
  * SN_ERR_COMM instead of aborting. One exception: Open MPI 4.1 raises an error it finds while
  * progressing a nonblocking collective, such as ranks passing different sizes (MPI_ERR_TRUNCATE),
@@ -84,9 +84,12 @@ SN_API sn_status_t sn_comm_create_self(sn_comm_t **comm);
  * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (MPI not initialized, MPI_COMM_NULL or
  * an intercommunicator, checked before anything collective; SN_COMM_TIMEOUT_S set to a value
  * that is not a number of seconds >= 0, or SN_COMM_CHECK to another value than 0 or 1, on any
- * rank: the ranks agree on both with one MPI_Allreduce over mpi_comm before the dup, so every
+ * rank: the ranks agree on both with one MPI_Iallreduce over mpi_comm before the dup, so every
  * rank fails alike, and SN_COMM_CHECK=1 on any rank turns the call check on for all of them),
- * SN_ERR_COMM, SN_ERR_ALLOC. */
+ * SN_ERR_TIMEOUT (both steps wait at most this rank's SN_COMM_TIMEOUT_S, or the default 1800 s,
+ * for the other ranks: a rank that never arrives fails the others instead of hanging them; the
+ * step stays pending on mpi_comm, which must not be used for collectives again), SN_ERR_COMM,
+ * SN_ERR_ALLOC. */
 SN_API sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm);
 #endif
 

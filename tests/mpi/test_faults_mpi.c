@@ -575,6 +575,41 @@ START_TEST(test_late_split_times_out) {
 }
 END_TEST
 
+/* The last rank calls sn_comm_create_mpi only after the others timed out in it (SN_COMM_TIMEOUT_S
+ * = 2): all get SN_ERR_TIMEOUT instead of waiting for ever in the creation's collectives (its
+ * agreement and dup were blocking before). The late rank completes the others' abandoned
+ * agreement and times out in the dup they never post. On a communicator of its own (`base`),
+ * which keeps those operations pending and is never used or freed again. */
+START_TEST(test_late_create_times_out) {
+  MPI_Comm base;
+  ck_assert_int_eq(MPI_Comm_dup(MPI_COMM_WORLD, &base), MPI_SUCCESS);
+  const char *outer = getenv("SN_COMM_TIMEOUT_S");
+  char saved[64] = "";
+  if (outer != NULL) snprintf(saved, sizeof saved, "%s", outer);
+  ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", "2", 1), 0);
+  const int late = mt_size - 1;
+  sn_comm_t *comm = NULL;
+  if (mt_rank != late) {
+    const double t0 = mono_now();
+    const sn_status_t st = sn_comm_create_mpi(&comm, base);
+    assert_timed_out(st, mono_now() - t0, "sn_comm_create_mpi");
+    ck_assert_msg(strstr(sn_last_error(), "MPI_Iallreduce"), "%s", sn_last_error());
+  }
+  MPI_Barrier(MPI_COMM_WORLD); /* the late rank waits here while the others time out */
+  if (mt_rank == late) {
+    const double t0 = mono_now();
+    const sn_status_t st = sn_comm_create_mpi(&comm, base);
+    assert_timed_out(st, mono_now() - t0, "the late sn_comm_create_mpi");
+    ck_assert_msg(strstr(sn_last_error(), "MPI_Comm_idup"), "%s", sn_last_error());
+  }
+  ck_assert_ptr_null(comm);
+  ck_assert_msg(strstr(sn_last_error(), "nothing was created"), "%s", sn_last_error());
+  if (outer != NULL) ck_assert_int_eq(setenv("SN_COMM_TIMEOUT_S", saved, 1), 0);
+  else ck_assert_int_eq(unsetenv("SN_COMM_TIMEOUT_S"), 0);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+END_TEST
+
 static Suite *make_suite(void) {
   Suite *s = suite_create("faults_mpi");
   TCase *dis = tcase_create("disagree");
@@ -598,6 +633,7 @@ static Suite *make_suite(void) {
   tcase_set_timeout(to, 120);
   tcase_add_test(to, test_skipped_call_times_out);
   tcase_add_test(to, test_late_split_times_out);
+  tcase_add_test(to, test_late_create_times_out);
   suite_add_tcase(s, to);
   return s;
 }
