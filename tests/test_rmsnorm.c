@@ -1002,6 +1002,18 @@ START_TEST(test_bad_input) {
     a = good(), a.rows = 1, a.d = (int64_t)1 << (f == 2 ? 53 : 55), a.dt = SN_DTYPE_BF16;
     pattern();
     expect(call(f, a), SN_ERR_ALLOC, fn, "scratch allocation fails");
+    /* scratch only for the threads that get rows: one f16 row with three threads asks for one
+     * thread's (d f32 forward; backward: the fp64 partials first, [team + 1, d]) */
+    omp_set_num_threads(3);
+    a = good(), a.rows = 1, a.d = (int64_t)1 << 53, a.dt = SN_DTYPE_F16;
+    pattern();
+    expect(call(f, a), SN_ERR_ALLOC, fn, "one row's scratch");
+    long long bytes = 0;
+    const char *at = strstr(sn_last_error(), "allocating ");
+    ck_assert_msg(at != NULL && sscanf(at, "allocating %lld bytes", &bytes) == 1, "%s",
+                  sn_last_error());
+    ck_assert_msg(bytes == (f == 2 ? 16 : 4) * a.d, "%s: %lld bytes of scratch for one row of %lld",
+                  fn, bytes, (long long)a.d);
 #undef CASE
   }
 }

@@ -302,6 +302,11 @@ int sn__max_threads(void) {
 #endif
 }
 
+int sn__team_for(int64_t units) {
+  const int nt = sn__max_threads();
+  return units < 1 ? 1 : units < nt ? (int)units : nt;
+}
+
 int sn__concurrent_threads(void) {
 #ifdef _OPENMP
   const int nt = omp_get_max_threads(), procs = omp_get_num_procs();

@@ -191,6 +191,12 @@ SN_HIDDEN int64_t sn__l2_bytes(void);
 
 /* Number of OpenMP threads a parallel region started now would get (1 without OpenMP). */
 SN_HIDDEN int sn__max_threads(void);
+/* The team for `units` pieces of work (rows, chunks) that each go to one thread: at most
+ * sn__max_threads() and at most units (at least 1). Per-thread scratch is sized by it and the
+ * parallel region made with it (num_threads), so that a batch of fewer rows than threads does
+ * not allocate rows of scratch no thread uses (a review: a single f16 row of 30M took 2·d
+ * floats per thread). */
+SN_HIDDEN int sn__team_for(int64_t units);
 /* Threads that can run at the same time: sn__max_threads(), at most the processors this process
  * may run on (omp_get_num_procs); 1 without OpenMP. */
 SN_HIDDEN int sn__concurrent_threads(void);

@@ -396,7 +396,7 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
    * pairs (sn__to_pairs), 2·d f32 */
   const int64_t esize = sn_dtype_size(dtype);
   const int64_t per_thread = sn__line_stride(ln_fwd_scratch(d, dtype), (int64_t)sizeof(float));
-  const int threads = sn__max_threads();
+  const int threads = sn__team_for(rows);
   sn_status_t st = SN_OK;
   float *scratch = NULL, *gs = NULL, *bs = NULL;
   if (per_thread > 0 &&
@@ -416,7 +416,7 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
   const int64_t ranges = rows < threads ? rows : threads;
   const int stream = dtype == SN_DTYPE_BF16 ? sn__stream_out_ln_bf16(n * esize)
                                             : sn__stream_out(n * esize);
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
   {
     float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * per_thread : NULL;
 #pragma omp for schedule(static)
@@ -458,7 +458,7 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
    * tiny or wide mean, widened); bf16, after those: gamma and beta in pairs (sn__to_pairs) */
   const int64_t esize = sn_dtype_size(dtype);
   const int64_t per_thread = sn__line_stride(ln_fwd_scratch(d, dtype), (int64_t)sizeof(float));
-  const int threads = sn__max_threads();
+  const int threads = sn__team_for(rows);
   sn_status_t st = SN_OK;
   float *scratch = NULL, *gs = NULL, *bs = NULL;
   if (per_thread > 0 &&
@@ -475,7 +475,7 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
   ln_param_pairs(&gs, &bs, scratch, threads, per_thread, gamma, beta, d, dtype);
 
   const int stream = dtype == SN_DTYPE_F32 && sn__stream_out(n * esize); /* y of f32 rows */
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
   {
     float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * per_thread : NULL;
 #pragma omp for schedule(static)

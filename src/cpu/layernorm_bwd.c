@@ -423,8 +423,9 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
    * per_thread f32 per thread (rounded up to whole lines, sn__line_stride): for bf16/f16 2·d
    * (the rows of ln_bwd_store), then with dgamma/dbeta 2·d (the partials of up to SN_PART_ROWS
    * rows) */
-  const int threads = sn__max_threads();
   const int chunked = dgamma != NULL || dbeta != NULL;
+  const int64_t chunks = sn__chunks(rows);
+  const int threads = sn__team_for(chunked ? chunks : rows);
   const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
   const int64_t per_thread = sn__line_stride(rows_f32 + (chunked ? 2 * d : 0), sizeof(float));
   const int64_t work_cols = chunked ? sn__line_stride(2 * d, sizeof(double)) : 0;
@@ -442,11 +443,10 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
    * SN_PART_ROWS rows, each run then added in fp64), then added to the total in chunk order
    * (the ordered region): the result never depends on the thread count. Chunks go round-robin,
    * so the threads reach the ordered region one after the other and hardly wait. */
-  const int64_t chunks = sn__chunks(rows);
   double *total = chunked ? work + (int64_t)threads * work_cols : NULL; /* [2, d] */
   if (chunked) memset(total, 0, (size_t)(2 * d) * sizeof(double));
   const int stream = sn__stream_out(n * sn_dtype_size(dtype)); /* dx */
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
   {
     const int64_t t = sn__thread_num();
     float *tmp = scratch != NULL && rows_f32 > 0 ? scratch + t * per_thread : NULL;

@@ -194,7 +194,7 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
   const int64_t row_stride = sn__line_stride(d, sizeof(float)); /* per thread */
   float *scratch = NULL;
   if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : sn__max_threads(), row_stride,
+      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : sn__team_for(rows), row_stride,
                            sizeof(float), &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
@@ -214,7 +214,7 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
   if (dtype == SN_DTYPE_BF16) { /* pipelined rows, a range per thread */
     rms_fwd_bf16(y, rstd, x, NULL, NULL, gamma, gs, rows, d, eps, stream);
   } else {
-#pragma omp parallel
+#pragma omp parallel num_threads(sn__team_for(rows))
     {
       float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * row_stride : NULL;
 #pragma omp for schedule(static)
@@ -249,7 +249,7 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
   const int64_t row_stride = sn__line_stride(d, sizeof(float)); /* per thread */
   float *scratch = NULL;
   if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : sn__max_threads(), row_stride,
+      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : sn__team_for(rows), row_stride,
                            sizeof(float), &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
@@ -270,7 +270,7 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
   if (dtype == SN_DTYPE_BF16) { /* the add in the first pass of the pipelined rows */
     rms_fwd_bf16(y, rstd, x, residual, sum_out, gamma, gs, rows, d, eps, stream);
   } else {
-#pragma omp parallel
+#pragma omp parallel num_threads(sn__team_for(rows))
     {
       float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * row_stride : NULL;
 #pragma omp for schedule(static)
@@ -578,7 +578,8 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
    * dgamma partial of its current chunk, and last the running total. scratch, per_thread f32
    * per thread (rounded up to whole lines): for bf16/f16 2·d (the rows of rms_bwd_store), then
    * with dgamma d (the partials of up to SN_PART_ROWS rows) */
-  const int threads = sn__max_threads();
+  const int64_t chunks = sn__chunks(rows);
+  const int threads = sn__team_for(dgamma != NULL ? chunks : rows);
   const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
   const int64_t per_thread = sn__line_stride(rows_f32 + (dgamma != NULL ? d : 0), sizeof(float));
   const int64_t work_cols = dgamma != NULL ? sn__line_stride(d, sizeof(double)) : 0;
@@ -589,7 +590,6 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
 
   /* rows independent without dgamma; with it, fixed chunks whose partials are added in chunk
    * order (see sn_layernorm_bwd) */
-  const int64_t chunks = sn__chunks(rows);
   double *total = dgamma != NULL ? work + (int64_t)threads * work_cols : NULL; /* [d] */
   if (dgamma != NULL) memset(total, 0, (size_t)d * sizeof(double));
   const int stream = sn__stream_out(n * sn_dtype_size(dtype)); /* dx */
@@ -598,7 +598,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
     gmax = 0.0f;
     for (int64_t i = 0; i < d; i++) gmax = sn__max_abs(gmax, gamma[i]);
   }
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
   {
     const int64_t t = sn__thread_num();
     float *tmp = scratch != NULL && rows_f32 > 0 ? scratch + t * per_thread : NULL;
