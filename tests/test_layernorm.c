@@ -1034,12 +1034,7 @@ START_TEST(test_bad_input) {
     a = good(), a.rows = 1, a.d = (int64_t)1 << 53, a.dt = SN_DTYPE_F16;
     pattern();
     expect(call(f, a), SN_ERR_ALLOC, fn, "one row's scratch");
-    long long bytes = 0;
-    const char *at = strstr(sn_last_error(), "allocating ");
-    ck_assert_msg(at != NULL && sscanf(at, "allocating %lld bytes", &bytes) == 1, "%s",
-                  sn_last_error());
-    ck_assert_msg(bytes == (f == 2 ? 32 : 8) * a.d, "%s: %lld bytes of scratch for one row of %lld",
-                  fn, bytes, (long long)a.d);
+    tu_assert_scratch_bytes((f == 2 ? 32 : 8) * a.d, fn);
 #undef CASE
   }
 }

@@ -280,3 +280,12 @@ int tu_run_suite(Suite *s) {
   srunner_free(sr);
   return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
+
+void tu_assert_scratch_bytes(long long bytes, const char *what) {
+  long long got = 0;
+  const char *at = strstr(sn_last_error(), "allocating ");
+  ck_assert_msg(at != NULL && sscanf(at, "allocating %lld bytes of scratch", &got) == 1,
+                "%s: %s", what, sn_last_error());
+  ck_assert_msg(got == bytes, "%s: %lld bytes of scratch asked for, expected %lld", what, got,
+                bytes);
+}

@@ -100,6 +100,9 @@ void tu_assert_rel(const void *got, sn_dtype_t dtype, const double *ref, int64_t
                    const char *what);
 /* Asserts two buffers are bitwise equal. */
 void tu_assert_bitwise(const void *a, const void *b, size_t bytes, const char *what);
+/* Asserts sn_last_error() is the scratch SN_ERR_ALLOC message ("... allocating N bytes of
+ * scratch") with N == bytes. */
+void tu_assert_scratch_bytes(long long bytes, const char *what);
 
 /* ---- running a suite ----------------------------------------------------------------------- */
 /* Runs the suite with CK_NORMAL output; returns the process exit code (0 if all passed). */
