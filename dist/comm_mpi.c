@@ -98,7 +98,9 @@ static sn_status_t mpi_split(sn_comm_t *c, int color, int key, sn_comm_t **sub) 
    * timeout, so that a missing rank fails here instead of hanging in the split. Two barriers:
    * ranks that time out in the first have posted it, so a rank arriving after they gave up
    * still completes it; the second, which they never post, makes that rank time out too,
-   * instead of entering the split alone and waiting there for ever (a review found it). */
+   * instead of entering the split alone and waiting there for ever (a review found it). What
+   * remains: a rank stalled for a whole timeout between its two barriers (a few instructions
+   * apart) still enters the split alone once the others have timed out in the second. */
   int rc = MPI_SUCCESS;
   for (int step = 0; step < 2; step++) {
     MPI_Request req;
