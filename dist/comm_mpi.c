@@ -142,8 +142,9 @@ typedef struct {
   MPI_Comm dup;
 } create_wait_t;
 
-/* Waits for one step of sn_comm_create_mpi (`what`) under timeout_s. On SN_ERR_TIMEOUT w is
- * abandoned (MPI may still write it); on SN_ERR_COMM it is freed; on SN_OK kept. */
+/* Waits for one step of sn_comm_create_mpi (`what`) under timeout_s. w: the buffers the step
+ * writes, abandoned on SN_ERR_TIMEOUT (MPI may still write them), freed on SN_ERR_COMM, kept on
+ * SN_OK; NULL for a step that writes none. */
 static sn_status_t create_wait(const char *fn, MPI_Request *req, double timeout_s, int rank,
                                int ranks, const char *what, create_wait_t *w) {
   int rc = MPI_SUCCESS;
@@ -196,7 +197,7 @@ sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
                     "example from MPI_Intercomm_merge)", fn);
   /* SN_COMM_TIMEOUT_S and SN_COMM_CHECK can differ between ranks (Open MPI passes a shell's
    * variables to other hosts only with -x): the ranks agree on them first, so that a rank
-   * refusing one does not leave the others waiting inside MPI_Comm_dup, and so that the call
+   * refusing one does not leave the others waiting inside the dup, and so that the call
    * check is on everywhere where any rank asks for it (a rank checking its calls alone would make
    * collectives the others do not). Collective over mpi_comm, as the dup is. */
   double timeout_s;
@@ -207,12 +208,16 @@ sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
   rc = MPI_Comm_rank(mpi_comm, &my_rank);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_size(mpi_comm, &ranks);
   if (rc != MPI_SUCCESS) return mpi_fail(NULL, "MPI_Comm_rank/size", rc);
-  /* Both steps (the agreement, the dup) are non-blocking, polled against this rank's timeout
-   * (SN_COMM_TIMEOUT_S, or the default where it is unset or refused), so that a rank that never
-   * arrives makes the others fail with SN_ERR_TIMEOUT here too. A rank arriving after the
-   * others gave up completes their agreement but times out in the dup, which they never post.
-   * Their buffers live on the heap: after a timeout MPI may still write them, so they are
-   * abandoned, as the communicators' staging buffers are. */
+  /* The steps (the agreement, a barrier, the dup) are non-blocking, polled against this rank's
+   * timeout (SN_COMM_TIMEOUT_S, or the default where it is unset or refused), so that a rank
+   * that never arrives makes the others fail with SN_ERR_TIMEOUT here too. A rank arriving after
+   * the others gave up completes their abandoned agreement, then times out in the barrier,
+   * which they never post: it must not post the dup, since a pending MPI_Comm_idup holds up
+   * every later communicator creation in the process in Open MPI 4.1 (a review found even
+   * MPI_Comm_dup(MPI_COMM_SELF) hanging behind one). What remains, as in sn_comm_split: a rank
+   * stalled for a whole timeout between the barrier and the dup. The agreement and the dup
+   * write into heap buffers: after a timeout MPI may still write them, so they are abandoned,
+   * as the communicators' staging buffers are. */
   create_wait_t *w = malloc(sizeof *w);
   if (w == NULL) return sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
   /* the first rank with a bad SN_COMM_TIMEOUT_S, with a bad SN_COMM_CHECK; −(any rank's check) */
@@ -236,6 +241,17 @@ sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
                     agree[0] < ranks ? "SN_COMM_TIMEOUT_S is not a number of seconds >= 0"
                                      : "SN_COMM_CHECK is neither 0 nor 1",
                     agree[0] < ranks ? agree[0] : agree[1], my_rank);
+  rc = MPI_Ibarrier(mpi_comm, &req);
+  if (rc == MPI_SUCCESS) {
+    const sn_status_t st = create_wait(fn, &req, timeout_s, my_rank, ranks, "MPI_Ibarrier", NULL);
+    if (st != SN_OK) {
+      free(w); /* the barrier writes nothing */
+      return st;
+    }
+  } else {
+    free(w);
+    return mpi_fail(NULL, "MPI_Ibarrier", rc);
+  }
   rc = MPI_Comm_idup(mpi_comm, &w->dup, &req);
   if (rc != MPI_SUCCESS) {
     free(w);

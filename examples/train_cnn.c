@@ -493,7 +493,7 @@ int main(int argc, char **argv) {
   setup_threads(&t);
   { /* The library's environment (SN_COMM_TIMEOUT_S) is checked by every communicator's
      * creation: a "self" one checks it locally, so a bad value ends the run as bad usage (exit
-     * 2, one message) before the collective MPI_Comm_dup, on every rank alike. */
+     * 2, one message) before the collective sn_comm_create_mpi, on every rank alike. */
     sn_comm_t *probe = NULL;
     char err[1024] = "";
     const sn_status_t st = sn_comm_create_self(&probe);

@@ -86,9 +86,12 @@ SN_API sn_status_t sn_comm_create_self(sn_comm_t **comm);
  * that is not a number of seconds >= 0, or SN_COMM_CHECK to another value than 0 or 1, on any
  * rank: the ranks agree on both with one MPI_Iallreduce over mpi_comm before the dup, so every
  * rank fails alike, and SN_COMM_CHECK=1 on any rank turns the call check on for all of them),
- * SN_ERR_TIMEOUT (both steps wait at most this rank's SN_COMM_TIMEOUT_S, or the default 1800 s,
- * for the other ranks: a rank that never arrives fails the others instead of hanging them; the
- * step stays pending on mpi_comm, which must not be used for collectives again), SN_ERR_COMM,
+ * SN_ERR_TIMEOUT (each step, the agreement, a barrier and the dup, waits at most this rank's
+ * SN_COMM_TIMEOUT_S, or the default 1800 s, for the other ranks: a rank that never arrives fails
+ * the others instead of hanging them, and one arriving after they gave up fails in the barrier.
+ * The step stays pending on mpi_comm, which must not be used for collectives again. With a
+ * timeout shorter than the ranks take to meet, such as the 1e-9 of the tests, some ranks may
+ * fail while others succeed; treat the error as fatal on every rank), SN_ERR_COMM,
  * SN_ERR_ALLOC. */
 SN_API sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm);
 #endif
