@@ -540,11 +540,11 @@ int main(int argc, char **argv) {
     char msg[512];
     snprintf(msg, sizeof msg,
              "a batch of %lld images (--batch %lld, --eval-batch %lld) needs %.1f GiB of "
-             "buffers per rank, %.1f GiB for the %d ranks on this host, which has %.1f GiB of "
+             "buffers per rank, %.1f GiB for the %d rank%s on this host, which has %.1f GiB of "
              "memory: use a smaller --batch or --eval-batch, or fewer ranks per host",
              (long long)cap, (long long)t.o.batch, (long long)t.o.eval_batch,
              need / t.local_ranks / 1073741824.0, need / 1073741824.0, t.local_ranks,
-             have / 1073741824.0);
+             t.local_ranks == 1 ? "" : "s", have / 1073741824.0);
     exit_if_any_failed(&t, have > 0 && need > have, msg);
   }
   if (cnn_model_create(&t.model, cap, t.o.sync_bn ? t.comm : NULL, t.o.seed, err, sizeof err))

@@ -472,11 +472,6 @@ static double mono_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The last rank skips a forward (it waits on MPI_COMM_WORLD instead): the others get
- * SN_ERR_TIMEOUT after FT_TIMEOUT_S, and at once SN_ERR_COMM on the next call (the communicator
- * is broken). Then the late rank makes its call: it completes the abandoned all-reduce, whose
- * result lands in the staging buffer the others abandoned — their state must stay untouched
- * (under ASan this also shows that buffer was not freed). The job then ends normally. */
 /* A communicator of MPI_COMM_WORLD with timeout FT_TIMEOUT_S and without the call check
  * (SN_COMM_CHECK=1 in the environment would add a collective before each call's, which a late
  * call could not complete against the others' abandoned one: it would time out itself). */
@@ -501,6 +496,11 @@ static void assert_timed_out(sn_status_t st, double waited, const char *what) {
                 waited, FT_TIMEOUT_S);
 }
 
+/* The last rank skips a forward (it waits on MPI_COMM_WORLD instead): the others get
+ * SN_ERR_TIMEOUT after FT_TIMEOUT_S, and at once SN_ERR_COMM on the next call (the communicator
+ * is broken). Then the late rank makes its call: it completes the abandoned all-reduce, whose
+ * result lands in the staging buffer the others abandoned — their state must stay untouched
+ * (under ASan this also shows that buffer was not freed). The job then ends normally. */
 START_TEST(test_skipped_call_times_out) {
   sn_comm_t *comm = comm_unchecked();
   sn_syncbn_config_t cfg = sn_syncbn_default_config(FT_C);
