@@ -90,7 +90,7 @@ SN_API sn_status_t sn_comm_create_self(sn_comm_t **comm);
  * SN_COMM_TIMEOUT_S, or the default 1800 s, for the other ranks: a rank that never arrives fails
  * the others instead of hanging them, and one arriving after they gave up fails in the barrier.
  * The step stays pending on mpi_comm, which must not be used for collectives again. With a
- * timeout shorter than the ranks take to meet, such as the 1e-9 of the tests, some ranks may
+ * timeout shorter than the ranks take to meet, such as 1e-9, some ranks may
  * fail while others succeed; treat the error as fatal on every rank), SN_ERR_COMM,
  * SN_ERR_ALLOC. */
 SN_API sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm);
