@@ -142,24 +142,28 @@ typedef struct {
   MPI_Comm dup;
 } create_wait_t;
 
-/* Waits for one step of sn_comm_create_mpi (`what`) under timeout_s. w: the buffers the step
- * writes, abandoned on SN_ERR_TIMEOUT (MPI may still write them), freed on SN_ERR_COMM, kept on
- * SN_OK; NULL for a step that writes none. */
-static sn_status_t create_wait(const char *fn, MPI_Request *req, double timeout_s, int rank,
-                               int ranks, const char *what, create_wait_t *w) {
-  int rc = MPI_SUCCESS;
-  const sn_status_t st = mpi_poll(req, timeout_s, &rc);
+/* One step of sn_comm_create_mpi (`what`), posted with MPI status `posted`, then waited for
+ * under timeout_s. w, the creation's buffers, is kept on SN_OK and freed on any error, except
+ * after a timeout in a step that writes it (writes_w): then MPI may still write it, and it is
+ * abandoned. */
+static sn_status_t create_step(const char *fn, int posted, MPI_Request *req, double timeout_s,
+                               int rank, int ranks, const char *what, create_wait_t *w,
+                               int writes_w) {
+  int rc = posted;
+  const sn_status_t st = rc != MPI_SUCCESS ? SN_ERR_COMM : mpi_poll(req, timeout_s, &rc);
   if (st == SN_ERR_COMM) {
     free(w);
     return mpi_fail(NULL, what, rc);
   }
-  if (st == SN_ERR_TIMEOUT)
+  if (st == SN_ERR_TIMEOUT) {
+    if (!writes_w) free(w);
     return sn__fail(SN_ERR_TIMEOUT,
                     "%s: %s: rank %d of %d of mpi_comm waited %.1f s for the other ranks "
                     "(timeout: SN_COMM_TIMEOUT_S, or the default). A rank may have died or not "
                     "reached the creation; nothing was created, and mpi_comm keeps the pending "
                     "operation: do not use it for collectives again",
                     fn, what, rank, ranks, timeout_s);
+  }
   return SN_OK;
 }
 
@@ -226,12 +230,8 @@ sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
   w->agree[2] = -check;
   MPI_Request req;
   rc = MPI_Iallreduce(MPI_IN_PLACE, w->agree, 3, MPI_INT, MPI_MIN, mpi_comm, &req);
-  if (rc != MPI_SUCCESS) {
-    free(w);
-    return mpi_fail(NULL, "MPI_Iallreduce (SN_COMM_TIMEOUT_S)", rc);
-  }
-  SN_TRY(create_wait(fn, &req, timeout_s, my_rank, ranks, "MPI_Iallreduce (SN_COMM_TIMEOUT_S)",
-                     w));
+  SN_TRY(create_step(fn, rc, &req, timeout_s, my_rank, ranks,
+                     "MPI_Iallreduce (SN_COMM_TIMEOUT_S)", w, 1));
   const int agree[3] = {w->agree[0], w->agree[1], w->agree[2]};
   if (env_st != SN_OK || agree[0] < ranks || agree[1] < ranks) free(w);
   if (env_st != SN_OK) return env_st; /* its message is set */
@@ -242,22 +242,9 @@ sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
                                      : "SN_COMM_CHECK is neither 0 nor 1",
                     agree[0] < ranks ? agree[0] : agree[1], my_rank);
   rc = MPI_Ibarrier(mpi_comm, &req);
-  if (rc == MPI_SUCCESS) {
-    const sn_status_t st = create_wait(fn, &req, timeout_s, my_rank, ranks, "MPI_Ibarrier", NULL);
-    if (st != SN_OK) {
-      free(w); /* the barrier writes nothing */
-      return st;
-    }
-  } else {
-    free(w);
-    return mpi_fail(NULL, "MPI_Ibarrier", rc);
-  }
+  SN_TRY(create_step(fn, rc, &req, timeout_s, my_rank, ranks, "MPI_Ibarrier", w, 0));
   rc = MPI_Comm_idup(mpi_comm, &w->dup, &req);
-  if (rc != MPI_SUCCESS) {
-    free(w);
-    return mpi_fail(NULL, "MPI_Comm_idup", rc);
-  }
-  SN_TRY(create_wait(fn, &req, timeout_s, my_rank, ranks, "MPI_Comm_idup", w));
+  SN_TRY(create_step(fn, rc, &req, timeout_s, my_rank, ranks, "MPI_Comm_idup", w, 1));
   MPI_Comm dup = w->dup;
   free(w);
   rc = MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);

@@ -535,7 +535,7 @@ int main(int argc, char **argv) {
   {
     /* refused while every rank can still say so, rather than by the OOM killer mid-allocation
      * (it may pick another process): all ranks on this host together against its memory */
-    const double need = (double)cnn_model_bytes(cap) * (double)t.local_ranks;
+    const double per_rank = (double)cnn_model_bytes(cap), need = per_rank * t.local_ranks;
     const double have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     char msg[512];
     snprintf(msg, sizeof msg,
@@ -543,7 +543,7 @@ int main(int argc, char **argv) {
              "buffers per rank, %.1f GiB for the %d rank%s on this host, which has %.1f GiB of "
              "memory: use a smaller --batch or --eval-batch, or fewer ranks per host",
              (long long)cap, (long long)t.o.batch, (long long)t.o.eval_batch,
-             need / t.local_ranks / 1073741824.0, need / 1073741824.0, t.local_ranks,
+             per_rank / 1073741824.0, need / 1073741824.0, t.local_ranks,
              t.local_ranks == 1 ? "" : "s", have / 1073741824.0);
     exit_if_any_failed(&t, have > 0 && need > have, msg);
   }

@@ -192,9 +192,10 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
   const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
   const int64_t row_stride = sn__line_stride(d, sizeof(float)); /* per thread */
+  const int team = sn__team_for(rows); /* the f16 rows' threads */
   float *scratch = NULL;
   if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : sn__team_for(rows), row_stride,
+      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : team, row_stride,
                            sizeof(float), &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
@@ -214,7 +215,7 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
   if (dtype == SN_DTYPE_BF16) { /* pipelined rows, a range per thread */
     rms_fwd_bf16(y, rstd, x, NULL, NULL, gamma, gs, rows, d, eps, stream);
   } else {
-#pragma omp parallel num_threads(sn__team_for(rows))
+#pragma omp parallel num_threads(team)
     {
       float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * row_stride : NULL;
 #pragma omp for schedule(static)
@@ -247,9 +248,10 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
   const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
   const int64_t row_stride = sn__line_stride(d, sizeof(float)); /* per thread */
+  const int team = sn__team_for(rows); /* the f16 rows' threads */
   float *scratch = NULL;
   if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : sn__team_for(rows), row_stride,
+      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : team, row_stride,
                            sizeof(float), &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
@@ -270,7 +272,7 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
   if (dtype == SN_DTYPE_BF16) { /* the add in the first pass of the pipelined rows */
     rms_fwd_bf16(y, rstd, x, residual, sum_out, gamma, gs, rows, d, eps, stream);
   } else {
-#pragma omp parallel num_threads(sn__team_for(rows))
+#pragma omp parallel num_threads(team)
     {
       float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * row_stride : NULL;
 #pragma omp for schedule(static)
