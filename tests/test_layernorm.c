@@ -838,6 +838,73 @@ START_TEST(test_bwd_dx_range) {
 }
 END_TEST
 
+/* Non-finite inputs of the backward propagate as in PyTorch: a row with a NaN dy (row 0), an
+ * infinite dy (row 1) or an infinite x (row 2, whose saved mean is then inf) has no finite dx,
+ * and dgamma/dbeta carry them (dgamma NaN throughout from row 2's x̂; dbeta NaN and +inf in the
+ * two columns of rows 0 and 1); row 3 matches the fp64 gradient. f32 and bf16, d = 200 (six pair
+ * blocks of the bf16 rows and a tail), with and without gamma and dgamma/dbeta; then a gamma
+ * with a NaN (all payload bits set), which leaves no dx finite. The bf16 pair path narrows dx
+ * without the NaN case, on the grounds that such rows never reach it. */
+START_TEST(test_bwd_nonfinite_rows) {
+  const int64_t rows = 4, d = 200, n = rows * d;
+  for (int id = 0; id < 2; id++)
+    for (int v = 0; v < 4; v++) {
+      const sn_dtype_t dt = id == 0 ? SN_DTYPE_F32 : SN_DTYPE_BF16;
+      tu_rng_t rng;
+      tu_rng_seed(&rng, 1700 + 4 * (uint64_t)id + (uint64_t)v);
+      void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt);
+      tu_fill_normal(x, n, dt, 0.5, 2.0, &rng);
+      tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
+      tu_set(dy, 5, NAN, dt);
+      tu_set(dy, d + 150, INFINITY, dt);
+      tu_set(x, 2 * d + 40, INFINITY, dt);
+      float *gamma = random_f32(d, 1.0, 0.5, &rng), mean[4], rstd[4];
+      float *dg = malloc((size_t)d * sizeof(float)), *db = malloc((size_t)d * sizeof(float));
+      const float *g = v & 1 ? gamma : NULL;
+      float *dgo = v & 2 ? dg : NULL, *dbo = v & 2 ? db : NULL;
+      char what[96];
+      snprintf(what, sizeof what, "layernorm_bwd %s gamma=%d dgamma=%d, non-finite rows",
+               tu_dtype_name[dt], g != NULL, dgo != NULL);
+      ck_assert_int_eq(sn_layernorm_fwd(dx, mean, rstd, x, NULL, NULL, rows, d, EPS, dt), SN_OK);
+      tu_poison(dx, n, dt);
+      tu_poison_f32(dg, d);
+      tu_poison_f32(db, d);
+      ck_assert_int_eq(sn_layernorm_bwd(dx, dgo, dbo, dy, x, mean, rstd, g, rows, d, dt), SN_OK);
+      for (int64_t i = 0; i < 3 * d; i++)
+        TU_CHECK(!isfinite(tu_get(dx, i, dt)), "%s: dx[%lld] = %g, finite", what, (long long)i,
+                 tu_get(dx, i, dt));
+      double *xd = load(x, n, dt), *dyd = load(dy, n, dt), *dxr = malloc((size_t)d * 8);
+      double *dgr = malloc((size_t)d * 8), *dbr = malloc((size_t)d * 8);
+      const double scale = ref_bwd(dxr, dgr, dbr, dyd + 3 * d, xd + 3 * d, g, 1, d, EPS);
+      assert_rel_scaled((char *)dx + 3 * d * sn_dtype_size(dt), dt, dxr, d, scale, bwd_tol(dt),
+                        what);
+      if (dgo != NULL)
+        for (int64_t j = 0; j < d; j++) {
+          TU_CHECK(isnan(dg[j]), "%s: dgamma[%lld] = %g, not NaN", what, (long long)j,
+                   (double)dg[j]);
+          double want = 0.0;
+          for (int64_t r = 0; r < rows; r++) want += dyd[r * d + j];
+          TU_CHECK(j == 5 ? isnan(db[j])
+                          : j == 150 ? db[j] == INFINITY
+                                     : fabs(db[j] - want) <= TU_RTOL_F32_BWD * (fabs(want) + 1.0),
+                   "%s: dbeta[%lld] = %g, want %g", what, (long long)j, (double)db[j], want);
+        }
+      /* gamma NaN with every payload bit set: every row's Σg is NaN, and every dx must be NaN
+       * (rounded without the NaN case, 0x7fffffff would become −0) */
+      const uint32_t nan_bits = 0x7fffffffu;
+      memcpy(&gamma[17], &nan_bits, sizeof nan_bits);
+      tu_poison(dx, n, dt);
+      ck_assert_int_eq(sn_layernorm_bwd(dx, dgo, dbo, dy, x, mean, rstd, gamma, rows, d, dt),
+                       SN_OK);
+      for (int64_t i = 0; i < n; i++)
+        TU_CHECK(isnan(tu_get(dx, i, dt)), "%s, gamma NaN: dx[%lld] = %g, not NaN", what,
+                 (long long)i, tu_get(dx, i, dt));
+      free(x), free(dy), free(dx), free(gamma), free(dg), free(db), free(xd), free(dyd);
+      free(dxr), free(dgr), free(dbr);
+    }
+}
+END_TEST
+
 /* The backward's re-centred x̂ keeps |mean| ≫ σ exact although the saved mean is f32. */
 START_TEST(test_bwd_large_mean) {
   for (int64_t b = 0; b < ND; b++) {
@@ -1165,6 +1232,7 @@ int main(void) {
   tcase_add_test(tc, test_bwd_large_mean);
   tcase_add_test(tc, test_bwd_huge_dy);
   tcase_add_test(tc, test_bwd_dx_range);
+  tcase_add_test(tc, test_bwd_nonfinite_rows);
   tcase_add_test(tc, test_fd);
   tcase_add_test(tc, test_bad_input);
   tcase_add_test(tc, test_empty_batch);

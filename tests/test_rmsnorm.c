@@ -572,7 +572,9 @@ END_TEST
  * 32-value pair blocks, with and without gamma and dgamma, in place, on rows of every kind the
  * bf16 kernel sends back to the widened rows, between ordinary rows of the same run of
  * SN_PART_ROWS partials: dy near FLT_MAX (g·x beyond it: fp64 row), dgamma terms below the f32
- * partials' range (x subnormal, rstd large), beyond it (dy and x 2^62), a NaN, an inf. */
+ * partials' range (x subnormal, rstd large), beyond it (dy and x 2^62), a NaN, an inf; and
+ * with a gamma holding a NaN whose payload bits are all set, which every row must keep as NaN
+ * (the pair path narrows dx without the NaN case, as such rows never reach it). */
 START_TEST(test_bwd_bf16_is_f32) {
   static const int64_t D[] = {1, 31, 32, 33, 64, 100, 1057};
   const int64_t rows = 24;
@@ -600,9 +602,11 @@ START_TEST(test_bwd_bf16_is_f32) {
       xf[i] = (float)tu_get(x, i, SN_DTYPE_BF16);
       dyf[i] = (float)tu_get(dy, i, SN_DTYPE_BF16);
     }
-    float *gamma = random_f32(d, 1.0, 0.5, &rng);
-    for (int v = 0; v < 4; v++) {
-      const float *g = v & 1 ? gamma : NULL;
+    float *gamma = random_f32(d, 1.0, 0.5, &rng), *gnan = random_f32(d, 1.0, 0.5, &rng);
+    const uint32_t nan_bits = 0x7fffffffu; /* rounded as a number: −0 (see test_bf16_nan_gamma) */
+    memcpy(&gnan[d / 2], &nan_bits, sizeof nan_bits);
+    for (int v = 0; v < 6; v++) { /* v 4, 5: gamma with a NaN, so every dx is NaN */
+      const float *g = v >= 4 ? gnan : v & 1 ? gamma : NULL;
       float *dgo = v & 2 ? dg : NULL, *dgfo = v & 2 ? dgf : NULL;
       char what[96];
       snprintf(what, sizeof what, "rmsnorm_bwd bf16 vs f32 d=%lld gamma=%d dgamma=%d",
@@ -626,7 +630,7 @@ START_TEST(test_bwd_bf16_is_f32) {
       tu_assert_bitwise(buf, dx, (size_t)n * 2, what);
     }
     free(x), free(dy), free(dx), free(buf), free(xf), free(dyf), free(dxf), free(rstd);
-    free(dg), free(dgf), free(gamma);
+    free(dg), free(dgf), free(gamma), free(gnan);
   }
 }
 END_TEST
