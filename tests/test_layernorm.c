@@ -434,6 +434,52 @@ START_TEST(test_nonfinite_rows) {
 }
 END_TEST
 
+/* bf16 rows without beta whose y is finite are narrowed without the NaN case of the rounding;
+ * a NaN gamma must still give NaN y. gamma holds NaNs whose low 16 bits are set (0x7fffffff,
+ * 0xffffffff: rounded as a number, such a NaN carries into the sign bit and gives ±0) in the
+ * pair blocks and the tail of each row (d = 2·32 + 3); every other y must be bitwise that of the
+ * same call with those gamma finite. Without and with beta (the checked map), plain and fused
+ * (with a zero residual). */
+START_TEST(test_bf16_nan_gamma) {
+  enum { R = 5, D = 67 };
+  tu_rng_t rng;
+  tu_rng_seed(&rng, 1450);
+  uint16_t x[R * D], zero[R * D] = {0}, y[2][R * D], sum[R * D];
+  float gamma[2][D], beta[D];
+  tu_fill_normal(x, R * D, SN_DTYPE_BF16, 0.5, 1.0, &rng);
+  tu_fill_normal(beta, D, SN_DTYPE_F32, 0.0, 1.0, &rng);
+  for (int j = 0; j < D; j++) gamma[0][j] = gamma[1][j] = 0.75f + 0.01f * (float)j;
+  static const uint32_t nan_bits[3] = {0x7fffffffu, 0xffffffffu, 0x7fffffffu};
+  static const int nan_at[3] = {3, 40, 66};
+  for (int k = 0; k < 3; k++) memcpy(&gamma[1][nan_at[k]], &nan_bits[k], 4);
+  for (int v = 0; v < 4; v++) {
+    const float *b = v & 1 ? beta : NULL;
+    const int fused = v >= 2;
+    for (int g = 0; g < 2; g++) {
+      memset(y[g], 0xA5, sizeof y[g]);
+      if (fused)
+        ck_assert_int_eq(sn_add_layernorm_fwd(y[g], sum, NULL, NULL, x, zero, gamma[g], b, R, D,
+                                              EPS, SN_DTYPE_BF16),
+                         SN_OK);
+      else
+        ck_assert_int_eq(
+            sn_layernorm_fwd(y[g], NULL, NULL, x, gamma[g], b, R, D, EPS, SN_DTYPE_BF16), SN_OK);
+    }
+    for (int i = 0; i < R * D; i++) {
+      const int j = i % D;
+      if (j == 3 || j == 40 || j == 66)
+        ck_assert_msg(isnan(tu_get(y[1], i, SN_DTYPE_BF16)),
+                      "fused=%d beta=%d: row %d col %d: y bits %04x for a NaN gamma", fused,
+                      b != NULL, i / D, j, (unsigned)y[1][i]);
+      else
+        ck_assert_msg(y[1][i] == y[0][i], "fused=%d beta=%d: row %d col %d: y %04x, with finite "
+                      "gamma %04x", fused, b != NULL, i / D, j, (unsigned)y[1][i],
+                      (unsigned)y[0][i]);
+    }
+  }
+}
+END_TEST
+
 /* A mean so small that mean − (float)mean is below the normal f32 range (a review found 6 ulp
  * here): x = [2^-133, 0, ..., 0], eps 1e-12 as BERT's, so x − mean matters at 2^-133. Every
  * gamma/beta combination (beta = 0 exercises the checked map with no cancellation), bf16 and
@@ -1223,6 +1269,7 @@ int main(void) {
   tcase_add_test(tc, test_tiny_mean);
   tcase_add_test(tc, test_near_f32_max);
   tcase_add_test(tc, test_nonfinite_rows);
+  tcase_add_test(tc, test_bf16_nan_gamma);
   tcase_add_test(tc, test_bf16_path_matches_generic);
   tcase_add_loop_test(tc, test_constant_rows, 0, 3);
   tcase_add_loop_test(tc, test_near_half_max, 0, 2);

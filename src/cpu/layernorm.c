@@ -279,13 +279,15 @@ SN_CLONES static void ln_stats_add_pairs(double stats[2], uint16_t *sum_out, con
 }
 
 /* The map of that row into y [d] (bf16) from its stats (ln_stats_pairs), bitwise ln_fwd_row's
- * on the widened row narrowed as sn__from_f32: in pairs, checked where beta is given (ln_map_beta_pairs). Rows whose mean
- * is tiny or wide (the checked map with limit 0 and possibly no beta: rare) are widened into
- * tmp [d] and mapped by ln_map_checked. gs, bs: gamma and beta in pairs (sn__to_pairs; NULL
- * where those are). y may equal x. nt: y streamed (but the rare rows ln_map_checked maps). */
+ * on the widened row narrowed as sn__from_f32: in pairs, checked where beta is given
+ * (ln_map_beta_pairs). Rows whose mean is tiny or wide (the checked map with limit 0 and
+ * possibly no beta: rare) are widened into tmp [d] and mapped by ln_map_checked. gs, bs: gamma
+ * and beta in pairs (sn__to_pairs; NULL where those are); gfin: gamma NULL or all finite
+ * (ln_param_pairs). y may equal x. nt: y streamed (but the rare rows ln_map_checked maps). */
 SN_CLONES static void ln_map_row_pairs(uint16_t *y, const double stats[2], const uint16_t *x,
                                        float *tmp, const float *gamma, const float *beta,
-                                       const float *gs, const float *bs, int64_t d, int nt) {
+                                       const float *gs, const float *bs, int64_t d, int gfin,
+                                       int nt) {
   const double mean = stats[0], rstd = stats[1];
   const float lim = ln_check_lim(mean, beta != NULL, SN_DTYPE_BF16); /* as ln_fwd_row's */
   if (lim == 0.0f) {
@@ -295,8 +297,15 @@ SN_CLONES static void ln_map_row_pairs(uint16_t *y, const double stats[2], const
     if (gamma != NULL) ln_map_beta_pairs(y, x, gs, bs, gamma, beta, d, mean, rstd, lim, 1, nt);
     else ln_map_beta_pairs(y, x, gs, bs, gamma, beta, d, mean, rstd, lim, 0, nt);
   } else {
+    /* No beta: y = x̂·gamma. A finite mean means a finite row (an infinite or NaN x makes the
+     * sums, hence the mean, non-finite), and then |x − mean|·rstd ≤ √d; with rstd and gamma
+     * finite too no y is NaN, and y is narrowed without the NaN case (sn__map_pairs's finite:
+     * the same bits). */
     const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
-    if (gamma != NULL) sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 1, 1, nt, 0);
+    const int fin = gfin && isfinite(mean) && isfinite(rstd);
+    if (gamma != NULL && fin) sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 1, 1, nt, 1);
+    else if (gamma != NULL) sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 1, 1, nt, 0);
+    else if (fin) sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 0, 1, nt, 1);
     else sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 0, 1, nt, 0);
   }
 }
@@ -309,8 +318,8 @@ SN_CLONES static void ln_map_row_pairs(uint16_t *y, const double stats[2], const
  * it after (rows do not overlap). nt: y streamed, and fenced at the end (sn__stream_fence). */
 static void ln_fwd_rows_pairs(uint16_t *y, float *mean, float *rstd, const uint16_t *x,
                               float *tmp, const float *gamma, const float *beta, const float *gs,
-                              const float *bs, int64_t r0, int64_t r1, int64_t rows, int64_t d,
-                              float eps, int nt) {
+                              const float *bs, int gfin, int64_t r0, int64_t r1, int64_t rows,
+                              int64_t d, float eps, int nt) {
 /* whether row q of y is streamed: its pair blocks are whole 64-byte lines */
 #define LN_NT_ROW(q) (nt && sn__aligned64(y + (q) * d))
 /* row q's stats, prefetching row q + 1 of x and row q of y (not when y is streamed) */
@@ -327,7 +336,8 @@ static void ln_fwd_rows_pairs(uint16_t *y, float *mean, float *rstd, const uint1
     if (q < r1) LN_STATS_ROW(cur, q);
     if (q > r0) {
       const int64_t r = q - 1;
-      ln_map_row_pairs(y + r * d, prev, x + r * d, tmp, gamma, beta, gs, bs, d, LN_NT_ROW(r));
+      ln_map_row_pairs(y + r * d, prev, x + r * d, tmp, gamma, beta, gs, bs, d, gfin,
+                       LN_NT_ROW(r));
       if (mean != NULL) mean[r] = (float)prev[0];
       if (rstd != NULL) rstd[r] = (float)prev[1];
     }
@@ -371,14 +381,17 @@ static int64_t ln_fwd_scratch_rows(int threads, sn_dtype_t dtype) {
 
 /* For bf16 rows: *gs, *bs = gamma, beta [d] in pair order (sn__to_pairs), written into the two
  * scratch rows after the threads' (ln_fwd_scratch_rows); NULL where gamma or beta is, and for
- * the other dtypes. */
-static void ln_param_pairs(float **gs, float **bs, float *scratch, int threads,
-                           int64_t per_thread, const float *gamma, const float *beta, int64_t d,
-                           sn_dtype_t dtype) {
+ * the other dtypes. Returns whether gamma is NULL or all finite (ln_map_row_pairs' gfin). */
+static int ln_param_pairs(float **gs, float **bs, float *scratch, int threads,
+                          int64_t per_thread, const float *gamma, const float *beta, int64_t d,
+                          sn_dtype_t dtype) {
   *gs = NULL, *bs = NULL;
-  if (dtype != SN_DTYPE_BF16) return;
+  if (dtype != SN_DTYPE_BF16) return 0;
   if (gamma != NULL) sn__to_pairs(*gs = scratch + (int64_t)threads * per_thread, gamma, d);
   if (beta != NULL) sn__to_pairs(*bs = scratch + (int64_t)(threads + 1) * per_thread, beta, d);
+  int gfin = 1;
+  for (int64_t i = 0; gamma != NULL && i < d; i++) gfin &= isfinite(gamma[i]) != 0;
+  return gfin;
 }
 
 sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
@@ -409,7 +422,7 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
     sn__free(scratch);
     return st;
   }
-  ln_param_pairs(&gs, &bs, scratch, threads, per_thread, gamma, beta, d, dtype);
+  const int gfin = ln_param_pairs(&gs, &bs, scratch, threads, per_thread, gamma, beta, d, dtype);
 
   /* each thread one range of consecutive rows, as schedule(static) over the rows: the bf16
    * rows pipeline their statistics a row ahead within it (ln_fwd_rows_pairs) */
@@ -424,7 +437,7 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
       const int64_t r0 = sn__chunk_begin(k, rows, ranges);
       const int64_t r1 = sn__chunk_begin(k + 1, rows, ranges);
       if (dtype == SN_DTYPE_BF16) {
-        ln_fwd_rows_pairs(y, mean, rstd, x, tmp, gamma, beta, gs, bs, r0, r1, rows, d, eps,
+        ln_fwd_rows_pairs(y, mean, rstd, x, tmp, gamma, beta, gs, bs, gfin, r0, r1, rows, d, eps,
                           stream);
         continue;
       }
@@ -472,7 +485,7 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
     sn__free(scratch);
     return st;
   }
-  ln_param_pairs(&gs, &bs, scratch, threads, per_thread, gamma, beta, d, dtype);
+  const int gfin = ln_param_pairs(&gs, &bs, scratch, threads, per_thread, gamma, beta, d, dtype);
 
   const int stream = dtype == SN_DTYPE_F32 && sn__stream_out(n * esize); /* y of f32 rows */
 #pragma omp parallel num_threads(threads)
@@ -490,7 +503,7 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
                            (const uint16_t *)residual + off, d, eps, next, next_res,
                            (char *)((uint16_t *)y + off));
         ln_map_row_pairs((uint16_t *)y + off, stats, (uint16_t *)sum_out + off, tmp, gamma,
-                         beta, gs, bs, d, 0);
+                         beta, gs, bs, d, gfin, 0);
         if (mean != NULL) mean[r] = (float)stats[0];
         if (rstd != NULL) rstd[r] = (float)stats[1];
       } else if (dtype == SN_DTYPE_F32) { /* likewise (ln_fwd_row) */
