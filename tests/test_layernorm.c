@@ -884,6 +884,57 @@ START_TEST(test_bwd_dx_range) {
 }
 END_TEST
 
+/* Saved statistics that leave x̂ = (x − mean)·rstd near FLT_MAX while dy·gamma is 0 or tiny (a
+ * review: mean 0, rstd 1 for x = [FLT_MAX, −FLT_MAX, ...], which no forward gives but the API
+ * takes): the bound on dx's intermediates must not pass them because dy is small, since the
+ * re-centred x̂ − mean(x̂) overflows f32 and dx came out NaN or inf where it is 0 or tiny. dx
+ * against the gradient in fp64 with the saved mean and rstd; f32 and bf16, dy 0 and dy = the
+ * least subnormal, with and without dgamma/dbeta (those are NaN-free and match too). */
+START_TEST(test_bwd_saved_xhat_huge) {
+  enum { D = 32 };
+  for (int id = 0; id < 2; id++)
+    for (int c = 0; c < 4; c++) {
+      const sn_dtype_t dt = id == 0 ? SN_DTYPE_F32 : SN_DTYPE_BF16;
+      const double big = dt == SN_DTYPE_F32 ? (double)FLT_MAX : 0x1.feP127; /* bf16's largest */
+      const double tiny = c & 1 ? (dt == SN_DTYPE_F32 ? 0x1p-149 : 0x1p-133) : 0.0;
+      void *x = tu_alloc(D, dt), *dy = tu_alloc(D, dt), *dx = tu_alloc(D, dt);
+      for (int64_t i = 0; i < D; i++) {
+        tu_set(x, i, i == 0 ? big : -big, dt);
+        tu_set(dy, i, tiny, dt);
+      }
+      const float mean = 0.0f, rstd = 1.0f;
+      float dg[D], db[D];
+      float *dgo = c & 2 ? dg : NULL, *dbo = c & 2 ? db : NULL;
+      char what[96];
+      snprintf(what, sizeof what, "layernorm_bwd %s, saved x̂ near FLT_MAX, dy %g, dgamma=%d",
+               tu_dtype_name[dt], tiny, dgo != NULL);
+      tu_poison(dx, D, dt);
+      ck_assert_int_eq(sn_layernorm_bwd(dx, dgo, dbo, dy, x, &mean, &rstd, NULL, 1, D, dt), SN_OK);
+      /* the gradient with these statistics: x̂ = x, x̂' = x̂ − mean(x̂), dx = g − mean(g) −
+       * x̂'·mean(g·x̂'), dgamma = dy·x̂', dbeta = dy (rstd 1, gamma 1), in fp64 */
+      double xh[D], c0 = 0.0, mg = 0.0, mgx = 0.0;
+      for (int i = 0; i < D; i++) c0 += tu_get(x, i, dt) / D;
+      for (int i = 0; i < D; i++) {
+        xh[i] = tu_get(x, i, dt) - c0;
+        mg += tiny / D;
+        mgx += tiny * xh[i] / D;
+      }
+      for (int i = 0; i < D; i++) {
+        const double want = tiny - mg - xh[i] * mgx, got = tu_get(dx, i, dt);
+        TU_CHECK(isfinite(got) && fabs(got - want) <= 0x1p-8 * fabs(want) + 0x1p-149,
+                 "%s: dx[%d] = %g, want %g", what, i, got, want);
+        if (dgo != NULL) {
+          const double wg = tiny * xh[i];
+          TU_CHECK(fabs((double)dg[i] - wg) <= 0x1p-20 * fabs(wg) + 0x1p-149 && db[i] == (float)tiny,
+                   "%s: dgamma[%d] = %g (want %g), dbeta %g", what, i, (double)dg[i], wg,
+                   (double)db[i]);
+        }
+      }
+      free(x), free(dy), free(dx);
+    }
+}
+END_TEST
+
 /* Non-finite inputs of the backward propagate as in PyTorch: a row with a NaN dy (row 0), an
  * infinite dy (row 1) or an infinite x (row 2, whose saved mean is then inf) has no finite dx,
  * and dgamma/dbeta carry them (dgamma NaN throughout from row 2's x̂; dbeta NaN and +inf in the
@@ -1280,6 +1331,7 @@ int main(void) {
   tcase_add_test(tc, test_bwd_huge_dy);
   tcase_add_test(tc, test_bwd_dx_range);
   tcase_add_test(tc, test_bwd_nonfinite_rows);
+  tcase_add_test(tc, test_bwd_saved_xhat_huge);
   tcase_add_test(tc, test_fd);
   tcase_add_test(tc, test_bad_input);
   tcase_add_test(tc, test_empty_batch);

@@ -513,7 +513,7 @@ SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, c
     yo = s * yo - xo * e;
     /* No dx here is NaN (a row with a NaN or infinite input, or terms beyond the f32 range,
      * left after pass A: rms_terms_f32), so it is narrowed without sn__f32_to_bf16's NaN case,
-     * with the same bits: 0.88-0.91x the time of this kernel (bench_ab, in L2 and cold). */
+     * with the same bits, in 0.86-0.93x the time (bench_ab, in L2 and cold). */
     sn__pair_narrow_finite(dx + i, &ye, &yo, pf->nt);
   }
   for (; i < d; i++) {
