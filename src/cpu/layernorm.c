@@ -298,9 +298,9 @@ SN_CLONES static void ln_map_row_pairs(uint16_t *y, const double stats[2], const
     else ln_map_beta_pairs(y, x, gs, bs, gamma, beta, d, mean, rstd, lim, 0, nt);
   } else {
     /* No beta: y = x̂·gamma. A finite mean means a finite row (an infinite or NaN x makes the
-     * sums, hence the mean, non-finite), and then |x − mean|·rstd ≤ √d; with rstd and gamma
-     * finite too no y is NaN, and y is narrowed without the NaN case (sn__map_pairs's finite:
-     * the same bits). */
+     * sums, hence the mean, non-finite), and then |x − mean|·rstd ≤ √d (to a few ulps in f32);
+     * rstd ≤ 1/√eps is finite as a float too, so with gamma finite no y is NaN, and y is
+     * narrowed without the NaN case (sn__map_pairs's finite: the same bits). */
     const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
     const int fin = gfin && isfinite(mean) && isfinite(rstd);
     if (gamma != NULL && fin) sn__map_pairs(y, x, gs, gamma, d, hi, lo, s, 1, 1, nt, 1);
