@@ -389,9 +389,7 @@ static int ln_param_pairs(float **gs, float **bs, float *scratch, int threads,
   if (dtype != SN_DTYPE_BF16) return 0;
   if (gamma != NULL) sn__to_pairs(*gs = scratch + (int64_t)threads * per_thread, gamma, d);
   if (beta != NULL) sn__to_pairs(*bs = scratch + (int64_t)(threads + 1) * per_thread, beta, d);
-  int gfin = 1;
-  for (int64_t i = 0; gamma != NULL && i < d; i++) gfin &= isfinite(gamma[i]) != 0;
-  return gfin;
+  return sn__gamma_finite(gamma, d);
 }
 
 sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,

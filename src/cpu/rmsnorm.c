@@ -153,8 +153,7 @@ static void rms_fwd_bf16(void *y, float *rstd, const void *x, const void *res, v
                          const float *gamma, const float *gs, int64_t rows, int64_t d, float eps,
                          int nt) {
   const int64_t threads = sn__max_threads(), ranges = rows < threads ? rows : threads;
-  int gfin = 1; /* gamma NULL or finite (rms_map_bf16) */
-  for (int64_t i = 0; gamma != NULL && i < d; i++) gfin &= isfinite(gamma[i]) != 0;
+  const int gfin = sn__gamma_finite(gamma, d); /* rms_map_bf16 */
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < ranges; k++)
     rms_fwd_rows_bf16(y, rstd, x, res, sum_out, gamma, gs, gfin, sn__chunk_begin(k, rows, ranges),

@@ -171,6 +171,14 @@ SN_INLINE void sn__pair_store(float *q, const sn__pf *e, const sn__pf *o) {
   memcpy(q + SN_PAIR / 2, o, sizeof *o);
 }
 
+/* Whether gamma [d] is NULL or all finite: the bf16 forwards then narrow the y of finite rows
+ * without the NaN case (rmsnorm.c's rms_map_bf16, layernorm.c's ln_map_row_pairs). */
+SN_UNUSED static int sn__gamma_finite(const float *gamma, int64_t d) {
+  int fin = 1;
+  for (int64_t i = 0; gamma != NULL && i < d; i++) fin &= isfinite(gamma[i]) != 0;
+  return fin;
+}
+
 /* dst [d] = src [d] (gamma, beta) in pair order for the kernels that read bf16 rows in pairs;
  * the tail after the last full block as is. */
 SN_UNUSED static void sn__to_pairs(float *dst, const float *src, int64_t d) {
