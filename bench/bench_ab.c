@@ -23,6 +23,8 @@
  *   --cold                  a 256 MiB read sweep before every call (caches cold)
  *   --malloc                buffers from malloc (4 KiB pages) instead of bu_alloc (huge pages
  *                           requested): the hardware prefetchers stop at page boundaries
+ *   --no-beta               beta NULL (the forwards that take one: LayerNorm, fused
+ *                           LayerNorm, BatchNorm, GroupNorm)
  * Output: one line, "A ms  B ms  B/A (pairs p10..p90)". Exit status 2 on bad usage, 3 if a call
  * fails. Not a test: a development tool for changes to the kernels.
  */
@@ -178,7 +180,7 @@ static sn_status_t run(const lib_t *l, int k, bufs_t *b) {
 
 static void usage(void) {
   fprintf(stderr, "usage: bench_ab LIB_A LIB_B KERNEL [--rows R --d D | --n N --c C --s S] "
-                  "[--nhwc] [--dtype f32|bf16|f16] [--reps P] [--cold] [--malloc]\nKERNEL:");
+                  "[--nhwc] [--dtype f32|bf16|f16] [--reps P] [--cold] [--malloc] [--no-beta]\nKERNEL:");
   for (int k = 0; k < NKERNELS; k++) fprintf(stderr, " %s", NAMES[k]);
   fprintf(stderr, "\n");
   exit(2);
@@ -206,12 +208,13 @@ int main(int argc, char **argv) {
   if (k == NKERNELS) usage();
   bufs_t b = {.rows = 8192, .d = 1024, .n = 32, .c = 64, .s = 3136, .layout = SN_LAYOUT_NCHW,
               .dtype = SN_DTYPE_F32};
-  int reps = 21, cold = 0, use_malloc = 0;
+  int reps = 21, cold = 0, use_malloc = 0, no_beta = 0;
   for (int i = 4; i < argc; i++) {
     const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(o, "--nhwc")) b.layout = SN_LAYOUT_NHWC;
     else if (!strcmp(o, "--cold")) cold = 1;
     else if (!strcmp(o, "--malloc")) use_malloc = 1;
+    else if (!strcmp(o, "--no-beta")) no_beta = 1;
     else if (v == NULL) usage();
     else if (!strcmp(o, "--rows")) b.rows = arg_i64(v), i++;
     else if (!strcmp(o, "--d")) b.d = arg_i64(v), i++;
@@ -241,6 +244,7 @@ int main(int argc, char **argv) {
   b.db = get(feat, 4, 1), b.mean = get(per_row, 4, 1), b.rstd = get(per_row, 4, 1);
   bu_fill_f32(b.gamma, feat, 3, 0.5f, 1.5f);
   bu_fill_f32(b.beta, feat, 4, -0.5f, 0.5f);
+  if (no_beta) b.beta = NULL; /* the buffer stays allocated for the process's life, as the rest */
   b.sum = get(b.c, 8, 1), b.sumsq = get(b.c, 8, 1), b.bmean = get(b.c, 8, 1);
   b.var = get(b.c, 4, 1), b.brstd = get(b.c, 4, 1);
   /* inputs the backward / apply kernels need: library A's forward statistics */
