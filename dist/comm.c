@@ -86,12 +86,18 @@ sn_status_t sn__comm_check(const char *fn, const sn_comm_t *comm) {
   return SN_OK;
 }
 
-/* The all-reduce itself, arguments checked, no call check. */
+/* The all-reduce itself, arguments checked, no call check. host: buf is host memory, also on a
+ * device_memory backend (which then stages it: ops->allreduce_host). */
 static sn_status_t comm_reduce(const char *fn, sn_comm_t *comm, void *buf, int64_t count,
-                               sn_red_type_t type, sn_red_op_t op) {
-  if (comm->size == 1 || count == 0) return SN_OK; /* nothing to exchange */
+                               sn_red_type_t type, sn_red_op_t op, int host) {
+  const int device = comm->ops->device_memory && !host;
+  /* nothing to exchange; a device buffer still goes through the backend on one rank (an
+   * identity ncclAllReduce, stream-ordered like any other) */
+  if ((comm->size == 1 && !device) || count == 0) return SN_OK;
   /* the backend's message names the MPI call; put the caller's name before it */
-  const sn_status_t st = comm->ops->allreduce(comm, buf, count, type, op);
+  const sn_status_t st = comm->ops->device_memory && host
+                             ? comm->ops->allreduce_host(comm, buf, count, type, op)
+                             : comm->ops->allreduce(comm, buf, count, type, op);
   return st == SN_OK ? SN_OK : sn__fail_prefix(st, "%s", fn);
 }
 
@@ -141,7 +147,7 @@ static sn_status_t call_check(const char *fn, sn_comm_t *comm, int call, int64_t
   for (int k = 0; k < CK; k++) v[k] = sig[k], v[CK + k] = -sig[k];
   char where[160];
   snprintf(where, sizeof where, "%s (SN_COMM_CHECK)", fn);
-  SN_TRY(comm_reduce(where, comm, v, 2 * CK, SN_RED_I64, SN_RED_MAX));
+  SN_TRY(comm_reduce(where, comm, v, 2 * CK, SN_RED_I64, SN_RED_MAX, 1));
   int differs = 0;
   for (int k = 0; k < CK; k++) differs |= v[k] != -v[CK + k];
   if (!differs) return SN_OK;
@@ -156,7 +162,7 @@ static sn_status_t call_check(const char *fn, sn_comm_t *comm, int call, int64_t
   char why[256] = ""; /* why the ranks are not named: that collective's own error */
   if (by_rank) {
     memcpy(table + (int64_t)comm->rank * CK, sig, sizeof sig);
-    got = comm_reduce(where, comm, table, (int64_t)ranks * CK, SN_RED_I64, SN_RED_SUM);
+    got = comm_reduce(where, comm, table, (int64_t)ranks * CK, SN_RED_I64, SN_RED_SUM, 1);
     if (got != SN_OK) snprintf(why, sizeof why, "%s", sn_last_error());
   }
   char msg[512];
@@ -189,7 +195,7 @@ static sn_status_t call_check(const char *fn, sn_comm_t *comm, int call, int64_t
  * telling fail, that status with both messages). Then, for an all-reduce (call != CALL_SPLIT),
  * the all-reduce. */
 static sn_status_t checked(const char *fn, sn_comm_t *comm, int call, void *buf, int64_t count,
-                           int type, int op, sn_status_t own) {
+                           int type, int op, sn_status_t own, int host) {
   if (!SN_COMM_LIVE(comm) || comm->broken) return own != SN_OK ? own : sn__comm_check(fn, comm);
   if (comm->check && comm->size > 1) {
     char mine[512] = "";
@@ -206,7 +212,7 @@ static sn_status_t checked(const char *fn, sn_comm_t *comm, int call, void *buf,
     return own;
   }
   if (call == CALL_SPLIT) return SN_OK;
-  return comm_reduce(fn, comm, buf, count, (sn_red_type_t)type, (sn_red_op_t)op);
+  return comm_reduce(fn, comm, buf, count, (sn_red_type_t)type, (sn_red_op_t)op, host);
 }
 
 int sn__comm_tell(const char *fn, sn_comm_t *comm, sn_status_t own, sn_status_t *told) {
@@ -228,7 +234,13 @@ static sn_status_t reduce_args(const char *fn, const void *buf, int64_t count) {
 sn_status_t sn__comm_allreduce(const char *fn, sn_comm_t *comm, void *buf, int64_t count,
                                sn_red_type_t type, sn_red_op_t op) {
   SN_TRY(sn__comm_check(fn, comm));
-  return checked(fn, comm, CALL_LAYER, buf, count, type, op, reduce_args(fn, buf, count));
+  return checked(fn, comm, CALL_LAYER, buf, count, type, op, reduce_args(fn, buf, count), 0);
+}
+
+sn_status_t sn__comm_allreduce_host(const char *fn, sn_comm_t *comm, void *buf, int64_t count,
+                                    sn_red_type_t type, sn_red_op_t op) {
+  SN_TRY(sn__comm_check(fn, comm));
+  return checked(fn, comm, CALL_LAYER, buf, count, type, op, reduce_args(fn, buf, count), 1);
 }
 
 sn_status_t sn_comm_rank(const sn_comm_t *comm, int *rank) {
@@ -273,7 +285,7 @@ sn_status_t sn_comm_allreduce_sum(sn_comm_t *comm, void *buf, int64_t count, sn_
       type < 0 ? sn__fail(SN_ERR_INVALID_DTYPE,
                           "%s: dtype must be SN_DTYPE_F32 or SN_DTYPE_F64, got %d", fn, (int)dtype)
                : reduce_args(fn, buf, count);
-  return checked(fn, comm, CALL_ALLREDUCE_SUM, buf, count, type, SN_RED_SUM, own);
+  return checked(fn, comm, CALL_ALLREDUCE_SUM, buf, count, type, SN_RED_SUM, own, 0);
 }
 
 sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const void *buf,
@@ -290,7 +302,7 @@ sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const void *b
   for (int64_t i = 0; own == SN_OK && i < bytes; i++) h = (h ^ p[i]) * 0x100000001b3ull;
   /* max(v) == −max(−v) iff all ranks hold the same v; split h so negation never overflows */
   int64_t v[4] = {(int64_t)(h >> 1), -(int64_t)(h >> 1), (int64_t)(h & 1), -(int64_t)(h & 1)};
-  SN_TRY(checked(fn, comm, CALL_ALL_IDENTICAL, v, 4, SN_RED_I64, SN_RED_MAX, own));
+  SN_TRY(checked(fn, comm, CALL_ALL_IDENTICAL, v, 4, SN_RED_I64, SN_RED_MAX, own, 1));
   *identical = v[0] == -v[1] && v[2] == -v[3];
   return SN_OK;
 }
@@ -298,7 +310,7 @@ sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const void *b
 sn_status_t sn_comm_split(sn_comm_t *comm, sn_comm_t **sub, int color, int key) {
   const char *fn = "sn_comm_split";
   SN_TRY(sn__comm_check(fn, comm));
-  SN_TRY(checked(fn, comm, CALL_SPLIT, NULL, 0, -1, -1, sn__check_ptr(fn, "sub", sub)));
+  SN_TRY(checked(fn, comm, CALL_SPLIT, NULL, 0, -1, -1, sn__check_ptr(fn, "sub", sub), 1));
   sn_status_t st = comm->ops->split(comm, color, key, sub);
   if (st == SN_OK && *sub != NULL) {
     (*sub)->timeout_s = comm->timeout_s;

@@ -26,6 +26,14 @@ typedef struct sn_comm_ops {
   sn_status_t (*split)(sn_comm_t *comm, int color, int key, sn_comm_t **sub);
   /* Frees backend resources (not the sn_comm_t itself). */
   void (*destroy)(sn_comm_t *comm);
+  /* device_memory backends only (NULL otherwise): the all-reduce of count elements of HOST
+   * memory (the call check's and the layers' consistency checks), staged through the backend's
+   * device buffer and waited for under the timeout (synchronizes the host: not capturable). */
+  sn_status_t (*allreduce_host)(sn_comm_t *comm, void *buf, int64_t count, sn_red_type_t type,
+                                sn_red_op_t op);
+  /* device_memory backends only (NULL otherwise): waits until the backend's stream has done all
+   * that is enqueued on it, under the timeout (SN_ERR_TIMEOUT / SN_ERR_COMM, broken after). */
+  sn_status_t (*wait)(sn_comm_t *comm);
 } sn_comm_ops_t;
 
 struct sn_comm {
@@ -36,6 +44,7 @@ struct sn_comm {
   int check;              /* SN_COMM_CHECK: each collective compared across the ranks first */
   int64_t next_layer_id;  /* default SyncBatchNorm layer ids, in creation order */
   void *impl;             /* backend state */
+  void *stream;           /* device_memory backends: the cudaStream_t collectives run on */
 };
 
 /* Allocates a communicator for a backend, with the default timeout (1800 s). */
@@ -54,6 +63,10 @@ SN_HIDDEN sn_status_t sn__comm_check(const char *fn, const sn_comm_t *comm);
  * call check on (comm->check), compared across the ranks first as "a layer's all-reduce". */
 SN_HIDDEN sn_status_t sn__comm_allreduce(const char *fn, sn_comm_t *comm, void *buf,
                                          int64_t count, sn_red_type_t type, sn_red_op_t op);
+/* As sn__comm_allreduce, for a buf in HOST memory whatever the backend: a device_memory backend
+ * stages it through device memory and waits for the result (ops->allreduce_host). */
+SN_HIDDEN sn_status_t sn__comm_allreduce_host(const char *fn, sn_comm_t *comm, void *buf,
+                                              int64_t count, sn_red_type_t type, sn_red_op_t op);
 /* The live handles (handles.c), by kind: sn__handle_add records a new communicator or layer
  * (0: out of memory); sn__handle_take removes h if it is a live one of that kind and says
  * whether it was (a destroy frees it only then); sn__handle_live says whether h is a live one of

@@ -134,7 +134,8 @@ static void mpi_destroy(sn_comm_t *c) {
   free(m);
 }
 
-static const sn_comm_ops_t mpi_ops = {"mpi", 0, mpi_allreduce, mpi_split, mpi_destroy};
+static const sn_comm_ops_t mpi_ops = {"mpi", 0, mpi_allreduce, mpi_split, mpi_destroy,
+                                      NULL, NULL};
 
 /* The heap buffers of sn_comm_create_mpi's non-blocking steps. */
 typedef struct {

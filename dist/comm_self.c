@@ -15,7 +15,8 @@ static sn_status_t self_split(sn_comm_t *comm, int color, int key, sn_comm_t **s
 
 static void self_destroy(sn_comm_t *comm) { (void)comm; }
 
-static const sn_comm_ops_t self_ops = {"self", 0, self_allreduce, self_split, self_destroy};
+static const sn_comm_ops_t self_ops = {"self", 0, self_allreduce, self_split, self_destroy,
+                                       NULL, NULL};
 
 static sn_status_t self_split(sn_comm_t *comm, int color, int key, sn_comm_t **sub) {
   (void)comm, (void)key;

@@ -27,8 +27,10 @@
 #include <string.h>
 
 #include "syncbn_internal.h"
+#if SN_HAVE_CUDA
+#include "syncbn_device.h"
+#endif
 
-enum { OP_FORWARD = 1, OP_BACKWARD = 2 };
 /* A forward's all-reduce holds 2C sums, then the count and the SN_PIVOT_SLOTS pivot slots. */
 #define SN_PIVOT_SLOTS 4
 #define SN_RED_EXTRA (1 + SN_PIVOT_SLOTS)
@@ -89,10 +91,24 @@ sn_status_t sn_syncbn_create(sn_syncbn_t **out, const sn_syncbn_config_t *cfg, s
   SN_TRY(sn__check_ptr(fn, "cfg", cfg));
   SN_TRY(check_config(fn, cfg));
   if (comm != NULL) SN_TRY(sn__comm_check(fn, comm));
-  if (cfg->device_memory != 0)
+  if (cfg->device_memory && !SN_HAVE_CUDA)
     return sn__fail(SN_ERR_UNSUPPORTED,
-                    "%s: device_memory needs the CUDA/NCCL build, which this library is not", fn);
-  if (comm != NULL && comm->ops->device_memory)
+                    "%s: device_memory needs the CUDA build, which this library is not", fn);
+  if (cfg->device_memory != 0 && cfg->device_memory != 1)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: device_memory must be 0 or 1, got %d", fn,
+                    cfg->device_memory);
+  if (cfg->device_memory && comm != NULL && !comm->ops->device_memory)
+    return sn__fail(SN_ERR_UNSUPPORTED,
+                    "%s: device_memory needs an \"nccl\" communicator (or none), got a '%s' one, "
+                    "whose all-reduces take host memory", fn, comm->ops->name);
+  if (cfg->device_memory && cfg->check_finite)
+    return sn__fail(SN_ERR_UNSUPPORTED,
+                    "%s: check_finite is not available with device_memory (it would need a host "
+                    "round trip per step); check the activations yourself", fn);
+#if SN_HAVE_CUDA
+  if (cfg->device_memory) SN_TRY(sn__syncbn_dev_usable(fn));
+#endif
+  if (!cfg->device_memory && comm != NULL && comm->ops->device_memory)
     return sn__fail(SN_ERR_UNSUPPORTED, "%s: a '%s' communicator needs cfg.device_memory = 1", fn,
                     comm->ops->name);
 
@@ -126,12 +142,26 @@ sn_status_t sn_syncbn_create(sn_syncbn_t **out, const sn_syncbn_config_t *cfg, s
   bn->fblock = f;
   bn->pivot = arr[6], bn->var = arr[7], bn->rstd = arr[8], bn->tmp = arr[9];
   bn->red = d, bn->local = d + 2 * C + SN_RED_EXTRA, bn->mean = d + 4 * C + SN_RED_EXTRA;
+#if SN_HAVE_CUDA
+  if (cfg->device_memory) { /* the state on the device; the host arrays become its mirror */
+    const sn_status_t st = sn__syncbn_dev_create(bn);
+    if (st != SN_OK) {
+      sn__handle_take(bn, SN_HANDLE_SYNCBN);
+      if (comm != NULL && cfg->layer_id < 0) comm->next_layer_id--;
+      free(f), free(d), free(bn);
+      return st;
+    }
+  }
+#endif
   *out = bn;
   return SN_OK;
 }
 
 void sn_syncbn_destroy(sn_syncbn_t *bn) {
   if (bn == NULL || !sn__handle_take(bn, SN_HANDLE_SYNCBN)) return; /* not (no longer) one */
+#if SN_HAVE_CUDA
+  sn__syncbn_dev_destroy(bn);
+#endif
   free(bn->fblock);
   free(bn->red);
   free(bn);
@@ -145,6 +175,9 @@ sn_status_t sn_syncbn_params(sn_syncbn_t *bn, sn_syncbn_params_t *p) {
   p->running_mean = bn->running_mean, p->running_var = bn->running_var;
   p->num_batches_tracked = bn->cfg.track_running_stats ? &bn->num_batches_tracked : NULL;
   p->num_features = bn->C;
+#if SN_HAVE_CUDA
+  if (bn->dev != NULL) sn__syncbn_dev_params(bn, p); /* device pointers */
+#endif
   return SN_OK;
 }
 
@@ -331,7 +364,7 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op, sn
   bn->collectives++;
   char where[sizeof bn->label + 64];
   snprintf(where, sizeof where, "%s (%s, consistency check)", fn, bn->label);
-  SN_TRY(sn__comm_allreduce(where, bn->comm, v, 2 * K, SN_RED_I64, SN_RED_MAX));
+  SN_TRY(sn__comm_allreduce_host(where, bn->comm, v, 2 * K, SN_RED_I64, SN_RED_MAX));
   int last = K, differs = 0;
   for (int k = K - 1; k >= 0; k--) { /* the tier of the first field that differs */
     if (v[k] == -v[K + k]) continue;
@@ -354,7 +387,7 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op, sn
   }
   bn->collectives++;
   snprintf(where, sizeof where, "%s (%s, ranks of a mismatch)", fn, bn->label);
-  const sn_status_t got = sn__comm_allreduce(where, bn->comm, by_rank ? table : who,
+  const sn_status_t got = sn__comm_allreduce_host(where, bn->comm, by_rank ? table : who,
                                              by_rank ? (int64_t)ranks * K : 2 * K, SN_RED_I64,
                                              by_rank ? SN_RED_SUM : SN_RED_MAX);
   const int known = got == SN_OK;
@@ -382,6 +415,10 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op, sn
                   "one, is a call behind); this rank called %s with C %lld (%s): %s%s%s",
                   fn, bn->label, (long long)bn->C, op == OP_FORWARD ? "forward" : "backward", msg,
                   known ? "" : "; then naming the ranks failed: ", why);
+}
+
+sn_status_t sn__syncbn_consistency(sn_syncbn_t *bn, const char *fn, int op) {
+  return check_consistency(bn, fn, op, SN_OK);
 }
 
 /* The pivot slots of a forward's all-reduce: two 16-bit hashes h1, h2 of the pivot [C] and
@@ -474,7 +511,8 @@ static sn_status_t batch_stats(sn_syncbn_t *bn, const char *fn, void *y, const v
 }
 
 /* No other rank to agree with: no communicator, or one of a single rank. */
-static int alone(const sn_syncbn_t *bn) { return bn->comm == NULL || bn->comm->size == 1; }
+int sn__syncbn_alone(const sn_syncbn_t *bn) { return bn->comm == NULL || bn->comm->size == 1; }
+static int alone(const sn_syncbn_t *bn) { return sn__syncbn_alone(bn); }
 
 /* A call that failed this rank's own checks (st, its message in sn_last_error) where the other
  * ranks, making the same call, would be in its consistency all-reduce (would_sync, from this
@@ -496,6 +534,9 @@ static sn_status_t tell_peers(sn_syncbn_t *bn, const char *fn, int op, sn_status
   snprintf(own, sizeof own, "%s", sn_last_error());
   sn_status_t told = SN_OK;
   if (bn->cfg.check_consistency) {
+#if SN_HAVE_CUDA
+    if (bn->dev != NULL) (void)sn__syncbn_dev_download(bn); /* the hash, as the others send it */
+#endif
     told = check_consistency(bn, fn, op, st);
   } else { /* the communicator's call check, where it is on, meets the others' first all-reduce */
     char where[sizeof bn->label + 64];
@@ -585,6 +626,9 @@ sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, int64_t n
   const char *fn = "sn_syncbn_forward";
   const sn_status_t st = check_call(fn, bn, n, s, x, "x", y, "y", NULL, NULL);
   if (st != SN_OK) return tell_peers(bn, fn, OP_FORWARD, st, training); /* eval: not synced */
+#if SN_HAVE_CUDA
+  if (bn->dev != NULL) return sn__syncbn_dev_forward(bn, fn, y, x, n, s, training);
+#endif
   if (!training && bn->cfg.track_running_stats) return forward_eval(bn, fn, y, x, n, s);
   /* PyTorch synchronizes only in training mode and with more than one rank
    * (torch.nn.SyncBatchNorm.forward: need_sync = ... and world_size > 1) */
@@ -612,6 +656,9 @@ sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy, const 
                   bn->label, (long long)n, (long long)s, (long long)bn->saved.n,
                   (long long)bn->saved.s);
   if (st != SN_OK) return tell_peers(bn, fn, OP_BACKWARD, st, backward_would_sync(bn));
+#if SN_HAVE_CUDA
+  if (bn->dev != NULL) return sn__syncbn_dev_backward_call(bn, fn, dx, dy, x, n, s);
+#endif
   const int64_t C = bn->C;
   const sn_syncbn_config_t *cfg = &bn->cfg;
   const int synced = bn->saved.synced;

@@ -41,11 +41,22 @@ struct sn_syncbn {
   float *fblock;   /* the one allocation behind every f32 array above */
 
   int64_t collectives;          /* all-reduces issued by this layer */
+  void *dev;                    /* cfg.device_memory: the device state (syncbn_device.c);
+                                   the host arrays above are then its mirror */
   char tensor_names[5][256];    /* names handed out by sn_syncbn_state_tensors */
 };
 
 /* A live layer (sn__handle_live). */
 #define SN_SYNCBN_LIVE(b) ((b) != NULL && sn__handle_live((b), SN_HANDLE_SYNCBN))
+
+/* The operations of a layer's calls (the consistency check's signature). */
+enum { OP_FORWARD = 1, OP_BACKWARD = 2 };
+
+/* No other rank to agree with: no communicator, or one of a single rank. */
+SN_HIDDEN int sn__syncbn_alone(const sn_syncbn_t *bn);
+/* check_consistency (syncbn.c) of a call whose own checks passed: one max all-reduce of the
+ * call's signature in host memory (the device path's routes through the backend's staging). */
+SN_HIDDEN sn_status_t sn__syncbn_consistency(sn_syncbn_t *bn, const char *fn, int op);
 
 /* SN_OK for a live layer, else SN_ERR_NULL_POINTER / SN_ERR_INVALID_HANDLE. */
 SN_HIDDEN sn_status_t sn__syncbn_check(const char *fn, const sn_syncbn_t *bn);

@@ -8,6 +8,9 @@
 #include <string.h>
 
 #include "syncbn_internal.h"
+#if SN_HAVE_CUDA
+#include "syncbn_device.h"
+#endif
 
 #define SN_MAX_PREFIX 200
 
@@ -39,9 +42,10 @@ sn_status_t sn_syncbn_state_tensors(sn_syncbn_t *bn, sn_tensor_t out[5], int *co
   SN_TRY(check_prefix(fn, prefix));
   SN_TRY(sn__check_ptr(fn, "out", out));
   SN_TRY(sn__check_ptr(fn, "count", count));
-  if (bn->cfg.device_memory)
-    return sn__fail(SN_ERR_UNSUPPORTED, "%s: %s keeps its state on the device; use sn_syncbn_save",
-                    fn, bn->label);
+#if SN_HAVE_CUDA
+  /* a device layer's state is copied to its host mirror (waits for the stream): a snapshot */
+  if (bn->dev != NULL) SN_TRY(sn__syncbn_dev_download(bn));
+#endif
   const void *data[T_COUNT] = {bn->weight, bn->bias, bn->running_mean, bn->running_var,
                                &bn->num_batches_tracked};
   int n = 0;
@@ -100,14 +104,19 @@ static sn_status_t lookup_state(const char *fn, const sn_syncbn_t *bn, const sn_
   return SN_OK;
 }
 
-/* Copies validated tensors into the layer; the pivot restarts from the loaded running mean. */
-static void commit_state(sn_syncbn_t *bn, const sn_tensor_t found[T_COUNT]) {
+/* Copies validated tensors into the layer; the pivot restarts from the loaded running mean. A
+ * device layer's are then uploaded (its only failure: a CUDA error). */
+static sn_status_t commit_state(sn_syncbn_t *bn, const sn_tensor_t found[T_COUNT]) {
   float *dst[T_RVAR + 1] = {bn->weight, bn->bias, bn->running_mean, bn->running_var};
   for (int k = 0; k <= T_RVAR; k++)
     if (has_tensor(bn, k)) memcpy(dst[k], found[k].data, (size_t)bn->C * sizeof(float));
   if (has_tensor(bn, T_NBT)) memcpy(&bn->num_batches_tracked, found[T_NBT].data, sizeof(int64_t));
   if (bn->cfg.track_running_stats) memcpy(bn->pivot, bn->running_mean, (size_t)bn->C * sizeof(float));
   bn->saved.valid = 0;
+#if SN_HAVE_CUDA
+  if (bn->dev != NULL) return sn__syncbn_dev_upload(bn);
+#endif
+  return SN_OK;
 }
 
 sn_status_t sn_syncbn_load_state(sn_syncbn_t *bn, const sn_safetensors_t *file,
@@ -116,13 +125,9 @@ sn_status_t sn_syncbn_load_state(sn_syncbn_t *bn, const sn_safetensors_t *file,
   SN_TRY(sn__syncbn_check(fn, bn));
   SN_TRY(sn__check_ptr(fn, "file", file));
   SN_TRY(check_prefix(fn, prefix));
-  if (bn->cfg.device_memory)
-    return sn__fail(SN_ERR_UNSUPPORTED, "%s: %s keeps its state on the device; use sn_syncbn_load",
-                    fn, bn->label);
   sn_tensor_t found[T_COUNT];
   SN_TRY(lookup_state(fn, bn, file, prefix, found));
-  commit_state(bn, found);
-  return SN_OK;
+  return commit_state(bn, found);
 }
 
 static sn_status_t check_layers(const char *fn, sn_syncbn_t *const *layers,
@@ -178,7 +183,7 @@ sn_status_t sn_syncbn_load(const char *path, sn_syncbn_t *const *layers,
   sn_status_t st = found ? SN_OK : sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
   for (int64_t i = 0; i < count && st == SN_OK; i++) /* all or nothing: validate every layer first */
     st = lookup_state(fn, layers[i], file, prefixes[i], found[i]);
-  for (int64_t i = 0; i < count && st == SN_OK; i++) commit_state(layers[i], found[i]);
+  for (int64_t i = 0; i < count && st == SN_OK; i++) st = commit_state(layers[i], found[i]);
   free(found);
   sn_safetensors_free(file);
   return st;

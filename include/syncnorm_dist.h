@@ -96,6 +96,26 @@ SN_API sn_status_t sn_comm_create_self(sn_comm_t **comm);
 SN_API sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm);
 #endif
 
+#if SN_HAVE_NCCL
+/* Communicator over an NCCL communicator: buffers are CUDA device memory and every all-reduce
+ * (ncclAllReduce, in place) is enqueued on `stream` and returns at once, without waiting on the
+ * host, so a step can be captured in a CUDA graph (cudaStreamBeginCapture on stream). Local,
+ * not collective; nccl (from ncclCommInitRank or ncclCommInitAll) is NOT owned: the caller
+ * destroys it after sn_comm_destroy, and keeps it and stream alive until then. A communicator
+ * from sn_comm_split on this one owns its ncclComm_t (ncclCommSplit) and destroys it.
+ * Before each collective ncclCommGetAsyncError is asked; an asynchronous error aborts nccl
+ * (ncclCommAbort, which frees it: do not destroy it then) and later calls fail with SN_ERR_COMM.
+ * Where the host needs a result (the call check SN_COMM_CHECK, a layer's check_consistency:
+ * small int64 arrays staged through an 8 KiB device buffer allocated here), the host waits
+ * for stream, polling it under the timeout (sn_comm_set_timeout): on a timeout nccl is aborted
+ * likewise and SN_ERR_TIMEOUT returned; such calls cannot be captured in a graph.
+ * sn_comm_all_identical is SN_ERR_UNSUPPORTED. SN_COMM_TIMEOUT_S and SN_COMM_CHECK are read
+ * here, on this rank only: set them alike on every rank. Errors: SN_ERR_NULL_POINTER (comm or
+ * nccl NULL), SN_ERR_INVALID_ARGUMENT (the environment variables), SN_ERR_COMM (nccl reports an
+ * error), SN_ERR_CUDA, SN_ERR_ALLOC. */
+SN_API sn_status_t sn_comm_create_nccl(sn_comm_t **comm, ncclComm_t nccl, cudaStream_t stream);
+#endif
+
 /* Splits comm into sub-communicators, as MPI_Comm_split / PyTorch's process groups: ranks with
  * the same color form a group, ordered by key then by rank. Collective over comm. color < 0
  * gives *sub = NULL (this rank joins no group). *sub is owned by the caller (sn_comm_destroy) and
@@ -200,8 +220,12 @@ typedef struct {
                               rank's x (forward) or dy (backward) holds NaN/Inf; default 0. Set
                               it alike on every rank (ranks that differ in it make different
                               collectives): check_consistency reports a difference */
-  int device_memory;       /* x, y, parameters and stats in CUDA device memory (needs an "nccl"
-                              communicator, or comm == NULL in a CUDA build); default 0 */
+  int device_memory;       /* x, y, dy, dx, parameters and stats in CUDA device memory (needs an
+                              "nccl" communicator, or comm == NULL in a CUDA build: then on the
+                              legacy default stream 0); kernels and the all-reduce are enqueued
+                              on the communicator's stream without host waits. check_finite is
+                              not available with it (SN_ERR_UNSUPPORTED); see sn_syncbn_forward
+                              for what differs from the host path; default 0 */
   int64_t layer_id;        /* identity checked across ranks; -1 (default): creation order on the
                               communicator (0, 1, 2, ...) */
   char name[48];           /* shown in error messages; "" (default): "layer <id>" */
@@ -210,8 +234,10 @@ typedef struct {
 /* A SyncBatchNorm layer (opaque): parameters, running statistics and what backward needs. */
 typedef struct sn_syncbn sn_syncbn_t;
 
-/* Pointers into a layer's state (host memory, or device memory with cfg.device_memory). They
- * stay valid until sn_syncbn_destroy. Each is [C] f32 unless said otherwise. */
+/* Pointers into a layer's state (host memory, or device memory with cfg.device_memory, the
+ * num_batches_tracked int64 included: read or write them with cudaMemcpy after synchronizing the
+ * communicator's stream). They stay valid until sn_syncbn_destroy. Each is [C] f32 unless said
+ * otherwise. */
 typedef struct {
   float *weight, *bias;            /* gamma, beta; NULL without affine */
   float *grad_weight, *grad_bias;  /* dgamma, dbeta of this rank's batch, written (=) by
@@ -234,7 +260,8 @@ SN_API sn_syncbn_config_t sn_syncbn_default_config(int64_t num_features);
  * is -1. *bn receives the handle. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE
  * (num_features <= 0), SN_ERR_INVALID_EPS, SN_ERR_INVALID_ARGUMENT (momentum, flags),
  * SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_HANDLE, SN_ERR_UNSUPPORTED (device_memory without CUDA
- * or with a host communicator), SN_ERR_OVERFLOW (num_features too large to allocate its
+ * or a CUDA device, with a host communicator, or with check_finite; an "nccl" communicator
+ * without device_memory), SN_ERR_OVERFLOW (num_features too large to allocate its
  * buffers), SN_ERR_COMM (comm broken by an earlier failure), SN_ERR_ALLOC. */
 SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *cfg,
                                     sn_comm_t *comm);
@@ -284,6 +311,27 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
  * untouched, num_batches_tracked += 1 when tracking (as
  * torch.nn.BatchNorm's forward, which counts the batch before normalizing it; with momentum
  * None the next factor is then 1/num_batches_tracked as there). */
+/* With cfg.device_memory (x, y device pointers; statistics on the device): a training forward
+ * is the shifted sums around the device-held pivot (sn_cuda_batchnorm_stats), ONE all-reduce of
+ * 2C + 1 f64 (the sums and the count; synchronized layers only), one kernel for the statistics,
+ * running statistics, num_batches_tracked and next pivot, and sn_cuda_batchnorm_apply, all on
+ * the communicator's stream; it returns without waiting for them (errors found on the device,
+ * such as a failed all-reduce, surface on a later call or stream synchronization). It differs
+ * from the host path in: no pivot refinement and no pivot hash slots (sums around the previous
+ * batch's mean lose about log2((mean−p)²/var) of fp64's 53 bits where the data's mean jumps by
+ * many σ between batches; a checkpoint loaded on some ranks only shows in check_consistency's
+ * running-statistics hash); a running_var < 0 in eval mode gives NaN outputs instead of an
+ * error; and the global count stays on the device: a global count of 1 gives NaN statistics and
+ * y, running statistics untouched, instead of SN_ERR_INSUFFICIENT_COUNT, except where the host
+ * knows the count: with no communicator or one of one rank (n·s), or with check_consistency on
+ * (the host then reads it back after the all-reduce). Graph capture (cudaStreamBeginCapture on
+ * the communicator's stream): with check_consistency off (or one rank) and SN_COMM_CHECK unset,
+ * a training forward and backward make exactly one NCCL collective each, no host
+ * synchronization and no allocation, except that the first call of a shape larger than any
+ * before allocates the layer's workspace (cudaMalloc after waiting for the stream): make one
+ * warm-up call of each shape before capturing, as with cuDNN's or PyTorch's allocators. With
+ * check_consistency on, the consistency all-reduce (staged through host memory) and the count's
+ * read-back wait for the stream (under the communicator's timeout): not capturable. */
 SN_API sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, int64_t n,
                                      int64_t s, int training);
 
@@ -294,7 +342,9 @@ SN_API sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, in
  * combines them later). After a forward on batch statistics with nothing to all-reduce
  * (comm == NULL or of one rank in training mode, or eval mode without running statistics) and
  * check_finite off, it is sn_batchnorm_bwd (fused in NCHW where a channel fits in L2), with the
- * same bits. dx may equal dy. Shapes and dtype as forward; host memory. Formula:
+ * same bits. dx may equal dy. Shapes and dtype as forward; host memory (device memory with
+ * cfg.device_memory: the same steps on the device, one all-reduce of 2C f64, no host wait; the
+ * global count is taken from the device; see sn_syncbn_forward). Formula:
  * the BatchNorm backward of Ioffe & Szegedy 2015, as torch.nn.SyncBatchNorm's. Errors: as
  * forward (SN_ERR_ALLOC included), plus SN_ERR_INVALID_ARGUMENT (no forward has succeeded since
  * the layer was created or loaded, or the last forward failed after its consistency check; or
@@ -387,9 +437,11 @@ SN_API void sn_safetensors_free(sn_safetensors_t *file);
 /* The layer's state as PyTorch state_dict tensors named "<prefix>.weight", ".bias",
  * ".running_mean", ".running_var" (F32 [C]) and ".num_batches_tracked" (I64 scalar), those the
  * config has; out must hold 5, *count gets how many were filled. Names live in the layer until
- * the next call or destroy; data points at the layer's host state (device layers: see
- * sn_syncbn_save). Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (prefix longer than 200
- * bytes), SN_ERR_INVALID_HANDLE, SN_ERR_UNSUPPORTED (device_memory layer). */
+ * the next call or destroy; data points at the layer's host state (a device_memory layer: a
+ * host copy of its device state made by this call, which waits for the communicator's stream
+ * (under its timeout) and copies with cudaMemcpy; valid until the next call on the layer).
+ * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (prefix longer than 200 bytes),
+ * SN_ERR_INVALID_HANDLE, and for a device_memory layer SN_ERR_CUDA, SN_ERR_TIMEOUT, SN_ERR_COMM. */
 SN_API sn_status_t sn_syncbn_state_tensors(sn_syncbn_t *bn, sn_tensor_t out[5], int *count,
                                            const char *prefix);
 
@@ -397,7 +449,8 @@ SN_API sn_status_t sn_syncbn_state_tensors(sn_syncbn_t *bn, sn_tensor_t out[5], 
  * with dtype F32 and shape [C] (num_batches_tracked: I64, shape [] or [1]); otherwise nothing
  * changes. Errors: SN_ERR_NULL_POINTER, SN_ERR_NOT_FOUND, SN_ERR_FORMAT (dtype, shape, a
  * negative running_var element or num_batches_tracked), SN_ERR_INVALID_ARGUMENT (prefix longer than 200 bytes),
- * SN_ERR_INVALID_HANDLE, SN_ERR_UNSUPPORTED (device_memory layer). */
+ * SN_ERR_INVALID_HANDLE; a device_memory layer's state is then copied to the device (synchronous:
+ * waits for the stream; SN_ERR_CUDA, SN_ERR_TIMEOUT, SN_ERR_COMM). */
 SN_API sn_status_t sn_syncbn_load_state(sn_syncbn_t *bn, const sn_safetensors_t *file,
                                         const char *prefix);
 

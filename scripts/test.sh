@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The README's test command: installs dependencies, builds, and runs every test.
 #   scripts/test.sh           all passes: AddressSanitizer+UBSan build of the unit and MPI tests
-#                             (build-asan/), fuzzers' smoke run over their corpus (build-fuzz/),
+#                             (build-asan/, without CUDA: nvcc takes no sanitizer flags),
+#                             fuzzers' smoke run over their corpus (build-fuzz/),
 #                             the kernel tests built for the x86-64 and x86-64-v3 baselines
 #                             without target_clones (build-isa-*/, x86-64 only), then the
-#                             RelWithDebInfo build with every test (build-test/)
+#                             RelWithDebInfo build with every test (build-test/; it compiles the
+#                             CUDA kernels where nvcc is found, warnings as errors; their tests
+#                             report SKIPPED without a GPU: scripts/gpu-check.sh runs them)
 #   scripts/test.sh --quick   only the RelWithDebInfo build and its tests
 # Exits non-zero if any pass fails. The last pass's ctest summary is the last thing printed.
 set -uo pipefail
@@ -30,7 +33,7 @@ failed=()
 if [ "$quick" = 0 ]; then
   echo "== 1/4 sanitizers: address,undefined (build-asan) =="
   if cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSN_SANITIZE=address,undefined \
-       -DSN_WITH_MPI=ON -DSN_BUILD_BENCH=OFF >/dev/null &&
+       -DSN_WITH_MPI=ON -DSN_WITH_CUDA=OFF -DSN_WITH_NCCL=OFF -DSN_BUILD_BENCH=OFF >/dev/null &&
      cmake --build build-asan -j"$jobs" >build-asan.log 2>&1; then
     # Leaks are checked; Open MPI's own allocations are suppressed (tests/lsan.supp), which needs
     # full stacks (fast_unwind_on_malloc=0). The >2^31-element test and the soak run in pass 4.
@@ -60,8 +63,8 @@ if [ "$quick" = 0 ]; then
         continue
       fi
       if cmake -S . -B "build-isa-$isa" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-           -DCMAKE_C_FLAGS="-DSN_NO_CLONES -march=$isa" -DSN_WITH_MPI=OFF -DSN_TEST_TORCH=OFF \
-           -DSN_BUILD_BENCH=OFF -DSN_BUILD_EXAMPLES=OFF >/dev/null &&
+           -DCMAKE_C_FLAGS="-DSN_NO_CLONES -march=$isa" -DSN_WITH_MPI=OFF -DSN_WITH_CUDA=OFF \
+           -DSN_WITH_NCCL=OFF -DSN_TEST_TORCH=OFF -DSN_BUILD_BENCH=OFF -DSN_BUILD_EXAMPLES=OFF >/dev/null &&
          cmake --build "build-isa-$isa" -j"$jobs" >"build-isa-$isa.log" 2>&1; then
         ctest --test-dir "build-isa-$isa" --output-on-failure -L unit -LE large \
           -R "convert|layernorm|rmsnorm|batchnorm|groupnorm|fold|overlap|stream_bitwise|threads_special" ||

@@ -30,7 +30,7 @@ build="build-valgrind"
 start=$(date +%s)
 opts="--tool=memcheck --error-exitcode=1 --leak-check=full --show-leak-kinds=definite,indirect"
 opts="$opts --errors-for-leak-kinds=definite,indirect --track-origins=yes --num-callers=30"
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSN_SANITIZE= -DSN_WITH_MPI=ON \
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSN_SANITIZE= -DSN_WITH_MPI=ON -DSN_WITH_CUDA=OFF \
   -DSN_BUILD_BENCH=OFF -DSN_TEST_TORCH=OFF -DSN_TEST_TIMEOUT_SCALE=30 \
   -DMEMORYCHECK_COMMAND="$(command -v valgrind)" -DMEMORYCHECK_COMMAND_OPTIONS="$opts" \
   -DMEMORYCHECK_SUPPRESSIONS_FILE="$root/tests/valgrind.supp" >"$build.configure.log" 2>&1 ||

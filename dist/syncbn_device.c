@@ -1,0 +1,345 @@
+/*
+ * syncbn_device.c — SyncBatchNorm on CUDA device memory (cfg.device_memory = 1; compiled in CUDA
+ * builds only, called from syncbn.c). See syncbn_device.h for what lives on the device.
+ *
+ * Training forward: sn_cuda_batchnorm_stats of x around the device pivot (the previous
+ * synchronized batch mean) into red, the local count written by a kernel (n·s is a kernel
+ * argument, so a captured graph replays it), ONE all-reduce of red [2C + 1] f64 on the
+ * communicator's stream, then one kernel (syncbn_cuda.cu) computes mean/var/rstd from the
+ * device-held global count, updates the running statistics and num_batches_tracked and sets the
+ * next pivot, and sn_cuda_batchnorm_apply writes y. Backward: sn_cuda_batchnorm_bwd_reduce into
+ * local, a kernel copies it to the gradients (this rank's sums, as the CPU path) and to red, ONE
+ * all-reduce of red [2C], a kernel rescales it by the device-held count, and
+ * sn_cuda_batchnorm_bwd_apply writes dx. No host synchronization and no allocation, except
+ * where the workspace grows (the first call of a larger shape: cudaMalloc, after waiting for the
+ * stream), so after one warm-up call of a shape the steps can be captured in a CUDA graph.
+ * No pivot refinement here (the CPU path redoes the sums around the mean where the pivot was
+ * far off): shifted sums around the previous batch's mean lose about log2((mean−p)²/var) of
+ * fp64's 53 bits, noticeable only where the data's mean jumps by thousands of σ between batches.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "syncbn_device.h"
+#include "syncnorm_cuda.h"
+
+enum { D_WEIGHT, D_BIAS, D_GW, D_GB, D_RM, D_RV, D_PIVOT, D_VAR, D_RSTD, D_FLOATS };
+
+typedef struct {
+  cudaStream_t stream;  /* the communicator's, or 0 (legacy default stream) without one */
+  float *f;             /* [D_FLOATS · C] */
+  double *red;          /* [2C + 1] */
+  double *local;        /* [2C] */
+  double *mean;         /* [C] */
+  double *count;        /* [1] the last forward's global count */
+  int64_t *nbt;         /* [1] num_batches_tracked */
+  void *ws;             /* BatchNorm workspace */
+  size_t ws_bytes;
+} dev_state_t;
+
+static dev_state_t *dev_of(const sn_syncbn_t *bn) { return (dev_state_t *)bn->dev; }
+static float *arr(const sn_syncbn_t *bn, int k) {
+  return dev_of(bn)->f + (size_t)k * (size_t)bn->C;
+}
+
+static sn_status_t cuda_st(const char *fn, const sn_syncbn_t *bn, const char *what,
+                           cudaError_t err) {
+  if (err == cudaSuccess) return SN_OK;
+  return sn__fail(SN_ERR_CUDA, "%s: %s: %s failed: %s (%s)", fn, bn->label, what,
+                  cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+sn_status_t sn__syncbn_dev_usable(const char *fn) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err == cudaSuccess && n > 0) return SN_OK;
+  (void)cudaGetLastError(); /* not sticky: clear it */
+  return sn__fail(SN_ERR_UNSUPPORTED, "%s: device_memory needs a CUDA device, and there is none "
+                  "(%s)", fn, err != cudaSuccess ? cudaGetErrorName(err) : "no device found");
+}
+
+sn_status_t sn__syncbn_dev_create(sn_syncbn_t *bn) {
+  const char *fn = "sn_syncbn_create";
+  const size_t C = (size_t)bn->C;
+  dev_state_t *d = calloc(1, sizeof *d);
+  if (d == NULL) return sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
+  d->stream = bn->comm != NULL ? (cudaStream_t)bn->comm->stream : (cudaStream_t)0;
+  /* one f64 block: red 2C+1 | local 2C | mean C | count 1 | nbt 1 (int64, same size) */
+  void *fb = NULL, *db = NULL;
+  cudaError_t err = cudaMalloc(&fb, D_FLOATS * C * sizeof(float));
+  if (err == cudaSuccess) err = cudaMalloc(&db, (5 * C + 3) * sizeof(double));
+  if (err != cudaSuccess) {
+    cudaFree(fb);
+    free(d);
+    return sn__fail(SN_ERR_ALLOC, "%s: %s: cudaMalloc for %zu channels: %s", fn, bn->label, C,
+                    cudaGetErrorName(err));
+  }
+  d->f = fb;
+  d->red = db, d->local = d->red + 2 * C + 1, d->mean = d->local + 2 * C;
+  d->count = d->mean + C, d->nbt = (int64_t *)(d->count + 1);
+  bn->dev = d;
+  /* zeros everywhere (grads, stats, count), then the initial state from the host arrays */
+  err = cudaMemset(fb, 0, D_FLOATS * C * sizeof(float));
+  if (err == cudaSuccess) err = cudaMemset(db, 0, (5 * C + 3) * sizeof(double));
+  sn_status_t st = cuda_st(fn, bn, "cudaMemset", err);
+  if (st == SN_OK) st = sn__syncbn_dev_upload(bn);
+  if (st != SN_OK) {
+    sn__syncbn_dev_destroy(bn);
+    return st;
+  }
+  return SN_OK;
+}
+
+void sn__syncbn_dev_destroy(sn_syncbn_t *bn) {
+  dev_state_t *d = dev_of(bn);
+  if (d == NULL) return;
+  cudaStreamSynchronize(d->stream); /* work still queued may use the buffers */
+  cudaFree(d->f);
+  cudaFree(d->red);
+  cudaFree(d->ws);
+  free(d);
+  bn->dev = NULL;
+}
+
+void sn__syncbn_dev_params(const sn_syncbn_t *bn, sn_syncbn_params_t *p) {
+  const int aff = bn->cfg.affine, trk = bn->cfg.track_running_stats;
+  p->weight = aff ? arr(bn, D_WEIGHT) : NULL, p->bias = aff ? arr(bn, D_BIAS) : NULL;
+  p->grad_weight = aff ? arr(bn, D_GW) : NULL, p->grad_bias = aff ? arr(bn, D_GB) : NULL;
+  p->running_mean = trk ? arr(bn, D_RM) : NULL, p->running_var = trk ? arr(bn, D_RV) : NULL;
+  p->num_batches_tracked = trk ? dev_of(bn)->nbt : NULL;
+  p->num_features = bn->C;
+}
+
+/* Waits for the layer's stream: under the communicator's timeout where it has one. */
+static sn_status_t dev_wait(const char *fn, sn_syncbn_t *bn) {
+  if (bn->comm != NULL && bn->comm->ops->wait != NULL) {
+    const sn_status_t st = bn->comm->ops->wait(bn->comm);
+    return st == SN_OK ? SN_OK : sn__fail_prefix(st, "%s (%s)", fn, bn->label);
+  }
+  return cuda_st(fn, bn, "cudaStreamSynchronize", cudaStreamSynchronize(dev_of(bn)->stream));
+}
+
+/* Copies bytes between host and device on the layer's stream and waits for it. */
+static sn_status_t copy(const char *fn, sn_syncbn_t *bn, void *dst, const void *src,
+                        size_t bytes, enum cudaMemcpyKind kind) {
+  const cudaStream_t s = dev_of(bn)->stream;
+  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, s);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  return cuda_st(fn, bn, "cudaMemcpyAsync", err);
+}
+
+sn_status_t sn__syncbn_dev_download(sn_syncbn_t *bn) {
+  const char *fn = "sn_syncbn (state to host)";
+  SN_TRY(dev_wait(fn, bn));
+  const size_t cb = (size_t)bn->C * sizeof(float);
+  if (bn->cfg.affine) {
+    SN_TRY(copy(fn, bn, bn->weight, arr(bn, D_WEIGHT), cb, cudaMemcpyDeviceToHost));
+    SN_TRY(copy(fn, bn, bn->bias, arr(bn, D_BIAS), cb, cudaMemcpyDeviceToHost));
+  }
+  if (bn->cfg.track_running_stats) {
+    SN_TRY(copy(fn, bn, bn->running_mean, arr(bn, D_RM), cb, cudaMemcpyDeviceToHost));
+    SN_TRY(copy(fn, bn, bn->running_var, arr(bn, D_RV), cb, cudaMemcpyDeviceToHost));
+    SN_TRY(copy(fn, bn, &bn->num_batches_tracked, dev_of(bn)->nbt, sizeof(int64_t),
+                cudaMemcpyDeviceToHost));
+  }
+  return SN_OK;
+}
+
+sn_status_t sn__syncbn_dev_upload(sn_syncbn_t *bn) {
+  const char *fn = "sn_syncbn (state to device)";
+  SN_TRY(dev_wait(fn, bn));
+  const size_t cb = (size_t)bn->C * sizeof(float);
+  for (int64_t c = 0; c < bn->C; c++) /* as the CPU path resets a non-finite pivot */
+    if (!(bn->pivot[c] - bn->pivot[c] == 0.0f)) bn->pivot[c] = 0.0f;
+  SN_TRY(copy(fn, bn, arr(bn, D_PIVOT), bn->pivot, cb, cudaMemcpyHostToDevice));
+  if (bn->cfg.affine) {
+    SN_TRY(copy(fn, bn, arr(bn, D_WEIGHT), bn->weight, cb, cudaMemcpyHostToDevice));
+    SN_TRY(copy(fn, bn, arr(bn, D_BIAS), bn->bias, cb, cudaMemcpyHostToDevice));
+  }
+  if (bn->cfg.track_running_stats) {
+    SN_TRY(copy(fn, bn, arr(bn, D_RM), bn->running_mean, cb, cudaMemcpyHostToDevice));
+    SN_TRY(copy(fn, bn, arr(bn, D_RV), bn->running_var, cb, cudaMemcpyHostToDevice));
+    SN_TRY(copy(fn, bn, dev_of(bn)->nbt, &bn->num_batches_tracked, sizeof(int64_t),
+                cudaMemcpyHostToDevice));
+  }
+  return SN_OK;
+}
+
+/* The workspace for [n, C, s] (n·s > 0): grown, never shrunk. Growing waits for the stream and
+ * allocates: not during graph capture (a warm-up call of the shape first). */
+static sn_status_t ensure_ws(const char *fn, sn_syncbn_t *bn, int64_t n, int64_t s) {
+  dev_state_t *d = dev_of(bn);
+  size_t need = 0;
+  SN_TRY(sn_cuda_batchnorm_workspace(&need, n, bn->C, s, bn->cfg.layout));
+  if (need <= d->ws_bytes) return SN_OK;
+  SN_TRY(cuda_st(fn, bn, "cudaStreamSynchronize", cudaStreamSynchronize(d->stream)));
+  void *p = NULL;
+  const cudaError_t err = cudaMalloc(&p, need);
+  if (err != cudaSuccess)
+    return sn__fail(SN_ERR_ALLOC, "%s: %s: cudaMalloc of a %zu-byte workspace: %s", fn,
+                    bn->label, need, cudaGetErrorName(err));
+  cudaFree(d->ws);
+  d->ws = p, d->ws_bytes = need;
+  return SN_OK;
+}
+
+sn_status_t sn__syncbn_dev_infer(sn_syncbn_t *bn, const char *fn, void *y, const void *x,
+                                 int64_t n, int64_t s) {
+  dev_state_t *d = dev_of(bn);
+  const sn_syncbn_config_t *cfg = &bn->cfg;
+  const int aff = cfg->affine;
+  if (n * s > 0) {
+    const sn_status_t st = sn_cuda_batchnorm_infer(
+        y, x, arr(bn, D_RM), arr(bn, D_RV), aff ? arr(bn, D_WEIGHT) : NULL,
+        aff ? arr(bn, D_BIAS) : NULL, n, bn->C, s, cfg->eps, cfg->layout, cfg->dtype, d->stream);
+    if (st != SN_OK) return sn__fail_prefix(st, "%s (%s)", fn, bn->label);
+  }
+  return sn__syncbn_cuda_eval_stats(d->mean, arr(bn, D_RSTD), arr(bn, D_RM), arr(bn, D_RV),
+                                    bn->C, cfg->eps, d->stream);
+}
+
+sn_status_t sn__syncbn_dev_sums(sn_syncbn_t *bn, const char *fn, const void *x, int64_t n,
+                                int64_t s, int synced) {
+  dev_state_t *d = dev_of(bn);
+  const int64_t C = bn->C;
+  const sn_syncbn_config_t *cfg = &bn->cfg;
+  if (n * s > 0) {
+    SN_TRY(ensure_ws(fn, bn, n, s));
+    const sn_status_t st = sn_cuda_batchnorm_stats(d->red, d->red + C, x, arr(bn, D_PIVOT), n, C,
+                                                   s, cfg->layout, cfg->dtype, d->ws,
+                                                   d->ws_bytes, d->stream);
+    if (st != SN_OK) return sn__fail_prefix(st, "%s (%s)", fn, bn->label);
+  }
+  SN_TRY(sn__syncbn_cuda_count(d->red, C, n * s, d->stream));
+  if (!synced) return SN_OK;
+  bn->collectives++;
+  char where[sizeof bn->label + 64];
+  snprintf(where, sizeof where, "%s (%s)", fn, bn->label);
+  return sn__comm_allreduce(where, bn->comm, d->red, 2 * C + 1, SN_RED_F64, SN_RED_SUM);
+}
+
+sn_status_t sn__syncbn_dev_read_count(sn_syncbn_t *bn, int64_t *count) {
+  const char *fn = "sn_syncbn_forward";
+  SN_TRY(dev_wait(fn, bn));
+  double c = 0.0;
+  SN_TRY(copy(fn, bn, &c, dev_of(bn)->red + 2 * bn->C, sizeof c, cudaMemcpyDeviceToHost));
+  *count = (int64_t)c;
+  return SN_OK;
+}
+
+sn_status_t sn__syncbn_dev_finish(sn_syncbn_t *bn, const char *fn, void *y, const void *x,
+                                  int64_t n, int64_t s, int update, int set_pivot) {
+  dev_state_t *d = dev_of(bn);
+  const sn_syncbn_config_t *cfg = &bn->cfg;
+  const int aff = cfg->affine;
+  SN_TRY(sn__syncbn_cuda_finalize(d->mean, arr(bn, D_VAR), arr(bn, D_RSTD), arr(bn, D_PIVOT),
+                                  update ? arr(bn, D_RM) : NULL, update ? arr(bn, D_RV) : NULL,
+                                  update ? d->nbt : NULL, d->count, d->red, bn->C, cfg->eps,
+                                  cfg->momentum, update, set_pivot, d->stream));
+  if (n * s == 0) return SN_OK;
+  const sn_status_t st = sn_cuda_batchnorm_apply(y, x, d->mean, arr(bn, D_RSTD),
+                                                 aff ? arr(bn, D_WEIGHT) : NULL,
+                                                 aff ? arr(bn, D_BIAS) : NULL, n, bn->C, s,
+                                                 cfg->layout, cfg->dtype, d->stream);
+  return st == SN_OK ? SN_OK : sn__fail_prefix(st, "%s (%s)", fn, bn->label);
+}
+
+sn_status_t sn__syncbn_dev_backward(sn_syncbn_t *bn, const char *fn, void *dx, const void *dy,
+                                    const void *x, int64_t n, int64_t s, int batch_stats,
+                                    int synced) {
+  dev_state_t *d = dev_of(bn);
+  const int64_t C = bn->C;
+  const sn_syncbn_config_t *cfg = &bn->cfg;
+  const int aff = cfg->affine;
+  sn_status_t st = SN_OK;
+  if (n * s > 0) {
+    SN_TRY(ensure_ws(fn, bn, n, s));
+    st = sn_cuda_batchnorm_bwd_reduce(d->local, d->local + C, dy, x, d->mean, arr(bn, D_RSTD), n,
+                                      C, s, cfg->layout, cfg->dtype, d->ws, d->ws_bytes,
+                                      d->stream);
+    if (st != SN_OK) return sn__fail_prefix(st, "%s (%s)", fn, bn->label);
+  }
+  SN_TRY(sn__syncbn_cuda_bwd_local(aff ? arr(bn, D_GW) : NULL, aff ? arr(bn, D_GB) : NULL, d->red,
+                                   d->local, C, n * s, d->stream));
+  if (batch_stats && synced) {
+    bn->collectives++;
+    char where[sizeof bn->label + 64];
+    snprintf(where, sizeof where, "%s (%s)", fn, bn->label);
+    SN_TRY(sn__comm_allreduce(where, bn->comm, d->red, 2 * C, SN_RED_F64, SN_RED_SUM));
+  }
+  if (batch_stats) SN_TRY(sn__syncbn_cuda_bwd_scale(d->red, d->count, C, d->stream));
+  if (n * s == 0) return SN_OK;
+  /* count 2 with the sums already scaled by 2/N (bwd_scale): the kernel's Σ/count is Σ/N */
+  st = sn_cuda_batchnorm_bwd_apply(dx, dy, x, d->mean, arr(bn, D_RSTD),
+                                   aff ? arr(bn, D_WEIGHT) : NULL, batch_stats ? d->red : NULL,
+                                   batch_stats ? d->red + C : NULL, batch_stats ? 2 : 0, n, C, s,
+                                   cfg->layout, cfg->dtype, d->stream);
+  return st == SN_OK ? SN_OK : sn__fail_prefix(st, "%s (%s)", fn, bn->label);
+}
+
+sn_status_t sn__syncbn_dev_zero_grads(sn_syncbn_t *bn, const char *fn) {
+  if (!bn->cfg.affine) return SN_OK;
+  dev_state_t *d = dev_of(bn);
+  cudaError_t err = cudaMemsetAsync(arr(bn, D_GW), 0, 2 * (size_t)bn->C * sizeof(float),
+                                    d->stream); /* D_GW, D_GB are adjacent */
+  return cuda_st(fn, bn, "cudaMemsetAsync", err);
+}
+
+/* ---- the calls: syncbn.c's control flow for device layers ----------------------------------- */
+
+/* The forward of a device_memory layer (from sn_syncbn_forward, after its checks): as
+ * forward_batch / forward_eval, with the statistics' count on the device. With
+ * check_consistency on a communicator of several ranks (a host round trip already: not
+ * capturable) the host also reads the global count, so a count of 1 is SN_ERR_INSUFFICIENT_COUNT
+ * as on the CPU path; without it the count stays on the device (graph-capturable), and a global
+ * count of 1 gives NaN statistics and y, running statistics untouched. */
+sn_status_t sn__syncbn_dev_forward(sn_syncbn_t *bn, const char *fn, void *y, const void *x,
+                                   int64_t n, int64_t s, int training) {
+  const sn_syncbn_config_t *cfg = &bn->cfg;
+  bn->saved.valid = 0;
+  if (!training && cfg->track_running_stats) {
+    SN_TRY(sn__syncbn_dev_infer(bn, fn, y, x, n, s));
+    bn->saved = (sn_syncbn_saved_t){1, 0, 0, n, s, 0};
+    return SN_OK;
+  }
+  const int synced = training && !sn__syncbn_alone(bn);
+  const int update = training && cfg->track_running_stats;
+  int64_t count = n * s; /* the global count where the host knows it; -1: on the device only */
+  if (synced && cfg->check_consistency) {
+    SN_TRY(sn__syncbn_dev_download(bn)); /* the running statistics, for their hash */
+    SN_TRY(sn__syncbn_consistency(bn, fn, OP_FORWARD));
+  }
+  if (!synced && count == 1)
+    return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
+                    "%s: %s: expected more than 1 value per channel when training, got a batch "
+                    "count of 1 (input [%lld, %lld, %lld])",
+                    fn, bn->label, (long long)n, (long long)bn->C, (long long)s);
+  SN_TRY(sn__syncbn_dev_sums(bn, fn, x, n, s, synced));
+  if (synced) count = -1;
+  if (synced && cfg->check_consistency) {
+    SN_TRY(sn__syncbn_dev_read_count(bn, &count));
+    if (count == 1)
+      return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
+                      "%s: %s: expected more than 1 value per channel when training, got a global "
+                      "count of 1 (input [%lld, %lld, %lld] on this rank)",
+                      fn, bn->label, (long long)n, (long long)bn->C, (long long)s);
+  }
+  SN_TRY(sn__syncbn_dev_finish(bn, fn, y, x, n, s, update, synced || sn__syncbn_alone(bn)));
+  bn->saved = (sn_syncbn_saved_t){1, 1, synced, n, s, count};
+  return SN_OK;
+}
+
+/* The backward of a device_memory layer (from sn_syncbn_backward, after its checks), as its
+ * host steps. */
+sn_status_t sn__syncbn_dev_backward_call(sn_syncbn_t *bn, const char *fn, void *dx,
+                                         const void *dy, const void *x, int64_t n, int64_t s) {
+  if (bn->saved.batch_stats && bn->saved.count == 0) /* empty global batch: zero gradients */
+    return sn__syncbn_dev_zero_grads(bn, fn);
+  const int synced = bn->saved.synced;
+  if (synced && bn->cfg.check_consistency) {
+    SN_TRY(sn__syncbn_dev_download(bn));
+    SN_TRY(sn__syncbn_consistency(bn, fn, OP_BACKWARD));
+  }
+  return sn__syncbn_dev_backward(bn, fn, dx, dy, x, n, s, bn->saved.batch_stats, synced);
+}

@@ -1,0 +1,35 @@
+/*
+ * common.cu — host helpers of the CUDA kernels: launch checks, workspace checks, device count.
+ */
+#include "common.cuh"
+
+sn_status_t sn__cuda_status(const char *fn, cudaError_t err) {
+  if (err == cudaSuccess) return SN_OK;
+  return sn__fail(SN_ERR_CUDA, "%s: CUDA error %s (%s)", fn, cudaGetErrorName(err),
+                  cudaGetErrorString(err));
+}
+
+sn_status_t sn__cuda_launched(const char *fn) { return sn__cuda_status(fn, cudaGetLastError()); }
+
+sn_status_t sn__cuda_check_workspace(const char *fn, const void *ws, size_t bytes, size_t need) {
+  if (need == 0) return SN_OK;
+  if (ws == NULL)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: workspace is NULL, %zu bytes are needed", fn,
+                    need);
+  if (bytes < need)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                    "%s: workspace_bytes is %zu, %zu are needed (see the *_workspace query)", fn,
+                    bytes, need);
+  return SN_OK;
+}
+
+extern "C" sn_status_t sn_cuda_device_count(int *count) {
+  SN_TRY(sn__check_ptr("sn_cuda_device_count", "count", count));
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError(); /* no driver or no device: not an error, and not sticky */
+    n = 0;
+  }
+  *count = n;
+  return SN_OK;
+}

@@ -1,0 +1,324 @@
+/*
+ * groupnorm.cu — GroupNorm forward and backward and the BatchNorm fold on the device
+ * (syncnorm_cuda.h), twins of src/cpu/groupnorm.c and src/cpu/fold.c.
+ *
+ * x is [N, C, S] (NCHW) or [N, S, C] (NHWC); group g of sample n holds the Cg = C/G channels
+ * [g·Cg, (g+1)·Cg) over its S positions, L = Cg·S values: contiguous in NCHW, Cg contiguous
+ * values in each of the S rows of C in NHWC. Element k < L of a group is, in NCHW, at
+ * (n·C + g·Cg)·S + k (channel g·Cg + k/S), in NHWC at (n·S + k/Cg)·C + g·Cg + k%Cg.
+ *
+ * One block of 256 threads per (n, g) (a grid-stride loop over them):
+ *   forward: two fp64 passes over x in global memory (Σx, then Σ(x − mean)²), then
+ *            y = (x − mean)·(rstd·gamma_c) + beta_c in fp64, rounded to the dtype once;
+ *   backward: per channel of the group Σdy, Σdy·d, Σd (d = x − mean, fp64, strided in NHWC), the
+ *            CPU's re-centred formula (gn_bwd_nchw in src/cpu/groupnorm.c), then dx in fp64;
+ *            the per-sample dgamma/dbeta terms go to the workspace [2][N·C] f64 and
+ *            gn_param_grads adds them over the samples in order (deterministic).
+ * Fold: a grid-stride loop over the weights, k in fp64 per element, b by the channel's first.
+ */
+#include <math.h>
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxGrid = 65535;
+
+__device__ __forceinline__ double gn_canon(double v) {
+  return isnan(v) ? __longlong_as_double(0x7ff8000000000000LL) : v;
+}
+
+struct GnArgs {
+  void *out;                   /* y (fwd) or dx (bwd) */
+  const void *in, *x;          /* fwd: in = x; bwd: in = dy, x */
+  float *mean_out, *rstd_out;  /* fwd, [N·G] or NULL */
+  const float *mean, *rstd;    /* bwd, [N·G] */
+  const float *gamma, *beta;   /* [C] or NULL */
+  double *wq;                  /* bwd: [2][N·C] (dgamma terms, dbeta terms) or NULL */
+  double eps;
+  int64_t n, c, s, g;
+  int nhwc;
+};
+
+/* Offset of element k of group (n, g) and its channel. */
+__device__ __forceinline__ int64_t gn_off(const GnArgs &a, int64_t n, int64_t g, int64_t k,
+                                          int64_t *ch) {
+  const int64_t cg = a.c / a.g;
+  if (a.nhwc) {
+    const int64_t row = k / cg, j = k - row * cg;
+    *ch = g * cg + j;
+    return (n * a.s + row) * a.c + g * cg + j;
+  }
+  *ch = g * cg + k / a.s;
+  return (n * a.c + g * cg) * a.s + k;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) gn_fwd(GnArgs a) {
+  __shared__ double scratch[32];
+  const T *x = (const T *)a.in;
+  T *y = (T *)a.out;
+  const int64_t L = a.c / a.g * a.s;
+  for (int64_t t = blockIdx.x; t < a.n * a.g; t += gridDim.x) {
+    const int64_t n = t / a.g, g = t - n * a.g;
+    int64_t ch;
+    double s1 = 0.0;
+    for (int64_t k = threadIdx.x; k < L; k += blockDim.x)
+      s1 += (double)sn_io<T>::widen(x[gn_off(a, n, g, k, &ch)]);
+    const double mean = sn__block_sum(s1, scratch) / (double)L;
+    double s2 = 0.0;
+    for (int64_t k = threadIdx.x; k < L; k += blockDim.x) {
+      const double d = (double)sn_io<T>::widen(x[gn_off(a, n, g, k, &ch)]) - mean;
+      s2 += d * d;
+    }
+    const double rs = 1.0 / sqrt(sn__block_sum(s2, scratch) / (double)L + a.eps);
+    if (threadIdx.x == 0) {
+      if (a.mean_out) a.mean_out[t] = (float)gn_canon(mean);
+      if (a.rstd_out) a.rstd_out[t] = (float)gn_canon(rs);
+    }
+    for (int64_t k = threadIdx.x; k < L; k += blockDim.x) {
+      const int64_t off = gn_off(a, n, g, k, &ch);
+      const double gm = a.gamma ? (double)a.gamma[ch] : 1.0;
+      const double b = a.beta ? (double)a.beta[ch] : 0.0;
+      y[off] = sn_io<T>::narrow_d(((double)sn_io<T>::widen(x[off]) - mean) * (rs * gm) + b);
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) gn_bwd(GnArgs a) {
+  __shared__ double scratch[32];
+  const T *dy = (const T *)a.in, *x = (const T *)a.x;
+  T *dx = (T *)a.out;
+  const int64_t cg = a.c / a.g, L = cg * a.s, NC = a.n * a.c;
+  for (int64_t t = blockIdx.x; t < a.n * a.g; t += gridDim.x) {
+    const int64_t n = t / a.g, g = t - n * a.g;
+    const double m = (double)a.mean[t], rs = (double)a.rstd[t];
+    double A = 0.0, B = 0.0, D = 0.0; /* Σd, Σ gamma·Σdy, Σ gamma·Σdy·d over the group */
+    for (int64_t j = 0; j < cg; j++) { /* pass 1: per-channel sums */
+      const int64_t ch = g * cg + j;
+      double sd = 0.0, sdy = 0.0, sdyd = 0.0;
+      for (int64_t k = threadIdx.x; k < a.s; k += blockDim.x) {
+        const int64_t off = a.nhwc ? (n * a.s + k) * a.c + ch : (n * a.c + ch) * a.s + k;
+        const double v = (double)sn_io<T>::widen(dy[off]);
+        const double d = (double)sn_io<T>::widen(x[off]) - m;
+        sd += d, sdy += v, sdyd += v * d;
+      }
+      sd = sn__block_sum(sd, scratch);
+      sdy = sn__block_sum(sdy, scratch);
+      sdyd = sn__block_sum(sdyd, scratch);
+      const double gm = a.gamma ? (double)a.gamma[ch] : 1.0;
+      A += sd, B += gm * sdy, D += gm * sdyd;
+      if (a.wq && threadIdx.x == 0) a.wq[n * a.c + ch] = sdyd, a.wq[NC + n * a.c + ch] = sdy;
+    }
+    const double mu_d = A / (double)L, mg = B / (double)L, mgx = rs * (D - mu_d * B) / (double)L;
+    if (a.wq && threadIdx.x == 0) /* Σdy·x̂ = rs·(Σdy·d − mu_d·Σdy): the dgamma terms */
+      for (int64_t j = 0; j < cg; j++) {
+        const int64_t i = n * a.c + g * cg + j;
+        a.wq[i] = rs * (a.wq[i] - mu_d * a.wq[NC + i]);
+      }
+    /* pass 2 (every read of pass 1 is done: the block sums above synchronized): dx = (dy·a − b)
+     * − (x − m')·e with the CPU's constants a = rs·gamma, b = rs·mg, e = rs²·mgx, m' = m + mu_d */
+    const double m2 = m + mu_d, b = rs * mg, e = rs * rs * mgx;
+    for (int64_t k = threadIdx.x; k < L; k += blockDim.x) {
+      int64_t ch;
+      const int64_t off = gn_off(a, n, g, k, &ch);
+      const double ka = rs * (a.gamma ? (double)a.gamma[ch] : 1.0);
+      const double v = (double)sn_io<T>::widen(dy[off]), xv = (double)sn_io<T>::widen(x[off]);
+      dx[off] = sn_io<T>::narrow_d((v * ka - b) - (xv - m2) * e);
+    }
+  }
+}
+
+/* dgamma[c] = Σ_n wq[n·C + c], dbeta[c] = Σ_n wq[N·C + n·C + c], samples in order. */
+__global__ void gn_param_grads(float *dgamma, float *dbeta, const double *wq, int64_t N,
+                               int64_t C) {
+  for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C;
+       c += (int64_t)gridDim.x * blockDim.x) {
+    double dg = 0.0, db = 0.0;
+    for (int64_t i = 0; i < N; i++) dg += wq[i * C + c], db += wq[N * C + i * C + c];
+    if (dgamma) dgamma[c] = (float)gn_canon(dg);
+    if (dbeta) dbeta[c] = (float)gn_canon(db);
+  }
+}
+
+/* w[c, :] *= k, b[c] = (b[c] − rm_c)·k + beta_c, k = gamma_c/√(rv_c + eps) in fp64 (rv < 0:
+ * NaN); b[c] by the thread of w[c, 0]. */
+__global__ void fold_bn(float *w, float *b, const float *gamma, const float *beta,
+                        const float *rm, const float *rv, int64_t total, int64_t per_out,
+                        double eps) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t c = i / per_out;
+    const double k = (gamma ? (double)gamma[c] : 1.0) / sqrt((double)rv[c] + eps);
+    w[i] = (float)__dmul_rn((double)w[i], k);
+    if (i == c * per_out)
+      b[c] = (float)__dadd_rn(__dmul_rn((double)b[c] - (double)rm[c], k),
+                              beta ? (double)beta[c] : 0.0);
+  }
+}
+
+unsigned grid_for(int64_t work, int threads, int64_t cap) {
+  int64_t b = (work + threads - 1) / threads;
+  if (b < 1) b = 1;
+  return (unsigned)(b < cap ? b : cap);
+}
+
+/* sn__check_ncs of the CPU code (src/cpu/norm_kernels.h), then the CPU's check_gn. */
+sn_status_t check_gn(const char *fn, int64_t n, int64_t c, int64_t s, int64_t groups,
+                     sn_layout_t layout, sn_dtype_t dtype, int64_t *rows) {
+  int64_t nc, total;
+  SN_TRY(sn__check_size(fn, "c", c, 1));
+  SN_TRY(sn__check_size(fn, "n", n, 0));
+  SN_TRY(sn__check_size(fn, "s", s, 0));
+  SN_TRY(sn__check_elems(fn, "c", c));
+  SN_TRY(sn__mul(fn, &nc, n, c));
+  SN_TRY(sn__mul(fn, &total, nc, s));
+  *rows = n * s;
+  SN_TRY(sn__check_size(fn, "groups", groups, 1));
+  if (c % groups != 0)
+    return sn__fail(SN_ERR_INVALID_GROUPS, "%s: c (%lld) must be divisible by groups (%lld)", fn,
+                    (long long)c, (long long)groups);
+  SN_TRY(sn__check_layout(fn, layout));
+  SN_TRY(sn__check_act_dtype(fn, dtype));
+  return SN_OK;
+}
+
+/* Bytes of the backward's workspace for [N, C] (0 when n == 0): [2][N·C] f64. */
+sn_status_t gn_ws_bytes(const char *fn, int64_t n, int64_t c, size_t *bytes) {
+  int64_t nc;
+  SN_TRY(sn__mul(fn, &nc, n, c));
+  if (nc > INT64_MAX / 32)
+    return sn__fail(SN_ERR_OVERFLOW, "%s: the workspace of [%lld, %lld] overflows", fn,
+                    (long long)n, (long long)c);
+  *bytes = 2 * sn__cuda_align((size_t)nc * 8);
+  return SN_OK;
+}
+
+template <typename T>
+void launch_gn(bool bwd, const GnArgs &a, cudaStream_t stream) {
+  const int64_t work = a.n * a.g;
+  const unsigned grid = (unsigned)(work < kMaxGrid ? work : kMaxGrid);
+  if (bwd) gn_bwd<T><<<grid, kThreads, 0, stream>>>(a);
+  else gn_fwd<T><<<grid, kThreads, 0, stream>>>(a);
+}
+
+} /* namespace */
+
+extern "C" sn_status_t sn_cuda_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x,
+                                             const float *gamma, const float *beta, int64_t n,
+                                             int64_t c, int64_t s, int64_t groups, float eps,
+                                             sn_layout_t layout, sn_dtype_t dtype,
+                                             cudaStream_t stream) {
+  static const char fn[] = "sn_cuda_groupnorm_fwd";
+  int64_t rows;
+  SN_TRY(check_gn(fn, n, c, s, groups, layout, dtype, &rows));
+  SN_TRY(sn__check_eps(fn, eps));
+  if (rows > 0) {
+    SN_TRY(sn__check_ptr(fn, "y", y));
+    SN_TRY(sn__check_ptr(fn, "x", x));
+  }
+  const int64_t ab = rows * c * sn_dtype_size(dtype), sb = n * groups * 4, pb = c * 4;
+  const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 3), SN_SPAN_OUT("mean", mean, sb, 0u),
+                              SN_SPAN_OUT("rstd", rstd, sb, 0u),  SN_SPAN_IN("x", x, ab),
+                              SN_SPAN_IN("gamma", gamma, pb),     SN_SPAN_IN("beta", beta, pb)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  if (rows == 0) return SN_OK;
+  GnArgs a = {};
+  a.out = y, a.in = x, a.mean_out = mean, a.rstd_out = rstd, a.gamma = gamma, a.beta = beta;
+  a.eps = (double)eps, a.n = n, a.c = c, a.s = s, a.g = groups;
+  a.nhwc = layout == SN_LAYOUT_NHWC;
+  SN_CUDA_DISPATCH(dtype, launch_gn<T>(false, a, stream));
+  return sn__cuda_launched(fn);
+}
+
+extern "C" sn_status_t sn_cuda_groupnorm_bwd_workspace(size_t *bytes, int64_t n, int64_t c) {
+  static const char fn[] = "sn_cuda_groupnorm_bwd_workspace";
+  size_t need;
+  SN_TRY(sn__check_ptr(fn, "bytes", bytes));
+  SN_TRY(sn__check_size(fn, "c", c, 1));
+  SN_TRY(sn__check_size(fn, "n", n, 0));
+  SN_TRY(sn__check_elems(fn, "c", c));
+  SN_TRY(gn_ws_bytes(fn, n, c, &need));
+  *bytes = need;
+  return SN_OK;
+}
+
+/* The workspace is needed (and checked) only where dgamma or dbeta is asked for and the batch is
+ * not empty. */
+extern "C" sn_status_t sn_cuda_groupnorm_bwd(void *dx, float *dgamma, float *dbeta,
+                                             const void *dy, const void *x, const float *mean,
+                                             const float *rstd, const float *gamma, int64_t n,
+                                             int64_t c, int64_t s, int64_t groups,
+                                             sn_layout_t layout, sn_dtype_t dtype,
+                                             void *workspace, size_t workspace_bytes,
+                                             cudaStream_t stream) {
+  static const char fn[] = "sn_cuda_groupnorm_bwd";
+  int64_t rows;
+  size_t need = 0;
+  SN_TRY(check_gn(fn, n, c, s, groups, layout, dtype, &rows));
+  if (rows > 0) {
+    SN_TRY(sn__check_ptr(fn, "dx", dx));
+    SN_TRY(sn__check_ptr(fn, "dy", dy));
+    SN_TRY(sn__check_ptr(fn, "x", x));
+    SN_TRY(sn__check_ptr(fn, "mean", mean));
+    SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  }
+  if (rows > 0 && (dgamma || dbeta)) {
+    SN_TRY(gn_ws_bytes(fn, n, c, &need));
+    SN_TRY(sn__cuda_check_workspace(fn, workspace, workspace_bytes, need));
+  }
+  const int64_t ab = rows * c * sn_dtype_size(dtype), sb = n * groups * 4, pb = c * 4;
+  const sn__span_t spans[] = {
+      SN_SPAN_OUT("dx", dx, ab, 1u << 3),     SN_SPAN_OUT("dgamma", dgamma, pb, 0u),
+      SN_SPAN_OUT("dbeta", dbeta, pb, 0u),    SN_SPAN_IN("dy", dy, ab),
+      SN_SPAN_IN("x", x, ab),                 SN_SPAN_IN("mean", mean, sb),
+      SN_SPAN_IN("rstd", rstd, sb),           SN_SPAN_IN("gamma", gamma, pb),
+      SN_SPAN_OUT("workspace", workspace, (int64_t)need, 0u)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  if (rows == 0) { /* empty batch: zero parameter gradients, nothing else written */
+    if (dgamma) SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dgamma, 0, (size_t)c * 4, stream)));
+    if (dbeta) SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dbeta, 0, (size_t)c * 4, stream)));
+    return SN_OK;
+  }
+  GnArgs a = {};
+  a.out = dx, a.in = dy, a.x = x, a.mean = mean, a.rstd = rstd, a.gamma = gamma;
+  a.wq = need > 0 ? (double *)workspace : NULL;
+  a.n = n, a.c = c, a.s = s, a.g = groups, a.nhwc = layout == SN_LAYOUT_NHWC;
+  SN_CUDA_DISPATCH(dtype, launch_gn<T>(true, a, stream));
+  if (a.wq) {
+    /* the dbeta terms start at N·C, as the kernel indexes them (not at the aligned half) */
+    gn_param_grads<<<grid_for(c, kThreads, 4096), kThreads, 0, stream>>>(dgamma, dbeta, a.wq, n,
+                                                                        c);
+  }
+  return sn__cuda_launched(fn);
+}
+
+extern "C" sn_status_t sn_cuda_fold_batchnorm(float *w, float *b, const float *gamma,
+                                              const float *beta, const float *running_mean,
+                                              const float *running_var, int64_t c_out,
+                                              int64_t per_out, float eps, cudaStream_t stream) {
+  static const char fn[] = "sn_cuda_fold_batchnorm";
+  int64_t total;
+  SN_TRY(sn__check_size(fn, "c_out", c_out, 1));
+  SN_TRY(sn__check_size(fn, "per_out", per_out, 1));
+  SN_TRY(sn__mul(fn, &total, c_out, per_out));
+  SN_TRY(sn__check_eps(fn, eps));
+  SN_TRY(sn__check_ptr(fn, "w", w));
+  SN_TRY(sn__check_ptr(fn, "b", b));
+  SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
+  SN_TRY(sn__check_ptr(fn, "running_var", running_var));
+  /* running_var < 0 is checked on the device: NaN for that channel (sqrt of a negative) */
+  const int64_t cb = c_out * 4;
+  const sn__span_t spans[] = {SN_SPAN_OUT("w", w, total * 4, 0u),
+                              SN_SPAN_OUT("b", b, cb, 0u),
+                              SN_SPAN_IN("gamma", gamma, cb),
+                              SN_SPAN_IN("beta", beta, cb),
+                              SN_SPAN_IN("running_mean", running_mean, cb),
+                              SN_SPAN_IN("running_var", running_var, cb)};
+  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  fold_bn<<<grid_for(total, kThreads, 8192), kThreads, 0, stream>>>(
+      w, b, gamma, beta, running_mean, running_var, total, per_out, (double)eps);
+  return sn__cuda_launched(fn);
+}

@@ -1,0 +1,348 @@
+/*
+ * rownorm.cu — LayerNorm, RMSNorm and the fused residual add forwards on the device (the
+ * backwards: rownorm_bwd.cu). Every tensor is row-major [rows, d]; one row is normalized over its
+ * d elements. The CPU twins (src/cpu/layernorm.c, rmsnorm.c) are the reference.
+ *
+ * One thread block per row (grid-stride over rows). The row is held on chip, in registers: each
+ * thread holds VPT elements (VPT in {1, 2, 4, 8, 16}, a template parameter; the smallest whose
+ * block stays within 512 threads, else the largest) of a block of up to 1024 threads, so the row
+ * is read from memory once (rn_fwd_kernel) for d <= 16384 (vector path) or 8192 (scalar path:
+ * VPT <= 8, since 16 spills at 1024 threads). Where every row pointer is 16-byte aligned (base
+ * pointers aligned and d·sizeof(T) % 16 == 0) a thread's elements are 16-byte chunks loaded and
+ * stored as one vector; otherwise element j of thread t is column j·blockDim + t (coalesced
+ * scalar accesses). Longer rows take rn_fwd_big, 1024 threads striding over the row, which reads
+ * it from global memory in each pass (L2 keeps it between passes).
+ *
+ * Per row: mean = Σx/d, var = Σ(x − mean)²/d (two passes over the held values, fp64; RMSNorm:
+ * Σx² in fp64), rstd = 1/√(var + eps) in fp64. mean, rstd are stored rounded to f32; y uses the
+ * fp64 mean and rstd: y = ((x − mean)·rstd·gamma + beta) computed wholly in fp64 and rounded once
+ * to the output dtype (within ~1 rounding of the exact value for every dtype, also where beta
+ * cancels x̂·gamma). Block sums (sn__block_sum) run in a fixed order: deterministic.
+ * The fused kernels round sum_out = x + residual (added in f32) to the dtype and normalize the
+ * rounded values, as the CPU functions do.
+ */
+#include "common.cuh"
+
+namespace {
+
+/* Threads per block preferred for the register path: the smallest VPT keeping the block within
+ * this many threads is taken (more threads only where d needs them). */
+constexpr int kFwdPrefThreads = 512;
+constexpr int kFwdMaxThreads = 1024;
+/* Grid cap: blocks beyond it loop over rows. */
+constexpr int64_t kMaxGrid = (int64_t)1 << 20;
+
+/* ---- host-side checks (as src/cpu/rownorm.h's, which is C with CPU-only machinery) -------- */
+
+/* rows >= 0, d >= 1, d and rows·d fit, eps (unless NULL), dtype; *n = rows·d. */
+sn_status_t rn_check(const char *fn, int64_t rows, int64_t d, const float *eps,
+                     sn_dtype_t dtype, int64_t *n) {
+  SN_TRY(sn__check_size(fn, "rows", rows, 0));
+  SN_TRY(sn__check_size(fn, "d", d, 1));
+  SN_TRY(sn__check_elems(fn, "d", d));
+  SN_TRY(sn__mul(fn, n, rows, d));
+  if (eps != NULL) SN_TRY(sn__check_eps(fn, *eps));
+  SN_TRY(sn__check_act_dtype(fn, dtype));
+  return SN_OK;
+}
+
+sn_status_t rn_check_act(const char *fn, const char *name, const void *p, int64_t n) {
+  return n > 0 ? sn__check_ptr(fn, name, p) : SN_OK;
+}
+
+/* sn__rownorm_fwd_spans of src/cpu/rownorm.h: y may equal x in the plain kernels and overlaps
+ * nothing in the fused ones; sum_out may equal x or residual. */
+sn_status_t rn_fwd_spans(const char *fn, const void *y, const void *sum_out, const float *mean,
+                         const float *rstd, const void *x, const void *residual,
+                         const float *gamma, const float *beta, int64_t rows, int64_t d,
+                         int64_t esize) {
+  const int64_t ab = rows * d * esize, rb = rows * 4, pb = d * 4; /* 4: sizeof(float) */
+  const sn__span_t s[] = {SN_SPAN_OUT("y", y, ab, sum_out == NULL ? 1u << 4 : 0u),
+                          SN_SPAN_OUT("sum_out", sum_out, ab, 1u << 4 | 1u << 5),
+                          SN_SPAN_OUT("mean", mean, rb, 0u),
+                          SN_SPAN_OUT("rstd", rstd, rb, 0u),
+                          SN_SPAN_IN("x", x, ab),
+                          SN_SPAN_IN("residual", residual, ab),
+                          SN_SPAN_IN("gamma", gamma, pb),
+                          SN_SPAN_IN("beta", beta, pb)};
+  return sn__check_spans(fn, s, SN_SPANS(s));
+}
+
+bool rn_aligned16(const void *p) { return p == NULL || ((uintptr_t)p & 15u) == 0; }
+
+/* ---- device side ------------------------------------------------------------------------- */
+
+template <typename T, int W> struct alignas(16) rn_vec {
+  T v[W];
+};
+
+/* The VPT elements of a row that one thread holds. VEC: chunks of W = 16/sizeof(T) contiguous
+ * elements, chunk c of thread t at column (c·blockDim + t)·W (d % W == 0: a chunk is wholly in
+ * the row or wholly out); scalar: element j at column j·blockDim + t. Elements past d read 0. */
+template <typename T, int VPT, bool VEC> struct rn_row {
+  static constexpr int W = VEC ? (int)(16 / sizeof(T)) : 1;
+  static_assert(VPT % W == 0, "a thread holds whole chunks");
+  static constexpr int C = VPT / W;
+
+  /* int: the register path holds rows of at most 16384 elements */
+  static __device__ __forceinline__ int col(int j) {
+    return ((j / W) * (int)blockDim.x + (int)threadIdx.x) * W + j % W;
+  }
+  static __device__ __forceinline__ void load(float (&v)[VPT], const T *row, int64_t d) {
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+      const int i = (c * (int)blockDim.x + (int)threadIdx.x) * W;
+      if constexpr (VEC) {
+        if (i < d) {
+          const rn_vec<T, W> t = *reinterpret_cast<const rn_vec<T, W> *>(row + i);
+#pragma unroll
+          for (int k = 0; k < W; k++) v[c * W + k] = sn_io<T>::widen(t.v[k]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < W; k++) v[c * W + k] = 0.0f;
+        }
+      } else {
+        v[c] = i < d ? sn_io<T>::widen(row[i]) : 0.0f;
+      }
+    }
+  }
+  static __device__ __forceinline__ void store(T *row, const T (&o)[VPT], int64_t d) {
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+      const int i = (c * (int)blockDim.x + (int)threadIdx.x) * W;
+      if (i >= d) continue;
+      if constexpr (VEC) {
+        rn_vec<T, W> t;
+#pragma unroll
+        for (int k = 0; k < W; k++) t.v[k] = o[c * W + k];
+        *reinterpret_cast<rn_vec<T, W> *>(row + i) = t;
+      } else {
+        row[i] = o[c];
+      }
+    }
+  }
+};
+
+/* y [rows, d] = norm(x) (res == NULL) or norm(sum_out = round(x + res)); mean (LayerNorm only),
+ * rstd [rows] f32 or NULL; gamma, beta [d] f32 or NULL (beta NULL for RMSNorm). rms: RMSNorm.
+ * y may equal x (plain); sum_out may equal x or res (each thread reads its elements of both
+ * before it stores them). No __restrict__: those pointers may alias. */
+template <typename T, int VPT, bool VEC>
+__global__ void __launch_bounds__(kFwdMaxThreads)
+    rn_fwd_kernel(T *y, T *sum_out, float *mean_out, float *rstd_out, const T *x, const T *res,
+                  const float *gamma, const float *beta, int64_t rows, int64_t d, float eps,
+                  bool rms) {
+  typedef rn_row<T, VPT, VEC> R;
+  __shared__ double scratch[32];
+  const double dd = (double)d;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t off = r * d;
+    float v[VPT];
+    R::load(v, x + off, d);
+    if (res != nullptr) {
+      float w[VPT];
+      R::load(w, res + off, d);
+      T s[VPT];
+#pragma unroll
+      for (int j = 0; j < VPT; j++) {
+        s[j] = sn_io<T>::narrow(v[j] + w[j]);
+        v[j] = sn_io<T>::widen(s[j]); /* normalize the rounded sum */
+      }
+      R::store(sum_out + off, s, d);
+    }
+    double mu = 0.0, rs;
+    if (!rms) {
+      double s = 0.0;
+#pragma unroll
+      for (int j = 0; j < VPT; j++) s += (double)v[j]; /* 0 past d */
+      mu = sn__block_sum(s, scratch) / dd;
+      double q = 0.0;
+#pragma unroll
+      for (int j = 0; j < VPT; j++) {
+        const double t = (double)v[j] - mu;
+        if (R::col(j) < d) q += t * t;
+      }
+      rs = 1.0 / sqrt(sn__block_sum(q, scratch) / dd + (double)eps);
+    } else {
+      double q = 0.0;
+#pragma unroll
+      for (int j = 0; j < VPT; j++) q += (double)v[j] * (double)v[j]; /* 0 past d */
+      rs = 1.0 / sqrt(sn__block_sum(q, scratch) / dd + (double)eps);
+    }
+    if (threadIdx.x == 0) {
+      if (mean_out != nullptr) mean_out[r] = (float)mu;
+      if (rstd_out != nullptr) rstd_out[r] = (float)rs;
+    }
+    T o[VPT];
+#pragma unroll
+    for (int j = 0; j < VPT; j++) {
+      const int i = R::col(j);
+      double t = ((double)v[j] - mu) * rs;
+      if (i < d) {
+        if (gamma != nullptr) t *= (double)gamma[i];
+        if (beta != nullptr) t += (double)beta[i];
+      }
+      o[j] = sn_io<T>::narrow_d(t);
+    }
+    R::store(y + off, o, d);
+  }
+}
+
+/* rn_fwd_kernel for rows longer than the register path holds: the row is read from global
+ * memory in each pass (fused: pass 1 stores sum_out, the later passes read it back). Each
+ * thread touches the same columns in every pass, so in-place aliasing is safe as in
+ * rn_fwd_kernel. */
+template <typename T>
+__global__ void __launch_bounds__(kFwdMaxThreads)
+    rn_fwd_big(T *y, T *sum_out, float *mean_out, float *rstd_out, const T *x, const T *res,
+               const float *gamma, const float *beta, int64_t rows, int64_t d, float eps,
+               bool rms) {
+  __shared__ double scratch[32];
+  const double dd = (double)d;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t off = r * d;
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+      float v = sn_io<T>::widen(x[off + i]);
+      if (res != nullptr) {
+        const T sv = sn_io<T>::narrow(v + sn_io<T>::widen(res[off + i]));
+        sum_out[off + i] = sv;
+        v = sn_io<T>::widen(sv);
+      }
+      s += rms ? (double)v * (double)v : (double)v;
+    }
+    const T *src = res != nullptr ? sum_out + off : x + off;
+    s = sn__block_sum(s, scratch) / dd;
+    double mu = 0.0, rs;
+    if (!rms) {
+      mu = s;
+      double q = 0.0;
+      for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+        const double t = (double)sn_io<T>::widen(src[i]) - mu;
+        q += t * t;
+      }
+      rs = 1.0 / sqrt(sn__block_sum(q, scratch) / dd + (double)eps);
+    } else {
+      rs = 1.0 / sqrt(s + (double)eps);
+    }
+    if (threadIdx.x == 0) {
+      if (mean_out != nullptr) mean_out[r] = (float)mu;
+      if (rstd_out != nullptr) rstd_out[r] = (float)rs;
+    }
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+      double t = ((double)sn_io<T>::widen(src[i]) - mu) * rs;
+      if (gamma != nullptr) t *= (double)gamma[i];
+      if (beta != nullptr) t += (double)beta[i];
+      y[off + i] = sn_io<T>::narrow_d(t);
+    }
+  }
+}
+
+struct rn_fwd_args {
+  void *y, *sum_out;
+  float *mean, *rstd;
+  const void *x, *res;
+  const float *gamma, *beta;
+  int64_t rows, d;
+  float eps;
+  bool rms, fused; /* RMSNorm; the fused residual add (sum_out, res are checked) */
+};
+
+template <typename T> struct rn_fwd_launch {
+  static constexpr int W = (int)(16 / sizeof(T));
+
+  template <int VPT, bool VEC>
+  static void go(const rn_fwd_args &a, int threads, unsigned grid, cudaStream_t st) {
+    if constexpr (VPT % (VEC ? W : 1) == 0)
+      rn_fwd_kernel<T, VPT, VEC><<<grid, threads, 0, st>>>(
+          (T *)a.y, (T *)a.sum_out, a.mean, a.rstd, (const T *)a.x, (const T *)a.res, a.gamma,
+          a.beta, a.rows, a.d, a.eps, a.rms);
+  }
+  template <int VPT>
+  static void pick(const rn_fwd_args &a, bool vec, int threads, unsigned grid, cudaStream_t st) {
+    if (vec) go<VPT, true>(a, threads, grid, st);
+    else go<VPT, false>(a, threads, grid, st);
+  }
+  static void run(const rn_fwd_args &a, cudaStream_t st) {
+    const unsigned grid = (unsigned)(a.rows < kMaxGrid ? a.rows : kMaxGrid);
+    const bool vec = (a.d * (int64_t)sizeof(T)) % 16 == 0 && rn_aligned16(a.y) &&
+                     rn_aligned16(a.sum_out) && rn_aligned16(a.x) && rn_aligned16(a.res);
+    /* scalar rows hold at most 8 per thread: 16 spilled registers at 1024 threads (ptxas -v) */
+    const int max_vpt = vec ? 16 : 8;
+    if (a.d > (int64_t)max_vpt * kFwdMaxThreads) {
+      rn_fwd_big<T><<<grid, kFwdMaxThreads, 0, st>>>(
+          (T *)a.y, (T *)a.sum_out, a.mean, a.rstd, (const T *)a.x, (const T *)a.res, a.gamma,
+          a.beta, a.rows, a.d, a.eps, a.rms);
+      return;
+    }
+    /* the smallest VPT (a multiple of the chunk width) whose block is within kFwdPrefThreads,
+     * else max_vpt (then at most 1024 threads) */
+    int vpt = vec ? W : 1, threads = 0;
+    for (;; vpt *= 2) {
+      threads = (int)(((a.d + vpt - 1) / vpt + 31) / 32 * 32);
+      if (threads <= kFwdPrefThreads || vpt == max_vpt) break;
+    }
+    switch (vpt) {
+      case 1: pick<1>(a, vec, threads, grid, st); break;
+      case 2: pick<2>(a, vec, threads, grid, st); break;
+      case 4: pick<4>(a, vec, threads, grid, st); break;
+      case 8: pick<8>(a, vec, threads, grid, st); break;
+      default: go<16, true>(a, threads, grid, st); break; /* vec only */
+    }
+  }
+};
+
+/* Validates as the CPU function fn and launches; res/sum_out NULL for the plain kernels. */
+sn_status_t rn_fwd(const char *fn, const rn_fwd_args &a, sn_dtype_t dtype, cudaStream_t stream) {
+  int64_t n;
+  float eps = a.eps;
+  const bool fused = a.fused;
+  SN_TRY(rn_check(fn, a.rows, a.d, &eps, dtype, &n));
+  SN_TRY(rn_check_act(fn, "y", a.y, n));
+  if (fused) SN_TRY(rn_check_act(fn, "sum_out", a.sum_out, n));
+  SN_TRY(rn_check_act(fn, "x", a.x, n));
+  if (fused) SN_TRY(rn_check_act(fn, "residual", a.res, n));
+  if (n == 0) return SN_OK;
+  SN_TRY(rn_fwd_spans(fn, a.y, a.sum_out, a.mean, a.rstd, a.x, a.res, a.gamma, a.beta, a.rows,
+                      a.d, sn_dtype_size(dtype)));
+  SN_CUDA_DISPATCH(dtype, rn_fwd_launch<T>::run(a, stream));
+  return sn__cuda_launched(fn);
+}
+
+}  // namespace
+
+extern "C" sn_status_t sn_cuda_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
+                                             const float *gamma, const float *beta, int64_t rows,
+                                             int64_t d, float eps, sn_dtype_t dtype,
+                                             cudaStream_t stream) {
+  const rn_fwd_args a = {y, NULL, mean, rstd, x, NULL, gamma, beta, rows, d, eps, false, false};
+  return rn_fwd("sn_cuda_layernorm_fwd", a, dtype, stream);
+}
+
+extern "C" sn_status_t sn_cuda_add_layernorm_fwd(void *y, void *sum_out, float *mean,
+                                                 float *rstd, const void *x,
+                                                 const void *residual, const float *gamma,
+                                                 const float *beta, int64_t rows, int64_t d,
+                                                 float eps, sn_dtype_t dtype,
+                                                 cudaStream_t stream) {
+  const rn_fwd_args a = {y,    sum_out, mean, rstd, x,    residual,
+                        gamma, beta,   rows, d,    eps, false, true};
+  return rn_fwd("sn_cuda_add_layernorm_fwd", a, dtype, stream);
+}
+
+extern "C" sn_status_t sn_cuda_rmsnorm_fwd(void *y, float *rstd, const void *x,
+                                           const float *gamma, int64_t rows, int64_t d,
+                                           float eps, sn_dtype_t dtype, cudaStream_t stream) {
+  const rn_fwd_args a = {y, NULL, NULL, rstd, x, NULL, gamma, NULL, rows, d, eps, true, false};
+  return rn_fwd("sn_cuda_rmsnorm_fwd", a, dtype, stream);
+}
+
+extern "C" sn_status_t sn_cuda_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd,
+                                               const void *x, const void *residual,
+                                               const float *gamma, int64_t rows, int64_t d,
+                                               float eps, sn_dtype_t dtype,
+                                               cudaStream_t stream) {
+  const rn_fwd_args a = {y,    sum_out, NULL, rstd, x,    residual,
+                        gamma, NULL,   rows, d,    eps, true, true};
+  return rn_fwd("sn_cuda_add_rmsnorm_fwd", a, dtype, stream);
+}

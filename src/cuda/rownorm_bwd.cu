@@ -1,0 +1,415 @@
+/*
+ * rownorm_bwd.cu — LayerNorm and RMSNorm backwards on the device (the forwards: rownorm.cu).
+ * Every tensor is row-major [rows, d]. The CPU twins (src/cpu/layernorm_bwd.c, rmsnorm.c) are
+ * the reference.
+ *
+ * The rows are cut into P = min(rows, RN_BWD_CHUNKS) fixed chunks (P depends on rows only, so the
+ * workspace query needs only the shape); block b takes rows [⌊b·rows/P⌋, ⌊(b+1)·rows/P⌋) in order.
+ * Per row, with g = dy·gamma and x̂ = (x − mean)·rstd from the saved f32 mean/rstd (all fp64):
+ *   LayerNorm  sums Σx̂, Σg, Σg·x̂ (block sums, fixed order); x̂' = x̂ − Σx̂/d (re-centred as the
+ *              CPU code: the f32-rounded mean loses nothing when |mean| ≫ σ),
+ *              Σg·x̂' = Σg·x̂ − (Σx̂/d)·Σg, dx = rstd·(g − Σg/d − x̂'·Σ(g·x̂')/d)
+ *   RMSNorm    x̂ = x·rstd, dx = rstd·g − x̂·(rstd·Σ(g·x̂)/d)
+ * dx is rounded once from fp64. A block adds each row's dy·x̂' and dy into fp64 partials of its
+ * chunk, [P, d] each in the workspace (dgamma's, then dbeta's at sn__cuda_align(P·d·8)); a
+ * second kernel sums the P partials of each column in chunk order and writes f32 dgamma/dbeta.
+ * No atomics: bitwise the same results from run to run. The workspace is needed only where
+ * dgamma or dbeta is non-NULL (it may be NULL otherwise).
+ *
+ * The row is held in registers (VPT elements per thread, blocks of up to 512 threads: x, dy and
+ * the fp64 partials of a thread's columns) for d <= 8192 (vector loads) or 4096 (scalar); longer
+ * rows take rn_bwd_big, which reads x and dy twice per row and keeps the partials of its chunk
+ * in the workspace (each column read-modified-written by the same thread, in row order).
+ */
+#include "common.cuh"
+
+namespace {
+
+/* Chunks of rows (blocks) of the backward: enough blocks to fill an H200 (132 SMs) a few times
+ * over at 512 threads. */
+constexpr int64_t RN_BWD_CHUNKS = 512;
+constexpr int kBwdPrefThreads = 512;
+constexpr int kBwdMaxThreads = 512;
+
+/* ---- host-side checks (as src/cpu/rownorm.h's) ------------------------------------------- */
+
+sn_status_t rn_check(const char *fn, int64_t rows, int64_t d, sn_dtype_t dtype, int64_t *n) {
+  SN_TRY(sn__check_size(fn, "rows", rows, 0));
+  SN_TRY(sn__check_size(fn, "d", d, 1));
+  SN_TRY(sn__check_elems(fn, "d", d));
+  SN_TRY(sn__mul(fn, n, rows, d));
+  SN_TRY(sn__check_act_dtype(fn, dtype));
+  return SN_OK;
+}
+
+sn_status_t rn_check_act(const char *fn, const char *name, const void *p, int64_t n) {
+  return n > 0 ? sn__check_ptr(fn, name, p) : SN_OK;
+}
+
+/* sn__rownorm_bwd_spans of src/cpu/rownorm.h, plus the workspace (ws_bytes of it, an output):
+ * dx may equal dy. */
+sn_status_t rn_bwd_spans(const char *fn, const void *dx, const float *dgamma, const float *dbeta,
+                         const void *dy, const void *x, const float *mean, const float *rstd,
+                         const float *gamma, const void *ws, int64_t ws_bytes, int64_t rows,
+                         int64_t d, int64_t esize) {
+  const int64_t ab = rows * d * esize, rb = rows * 4, pb = d * 4; /* 4: sizeof(float) */
+  const sn__span_t s[] = {SN_SPAN_OUT("dx", dx, ab, 1u << 3),
+                          SN_SPAN_OUT("dgamma", dgamma, pb, 0u),
+                          SN_SPAN_OUT("dbeta", dbeta, pb, 0u),
+                          SN_SPAN_IN("dy", dy, ab),
+                          SN_SPAN_IN("x", x, ab),
+                          SN_SPAN_IN("mean", mean, rb),
+                          SN_SPAN_IN("rstd", rstd, rb),
+                          SN_SPAN_IN("gamma", gamma, pb),
+                          SN_SPAN_OUT("workspace", ws, ws_bytes, 0u)};
+  return sn__check_spans(fn, s, SN_SPANS(s));
+}
+
+bool rn_aligned16(const void *p) { return p == NULL || ((uintptr_t)p & 15u) == 0; }
+
+int64_t rn_chunks(int64_t rows) { return rows < RN_BWD_CHUNKS ? rows : RN_BWD_CHUNKS; }
+
+/* Bytes of one [P, d] fp64 partials array, rounded up to 256 (the dbeta array follows it). */
+size_t rn_part_bytes(int64_t rows, int64_t d) {
+  return sn__cuda_align((size_t)rn_chunks(rows) * (size_t)d * sizeof(double));
+}
+
+/* ---- device side ------------------------------------------------------------------------- */
+
+/* First row of chunk b of p over rows: ⌊b·rows/p⌋ without forming b·rows. */
+__device__ __forceinline__ int64_t rn_chunk_start(int64_t b, int64_t rows, int64_t p) {
+  return b * (rows / p) + (b * (rows % p)) / p;
+}
+
+template <typename T, int W> struct alignas(16) rn_vec {
+  T v[W];
+};
+
+/* The VPT elements of a row one thread holds (as rownorm.cu's rn_row): VEC, chunks of
+ * W = 16/sizeof(T) elements at column (c·blockDim + t)·W; scalar, column j·blockDim + t.
+ * Elements past d read 0. int columns: the register path holds at most 8192 elements. */
+template <typename T, int VPT, bool VEC> struct rn_row {
+  static constexpr int W = VEC ? (int)(16 / sizeof(T)) : 1;
+  static_assert(VPT % W == 0, "a thread holds whole chunks");
+  static constexpr int C = VPT / W;
+
+  static __device__ __forceinline__ int col(int j) {
+    return ((j / W) * (int)blockDim.x + (int)threadIdx.x) * W + j % W;
+  }
+  static __device__ __forceinline__ void load(float (&v)[VPT], const T *row, int64_t d) {
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+      const int i = (c * (int)blockDim.x + (int)threadIdx.x) * W;
+      if constexpr (VEC) {
+        if (i < d) {
+          const rn_vec<T, W> t = *reinterpret_cast<const rn_vec<T, W> *>(row + i);
+#pragma unroll
+          for (int k = 0; k < W; k++) v[c * W + k] = sn_io<T>::widen(t.v[k]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < W; k++) v[c * W + k] = 0.0f;
+        }
+      } else {
+        v[c] = i < d ? sn_io<T>::widen(row[i]) : 0.0f;
+      }
+    }
+  }
+  static __device__ __forceinline__ void store(T *row, const T (&o)[VPT], int64_t d) {
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+      const int i = (c * (int)blockDim.x + (int)threadIdx.x) * W;
+      if (i >= d) continue;
+      if constexpr (VEC) {
+        rn_vec<T, W> t;
+#pragma unroll
+        for (int k = 0; k < W; k++) t.v[k] = o[c * W + k];
+        *reinterpret_cast<rn_vec<T, W> *>(row + i) = t;
+      } else {
+        row[i] = o[c];
+      }
+    }
+  }
+};
+
+/* dx [rows, d] from dy, x [rows, d], mean (LayerNorm; NULL for RMSNorm), rstd [rows] f32, gamma
+ * [d] f32 or NULL; part_g, part_b [P, d] fp64 (P = gridDim.x) or NULL: the chunk's Σ dy·x̂' and
+ * Σ dy per column (part_b NULL for RMSNorm). dx may equal dy (a thread reads its elements of dy
+ * before it stores them; no __restrict__). */
+template <typename T, int VPT, bool VEC>
+__global__ void __launch_bounds__(kBwdMaxThreads)
+    rn_bwd_kernel(T *dx, double *part_g, double *part_b, const T *dy, const T *x,
+                  const float *mean, const float *rstd, const float *gamma, int64_t rows,
+                  int64_t d, bool rms) {
+  typedef rn_row<T, VPT, VEC> R;
+  __shared__ double scratch[32];
+  const double dd = (double)d;
+  const int64_t p = gridDim.x, b = blockIdx.x;
+  const int64_t r0 = rn_chunk_start(b, rows, p), r1 = rn_chunk_start(b + 1, rows, p);
+  float gm[VPT];
+  double ag[VPT], ab[VPT];
+#pragma unroll
+  for (int j = 0; j < VPT; j++) {
+    const int i = R::col(j);
+    gm[j] = gamma != nullptr && i < d ? gamma[i] : 1.0f;
+    ag[j] = 0.0;
+    ab[j] = 0.0;
+  }
+  for (int64_t r = r0; r < r1; r++) {
+    const int64_t off = r * d;
+    float xv[VPT], dv[VPT];
+    R::load(xv, x + off, d);
+    R::load(dv, dy + off, d);
+    const double m = rms ? 0.0 : (double)mean[r], s = (double)rstd[r];
+    double sx = 0.0, sg = 0.0, sgx = 0.0;
+#pragma unroll
+    for (int j = 0; j < VPT; j++) {
+      if (R::col(j) >= d) continue;
+      const double xh = ((double)xv[j] - m) * s, g = (double)dv[j] * (double)gm[j];
+      sx += xh;
+      sg += g;
+      sgx += g * xh;
+    }
+    sgx = sn__block_sum(sgx, scratch);
+    T o[VPT];
+    if (!rms) {
+      sx = sn__block_sum(sx, scratch);
+      sg = sn__block_sum(sg, scratch);
+      const double c = sx / dd, mg = sg / dd, mgx = (sgx - c * sg) / dd;
+#pragma unroll
+      for (int j = 0; j < VPT; j++) {
+        const double xh = ((double)xv[j] - m) * s - c, g = (double)dv[j] * (double)gm[j];
+        o[j] = sn_io<T>::narrow_d(s * (g - mg - xh * mgx));
+        ag[j] += (double)dv[j] * xh; /* columns past d: never stored */
+        ab[j] += (double)dv[j];
+      }
+    } else {
+      const double e = s * (sgx / dd);
+#pragma unroll
+      for (int j = 0; j < VPT; j++) {
+        const double xh = (double)xv[j] * s, g = (double)dv[j] * (double)gm[j];
+        o[j] = sn_io<T>::narrow_d(s * g - xh * e);
+        ag[j] += (double)dv[j] * xh;
+      }
+    }
+    R::store(dx + off, o, d);
+  }
+  if (part_g != nullptr) {
+#pragma unroll
+    for (int j = 0; j < VPT; j++) {
+      const int i = R::col(j);
+      if (i >= d) continue;
+      part_g[b * d + i] = ag[j];
+      if (part_b != nullptr) part_b[b * d + i] = ab[j];
+    }
+  }
+}
+
+/* rn_bwd_kernel for rows longer than the register path holds: x and dy read from global memory
+ * in both passes; the partials accumulate in part_g/part_b (row b of each, this block's own),
+ * each column by the same thread in row order. */
+template <typename T>
+__global__ void __launch_bounds__(kBwdMaxThreads)
+    rn_bwd_big(T *dx, double *part_g, double *part_b, const T *dy, const T *x,
+               const float *mean, const float *rstd, const float *gamma, int64_t rows, int64_t d,
+               bool rms) {
+  __shared__ double scratch[32];
+  const double dd = (double)d;
+  const int64_t p = gridDim.x, b = blockIdx.x;
+  const int64_t r0 = rn_chunk_start(b, rows, p), r1 = rn_chunk_start(b + 1, rows, p);
+  double *pg = part_g != nullptr ? part_g + b * d : nullptr;
+  double *pb = part_b != nullptr ? part_b + b * d : nullptr;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    if (pg != nullptr) pg[i] = 0.0;
+    if (pb != nullptr) pb[i] = 0.0;
+  }
+  for (int64_t r = r0; r < r1; r++) {
+    const int64_t off = r * d;
+    const double m = rms ? 0.0 : (double)mean[r], s = (double)rstd[r];
+    double sx = 0.0, sg = 0.0, sgx = 0.0;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+      const double xh = ((double)sn_io<T>::widen(x[off + i]) - m) * s;
+      const double g =
+          (double)sn_io<T>::widen(dy[off + i]) * (gamma != nullptr ? (double)gamma[i] : 1.0);
+      sx += xh;
+      sg += g;
+      sgx += g * xh;
+    }
+    sgx = sn__block_sum(sgx, scratch);
+    double c = 0.0, mg = 0.0, mgx = 0.0, e = 0.0;
+    if (!rms) {
+      sx = sn__block_sum(sx, scratch);
+      sg = sn__block_sum(sg, scratch);
+      c = sx / dd;
+      mg = sg / dd;
+      mgx = (sgx - c * sg) / dd;
+    } else {
+      e = s * (sgx / dd);
+    }
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+      const double dyv = (double)sn_io<T>::widen(dy[off + i]);
+      const double g = dyv * (gamma != nullptr ? (double)gamma[i] : 1.0);
+      const double xv = (double)sn_io<T>::widen(x[off + i]);
+      double xh, out;
+      if (!rms) {
+        xh = (xv - m) * s - c;
+        out = s * (g - mg - xh * mgx);
+      } else {
+        xh = xv * s;
+        out = s * g - xh * e;
+      }
+      dx[off + i] = sn_io<T>::narrow_d(out);
+      if (pg != nullptr) pg[i] += dyv * xh;
+      if (pb != nullptr) pb[i] += dyv;
+    }
+  }
+}
+
+/* dgamma[i] = Σ_b part_g[b, i], dbeta[i] = Σ_b part_b[b, i] over the p chunks in order (each
+ * output NULL: skipped). */
+__global__ void rn_bwd_finalize(float *dgamma, float *dbeta, const double *part_g,
+                                const double *part_b, int64_t p, int64_t d) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    if (dgamma != nullptr) {
+      double s = 0.0;
+      for (int64_t b = 0; b < p; b++) s += part_g[b * d + i];
+      dgamma[i] = (float)s;
+    }
+    if (dbeta != nullptr) {
+      double s = 0.0;
+      for (int64_t b = 0; b < p; b++) s += part_b[b * d + i];
+      dbeta[i] = (float)s;
+    }
+  }
+}
+
+struct rn_bwd_args {
+  void *dx;
+  double *part_g, *part_b;
+  const void *dy, *x;
+  const float *mean, *rstd, *gamma;
+  int64_t rows, d;
+  bool rms;
+};
+
+template <typename T> struct rn_bwd_launch {
+  static constexpr int W = (int)(16 / sizeof(T));
+
+  template <int VPT, bool VEC> static void go(const rn_bwd_args &a, int threads, unsigned grid,
+                                               cudaStream_t st) {
+    if constexpr (VPT % (VEC ? W : 1) == 0)
+      rn_bwd_kernel<T, VPT, VEC><<<grid, threads, 0, st>>>(
+          (T *)a.dx, a.part_g, a.part_b, (const T *)a.dy, (const T *)a.x, a.mean, a.rstd,
+          a.gamma, a.rows, a.d, a.rms);
+  }
+  template <int VPT>
+  static void pick(const rn_bwd_args &a, bool vec, int threads, unsigned grid, cudaStream_t st) {
+    if (vec) go<VPT, true>(a, threads, grid, st);
+    else go<VPT, false>(a, threads, grid, st);
+  }
+  static void run(const rn_bwd_args &a, cudaStream_t st) {
+    const unsigned grid = (unsigned)rn_chunks(a.rows);
+    const bool vec = (a.d * (int64_t)sizeof(T)) % 16 == 0 && rn_aligned16(a.dx) &&
+                     rn_aligned16(a.dy) && rn_aligned16(a.x);
+    /* scalar rows hold at most 8 per thread, vector rows 16 (registers: ptxas -v) */
+    const int max_vpt = vec ? 16 : 8;
+    if (a.d > (int64_t)max_vpt * kBwdMaxThreads) {
+      rn_bwd_big<T><<<grid, kBwdMaxThreads, 0, st>>>(
+          (T *)a.dx, a.part_g, a.part_b, (const T *)a.dy, (const T *)a.x, a.mean, a.rstd,
+          a.gamma, a.rows, a.d, a.rms);
+      return;
+    }
+    int vpt = vec ? W : 1, threads = 0;
+    for (;; vpt *= 2) {
+      threads = (int)(((a.d + vpt - 1) / vpt + 31) / 32 * 32);
+      if (threads <= kBwdPrefThreads || vpt == max_vpt) break;
+    }
+    switch (vpt) {
+      case 1: pick<1>(a, vec, threads, grid, st); break;
+      case 2: pick<2>(a, vec, threads, grid, st); break;
+      case 4: pick<4>(a, vec, threads, grid, st); break;
+      case 8: pick<8>(a, vec, threads, grid, st); break;
+      default: go<16, true>(a, threads, grid, st); break; /* vec only */
+    }
+  }
+};
+
+/* Validates as the CPU function fn (mean NULL and not checked for RMSNorm; dbeta NULL there)
+ * and launches. */
+sn_status_t rn_bwd(const char *fn, void *dx, float *dgamma, float *dbeta, const void *dy,
+                   const void *x, const float *mean, const float *rstd, const float *gamma,
+                   int64_t rows, int64_t d, sn_dtype_t dtype, void *workspace,
+                   size_t workspace_bytes, bool rms, cudaStream_t stream) {
+  int64_t n;
+  SN_TRY(rn_check(fn, rows, d, dtype, &n));
+  SN_TRY(rn_check_act(fn, "dx", dx, n));
+  SN_TRY(rn_check_act(fn, "dy", dy, n));
+  SN_TRY(rn_check_act(fn, "x", x, n));
+  if (!rms) SN_TRY(rn_check_act(fn, "mean", mean, n)); /* per-row: NULL in an empty batch */
+  SN_TRY(rn_check_act(fn, "rstd", rstd, n));
+  const int64_t esize = sn_dtype_size(dtype);
+  if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
+    SN_TRY(rn_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0, rows, d,
+                        esize));
+    if (dgamma != NULL)
+      SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dgamma, 0, (size_t)d * sizeof(float), stream)));
+    if (dbeta != NULL)
+      SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dbeta, 0, (size_t)d * sizeof(float), stream)));
+    return SN_OK;
+  }
+  const bool params = dgamma != NULL || dbeta != NULL;
+  const size_t part = rn_part_bytes(rows, d);
+  const size_t need = params ? 2 * part : 0; /* = sn_cuda_rownorm_bwd_workspace's */
+  SN_TRY(sn__cuda_check_workspace(fn, workspace, workspace_bytes, need));
+  SN_TRY(rn_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, params ? workspace : NULL,
+                      (int64_t)need, rows, d, esize));
+  double *part_g = params ? (double *)workspace : NULL;
+  double *part_b = params && !rms ? (double *)((char *)workspace + part) : NULL;
+  const rn_bwd_args a = {dx, part_g, part_b, dy, x, rms ? NULL : mean, rstd, gamma, rows, d, rms};
+  SN_CUDA_DISPATCH(dtype, rn_bwd_launch<T>::run(a, stream));
+  if (params) {
+    const int threads = 256;
+    const int64_t blocks = (d + threads - 1) / threads;
+    rn_bwd_finalize<<<(unsigned)(blocks < 65535 ? blocks : 65535), threads, 0, stream>>>(
+        dgamma, dbeta, part_g, part_b, rn_chunks(rows), d);
+  }
+  return sn__cuda_launched(fn);
+}
+
+}  // namespace
+
+extern "C" sn_status_t sn_cuda_rownorm_bwd_workspace(size_t *bytes, int64_t rows, int64_t d) {
+  static const char fn[] = "sn_cuda_rownorm_bwd_workspace";
+  SN_TRY(sn__check_ptr(fn, "bytes", bytes));
+  SN_TRY(sn__check_size(fn, "rows", rows, 0));
+  SN_TRY(sn__check_size(fn, "d", d, 1));
+  SN_TRY(sn__check_elems(fn, "d", d));
+  int64_t n;
+  SN_TRY(sn__mul(fn, &n, rows, d));
+  /* P·d ≤ rows·d ≤ INT64_MAX/8 (sn__mul): P·d·8 fits; two such arrays, each rounded up to 256,
+   * need a check against SIZE_MAX */
+  const int64_t pd = rn_chunks(rows) * d;
+  if ((uint64_t)pd > (SIZE_MAX / 2 - 256) / sizeof(double))
+    return sn__fail(SN_ERR_OVERFLOW, "%s: workspace for %lld x %lld overflows size_t", fn,
+                    (long long)rows, (long long)d);
+  *bytes = rows == 0 ? 0 : 2 * rn_part_bytes(rows, d);
+  return SN_OK;
+}
+
+extern "C" sn_status_t sn_cuda_layernorm_bwd(void *dx, float *dgamma, float *dbeta,
+                                             const void *dy, const void *x, const float *mean,
+                                             const float *rstd, const float *gamma, int64_t rows,
+                                             int64_t d, sn_dtype_t dtype, void *workspace,
+                                             size_t workspace_bytes, cudaStream_t stream) {
+  return rn_bwd("sn_cuda_layernorm_bwd", dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, d,
+                dtype, workspace, workspace_bytes, false, stream);
+}
+
+extern "C" sn_status_t sn_cuda_rmsnorm_bwd(void *dx, float *dgamma, const void *dy,
+                                           const void *x, const float *rstd, const float *gamma,
+                                           int64_t rows, int64_t d, sn_dtype_t dtype,
+                                           void *workspace, size_t workspace_bytes,
+                                           cudaStream_t stream) {
+  return rn_bwd("sn_cuda_rmsnorm_bwd", dx, dgamma, NULL, dy, x, NULL, rstd, gamma, rows, d, dtype,
+                workspace, workspace_bytes, true, stream);
+}
