@@ -8,8 +8,8 @@
  * Each kernel: CUDA events around one launch, median of R launches after 3 warm-ups, inputs
  * random (never all zeros) and larger than the L2. Bytes counted as each input read once and
  * each output written once (BatchNorm training forward: 2 reads + 1 write, its two passes over
- * x; its backward: 2 reads of dy and x for the sums + the map's 2 reads and 1 write = 5 — the
- * "minimal" column counts dy, x, dx once each = 3). Prints one table line per kernel:
+ * x; its backward: 4 reads + 1 write, dy and x read for the sums and again for dx, as
+ * bench_cpu counts them). Prints one table line per kernel:
  *   kernel  shape  layout  dtype  ms  GB/s  %-of-copy
  * --quick: small shapes and 5 reps (a smoke run). --filter keeps the lines whose
  * "kernel shape layout dtype" contains TEXT.
@@ -228,7 +228,7 @@ static void bench_bn(const Opts &o, int64_t N, int64_t C, int64_t S, sn_layout_t
   if (wanted(o, line)) {
     SN(sn_cuda_batchnorm_fwd(y, mean, var, rstd, x, NULL, gamma, beta, N, C, S, 1e-5f, lay, dt,
                              ws, wsb, 0));
-    report("batchnorm_bwd (5 passes)", shape, ln, dt, time_ms(o, [&] {
+    report("batchnorm_bwd", shape, ln, dt, time_ms(o, [&] {
              SN(sn_cuda_batchnorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, N, C, S, lay, dt, ws,
                                       wsb, 0));
            }), 5 * B);

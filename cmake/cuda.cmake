@@ -51,7 +51,8 @@ endif()
 if(SN_HAVE_CUDA AND NOT SN_WITH_NCCL STREQUAL "OFF")
   find_path(SN_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV NCCL_HOME
             PATH_SUFFIXES include)
-  find_library(SN_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR}
+  # libnccl.so.2 by name too: NCCL's pip wheel (nvidia-nccl-cu13) ships no libnccl.so link
+  find_library(SN_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR}
                ${CUDAToolkit_LIBRARY_ROOT}/lib ENV NCCL_HOME PATH_SUFFIXES lib lib64)
   if(SN_NCCL_INCLUDE_DIR AND SN_NCCL_LIBRARY)
     set(SN_HAVE_NCCL 1)

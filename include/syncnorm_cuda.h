@@ -52,8 +52,11 @@ SN_API sn_status_t sn_cuda_device_count(int *count);
 /* ---- LayerNorm, RMSNorm and the fused residual add (one block of threads per row) -------- */
 
 /* sn_layernorm_fwd on the device: y [rows, d] dtype, mean, rstd [rows] f32 (= or NULL),
- * x [rows, d], gamma, beta [d] f32 or NULL. Statistics two-pass in fp64 over the row held on
- * chip (read from memory once); y = (x − mean)·rstd·gamma + beta with x − mean in fp64. */
+ * x [rows, d], gamma, beta [d] f32 or NULL. Statistics two-pass over the row held on chip (read
+ * from memory once): the mean from compensated f32 per-thread sums added in fp64, then Σ(x −
+ * mean)² in fp64; y = (x − mean)·rstd·gamma + beta in f32 from the fp64 mean (as two floats)
+ * and rstd, in fp64 for bf16/f16 elements where beta cancels x̂·gamma and for rows whose mean is
+ * 2^103 or more or not finite. */
 SN_API sn_status_t sn_cuda_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
                                          const float *gamma, const float *beta, int64_t rows,
                                          int64_t d, float eps, sn_dtype_t dtype,
@@ -64,9 +67,11 @@ SN_API sn_status_t sn_cuda_layernorm_fwd(void *y, float *mean, float *rstd, cons
  * SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW. Host only. */
 SN_API sn_status_t sn_cuda_rownorm_bwd_workspace(size_t *bytes, int64_t rows, int64_t d);
 
-/* sn_layernorm_bwd on the device: dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·gamma, per-row
- * sums in fp64; dgamma = Σ_rows dy·x̂, dbeta = Σ_rows dy ([d] f32, = , or NULL), from per-block
- * fp64 partials in `workspace` summed in a fixed order. dx may equal dy. */
+/* sn_layernorm_bwd on the device: dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·gamma, x̂ and
+ * g in f32, per-thread f32 partial sums added in fp64; rows with terms near the f32 range (or
+ * non-finite) computed in fp64 throughout. dgamma = Σ_rows dy·x̂, dbeta = Σ_rows dy ([d] f32, =,
+ * or NULL): f32 within runs of 8 rows, the runs in fp64 per-block partials in `workspace`,
+ * summed in a fixed order. dx may equal dy. */
 SN_API sn_status_t sn_cuda_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
                                          const void *x, const float *mean, const float *rstd,
                                          const float *gamma, int64_t rows, int64_t d,
@@ -81,7 +86,9 @@ SN_API sn_status_t sn_cuda_add_layernorm_fwd(void *y, void *sum_out, float *mean
                                              int64_t d, float eps, sn_dtype_t dtype,
                                              cudaStream_t stream);
 
-/* sn_rmsnorm_fwd on the device: rstd = 1/√(Σx²/d + eps) (Σx² in fp64), y = x·rstd·gamma. */
+/* sn_rmsnorm_fwd on the device: rstd = 1/√(Σx²/d + eps) (Σx² in f32 runs of 4 squares added in
+ * fp64; fp64 where a run leaves [2^-60, FLT_MAX]), y = (x·rstd)·gamma in f32 (fp64 where it is
+ * not finite). */
 SN_API sn_status_t sn_cuda_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gamma,
                                        int64_t rows, int64_t d, float eps, sn_dtype_t dtype,
                                        cudaStream_t stream);

@@ -41,6 +41,7 @@ if [ "$build" = 1 ]; then
   echo "== configure and build ($dir) =="
   if ! cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DSN_WITH_CUDA=ON \
        -DCMAKE_CUDA_ARCHITECTURES="${SN_CUDA_ARCHS:-native}" -DSN_BUILD_EXAMPLES=OFF \
+       -DSN_TEST_TORCH=OFF -DSN_BENCH_WITH_DNNL=OFF \
        >"$dir.configure.log" 2>&1; then
     tail -n 30 "$dir.configure.log"
     echo "gpu-check.sh: configure failed" >&2

@@ -10,7 +10,9 @@
  * One block of 256 threads per (n, g) (a grid-stride loop over them):
  *   forward: two fp64 passes over x in global memory (Σx, then Σ(x − mean)²), then
  *            y = (x − mean)·(rstd·gamma_c) + beta_c in fp64, rounded to the dtype once;
- *   backward: per channel of the group Σdy, Σdy·d, Σd (d = x − mean, fp64, strided in NHWC), the
+ *   backward: per channel of the group Σdy, Σdy·d, Σd (d = x − mean, fp64; in NHWC with Cg a
+ *            divisor of 256 one pass over the rows, each thread owning one channel, else one
+ *            strided pass per channel), the
  *            CPU's re-centred formula (gn_bwd_nchw in src/cpu/groupnorm.c), then dx in fp64;
  *            the per-sample dgamma/dbeta terms go to the workspace [2][N·C] f64 and
  *            gn_param_grads adds them over the samples in order (deterministic).
@@ -59,9 +61,38 @@ __global__ void __launch_bounds__(kThreads) gn_fwd(GnArgs a) {
   __shared__ double scratch[32];
   const T *x = (const T *)a.in;
   T *y = (T *)a.out;
-  const int64_t L = a.c / a.g * a.s;
+  const int64_t cg = a.c / a.g, L = cg * a.s;
   for (int64_t t = blockIdx.x; t < a.n * a.g; t += gridDim.x) {
     const int64_t n = t / a.g, g = t - n * a.g;
+    if (a.nhwc && kThreads % cg == 0) {
+      /* NHWC with Cg | kThreads: thread i owns channel i % Cg of the group and the rows
+       * i/Cg + j·(kThreads/Cg): no division per element, the channel's constants in registers */
+      const int jc = (int)(threadIdx.x % cg);
+      const int64_t row0 = threadIdx.x / cg, rstep = kThreads / cg;
+      const int64_t base = n * a.s * a.c + g * cg + jc; /* + row·C */
+      double s1 = 0.0;
+      for (int64_t row = row0; row < a.s; row += rstep)
+        s1 += (double)sn_io<T>::widen(x[base + row * a.c]);
+      const double mean = sn__block_sum(s1, scratch) / (double)L;
+      double s2 = 0.0;
+      for (int64_t row = row0; row < a.s; row += rstep) {
+        const double d = (double)sn_io<T>::widen(x[base + row * a.c]) - mean;
+        s2 += d * d;
+      }
+      const double rs = 1.0 / sqrt(sn__block_sum(s2, scratch) / (double)L + a.eps);
+      if (threadIdx.x == 0) {
+        if (a.mean_out) a.mean_out[t] = (float)gn_canon(mean);
+        if (a.rstd_out) a.rstd_out[t] = (float)gn_canon(rs);
+      }
+      const int64_t ch = g * cg + jc;
+      const double gm = a.gamma ? (double)a.gamma[ch] : 1.0;
+      const double b = a.beta ? (double)a.beta[ch] : 0.0;
+      for (int64_t row = row0; row < a.s; row += rstep) {
+        const int64_t off = base + row * a.c;
+        y[off] = sn_io<T>::narrow_d(((double)sn_io<T>::widen(x[off]) - mean) * (rs * gm) + b);
+      }
+      continue;
+    }
     int64_t ch;
     double s1 = 0.0;
     for (int64_t k = threadIdx.x; k < L; k += blockDim.x)
@@ -89,6 +120,7 @@ __global__ void __launch_bounds__(kThreads) gn_fwd(GnArgs a) {
 template <typename T>
 __global__ void __launch_bounds__(kThreads) gn_bwd(GnArgs a) {
   __shared__ double scratch[32];
+  __shared__ double sh[3][kThreads], tot[3][kThreads];
   const T *dy = (const T *)a.in, *x = (const T *)a.x;
   T *dx = (T *)a.out;
   const int64_t cg = a.c / a.g, L = cg * a.s, NC = a.n * a.c;
@@ -96,21 +128,53 @@ __global__ void __launch_bounds__(kThreads) gn_bwd(GnArgs a) {
     const int64_t n = t / a.g, g = t - n * a.g;
     const double m = (double)a.mean[t], rs = (double)a.rstd[t];
     double A = 0.0, B = 0.0, D = 0.0; /* Σd, Σ gamma·Σdy, Σ gamma·Σdy·d over the group */
-    for (int64_t j = 0; j < cg; j++) { /* pass 1: per-channel sums */
-      const int64_t ch = g * cg + j;
+    if (a.nhwc && kThreads % cg == 0) {
+      /* pass 1, NHWC with Cg | kThreads: one pass over the group's rows, thread i owns channel
+       * i % Cg and the rows i/Cg + j·(kThreads/Cg); the kThreads/Cg thread sums of a channel
+       * are added in thread order, then the channels in order as below */
+      const int tid = threadIdx.x, jc = tid % (int)cg;
+      const int64_t ch = g * cg + jc, rstep = kThreads / cg;
       double sd = 0.0, sdy = 0.0, sdyd = 0.0;
-      for (int64_t k = threadIdx.x; k < a.s; k += blockDim.x) {
-        const int64_t off = a.nhwc ? (n * a.s + k) * a.c + ch : (n * a.c + ch) * a.s + k;
+      for (int64_t row = tid / (int)cg; row < a.s; row += rstep) {
+        const int64_t off = (n * a.s + row) * a.c + ch;
         const double v = (double)sn_io<T>::widen(dy[off]);
         const double d = (double)sn_io<T>::widen(x[off]) - m;
         sd += d, sdy += v, sdyd += v * d;
       }
-      sd = sn__block_sum(sd, scratch);
-      sdy = sn__block_sum(sdy, scratch);
-      sdyd = sn__block_sum(sdyd, scratch);
-      const double gm = a.gamma ? (double)a.gamma[ch] : 1.0;
-      A += sd, B += gm * sdy, D += gm * sdyd;
-      if (a.wq && threadIdx.x == 0) a.wq[n * a.c + ch] = sdyd, a.wq[NC + n * a.c + ch] = sdy;
+      __syncthreads(); /* the previous group's reads of sh and tot are done */
+      sh[0][tid] = sd, sh[1][tid] = sdy, sh[2][tid] = sdyd;
+      __syncthreads();
+      if (tid < cg) {
+        double t0 = 0.0, t1 = 0.0, t2 = 0.0;
+        for (int i = tid; i < kThreads; i += (int)cg)
+          t0 += sh[0][i], t1 += sh[1][i], t2 += sh[2][i];
+        tot[0][tid] = t0, tot[1][tid] = t1, tot[2][tid] = t2;
+      }
+      __syncthreads(); /* also: every read of pass 1 is done before pass 2 writes */
+      for (int64_t j = 0; j < cg; j++) {
+        const double gm = a.gamma ? (double)a.gamma[g * cg + j] : 1.0;
+        A += tot[0][j], B += gm * tot[1][j], D += gm * tot[2][j];
+      }
+      if (a.wq && tid == 0)
+        for (int64_t j = 0; j < cg; j++)
+          a.wq[n * a.c + g * cg + j] = tot[2][j], a.wq[NC + n * a.c + g * cg + j] = tot[1][j];
+    } else {
+      for (int64_t j = 0; j < cg; j++) { /* pass 1: per-channel sums */
+        const int64_t ch = g * cg + j;
+        double sd = 0.0, sdy = 0.0, sdyd = 0.0;
+        for (int64_t k = threadIdx.x; k < a.s; k += blockDim.x) {
+          const int64_t off = a.nhwc ? (n * a.s + k) * a.c + ch : (n * a.c + ch) * a.s + k;
+          const double v = (double)sn_io<T>::widen(dy[off]);
+          const double d = (double)sn_io<T>::widen(x[off]) - m;
+          sd += d, sdy += v, sdyd += v * d;
+        }
+        sd = sn__block_sum(sd, scratch);
+        sdy = sn__block_sum(sdy, scratch);
+        sdyd = sn__block_sum(sdyd, scratch);
+        const double gm = a.gamma ? (double)a.gamma[ch] : 1.0;
+        A += sd, B += gm * sdy, D += gm * sdyd;
+        if (a.wq && threadIdx.x == 0) a.wq[n * a.c + ch] = sdyd, a.wq[NC + n * a.c + ch] = sdy;
+      }
     }
     const double mu_d = A / (double)L, mg = B / (double)L, mgx = rs * (D - mu_d * B) / (double)L;
     if (a.wq && threadIdx.x == 0) /* Σdy·x̂ = rs·(Σdy·d − mu_d·Σdy): the dgamma terms */
@@ -121,6 +185,17 @@ __global__ void __launch_bounds__(kThreads) gn_bwd(GnArgs a) {
     /* pass 2 (every read of pass 1 is done: the block sums above synchronized): dx = (dy·a − b)
      * − (x − m')·e with the CPU's constants a = rs·gamma, b = rs·mg, e = rs²·mgx, m' = m + mu_d */
     const double m2 = m + mu_d, b = rs * mg, e = rs * rs * mgx;
+    if (a.nhwc && kThreads % cg == 0) { /* as pass 1: thread i's channel i % Cg, its rows */
+      const int jc = (int)(threadIdx.x % cg);
+      const int64_t base = n * a.s * a.c + g * cg + jc, rstep = kThreads / cg;
+      const double ka = rs * (a.gamma ? (double)a.gamma[g * cg + jc] : 1.0);
+      for (int64_t row = threadIdx.x / cg; row < a.s; row += rstep) {
+        const int64_t off = base + row * a.c;
+        const double v = (double)sn_io<T>::widen(dy[off]), xv = (double)sn_io<T>::widen(x[off]);
+        dx[off] = sn_io<T>::narrow_d((v * ka - b) - (xv - m2) * e);
+      }
+      continue;
+    }
     for (int64_t k = threadIdx.x; k < L; k += blockDim.x) {
       int64_t ch;
       const int64_t off = gn_off(a, n, g, k, &ch);

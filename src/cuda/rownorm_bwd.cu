@@ -5,21 +5,31 @@
  *
  * The rows are cut into P = min(rows, RN_BWD_CHUNKS) fixed chunks (P depends on rows only, so the
  * workspace query needs only the shape); block b takes rows [⌊b·rows/P⌋, ⌊(b+1)·rows/P⌋) in order.
- * Per row, with g = dy·gamma and x̂ = (x − mean)·rstd from the saved f32 mean/rstd (all fp64):
- *   LayerNorm  sums Σx̂, Σg, Σg·x̂ (block sums, fixed order); x̂' = x̂ − Σx̂/d (re-centred as the
- *              CPU code: the f32-rounded mean loses nothing when |mean| ≫ σ),
+ * Per row, with g = dy·gamma and x̂ = (x − mean)·rstd from the saved f32 mean/rstd:
+ *   LayerNorm  sums Σx̂, Σg, Σg·x̂ (one block reduction of the three); x̂' = x̂ − Σx̂/d (re-centred
+ *              as the CPU code: the f32-rounded mean loses nothing when |mean| ≫ σ),
  *              Σg·x̂' = Σg·x̂ − (Σx̂/d)·Σg, dx = rstd·(g − Σg/d − x̂'·Σ(g·x̂')/d)
- *   RMSNorm    x̂ = x·rstd, dx = rstd·g − x̂·(rstd·Σ(g·x̂)/d)
- * dx is rounded once from fp64. A block adds each row's dy·x̂' and dy into fp64 partials of its
- * chunk, [P, d] each in the workspace (dgamma's, then dbeta's at sn__cuda_align(P·d·8)); a
- * second kernel sums the P partials of each column in chunk order and writes f32 dgamma/dbeta.
- * No atomics: bitwise the same results from run to run. The workspace is needed only where
- * dgamma or dbeta is non-NULL (it may be NULL otherwise).
+ *   RMSNorm    x̂ = x·rstd, dx = rstd·g − x̂·e, e = rstd·Σ(g·x̂)/d
+ * The elementwise work is f32: x̂, g and each thread's partial sums in f32, the partials summed
+ * over the block in fp64 (fixed order), the row constants (Σx̂/d, Σg/d, ..., e) computed in fp64
+ * and rounded to f32, dx in f32 and rounded once to the dtype. A row is computed as before, all
+ * in fp64 (sums, dx, and its dgamma/dbeta terms added to the fp64 partials directly), where any
+ * thread's |x̂|, |g| or |rstd·g| exceeds 2^40 or is not finite (its partial is made NaN), where a
+ * block sum is not finite, where |mean| >= 2^103, or (RMSNorm) where e is outside [2^-100,
+ * 2^100] and nonzero: a block-uniform decision from the block sums. A block adds each row's
+ * dy·x̂' and dy per column in f32 within runs of 8 rows (counted from its first row), each run
+ * then into fp64 partials of its chunk, [P, d] each in the workspace (dgamma's, then dbeta's at
+ * sn__cuda_align(P·d·8)); a second kernel sums the P partials of each column in chunk order and
+ * writes f32 dgamma/dbeta. No atomics: bitwise the same results from run to run. The workspace
+ * is needed only where dgamma or dbeta is non-NULL (it may be NULL otherwise).
  *
  * The row is held in registers (VPT elements per thread, blocks of up to 512 threads: x, dy and
- * the fp64 partials of a thread's columns) for d <= 8192 (vector loads) or 4096 (scalar); longer
- * rows take rn_bwd_big, which reads x and dy twice per row and keeps the partials of its chunk
- * in the workspace (each column read-modified-written by the same thread, in row order).
+ * the f32 run and fp64 partials of a thread's columns; bf16/f16 at VPT <= 8 and every dtype at
+ * VPT <= 4 also fetch the next row's x and dy while working on this one; gamma is re-read per
+ * row, as float4 where 16-byte aligned on the vector path) for d <= 8192 (vector loads) or 4096
+ * (scalar); longer rows take rn_bwd_big, which reads x and dy twice per row and keeps the
+ * partials of its chunk in the workspace (each column read-modified-written by the same thread,
+ * in row order).
  */
 #include "common.cuh"
 
@@ -114,6 +124,26 @@ template <typename T, int VPT, bool VEC> struct rn_row {
       }
     }
   }
+  /* The same elements unconverted (0 past d): a row fetched ahead of its use. */
+  static __device__ __forceinline__ void load_raw(T (&v)[VPT], const T *row, int64_t d) {
+    const T zero = sn_io<T>::narrow(0.0f);
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+      const int i = (c * (int)blockDim.x + (int)threadIdx.x) * W;
+      if constexpr (VEC) {
+        if (i < d) {
+          const rn_vec<T, W> t = *reinterpret_cast<const rn_vec<T, W> *>(row + i);
+#pragma unroll
+          for (int k = 0; k < W; k++) v[c * W + k] = t.v[k];
+        } else {
+#pragma unroll
+          for (int k = 0; k < W; k++) v[c * W + k] = zero;
+        }
+      } else {
+        v[c] = i < d ? row[i] : zero;
+      }
+    }
+  }
   static __device__ __forceinline__ void store(T *row, const T (&o)[VPT], int64_t d) {
 #pragma unroll
     for (int c = 0; c < C; c++) {
@@ -131,67 +161,192 @@ template <typename T, int VPT, bool VEC> struct rn_row {
   }
 };
 
+
+/* (Σa, Σb, Σc) over the block in a fixed order, as sn__block_sum (every thread gets the same
+ * bits; scratch: 96 doubles of shared memory, also usable by sn__block_sum: each call
+ * synchronizes the block before it writes scratch). */
+__device__ __forceinline__ double3 rn_block_sum3(double a, double b, double c, double *scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  a = sn__warp_sum(a);
+  b = sn__warp_sum(b);
+  c = sn__warp_sum(c);
+  __syncthreads(); /* scratch may still be read by a previous call */
+  if (lane == 0) {
+    scratch[warp] = a;
+    scratch[32 + warp] = b;
+    scratch[64 + warp] = c;
+  }
+  __syncthreads();
+  a = lane < nwarps ? scratch[lane] : 0.0;
+  b = lane < nwarps ? scratch[32 + lane] : 0.0;
+  c = lane < nwarps ? scratch[64 + lane] : 0.0;
+  return make_double3(sn__warp_sum(a), sn__warp_sum(b), sn__warp_sum(c));
+}
+
 /* dx [rows, d] from dy, x [rows, d], mean (LayerNorm; NULL for RMSNorm), rstd [rows] f32, gamma
  * [d] f32 or NULL; part_g, part_b [P, d] fp64 (P = gridDim.x) or NULL: the chunk's Σ dy·x̂' and
  * Σ dy per column (part_b NULL for RMSNorm). dx may equal dy (a thread reads its elements of dy
  * before it stores them; no __restrict__). */
 template <typename T, int VPT, bool VEC>
-__global__ void __launch_bounds__(kBwdMaxThreads)
+__global__ void __launch_bounds__(kBwdMaxThreads, 1)
     rn_bwd_kernel(T *dx, double *part_g, double *part_b, const T *dy, const T *x,
                   const float *mean, const float *rstd, const float *gamma, int64_t rows,
-                  int64_t d, bool rms) {
+                  int64_t d, bool rms, bool gvec) {
   typedef rn_row<T, VPT, VEC> R;
-  __shared__ double scratch[32];
+  __shared__ double scratch[96];
   const double dd = (double)d;
   const int64_t p = gridDim.x, b = blockIdx.x;
   const int64_t r0 = rn_chunk_start(b, rows, p), r1 = rn_chunk_start(b + 1, rows, p);
-  float gm[VPT];
+  float rg[VPT], rb[VPT]; /* the f32 sums of the current run of rows */
   double ag[VPT], ab[VPT];
 #pragma unroll
   for (int j = 0; j < VPT; j++) {
-    const int i = R::col(j);
-    gm[j] = gamma != nullptr && i < d ? gamma[i] : 1.0f;
     ag[j] = 0.0;
     ab[j] = 0.0;
+    rg[j] = 0.0f;
+    rb[j] = 0.0f;
+  }
+  /* PF: x and dy of the next row are fetched while the block works on this one (dx == dy: row
+   * r + 1 of dy is read before its dx is stored, by the same thread); only for bf16/f16 rows
+   * of up to 8 per thread and rows of up to 4 (registers: more would spill) */
+  constexpr bool PF = (sizeof(T) == 2 && VPT <= 8) || VPT <= 4;
+  T px[VPT], pd[VPT];
+  if (PF && r0 < r1) {
+    R::load_raw(px, x + r0 * d, d);
+    R::load_raw(pd, dy + r0 * d, d);
   }
   for (int64_t r = r0; r < r1; r++) {
     const int64_t off = r * d;
+    if (!PF) {
+      R::load_raw(px, x + off, d);
+      R::load_raw(pd, dy + off, d);
+    }
     float xv[VPT], dv[VPT];
-    R::load(xv, x + off, d);
-    R::load(dv, dy + off, d);
-    const double m = rms ? 0.0 : (double)mean[r], s = (double)rstd[r];
-    double sx = 0.0, sg = 0.0, sgx = 0.0;
 #pragma unroll
     for (int j = 0; j < VPT; j++) {
-      if (R::col(j) >= d) continue;
-      const double xh = ((double)xv[j] - m) * s, g = (double)dv[j] * (double)gm[j];
-      sx += xh;
-      sg += g;
-      sgx += g * xh;
+      xv[j] = sn_io<T>::widen(px[j]);
+      dv[j] = sn_io<T>::widen(pd[j]);
     }
-    sgx = sn__block_sum(sgx, scratch);
-    T o[VPT];
+    if (PF && r + 1 < r1) {
+      R::load_raw(px, x + off + d, d);
+      R::load_raw(pd, dy + off + d, d);
+    }
+    /* gamma of the thread's columns, 1 past d (read per row, from L1: fewer registers) */
+    float gm[VPT];
+#pragma unroll
+    for (int c = 0; c < R::C; c++) {
+      const int i0 = (c * (int)blockDim.x + (int)threadIdx.x) * R::W;
+      bool done = false;
+      if (gamma == nullptr || i0 >= d) {
+#pragma unroll
+        for (int k = 0; k < R::W; k++) gm[c * R::W + k] = 1.0f;
+        done = true;
+      }
+      if constexpr (VEC) {
+        if (!done && gvec) {
+#pragma unroll
+          for (int k = 0; k < R::W; k += 4) {
+            const float4 q = *reinterpret_cast<const float4 *>(gamma + i0 + k);
+            gm[c * R::W + k] = q.x;
+            gm[c * R::W + k + 1] = q.y;
+            gm[c * R::W + k + 2] = q.z;
+            gm[c * R::W + k + 3] = q.w;
+          }
+          done = true;
+        }
+      }
+      if (!done) {
+#pragma unroll
+        for (int k = 0; k < R::W; k++) gm[c * R::W + k] = gamma[i0 + k];
+      }
+    }
+    const float mf = rms ? 0.0f : mean[r], sf = rstd[r];
+    const double m = (double)mf, s = (double)sf;
+    /* the per-thread sums in f32 (x̂ = (x − mean)·rstd, g = dy·gamma; x̂ is 0 past d, as g),
+     * summed over the block in fp64. A thread whose terms are near the f32 range (|x̂|, |g| or
+     * |rstd·g| beyond 2^40, or not finite) makes its sum NaN: the row is then computed in fp64
+     * (block-uniform: decided from the block sums). Within those bounds every f32 term of dx
+     * stays below 2^123. */
+    float fx = 0.0f, fg = 0.0f, fgx = 0.0f;
+    bool bad = false;
+#pragma unroll
+    for (int j = 0; j < VPT; j++) {
+      const float xh = R::col(j) < d ? (xv[j] - mf) * sf : 0.0f, g = dv[j] * gm[j];
+      bad = bad | !(fabsf(xh) <= 0x1p40f) | !(fabsf(g) <= 0x1p40f) | !(fabsf(sf * g) <= 0x1p40f);
+      fx += xh;
+      fg += g;
+      fgx = fmaf(g, xh, fgx);
+    }
+    const double pgx = bad ? (double)NAN : (double)fgx;
+    double c = 0.0, mg = 0.0, mgx = 0.0, e = 0.0;
+    bool fast;
     if (!rms) {
-      sx = sn__block_sum(sx, scratch);
-      sg = sn__block_sum(sg, scratch);
-      const double c = sx / dd, mg = sg / dd, mgx = (sgx - c * sg) / dd;
+      const double3 S = rn_block_sum3((double)fx, (double)fg, pgx, scratch);
+      c = S.x / dd;
+      mg = S.y / dd;
+      mgx = (S.z - c * S.y) / dd;
+      fast = isfinite(S.x) && isfinite(S.y) && isfinite(S.z) && fabsf(mf) < 0x1p103f;
+    } else {
+      const double S = sn__block_sum(pgx, scratch);
+      e = s * (S / dd);
+      /* e subnormal in f32 (or beyond 2^100): fp64 */
+      fast = isfinite(S) && (e == 0.0 || (fabs(e) >= 0x1p-100 && fabs(e) <= 0x1p100));
+    }
+    T o[VPT];
+    if (fast) { /* f32; the parameter sums in f32 within runs of rows */
+      const float cf = (float)c, mgf = (float)mg, mgxf = (float)mgx, ef = (float)e;
 #pragma unroll
       for (int j = 0; j < VPT; j++) {
-        const double xh = ((double)xv[j] - m) * s - c, g = (double)dv[j] * (double)gm[j];
-        o[j] = sn_io<T>::narrow_d(s * (g - mg - xh * mgx));
+        const float g = dv[j] * gm[j];
+        float xh, of;
+        if (!rms) {
+          xh = (xv[j] - mf) * sf - cf;
+          of = sf * (g - mgf - xh * mgxf);
+        } else {
+          xh = xv[j] * sf;
+          of = sf * g - xh * ef;
+        }
+        o[j] = sn_io<T>::narrow(of);
+        rg[j] = fmaf(dv[j], xh, rg[j]); /* columns past d: never stored */
+        rb[j] += dv[j];
+      }
+    } else { /* block-uniform: the fp64 method throughout, the parameter sums in fp64 */
+      double sx = 0.0, sg = 0.0, sgx = 0.0;
+#pragma unroll
+      for (int j = 0; j < VPT; j++) {
+        if (R::col(j) >= d) continue;
+        const double xh = ((double)xv[j] - m) * s, g = (double)dv[j] * (double)gm[j];
+        sx += xh;
+        sg += g;
+        sgx += g * xh;
+      }
+      if (!rms) {
+        const double3 S = rn_block_sum3(sx, sg, sgx, scratch);
+        c = S.x / dd;
+        mg = S.y / dd;
+        mgx = (S.z - c * S.y) / dd;
+      } else {
+        e = s * (sn__block_sum(sgx, scratch) / dd);
+      }
+#pragma unroll
+      for (int j = 0; j < VPT; j++) {
+        const double g = (double)dv[j] * (double)gm[j];
+        const double xh = !rms ? ((double)xv[j] - m) * s - c : (double)xv[j] * s;
+        o[j] = sn_io<T>::narrow_d(!rms ? s * (g - mg - xh * mgx) : s * g - xh * e);
         ag[j] += (double)dv[j] * xh; /* columns past d: never stored */
         ab[j] += (double)dv[j];
       }
-    } else {
-      const double e = s * (sgx / dd);
-#pragma unroll
-      for (int j = 0; j < VPT; j++) {
-        const double xh = (double)xv[j] * s, g = (double)dv[j] * (double)gm[j];
-        o[j] = sn_io<T>::narrow_d(s * g - xh * e);
-        ag[j] += (double)dv[j] * xh;
-      }
     }
     R::store(dx + off, o, d);
+    if (((r - r0) & 7) == 7 || r + 1 == r1) { /* end of a run of 8 rows: into fp64 */
+#pragma unroll
+      for (int j = 0; j < VPT; j++) {
+        ag[j] += (double)rg[j];
+        ab[j] += (double)rb[j];
+        rg[j] = 0.0f;
+        rb[j] = 0.0f;
+      }
+    }
   }
   if (part_g != nullptr) {
 #pragma unroll
@@ -300,7 +455,7 @@ template <typename T> struct rn_bwd_launch {
     if constexpr (VPT % (VEC ? W : 1) == 0)
       rn_bwd_kernel<T, VPT, VEC><<<grid, threads, 0, st>>>(
           (T *)a.dx, a.part_g, a.part_b, (const T *)a.dy, (const T *)a.x, a.mean, a.rstd,
-          a.gamma, a.rows, a.d, a.rms);
+          a.gamma, a.rows, a.d, a.rms, rn_aligned16(a.gamma));
   }
   template <int VPT>
   static void pick(const rn_bwd_args &a, bool vec, int threads, unsigned grid, cudaStream_t st) {
