@@ -37,6 +37,7 @@ sn_status_t sn__comm_new(sn_comm_t **out, const sn_comm_ops_t *ops, int rank, in
   c->size = size;
   c->timeout_s = SN_DEFAULT_TIMEOUT_S;
   c->impl = impl;
+  c->device = -1;
   *out = c;
   return SN_OK;
 }
@@ -93,7 +94,7 @@ static sn_status_t comm_reduce(const char *fn, sn_comm_t *comm, void *buf, int64
   const int device = comm->ops->device_memory && !host;
   /* nothing to exchange; a device buffer still goes through the backend on one rank (an
    * identity ncclAllReduce, stream-ordered like any other) */
-  if ((comm->size == 1 && !device) || count == 0) return SN_OK;
+  if ((comm->size == 1 && !device && !comm->force_collectives) || count == 0) return SN_OK;
   /* the backend's message names the MPI call; put the caller's name before it */
   const sn_status_t st = comm->ops->device_memory && host
                              ? comm->ops->allreduce_host(comm, buf, count, type, op)

@@ -45,6 +45,10 @@ struct sn_comm {
   int64_t next_layer_id;  /* default SyncBatchNorm layer ids, in creation order */
   void *impl;             /* backend state */
   void *stream;           /* device_memory backends: the cudaStream_t collectives run on */
+  int device;             /* "nccl": the CUDA device of its ncclComm_t (ncclCommCuDevice); -1
+                             for the others */
+  int force_collectives;  /* test hook (sn__syncbn_test_force_sync): host all-reduces are made
+                             on one rank too (the identity), as with more than one */
 };
 
 /* Allocates a communicator for a backend, with the default timeout (1800 s). */

@@ -12,6 +12,11 @@
  * communicator is aborted (ncclCommAbort, which frees it) and the handle marked broken. After a
  * timeout the staging buffers may still be written by the aborted work: they are abandoned
  * (never freed or reused), as comm_mpi.c's.
+ * Every failure that marks the handle broken aborts the NCCL communicator first (cuda_fail,
+ * nccl_fail, nccl_abort): broken always means aborted. An aborted ncclComm_t is never asked
+ * anything again (async_check). Host waits and staging refuse while the stream is being captured
+ * (not_capturing: SN_ERR_UNSUPPORTED, nothing enqueued, not broken). Blocking NCCL
+ * communicators only: ncclInProgress (a non-blocking one) is an error.
  * The handle owns the ncclComm_t only where sn_comm_split made it (ncclCommSplit).
  */
 #include <stdio.h>
@@ -33,14 +38,18 @@ typedef struct {
   size_t stage_bytes;
 } nccl_impl_t;
 
+static void nccl_abort(sn_comm_t *c);
+
+/* These two break a live handle: its NCCL communicator is aborted too (nccl_abort), so that
+ * broken always means aborted (sn_comm_create_nccl's documentation). */
 static sn_status_t cuda_fail(sn_comm_t *c, const char *what, cudaError_t err) {
-  if (c != NULL) c->broken = 1;
+  if (c != NULL) nccl_abort(c);
   return sn__fail(SN_ERR_CUDA, "%s failed on rank %d: %s (%s)", what, c ? c->rank : -1,
                   cudaGetErrorName(err), cudaGetErrorString(err));
 }
 
 static sn_status_t nccl_fail(sn_comm_t *c, const char *what, ncclResult_t rc) {
-  if (c != NULL) c->broken = 1;
+  if (c != NULL) nccl_abort(c);
   return sn__fail(SN_ERR_COMM, "%s failed on rank %d: %s", what, c ? c->rank : -1,
                   ncclGetErrorString(rc));
 }
@@ -58,10 +67,13 @@ static void nccl_abort(sn_comm_t *c) {
 /* SN_OK unless NCCL reports an asynchronous error (then aborted, broken, SN_ERR_COMM). */
 static sn_status_t async_check(sn_comm_t *c, const char *what) {
   nccl_impl_t *m = c->impl;
+  if (m->aborted) /* the ncclComm_t is gone: never ask it anything again */
+    return sn__fail(SN_ERR_COMM, "%s: the NCCL communicator of rank %d was aborted after an "
+                    "earlier failure; recreate it", what, c->rank);
   ncclResult_t async = ncclSuccess;
   const ncclResult_t rc = ncclCommGetAsyncError(m->comm, &async);
   if (rc != ncclSuccess) return nccl_fail(c, "ncclCommGetAsyncError", rc);
-  if (async != ncclSuccess && async != ncclInProgress) {
+  if (async != ncclSuccess) { /* ncclInProgress too: blocking communicators only */
     nccl_abort(c);
     return sn__fail(SN_ERR_COMM, "%s: NCCL reports an asynchronous error on rank %d: %s; the "
                     "communicator was aborted and is now unusable", what, c->rank,
@@ -70,12 +82,26 @@ static sn_status_t async_check(sn_comm_t *c, const char *what) {
   return SN_OK;
 }
 
+/* SN_ERR_UNSUPPORTED (nothing enqueued, the handle not broken) while the handle's stream is
+ * being captured into a CUDA graph: a host wait or staging there would break the capture. */
+static sn_status_t not_capturing(sn_comm_t *c, const char *what) {
+  nccl_impl_t *m = c->impl;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(m->stream, &cs);
+  if (err == cudaSuccess && cs == cudaStreamCaptureStatusNone) return SN_OK;
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  return sn__fail(SN_ERR_UNSUPPORTED,
+                  "%s cannot run while the stream is being captured: turn check_consistency "
+                  "(and SN_COMM_CHECK) off, and warm up the shape first (one eager call)", what);
+}
+
 /* Waits until the stream has done all that is enqueued on it, polling cudaStreamQuery and
  * ncclCommGetAsyncError against the timeout (0: forever). Timeout or asynchronous error: the
  * NCCL communicator is aborted, the handle broken. Not during graph capture (the callers are
  * the host round trips only). */
 static sn_status_t nccl_wait(sn_comm_t *c) {
   nccl_impl_t *m = c->impl;
+  SN_TRY(not_capturing(c, "sn_comm (nccl): a host wait"));
   const double t0 = sn__now();
   for (long polls = 1;; polls++) {
     const cudaError_t q = cudaStreamQuery(m->stream);
@@ -112,7 +138,8 @@ static sn_status_t nccl_allreduce(sn_comm_t *c, void *buf, int64_t count, sn_red
   red_types(type, op, &dt, &ro, &esize);
   SN_TRY(async_check(c, "ncclAllReduce"));
   const ncclResult_t rc = ncclAllReduce(buf, buf, (size_t)count, dt, ro, m->comm, m->stream);
-  if (rc != ncclSuccess && rc != ncclInProgress) return nccl_fail(c, "ncclAllReduce", rc);
+  /* ncclInProgress: a non-blocking communicator (not supported: blocking ones only) */
+  if (rc != ncclSuccess) return nccl_fail(c, "ncclAllReduce", rc);
   return SN_OK;
 }
 
@@ -123,6 +150,7 @@ static sn_status_t stage_reserve(sn_comm_t *c, size_t bytes) {
   void *d = NULL, *h = NULL;
   cudaError_t err = cudaMalloc(&d, bytes);
   if (err == cudaSuccess) err = cudaMallocHost(&h, bytes);
+  if (err != cudaSuccess) (void)cudaGetLastError(); /* not sticky: a later launch is fine */
   if (err != cudaSuccess) {
     cudaFree(d);
     return sn__fail(SN_ERR_ALLOC, "sn_comm (nccl): staging buffer of %zu bytes: %s", bytes,
@@ -142,6 +170,7 @@ static sn_status_t nccl_allreduce_host(sn_comm_t *c, void *buf, int64_t count,
   size_t esize;
   red_types(type, op, &dt, &ro, &esize);
   const size_t bytes = (size_t)count * esize;
+  SN_TRY(not_capturing(c, "sn_comm (nccl): an all-reduce of host memory"));
   SN_TRY(stage_reserve(c, bytes));
   memcpy(m->hstage, buf, bytes);
   cudaError_t err = cudaMemcpyAsync(m->dstage, m->hstage, bytes, cudaMemcpyHostToDevice,
@@ -211,7 +240,7 @@ static sn_status_t nccl_wrap(sn_comm_t **out, ncclComm_t nc, cudaStream_t stream
                                       : cuda_fail(NULL, "cudaSetDevice", err);
   if (current != device) cudaSetDevice(current);
   if (st == SN_OK) st = sn__comm_new(out, &nccl_ops, rank, size, m);
-  if (st == SN_OK) (*out)->stream = (void *)stream;
+  if (st == SN_OK) (*out)->stream = (void *)stream, (*out)->device = device;
   if (st != SN_OK) {
     cudaFree(m->dstage);
     cudaFreeHost(m->hstage);
@@ -231,7 +260,10 @@ sn_status_t sn_comm_create_nccl(sn_comm_t **comm, ncclComm_t nccl, cudaStream_t 
   SN_TRY(sn__comm_env_check(fn, &check));
   ncclResult_t async = ncclSuccess;
   const ncclResult_t rc = ncclCommGetAsyncError(nccl, &async);
-  if (rc != ncclSuccess || (async != ncclSuccess && async != ncclInProgress))
+  if (rc == ncclSuccess && async == ncclInProgress)
+    return sn__fail(SN_ERR_UNSUPPORTED, "%s: the NCCL communicator is non-blocking (its "
+                    "initialization is still in progress): blocking NCCL communicators only", fn);
+  if (rc != ncclSuccess || async != ncclSuccess)
     return sn__fail(SN_ERR_COMM, "%s: the NCCL communicator reports an error: %s", fn,
                     ncclGetErrorString(rc != ncclSuccess ? rc : async));
   SN_TRY(nccl_wrap(comm, nccl, stream, 0));

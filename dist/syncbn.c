@@ -208,6 +208,10 @@ static sn_status_t check_call(const char *fn, const sn_syncbn_t *bn, int64_t n, 
      * not overlap x; no partial overlaps; and no activation over the layer's own arrays
      * (sn_syncbn_params hands out pointers into them), which the step writes */
     const int64_t bytes = total * sn_dtype_size(bn->cfg.dtype), C = bn->C;
+    sn__dev_span_t dspan[3] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
+#if SN_HAVE_CUDA
+    if (bn->dev != NULL) sn__syncbn_dev_spans(bn, dspan);
+#endif
     const sn__span_t spans[] = {
         /* forward: b = y (may equal a = x); backward: c = dx (may equal a = dy), b = x */
         SN_SPAN_OUT(c == NULL ? bname : cn, c == NULL ? b : c, bytes, 1u << 1),
@@ -215,7 +219,11 @@ static sn_status_t check_call(const char *fn, const sn_syncbn_t *bn, int64_t n, 
         SN_SPAN_IN(c == NULL ? "(none)" : bname, c == NULL ? NULL : b, bytes),
         SN_SPAN_OUT("the layer's f32 arrays", bn->fblock, 10 * C * 4, 0u),
         SN_SPAN_OUT("the layer's f64 arrays", bn->red, (6 * C + SN_RED_EXTRA) * 8, 0u),
-        SN_SPAN_OUT("the layer", bn, (int64_t)sizeof *bn, 0u)};
+        SN_SPAN_OUT("the layer", bn, (int64_t)sizeof *bn, 0u),
+        /* a device layer's own device arrays and workspace (NULL: none) */
+        SN_SPAN_OUT("the layer's device f32 arrays", dspan[0].p, dspan[0].bytes, 0u),
+        SN_SPAN_OUT("the layer's device f64 arrays", dspan[1].p, dspan[1].bytes, 0u),
+        SN_SPAN_OUT("the layer's device workspace", dspan[2].p, dspan[2].bytes, 0u)};
     SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   }
   if (bn->comm != NULL) SN_TRY(sn__comm_check(fn, bn->comm));
@@ -511,7 +519,15 @@ static sn_status_t batch_stats(sn_syncbn_t *bn, const char *fn, void *y, const v
 }
 
 /* No other rank to agree with: no communicator, or one of a single rank. */
-int sn__syncbn_alone(const sn_syncbn_t *bn) { return bn->comm == NULL || bn->comm->size == 1; }
+int sn__syncbn_alone(const sn_syncbn_t *bn) {
+  return bn->comm == NULL || (bn->comm->size == 1 && !bn->force_sync);
+}
+
+void sn__syncbn_test_force_sync(sn_syncbn_t *bn, int on) {
+  if (bn == NULL || bn->comm == NULL) return;
+  bn->force_sync = on != 0;
+  bn->comm->force_collectives = on != 0;
+}
 static int alone(const sn_syncbn_t *bn) { return sn__syncbn_alone(bn); }
 
 /* A call that failed this rank's own checks (st, its message in sn_last_error) where the other
@@ -552,6 +568,11 @@ static sn_status_t tell_peers(sn_syncbn_t *bn, const char *fn, int op, sn_status
                     own, bn->cfg.check_consistency ? "consistency check" : "call check");
   snprintf(why, sizeof why, "%s", sn_last_error()); /* sn__fail writes over sn_last_error */
   return sn__fail(told, "%s; then telling the other ranks failed: %s", own, why);
+}
+
+sn_status_t sn__syncbn_tell_peers(sn_syncbn_t *bn, const char *fn, int op, sn_status_t st,
+                                  int would_sync) {
+  return tell_peers(bn, fn, op, st, would_sync);
 }
 
 /* Whether this rank's backward would make its consistency all-reduce: after a synchronized

@@ -40,7 +40,9 @@ __global__ void finalize_kernel(double *mean, float *var, float *rstd, float *pi
                                 double *count_out, const double *red, int64_t c, float eps,
                                 float momentum, int update, int set_pivot) {
   const double N = red[2 * c];
-  const int64_t tracked = nbt != NULL ? *nbt : 0; /* read by every thread before the write */
+  /* read by every thread before the write; a negative count (written through sn_syncbn_params)
+   * is taken as 0, where the CPU path returns SN_ERR_INVALID_ARGUMENT */
+  const int64_t tracked = nbt != NULL && *nbt > 0 ? *nbt : 0;
   __syncthreads();
   if (threadIdx.x == 0) {
     *count_out = N;

@@ -13,6 +13,10 @@
  * sn_cuda_batchnorm_bwd_apply writes dx. No host synchronization and no allocation, except
  * where the workspace grows (the first call of a larger shape: cudaMalloc, after waiting for the
  * stream), so after one warm-up call of a shape the steps can be captured in a CUDA graph.
+ * The pivot is 0 at creation and after a load (never the loaded running mean, which may differ
+ * across ranks), then the last synchronized mean: identical on every rank, so no pivot hash
+ * slots are needed. Rank-local failures that can happen (the workspace's cudaMalloc) happen
+ * before the call's first collective, where tell_peers can tell the other ranks.
  * No pivot refinement here (the CPU path redoes the sums around the mean where the pivot was
  * far off): shifted sums around the previous batch's mean lose about log2((mean−p)²/var) of
  * fp64's 53 bits, noticeable only where the data's mean jumps by thousands of σ between batches.
@@ -50,6 +54,9 @@ static sn_status_t cuda_st(const char *fn, const sn_syncbn_t *bn, const char *wh
                   cudaGetErrorName(err), cudaGetErrorString(err));
 }
 
+static sn_status_t dev_wait(const char *fn, sn_syncbn_t *bn);
+static sn_status_t upload_on(const char *fn, sn_syncbn_t *bn, cudaStream_t t);
+
 sn_status_t sn__syncbn_dev_usable(const char *fn) {
   int n = 0;
   const cudaError_t err = cudaGetDeviceCount(&n);
@@ -62,6 +69,16 @@ sn_status_t sn__syncbn_dev_usable(const char *fn) {
 sn_status_t sn__syncbn_dev_create(sn_syncbn_t *bn) {
   const char *fn = "sn_syncbn_create";
   const size_t C = (size_t)bn->C;
+  if (bn->comm != NULL && bn->comm->device >= 0) { /* the layer's device is the current one */
+    int current = -1;
+    const cudaError_t e = cudaGetDevice(&current);
+    if (e != cudaSuccess) return cuda_st(fn, bn, "cudaGetDevice", e);
+    if (current != bn->comm->device)
+      return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                      "%s: %s: the current CUDA device is %d, the communicator's (its "
+                      "ncclComm_t's) is %d: create the layer with cudaSetDevice(%d) current",
+                      fn, bn->label, current, bn->comm->device, bn->comm->device);
+  }
   dev_state_t *d = calloc(1, sizeof *d);
   if (d == NULL) return sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
   d->stream = bn->comm != NULL ? (cudaStream_t)bn->comm->stream : (cudaStream_t)0;
@@ -70,6 +87,7 @@ sn_status_t sn__syncbn_dev_create(sn_syncbn_t *bn) {
   cudaError_t err = cudaMalloc(&fb, D_FLOATS * C * sizeof(float));
   if (err == cudaSuccess) err = cudaMalloc(&db, (5 * C + 3) * sizeof(double));
   if (err != cudaSuccess) {
+    (void)cudaGetLastError(); /* not sticky: leave no error for the next launch check */
     cudaFree(fb);
     free(d);
     return sn__fail(SN_ERR_ALLOC, "%s: %s: cudaMalloc for %zu channels: %s", fn, bn->label, C,
@@ -79,22 +97,58 @@ sn_status_t sn__syncbn_dev_create(sn_syncbn_t *bn) {
   d->red = db, d->local = d->red + 2 * C + 1, d->mean = d->local + 2 * C;
   d->count = d->mean + C, d->nbt = (int64_t *)(d->count + 1);
   bn->dev = d;
-  /* zeros everywhere (grads, stats, count), then the initial state from the host arrays */
-  err = cudaMemset(fb, 0, D_FLOATS * C * sizeof(float));
-  if (err == cudaSuccess) err = cudaMemset(db, 0, (5 * C + 3) * sizeof(double));
-  sn_status_t st = cuda_st(fn, bn, "cudaMemset", err);
-  if (st == SN_OK) st = sn__syncbn_dev_upload(bn);
-  if (st != SN_OK) {
-    sn__syncbn_dev_destroy(bn);
+  /* zeros everywhere (grads, stats, count), then the initial state from the host arrays, on a
+   * private stream waited for: nothing of the communicator's stream is waited for, and the
+   * comm's (non-blocking) stream sees it all done */
+  cudaStream_t t = NULL;
+  err = cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking);
+  sn_status_t st = cuda_st(fn, bn, "cudaStreamCreateWithFlags", err);
+  if (st == SN_OK) {
+    err = cudaMemsetAsync(fb, 0, D_FLOATS * C * sizeof(float), t);
+    if (err == cudaSuccess) err = cudaMemsetAsync(db, 0, (5 * C + 3) * sizeof(double), t);
+    st = cuda_st(fn, bn, "cudaMemsetAsync", err);
+    if (st == SN_OK) st = upload_on(fn, bn, t);
+    (void)cudaStreamSynchronize(t); /* also after a failure: nothing left on it to free under */
+    cudaStreamDestroy(t);
+  }
+  if (st != SN_OK) { /* nothing of the layer's was ever on the communicator's stream */
+    cudaFree(fb);
+    cudaFree(db);
+    free(d);
+    bn->dev = NULL;
     return st;
   }
   return SN_OK;
 }
 
+/* Polls the layer's stream until it is idle (cudaSuccess), an error, or the communicator's
+ * timeout (cudaErrorNotReady; no communicator, or a timeout of 0: waits forever). Aborts
+ * nothing, marks nothing broken; not during graph capture (cudaStreamQuery fails there). */
+static cudaError_t destroy_wait(const sn_syncbn_t *bn) {
+  const cudaStream_t st = dev_of(bn)->stream;
+  const double timeout = bn->comm != NULL ? bn->comm->timeout_s : 0.0, t0 = sn__now();
+  for (long polls = 1;; polls++) {
+    const cudaError_t q = cudaStreamQuery(st);
+    if (q != cudaErrorNotReady) return q;
+    if (timeout > 0.0 && sn__now() - t0 > timeout) return q;
+    sn__sleep_us(polls < 1000 ? 10 : 200);
+  }
+}
+
 void sn__syncbn_dev_destroy(sn_syncbn_t *bn) {
   dev_state_t *d = dev_of(bn);
   if (d == NULL) return;
-  cudaStreamSynchronize(d->stream); /* work still queued may use the buffers */
+  /* work still queued may use the buffers: wait for it, under the communicator's timeout but
+   * without the communicator's wait, which aborts the NCCL communicator on a failure (a review:
+   * destroy returns nothing, and the caller would then ncclCommDestroy an aborted one). A failed
+   * or timed-out wait, or a communicator already destroyed (its stream may be too) or broken
+   * (aborted work may still write them): the device buffers are abandoned, never freed */
+  const int live = bn->comm == NULL || (SN_COMM_LIVE(bn->comm) && !bn->comm->broken);
+  if (!live || destroy_wait(bn) != cudaSuccess) {
+    free(d);
+    bn->dev = NULL;
+    return;
+  }
   cudaFree(d->f);
   cudaFree(d->red);
   cudaFree(d->ws);
@@ -111,13 +165,25 @@ void sn__syncbn_dev_params(const sn_syncbn_t *bn, sn_syncbn_params_t *p) {
   p->num_features = bn->C;
 }
 
-/* Waits for the layer's stream: under the communicator's timeout where it has one. */
+/* Waits for the layer's stream: under the communicator's timeout where it has one (which
+ * refuses during graph capture: SN_ERR_UNSUPPORTED). A communicator that is not live: its
+ * error, nothing waited for; a broken one (its NCCL communicator aborted): a plain
+ * cudaStreamSynchronize. */
 static sn_status_t dev_wait(const char *fn, sn_syncbn_t *bn) {
-  if (bn->comm != NULL && bn->comm->ops->wait != NULL) {
+  if (bn->comm != NULL && !SN_COMM_LIVE(bn->comm)) return sn__comm_check(fn, bn->comm);
+  if (bn->comm != NULL && !bn->comm->broken && bn->comm->ops->wait != NULL) {
     const sn_status_t st = bn->comm->ops->wait(bn->comm);
     return st == SN_OK ? SN_OK : sn__fail_prefix(st, "%s (%s)", fn, bn->label);
   }
   return cuda_st(fn, bn, "cudaStreamSynchronize", cudaStreamSynchronize(dev_of(bn)->stream));
+}
+
+void sn__syncbn_dev_spans(const sn_syncbn_t *bn, sn__dev_span_t span[3]) {
+  const dev_state_t *d = dev_of(bn);
+  const int64_t C = bn->C;
+  span[0] = (sn__dev_span_t){d->f, (int64_t)D_FLOATS * C * (int64_t)sizeof(float)};
+  span[1] = (sn__dev_span_t){d->red, (5 * C + 3) * (int64_t)sizeof(double)};
+  span[2] = (sn__dev_span_t){d->ws, d->ws != NULL ? (int64_t)d->ws_bytes : 0};
 }
 
 /* Copies bytes between host and device on the layer's stream and waits for it. */
@@ -146,36 +212,59 @@ sn_status_t sn__syncbn_dev_download(sn_syncbn_t *bn) {
   return SN_OK;
 }
 
-sn_status_t sn__syncbn_dev_upload(sn_syncbn_t *bn) {
-  const char *fn = "sn_syncbn (state to device)";
-  SN_TRY(dev_wait(fn, bn));
+/* The host mirror's state → device on stream t, the pivot 0 (host and device), then waits for
+ * t. The pivot is never seeded from rank-local values (a loaded running mean may differ across
+ * ranks): 0 on every rank until the first synchronized mean sets it alike everywhere. */
+static sn_status_t upload_on(const char *fn, sn_syncbn_t *bn, cudaStream_t t) {
   const size_t cb = (size_t)bn->C * sizeof(float);
-  for (int64_t c = 0; c < bn->C; c++) /* as the CPU path resets a non-finite pivot */
-    if (!(bn->pivot[c] - bn->pivot[c] == 0.0f)) bn->pivot[c] = 0.0f;
-  SN_TRY(copy(fn, bn, arr(bn, D_PIVOT), bn->pivot, cb, cudaMemcpyHostToDevice));
-  if (bn->cfg.affine) {
-    SN_TRY(copy(fn, bn, arr(bn, D_WEIGHT), bn->weight, cb, cudaMemcpyHostToDevice));
-    SN_TRY(copy(fn, bn, arr(bn, D_BIAS), bn->bias, cb, cudaMemcpyHostToDevice));
+  memset(bn->pivot, 0, cb);
+  cudaError_t err = cudaMemsetAsync(arr(bn, D_PIVOT), 0, cb, t);
+  if (err == cudaSuccess && bn->cfg.affine) {
+    err = cudaMemcpyAsync(arr(bn, D_WEIGHT), bn->weight, cb, cudaMemcpyHostToDevice, t);
+    if (err == cudaSuccess)
+      err = cudaMemcpyAsync(arr(bn, D_BIAS), bn->bias, cb, cudaMemcpyHostToDevice, t);
   }
-  if (bn->cfg.track_running_stats) {
-    SN_TRY(copy(fn, bn, arr(bn, D_RM), bn->running_mean, cb, cudaMemcpyHostToDevice));
-    SN_TRY(copy(fn, bn, arr(bn, D_RV), bn->running_var, cb, cudaMemcpyHostToDevice));
-    SN_TRY(copy(fn, bn, dev_of(bn)->nbt, &bn->num_batches_tracked, sizeof(int64_t),
-                cudaMemcpyHostToDevice));
+  if (err == cudaSuccess && bn->cfg.track_running_stats) {
+    err = cudaMemcpyAsync(arr(bn, D_RM), bn->running_mean, cb, cudaMemcpyHostToDevice, t);
+    if (err == cudaSuccess)
+      err = cudaMemcpyAsync(arr(bn, D_RV), bn->running_var, cb, cudaMemcpyHostToDevice, t);
+    if (err == cudaSuccess)
+      err = cudaMemcpyAsync(dev_of(bn)->nbt, &bn->num_batches_tracked, sizeof(int64_t),
+                            cudaMemcpyHostToDevice, t);
   }
-  return SN_OK;
+  if (err == cudaSuccess) err = cudaStreamSynchronize(t); /* only these copies are left on it */
+  return cuda_st(fn, bn, "cudaMemcpyAsync (state to device)", err);
 }
 
-/* The workspace for [n, C, s] (n·s > 0): grown, never shrunk. Growing waits for the stream and
- * allocates: not during graph capture (a warm-up call of the shape first). */
+sn_status_t sn__syncbn_dev_upload(sn_syncbn_t *bn) {
+  const char *fn = "sn_syncbn (state to device)";
+  SN_TRY(dev_wait(fn, bn)); /* queued steps may still read or write the state */
+  return upload_on(fn, bn, dev_of(bn)->stream);
+}
+
+/* The workspace for [n, C, s] (n·s > 0; nothing otherwise): grown, never shrunk. Growing waits
+ * for the stream (dev_wait) and allocates: not during graph capture (SN_ERR_UNSUPPORTED, nothing
+ * enqueued: a warm-up call of the shape first). Called before a call's first collective, so that
+ * its failure is told to the other ranks (tell_peers) instead of leaving them waiting. */
 static sn_status_t ensure_ws(const char *fn, sn_syncbn_t *bn, int64_t n, int64_t s) {
   dev_state_t *d = dev_of(bn);
   size_t need = 0;
+  if (n * s == 0) return SN_OK;
   SN_TRY(sn_cuda_batchnorm_workspace(&need, n, bn->C, s, bn->cfg.layout));
   if (need <= d->ws_bytes) return SN_OK;
-  SN_TRY(cuda_st(fn, bn, "cudaStreamSynchronize", cudaStreamSynchronize(d->stream)));
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (d->stream != (cudaStream_t)0 &&
+      (cudaStreamIsCapturing(d->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone)) {
+    (void)cudaGetLastError();
+    return sn__fail(SN_ERR_UNSUPPORTED,
+                    "%s: %s: growing the workspace (a new, larger shape) cannot run while the "
+                    "stream is being captured: warm up the shape first (one eager call)",
+                    fn, bn->label);
+  }
+  SN_TRY(dev_wait(fn, bn));
   void *p = NULL;
   const cudaError_t err = cudaMalloc(&p, need);
+  if (err != cudaSuccess) (void)cudaGetLastError(); /* not sticky: a later launch is fine */
   if (err != cudaSuccess)
     return sn__fail(SN_ERR_ALLOC, "%s: %s: cudaMalloc of a %zu-byte workspace: %s", fn,
                     bn->label, need, cudaGetErrorName(err));
@@ -306,6 +395,9 @@ sn_status_t sn__syncbn_dev_forward(sn_syncbn_t *bn, const char *fn, void *y, con
   const int synced = training && !sn__syncbn_alone(bn);
   const int update = training && cfg->track_running_stats;
   int64_t count = n * s; /* the global count where the host knows it; -1: on the device only */
+  /* this rank's own failures before the first collective, where the peers can be told */
+  const sn_status_t own = ensure_ws(fn, bn, n, s);
+  if (own != SN_OK) return sn__syncbn_tell_peers(bn, fn, OP_FORWARD, own, synced);
   if (synced && cfg->check_consistency) {
     SN_TRY(sn__syncbn_dev_download(bn)); /* the running statistics, for their hash */
     SN_TRY(sn__syncbn_consistency(bn, fn, OP_FORWARD));
@@ -337,6 +429,8 @@ sn_status_t sn__syncbn_dev_backward_call(sn_syncbn_t *bn, const char *fn, void *
   if (bn->saved.batch_stats && bn->saved.count == 0) /* empty global batch: zero gradients */
     return sn__syncbn_dev_zero_grads(bn, fn);
   const int synced = bn->saved.synced;
+  const sn_status_t own = ensure_ws(fn, bn, n, s); /* before the first collective, as forward */
+  if (own != SN_OK) return sn__syncbn_tell_peers(bn, fn, OP_BACKWARD, own, synced);
   if (synced && bn->cfg.check_consistency) {
     SN_TRY(sn__syncbn_dev_download(bn));
     SN_TRY(sn__syncbn_consistency(bn, fn, OP_BACKWARD));

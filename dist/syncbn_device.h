@@ -35,16 +35,21 @@ SN_HIDDEN sn_status_t sn__syncbn_dev_backward_call(sn_syncbn_t *bn, const char *
 /* SN_OK where a CUDA device is present, else SN_ERR_UNSUPPORTED naming fn (a CUDA build run
  * without a GPU or driver). */
 SN_HIDDEN sn_status_t sn__syncbn_dev_usable(const char *fn);
-/* Allocates bn->dev (on the current CUDA device) and uploads the host arrays' initial values. */
+/* Allocates bn->dev (on the current CUDA device, which must be the communicator's: else
+ * SN_ERR_INVALID_ARGUMENT) and uploads the host arrays' initial values on a private stream,
+ * waited for (not the communicator's stream). */
 SN_HIDDEN sn_status_t sn__syncbn_dev_create(sn_syncbn_t *bn);
 SN_HIDDEN void sn__syncbn_dev_destroy(sn_syncbn_t *bn);
+/* The layer's device f32 block, f64 block and workspace (check_call's overlap check). */
+SN_HIDDEN void sn__syncbn_dev_spans(const sn_syncbn_t *bn, sn__dev_span_t span[3]);
 /* Device pointers into the layer's state (sn_syncbn_params). */
 SN_HIDDEN void sn__syncbn_dev_params(const sn_syncbn_t *bn, sn_syncbn_params_t *p);
 /* Device state → host mirror (weight, bias, running stats, num_batches_tracked); waits for the
  * stream (under the communicator's timeout where there is one). */
 SN_HIDDEN sn_status_t sn__syncbn_dev_download(sn_syncbn_t *bn);
-/* Host mirror → device (weight, bias, running stats, num_batches_tracked, and the pivot from
- * the host pivot, non-finite values as 0); synchronous. */
+/* Host mirror → device (weight, bias, running stats, num_batches_tracked) after waiting for the
+ * layer's stream (under the timeout); the pivot is set to 0 (host and device: never seeded from
+ * rank-local values, so every rank's pivot is 0 until the first synchronized mean); synchronous. */
 SN_HIDDEN sn_status_t sn__syncbn_dev_upload(sn_syncbn_t *bn);
 /* Eval forward from the running statistics (infer), and the frozen backward's mean, rstd. */
 SN_HIDDEN sn_status_t sn__syncbn_dev_infer(sn_syncbn_t *bn, const char *fn, void *y,
@@ -74,7 +79,8 @@ SN_HIDDEN sn_status_t sn__syncbn_cuda_count(double *red, int64_t c, int64_t coun
                                             cudaStream_t stream);
 /* From red [2c + 1] (sums around pivot, global count N = red[2c]): *count_out = N, and for
  * N > 1 mean [c] f64, var [c] f32 (biased), rstd [c] f32 as sn_batchnorm_finalize; with update,
- * num_batches_tracked += 1 (N == 0 too; saturating) and running_mean/var as
+ * num_batches_tracked += 1 (N == 0 too; saturating; a negative one, written through
+ * sn_syncbn_params, is taken as 0) and running_mean/var as
  * sn_batchnorm_update_running (unbiased by N/(N−1)); with set_pivot, pivot = (float)mean (0 where
  * not finite). N == 1: mean, var, rstd NaN, nothing else written. One block. */
 SN_HIDDEN sn_status_t sn__syncbn_cuda_finalize(double *mean, float *var, float *rstd,

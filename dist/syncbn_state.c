@@ -104,8 +104,9 @@ static sn_status_t lookup_state(const char *fn, const sn_syncbn_t *bn, const sn_
   return SN_OK;
 }
 
-/* Copies validated tensors into the layer; the pivot restarts from the loaded running mean. A
- * device layer's are then uploaded (its only failure: a CUDA error). */
+/* Copies validated tensors into the layer; the pivot restarts from the loaded running mean (CPU
+ * path). A device layer's are then uploaded (its only failure: a CUDA error), its pivot set to 0
+ * (sn__syncbn_dev_upload: never seeded from rank-local values). */
 static sn_status_t commit_state(sn_syncbn_t *bn, const sn_tensor_t found[T_COUNT]) {
   float *dst[T_RVAR + 1] = {bn->weight, bn->bias, bn->running_mean, bn->running_var};
   for (int k = 0; k <= T_RVAR; k++)

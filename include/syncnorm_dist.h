@@ -97,7 +97,9 @@ SN_API sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm);
 #endif
 
 #if SN_HAVE_NCCL
-/* Communicator over an NCCL communicator: buffers are CUDA device memory and every all-reduce
+/* Communicator over a BLOCKING NCCL communicator (a non-blocking one, ncclConfig_t blocking = 0,
+ * is not supported: one still initializing is SN_ERR_UNSUPPORTED here, and an ncclInProgress
+ * from a collective is treated as a failure): buffers are CUDA device memory and every all-reduce
  * (ncclAllReduce, in place) is enqueued on `stream` and returns at once, without waiting on the
  * host, so a step can be captured in a CUDA graph (cudaStreamBeginCapture on stream). Local,
  * not collective; nccl (from ncclCommInitRank or ncclCommInitAll) is NOT owned: the caller
@@ -105,14 +107,26 @@ SN_API sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm);
  * from sn_comm_split on this one owns its ncclComm_t (ncclCommSplit) and destroys it.
  * Before each collective ncclCommGetAsyncError is asked; an asynchronous error aborts nccl
  * (ncclCommAbort, which frees it: do not destroy it then) and later calls fail with SN_ERR_COMM.
+ * Whatever breaks the communicator (SN_ERR_COMM, SN_ERR_TIMEOUT, or SN_ERR_CUDA from its own
+ * CUDA calls: any failure after which later calls fail with "broken") has aborted nccl
+ * first: after such an error the caller must neither use nor ncclCommDestroy its ncclComm_t,
+ * only sn_comm_destroy this handle. Make one handle per ncclComm_t: an abort through one leaves
+ * every other handle over the same ncclComm_t pointing at freed memory.
  * Where the host needs a result (the call check SN_COMM_CHECK, a layer's check_consistency:
  * small int64 arrays staged through an 8 KiB device buffer allocated here), the host waits
  * for stream, polling it under the timeout (sn_comm_set_timeout): on a timeout nccl is aborted
- * likewise and SN_ERR_TIMEOUT returned; such calls cannot be captured in a graph.
+ * likewise and SN_ERR_TIMEOUT returned; such calls cannot be captured in a graph: made while
+ * stream is being captured they return SN_ERR_UNSUPPORTED before enqueueing anything, and the
+ * communicator stays usable. The timeout covers only these host waits of the library: the
+ * collectives themselves are not waited for, so with check_consistency off (and SN_COMM_CHECK
+ * unset) a dead or missing rank leaves stream blocked and the caller's own synchronization of
+ * it (cudaStreamSynchronize) unbounded; bound it yourself (NCCL's own timeouts, or polling
+ * with cudaStreamQuery and ncclCommAbort).
  * sn_comm_all_identical is SN_ERR_UNSUPPORTED. SN_COMM_TIMEOUT_S and SN_COMM_CHECK are read
  * here, on this rank only: set them alike on every rank. Errors: SN_ERR_NULL_POINTER (comm or
  * nccl NULL), SN_ERR_INVALID_ARGUMENT (the environment variables), SN_ERR_COMM (nccl reports an
- * error), SN_ERR_CUDA, SN_ERR_ALLOC. */
+ * error), SN_ERR_UNSUPPORTED (a non-blocking nccl still initializing), SN_ERR_CUDA,
+ * SN_ERR_ALLOC. */
 SN_API sn_status_t sn_comm_create_nccl(sn_comm_t **comm, ncclComm_t nccl, cudaStream_t stream);
 #endif
 
@@ -179,6 +193,10 @@ SN_API sn_status_t sn_comm_all_identical(sn_comm_t *comm, int *identical, const 
  * other value, such as "5m", "-1", "inf", "0x10" or one with spaces, makes the creation fail
  * with SN_ERR_INVALID_ARGUMENT rather than run with a timeout nobody asked for).
  * Sub-communicators from sn_comm_split inherit the parent's timeout. Local, not collective.
+ * On an "nccl" communicator it bounds only the library's own host waits (SN_COMM_CHECK,
+ * check_consistency, a device layer's state copies and destroy), not the NCCL collectives
+ * enqueued on the stream: with check_consistency off a dead rank leaves the stream blocked and
+ * the caller's synchronization of it unbounded (sn_comm_create_nccl).
  * Errors:
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_ARGUMENT (seconds < 0, NaN or infinite: 0 waits forever),
  * SN_ERR_INVALID_HANDLE. */
@@ -222,7 +240,9 @@ typedef struct {
                               collectives): check_consistency reports a difference */
   int device_memory;       /* x, y, dy, dx, parameters and stats in CUDA device memory (needs an
                               "nccl" communicator, or comm == NULL in a CUDA build: then on the
-                              legacy default stream 0); kernels and the all-reduce are enqueued
+                              legacy default stream 0, which cannot be captured in a CUDA
+                              graph: graph capture needs an "nccl" communicator, one of one
+                              rank will do); kernels and the all-reduce are enqueued
                               on the communicator's stream without host waits. check_finite is
                               not available with it (SN_ERR_UNSUPPORTED); see sn_syncbn_forward
                               for what differs from the host path; default 0 */
@@ -236,7 +256,9 @@ typedef struct sn_syncbn sn_syncbn_t;
 
 /* Pointers into a layer's state (host memory, or device memory with cfg.device_memory, the
  * num_batches_tracked int64 included: read or write them with cudaMemcpy after synchronizing the
- * communicator's stream). They stay valid until sn_syncbn_destroy. Each is [C] f32 unless said
+ * communicator's stream). They stay valid until sn_syncbn_destroy. Writing the running statistics
+ * does not touch the pivot of the shifted sums (internal state, identical on every rank: the
+ * last synchronized batch mean; a device layer's starts at 0 and is reset to 0 by a load). Each is [C] f32 unless said
  * otherwise. */
 typedef struct {
   float *weight, *bias;            /* gamma, beta; NULL without affine */
@@ -262,7 +284,11 @@ SN_API sn_syncbn_config_t sn_syncbn_default_config(int64_t num_features);
  * SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_HANDLE, SN_ERR_UNSUPPORTED (device_memory without CUDA
  * or a CUDA device, with a host communicator, or with check_finite; an "nccl" communicator
  * without device_memory), SN_ERR_OVERFLOW (num_features too large to allocate its
- * buffers), SN_ERR_COMM (comm broken by an earlier failure), SN_ERR_ALLOC. */
+ * buffers), SN_ERR_COMM (comm broken by an earlier failure), SN_ERR_ALLOC; with device_memory
+ * also SN_ERR_INVALID_ARGUMENT (the current CUDA device is not the "nccl" communicator's,
+ * ncclCommCuDevice: the layer lives on the current device) and SN_ERR_CUDA (a CUDA call failed;
+ * creation uploads the initial state on a private stream and waits for it, not for the
+ * communicator's stream). */
 SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *cfg,
                                     sn_comm_t *comm);
 
@@ -319,8 +345,12 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
  * such as a failed all-reduce, surface on a later call or stream synchronization). It differs
  * from the host path in: no pivot refinement and no pivot hash slots (sums around the previous
  * batch's mean lose about log2((mean−p)²/var) of fp64's 53 bits where the data's mean jumps by
- * many σ between batches; a checkpoint loaded on some ranks only shows in check_consistency's
- * running-statistics hash); a running_var < 0 in eval mode gives NaN outputs instead of an
+ * many σ between batches). Instead the device pivot is never seeded from rank-local values: it
+ * is 0 at creation and after every load (not the loaded running mean), and only a synchronized
+ * batch mean (identical on every rank) sets it, so ranks agree on it as long as every rank
+ * loads the same checkpoints at the same step (a checkpoint loaded on some ranks only shows in
+ * check_consistency's running-statistics hash); a negative num_batches_tracked (written
+ * through sn_syncbn_params) is taken as 0 instead of SN_ERR_INVALID_ARGUMENT; a running_var < 0 in eval mode gives NaN outputs instead of an
  * error; and the global count stays on the device: a global count of 1 gives NaN statistics and
  * y, running statistics untouched, instead of SN_ERR_INSUFFICIENT_COUNT, except where the host
  * knows the count: with no communicator or one of one rank (n·s), or with check_consistency on
@@ -329,9 +359,14 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
  * a training forward and backward make exactly one NCCL collective each, no host
  * synchronization and no allocation, except that the first call of a shape larger than any
  * before allocates the layer's workspace (cudaMalloc after waiting for the stream): make one
- * warm-up call of each shape before capturing, as with cuDNN's or PyTorch's allocators. With
+ * warm-up call of the largest shape before capturing, as with cuDNN's or PyTorch's allocators
+ * (growing frees the old workspace, which graphs captured before still use: do not replay them
+ * after a larger shape has run). With
  * check_consistency on, the consistency all-reduce (staged through host memory) and the count's
- * read-back wait for the stream (under the communicator's timeout): not capturable. */
+ * read-back wait for the stream (under the communicator's timeout): not capturable; tried
+ * during capture they return SN_ERR_UNSUPPORTED before enqueueing anything, as does a workspace
+ * that would have to grow, and the communicator stays usable (end the capture, discard it). A
+ * layer without a communicator runs on the legacy stream 0: not capturable. */
 SN_API sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, int64_t n,
                                      int64_t s, int training);
 
@@ -367,7 +402,10 @@ SN_API sn_status_t sn_syncbn_params(sn_syncbn_t *bn, sn_syncbn_params_t *params)
  * SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_syncbn_collective_count(const sn_syncbn_t *bn, int64_t *count);
 
-/* Frees the layer. NULL is a no-op. */
+/* Frees the layer. NULL is a no-op. A device layer (device_memory) first waits for its stream
+ * (work still queued may use its buffers), up to the communicator's timeout, without aborting
+ * anything; where that wait fails or times out, the communicator is broken or already destroyed,
+ * its device buffers are abandoned (never freed) rather than freed under running work. */
 SN_API void sn_syncbn_destroy(sn_syncbn_t *bn);
 
 /* ------------------------------------------------------------------------------------------ */

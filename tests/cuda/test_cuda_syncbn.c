@@ -10,7 +10,14 @@
  *      backend, split; sn_comm_all_identical is SN_ERR_UNSUPPORTED;
  *  (d) sn_syncbn_collective_count as the CPU path counts (a communicator of one rank: none);
  *  (e) errors: device_memory with a host communicator, NULL arguments, check_finite; a device
- *      layer's checkpoint round trip.
+ *      layer's checkpoint round trip;
+ *  (f) with the internal test hook sn__syncbn_test_force_sync (the layer behaves as on more than
+ *      one rank: its forward and backward all-reduce, identities on one rank; linked against
+ *      syncnorm_static, where the hidden symbol is visible): (a) against a CPU layer on a "self"
+ *      communicator of one rank, check_consistency on and off, and sn_syncbn_collective_count up
+ *      by exactly 1 per forward and backward (2 with check_consistency: the consistency
+ *      all-reduce); (b) with check_consistency off; a capture with check_consistency on returns
+ *      SN_ERR_UNSUPPORTED and leaves the communicator usable.
  * Check runs without fork here: CUDA and NCCL do not survive a fork after initialization.
  */
 #include <check.h>
@@ -22,6 +29,9 @@
 
 #include "cudatest.h"
 #include "syncnorm_dist.h"
+
+/* The internal test hook (dist/syncbn_internal.h; hidden, in the static library). */
+void sn__syncbn_test_force_sync(sn_syncbn_t *bn, int on);
 
 /* f32 outputs and state: CUDA vs CPU differ by a few f32 roundings of the terms (syncnorm_cuda.h),
  * relative to max(|ref|, 1) */
@@ -82,14 +92,20 @@ static void assert_state(const sn_syncbn_params_t *dp, const sn_syncbn_params_t 
   ck_assert_int_eq(nbt, *hp->num_batches_tracked);
 }
 
-/* (a) device layer == CPU layer; _i: layout (bit 0), dtype (bit 1: bf16). */
-START_TEST(test_device_equals_cpu) {
-  const sn_layout_t layout = (_i & 1) ? SN_LAYOUT_NHWC : SN_LAYOUT_NCHW;
-  const sn_dtype_t dtype = (_i & 2) ? SN_DTYPE_BF16 : SN_DTYPE_F32;
+/* The collectives of bn so far. */
+static int64_t collectives(const sn_syncbn_t *bn) {
+  int64_t n = -1;
+  ck_assert_int_eq(sn_syncbn_collective_count(bn, &n), SN_OK);
+  return n;
+}
+
+/* A device layer (gpu) against a CPU layer (cpu) over STEPS training steps, an eval forward and
+ * its frozen backward; per (training) forward and backward the device layer's collective count
+ * goes up by exactly per_call (-1: not checked), nothing in eval. */
+static void device_vs_cpu(sn_syncbn_t *cpu, sn_syncbn_t *gpu, sn_dtype_t dtype, uint64_t seed,
+                          int per_call) {
   const int64_t total = (int64_t)N * C * S;
   const size_t bytes = (size_t)total * sn_dtype_size(dtype);
-  sn_syncbn_t *cpu = make_layer(layout, dtype, 0, NULL, 1);
-  sn_syncbn_t *gpu = make_layer(layout, dtype, 1, g_comm, 1);
   sn_syncbn_params_t hp, dp;
   ck_assert_int_eq(sn_syncbn_params(cpu, &hp), SN_OK);
   ck_assert_int_eq(sn_syncbn_params(gpu, &dp), SN_OK);
@@ -98,15 +114,22 @@ START_TEST(test_device_equals_cpu) {
   void *got = tu_alloc(total, dtype);
   void *dx_d = ct_alloc_poison(bytes), *y_d = ct_alloc_poison(bytes);
   tu_rng_t r;
-  tu_rng_seed(&r, 1234 + (uint64_t)_i);
+  tu_rng_seed(&r, seed);
   for (int step = 0; step < STEPS; step++) {
     tu_fill_normal(x, total, dtype, 0.5 + step, 2.0, &r); /* the mean moves between steps */
     tu_fill_normal(dy, total, dtype, 0.0, 1.0, &r);
     void *x_d = ct_upload(x, bytes), *dy_d = ct_upload(dy, bytes);
     ck_assert_int_eq(sn_syncbn_forward(cpu, y, x, N, S, 1), SN_OK);
+    const int64_t c0 = collectives(gpu);
     ck_assert_msg(sn_syncbn_forward(gpu, y_d, x_d, N, S, 1) == SN_OK, "%s", sn_last_error());
+    const int64_t c1 = collectives(gpu);
     ck_assert_int_eq(sn_syncbn_backward(cpu, dx, dy, x, N, S), SN_OK);
     ck_assert_msg(sn_syncbn_backward(gpu, dx_d, dy_d, x_d, N, S) == SN_OK, "%s", sn_last_error());
+    const int64_t c2 = collectives(gpu);
+    if (per_call >= 0) {
+      ck_assert_int_eq(c1 - c0, per_call);
+      ck_assert_int_eq(c2 - c1, per_call);
+    }
     cuda_ok(cudaStreamSynchronize(g_stream), "step");
     ct_download(got, y_d, bytes);
     assert_close(got, y, total, dtype, "y", step);
@@ -118,6 +141,7 @@ START_TEST(test_device_equals_cpu) {
   /* eval forward from the running statistics */
   tu_fill_normal(x, total, dtype, 1.0, 3.0, &r);
   void *x_d = ct_upload(x, bytes);
+  const int64_t c0 = collectives(gpu);
   ck_assert_int_eq(sn_syncbn_forward(cpu, y, x, N, S, 0), SN_OK);
   ck_assert_msg(sn_syncbn_forward(gpu, y_d, x_d, N, S, 0) == SN_OK, "%s", sn_last_error());
   cuda_ok(cudaStreamSynchronize(g_stream), "eval");
@@ -132,10 +156,41 @@ START_TEST(test_device_equals_cpu) {
   ct_download(got, dx_d, bytes);
   assert_close(got, dx, total, dtype, "frozen dx", STEPS);
   assert_state(&dp, &hp, STEPS);
+  if (per_call >= 0) ck_assert_int_eq(collectives(gpu), c0); /* eval: none */
   ct_free(dy_d), ct_free(x_d), ct_free(dx_d), ct_free(y_d);
   free(x), free(dy), free(y), free(dx), free(got);
+}
+
+/* (a) device layer == CPU layer; _i: layout (bit 0), dtype (bit 1: bf16). */
+START_TEST(test_device_equals_cpu) {
+  const sn_layout_t layout = (_i & 1) ? SN_LAYOUT_NHWC : SN_LAYOUT_NCHW;
+  const sn_dtype_t dtype = (_i & 2) ? SN_DTYPE_BF16 : SN_DTYPE_F32;
+  sn_syncbn_t *cpu = make_layer(layout, dtype, 0, NULL, 1);
+  sn_syncbn_t *gpu = make_layer(layout, dtype, 1, g_comm, 1);
+  device_vs_cpu(cpu, gpu, dtype, 1234 + (uint64_t)_i, 0); /* one rank: no collective */
   sn_syncbn_destroy(gpu);
   sn_syncbn_destroy(cpu);
+}
+END_TEST
+
+/* (f) a forced-sync device layer (the synchronized path on one rank) == a CPU layer on a "self"
+ * communicator of one rank (the sums of one rank are the global sums); _i: check_consistency
+ * (bit 0), layout (bit 1). Its own nccl handle over g_nccl: the hook flags the communicator. */
+START_TEST(test_forced_sync_equals_cpu) {
+  const int check = _i & 1;
+  const sn_layout_t layout = (_i & 2) ? SN_LAYOUT_NHWC : SN_LAYOUT_NCHW;
+  sn_comm_t *self = NULL, *fc = NULL;
+  ck_assert_int_eq(sn_comm_create_self(&self), SN_OK);
+  ck_assert_msg(sn_comm_create_nccl(&fc, g_nccl, g_stream) == SN_OK, "%s", sn_last_error());
+  sn_syncbn_t *cpu = make_layer(layout, SN_DTYPE_F32, 0, self, check);
+  sn_syncbn_t *gpu = make_layer(layout, SN_DTYPE_F32, 1, fc, check);
+  sn__syncbn_test_force_sync(gpu, 1);
+  /* per call: its all-reduce, and with check_consistency the consistency all-reduce */
+  device_vs_cpu(cpu, gpu, SN_DTYPE_F32, 4321 + (uint64_t)_i, check ? 2 : 1);
+  sn_syncbn_destroy(gpu);
+  sn_syncbn_destroy(cpu);
+  sn_comm_destroy(fc);
+  sn_comm_destroy(self);
 }
 END_TEST
 
@@ -145,12 +200,15 @@ static void step(sn_syncbn_t *bn, void *y, void *dx, const void *x, const void *
   ck_assert_msg(sn_syncbn_backward(bn, dx, dy, x, N, S) == SN_OK, "%s", sn_last_error());
 }
 
-/* (b) graph capture and replay == eager steps. */
-START_TEST(test_graph_capture) {
+/* Graph capture and replay == eager steps, on comm (force: the test hook on both layers; then
+ * the captured step holds exactly one all-reduce per forward and backward). */
+static void graph_vs_eager(sn_comm_t *comm, int force) {
   const int64_t total = (int64_t)N * C * S;
   const size_t bytes = (size_t)total * sizeof(float);
-  sn_syncbn_t *a = make_layer(SN_LAYOUT_NCHW, SN_DTYPE_F32, 1, g_comm, 0);
-  sn_syncbn_t *b = make_layer(SN_LAYOUT_NCHW, SN_DTYPE_F32, 1, g_comm, 0);
+  sn_syncbn_t *a = make_layer(SN_LAYOUT_NCHW, SN_DTYPE_F32, 1, comm, 0);
+  sn_syncbn_t *b = make_layer(SN_LAYOUT_NCHW, SN_DTYPE_F32, 1, comm, 0);
+  sn__syncbn_test_force_sync(a, force);
+  sn__syncbn_test_force_sync(b, force);
   float *x = tu_alloc(total, SN_DTYPE_F32), *dy = tu_alloc(total, SN_DTYPE_F32);
   tu_rng_t r;
   tu_rng_seed(&r, 99);
@@ -163,9 +221,18 @@ START_TEST(test_graph_capture) {
   cuda_ok(cudaStreamSynchronize(g_stream), "warm-up");
   cudaGraph_t graph;
   cudaGraphExec_t exec;
+  const int64_t before = collectives(a);
   cuda_ok(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal), "BeginCapture");
-  step(a, ya, dxa, x_d, dy_d);
-  cuda_ok(cudaStreamEndCapture(g_stream, &graph), "EndCapture");
+  /* no assertion inside the capture: a failing one (no fork) would leave the stream capturing
+   * and every later test failing with it; statuses are checked once the capture has ended */
+  char msg[512] = "";
+  sn_status_t st = sn_syncbn_forward(a, ya, x_d, N, S, 1);
+  if (st == SN_OK) st = sn_syncbn_backward(a, dxa, dy_d, x_d, N, S);
+  if (st != SN_OK) snprintf(msg, sizeof msg, "%s", sn_last_error());
+  const cudaError_t end = cudaStreamEndCapture(g_stream, &graph);
+  ck_assert_msg(st == SN_OK, "captured step: %s (%s)", sn_status_string(st), msg);
+  cuda_ok(end, "EndCapture");
+  ck_assert_int_eq(collectives(a) - before, force ? 2 : 0); /* one NCCL all-reduce each */
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "GraphInstantiate");
   for (int i = 0; i < STEPS; i++) cuda_ok(cudaGraphLaunch(exec, g_stream), "GraphLaunch");
   cuda_ok(cudaStreamSynchronize(g_stream), "replays");
@@ -197,6 +264,56 @@ START_TEST(test_graph_capture) {
   ct_free(x_d), ct_free(dy_d), ct_free(ya), ct_free(dxa), ct_free(yb), ct_free(dxb);
   sn_syncbn_destroy(a);
   sn_syncbn_destroy(b);
+}
+
+/* (b) graph capture and replay == eager steps (one rank: no collective). */
+START_TEST(test_graph_capture) { graph_vs_eager(g_comm, 0); }
+END_TEST
+
+/* (f) the same with the test hook: the captured step holds the NCCL all-reduces. */
+START_TEST(test_graph_capture_forced_sync) {
+  sn_comm_t *fc = NULL;
+  ck_assert_msg(sn_comm_create_nccl(&fc, g_nccl, g_stream) == SN_OK, "%s", sn_last_error());
+  graph_vs_eager(fc, 1);
+  sn_comm_destroy(fc);
+}
+END_TEST
+
+/* (f) a capture with check_consistency on (host waits): SN_ERR_UNSUPPORTED before anything is
+ * enqueued, the communicator not broken: eager steps work after it. */
+START_TEST(test_capture_with_check_unsupported) {
+  const int64_t total = (int64_t)N * C * S;
+  const size_t bytes = (size_t)total * sizeof(float);
+  sn_comm_t *fc = NULL;
+  ck_assert_msg(sn_comm_create_nccl(&fc, g_nccl, g_stream) == SN_OK, "%s", sn_last_error());
+  sn_syncbn_t *a = make_layer(SN_LAYOUT_NCHW, SN_DTYPE_F32, 1, fc, 1);
+  sn__syncbn_test_force_sync(a, 1);
+  float *x = tu_alloc(total, SN_DTYPE_F32);
+  tu_rng_t r;
+  tu_rng_seed(&r, 17);
+  tu_fill_normal(x, total, SN_DTYPE_F32, 1.0, 2.0, &r);
+  void *x_d = ct_upload(x, bytes), *y_d = ct_alloc_poison(bytes), *dx_d = ct_alloc_poison(bytes);
+  step(a, y_d, dx_d, x_d, x_d); /* warm-up */
+  cuda_ok(cudaStreamSynchronize(g_stream), "warm-up");
+  cudaGraph_t graph = NULL;
+  cuda_ok(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal), "BeginCapture");
+  const sn_status_t st = sn_syncbn_forward(a, y_d, x_d, N, S, 1);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", sn_last_error());
+  const cudaError_t end = cudaStreamEndCapture(g_stream, &graph);
+  if (graph != NULL) cudaGraphDestroy(graph);
+  ck_assert_msg(st == SN_ERR_UNSUPPORTED, "capture with check_consistency: %s (%s)",
+                sn_status_string(st), msg);
+  ck_assert_msg(strstr(msg, "captured") != NULL, "%s", msg);
+  cuda_ok(end, "EndCapture (the library enqueued nothing, so the capture stays valid)");
+  step(a, y_d, dx_d, x_d, x_d); /* the communicator is not broken */
+  cuda_ok(cudaStreamSynchronize(g_stream), "after the capture");
+  int size = 0;
+  ck_assert_int_eq(sn_comm_size(fc, &size), SN_OK);
+  free(x);
+  ct_free(x_d), ct_free(y_d), ct_free(dx_d);
+  sn_syncbn_destroy(a);
+  sn_comm_destroy(fc);
 }
 END_TEST
 
@@ -342,6 +459,9 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, test_device_equals_cpu, 0, 4);
   tcase_add_test(tc, test_graph_capture);
+  tcase_add_loop_test(tc, test_forced_sync_equals_cpu, 0, 4);
+  tcase_add_test(tc, test_graph_capture_forced_sync);
+  tcase_add_test(tc, test_capture_with_check_unsupported);
   tcase_add_test(tc, test_comm_identity);
   tcase_add_test(tc, test_collective_count);
   tcase_add_test(tc, test_errors_and_state);
