@@ -37,7 +37,7 @@
  * The fused kernels round sum_out = x + residual (added in f32) to the dtype and normalize the
  * rounded values, as the CPU functions do.
  */
-#include "common.cuh"
+#include "rownorm.cuh"
 
 namespace {
 
@@ -48,23 +48,7 @@ constexpr int kFwdMaxThreads = 1024;
 /* Grid cap: blocks beyond it loop over rows. */
 constexpr int64_t kMaxGrid = (int64_t)1 << 20;
 
-/* ---- host-side checks (as src/cpu/rownorm.h's, which is C with CPU-only machinery) -------- */
-
-/* rows >= 0, d >= 1, d and rows·d fit, eps (unless NULL), dtype; *n = rows·d. */
-sn_status_t rn_check(const char *fn, int64_t rows, int64_t d, const float *eps,
-                     sn_dtype_t dtype, int64_t *n) {
-  SN_TRY(sn__check_size(fn, "rows", rows, 0));
-  SN_TRY(sn__check_size(fn, "d", d, 1));
-  SN_TRY(sn__check_elems(fn, "d", d));
-  SN_TRY(sn__mul(fn, n, rows, d));
-  if (eps != NULL) SN_TRY(sn__check_eps(fn, *eps));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  return SN_OK;
-}
-
-sn_status_t rn_check_act(const char *fn, const char *name, const void *p, int64_t n) {
-  return n > 0 ? sn__check_ptr(fn, name, p) : SN_OK;
-}
+/* ---- host-side checks (rownorm.cuh has the shared ones) ------------------------------- */
 
 /* sn__rownorm_fwd_spans of src/cpu/rownorm.h: y may equal x in the plain kernels and overlaps
  * nothing in the fused ones; sum_out may equal x or residual. */
@@ -84,60 +68,7 @@ sn_status_t rn_fwd_spans(const char *fn, const void *y, const void *sum_out, con
   return sn__check_spans(fn, s, SN_SPANS(s));
 }
 
-bool rn_aligned16(const void *p) { return p == NULL || ((uintptr_t)p & 15u) == 0; }
-
 /* ---- device side ------------------------------------------------------------------------- */
-
-template <typename T, int W> struct alignas(16) rn_vec {
-  T v[W];
-};
-
-/* The VPT elements of a row that one thread holds. VEC: chunks of W = 16/sizeof(T) contiguous
- * elements, chunk c of thread t at column (c·blockDim + t)·W (d % W == 0: a chunk is wholly in
- * the row or wholly out); scalar: element j at column j·blockDim + t. Elements past d read 0. */
-template <typename T, int VPT, bool VEC> struct rn_row {
-  static constexpr int W = VEC ? (int)(16 / sizeof(T)) : 1;
-  static_assert(VPT % W == 0, "a thread holds whole chunks");
-  static constexpr int C = VPT / W;
-
-  /* int: the register path holds rows of at most 16384 elements */
-  static __device__ __forceinline__ int col(int j) {
-    return ((j / W) * (int)blockDim.x + (int)threadIdx.x) * W + j % W;
-  }
-  static __device__ __forceinline__ void load(float (&v)[VPT], const T *row, int64_t d) {
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-      const int i = (c * (int)blockDim.x + (int)threadIdx.x) * W;
-      if constexpr (VEC) {
-        if (i < d) {
-          const rn_vec<T, W> t = *reinterpret_cast<const rn_vec<T, W> *>(row + i);
-#pragma unroll
-          for (int k = 0; k < W; k++) v[c * W + k] = sn_io<T>::widen(t.v[k]);
-        } else {
-#pragma unroll
-          for (int k = 0; k < W; k++) v[c * W + k] = 0.0f;
-        }
-      } else {
-        v[c] = i < d ? sn_io<T>::widen(row[i]) : 0.0f;
-      }
-    }
-  }
-  static __device__ __forceinline__ void store(T *row, const T (&o)[VPT], int64_t d) {
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-      const int i = (c * (int)blockDim.x + (int)threadIdx.x) * W;
-      if (i >= d) continue;
-      if constexpr (VEC) {
-        rn_vec<T, W> t;
-#pragma unroll
-        for (int k = 0; k < W; k++) t.v[k] = o[c * W + k];
-        *reinterpret_cast<rn_vec<T, W> *>(row + i) = t;
-      } else {
-        row[i] = o[c];
-      }
-    }
-  }
-};
 
 /* The f32 map's threshold for bf16/f16 outputs: an element is mapped in fp64 where
  * |y| < thr·(|u·s| + |c·s|) (beta cancels x̂·gamma, so the f32 map's error, at most ~10 f32

@@ -31,7 +31,7 @@
  * partials of its chunk in the workspace (each column read-modified-written by the same thread,
  * in row order).
  */
-#include "common.cuh"
+#include "rownorm.cuh"
 
 namespace {
 
@@ -41,20 +41,7 @@ constexpr int64_t RN_BWD_CHUNKS = 512;
 constexpr int kBwdPrefThreads = 512;
 constexpr int kBwdMaxThreads = 512;
 
-/* ---- host-side checks (as src/cpu/rownorm.h's) ------------------------------------------- */
-
-sn_status_t rn_check(const char *fn, int64_t rows, int64_t d, sn_dtype_t dtype, int64_t *n) {
-  SN_TRY(sn__check_size(fn, "rows", rows, 0));
-  SN_TRY(sn__check_size(fn, "d", d, 1));
-  SN_TRY(sn__check_elems(fn, "d", d));
-  SN_TRY(sn__mul(fn, n, rows, d));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  return SN_OK;
-}
-
-sn_status_t rn_check_act(const char *fn, const char *name, const void *p, int64_t n) {
-  return n > 0 ? sn__check_ptr(fn, name, p) : SN_OK;
-}
+/* ---- host-side checks (rownorm.cuh has the shared ones) ------------------------------- */
 
 /* sn__rownorm_bwd_spans of src/cpu/rownorm.h, plus the workspace (ws_bytes of it, an output):
  * dx may equal dy. */
@@ -75,8 +62,6 @@ sn_status_t rn_bwd_spans(const char *fn, const void *dx, const float *dgamma, co
   return sn__check_spans(fn, s, SN_SPANS(s));
 }
 
-bool rn_aligned16(const void *p) { return p == NULL || ((uintptr_t)p & 15u) == 0; }
-
 int64_t rn_chunks(int64_t rows) { return rows < RN_BWD_CHUNKS ? rows : RN_BWD_CHUNKS; }
 
 /* Bytes of one [P, d] fp64 partials array, rounded up to 256 (the dbeta array follows it). */
@@ -90,77 +75,6 @@ size_t rn_part_bytes(int64_t rows, int64_t d) {
 __device__ __forceinline__ int64_t rn_chunk_start(int64_t b, int64_t rows, int64_t p) {
   return b * (rows / p) + (b * (rows % p)) / p;
 }
-
-template <typename T, int W> struct alignas(16) rn_vec {
-  T v[W];
-};
-
-/* The VPT elements of a row one thread holds (as rownorm.cu's rn_row): VEC, chunks of
- * W = 16/sizeof(T) elements at column (c·blockDim + t)·W; scalar, column j·blockDim + t.
- * Elements past d read 0. int columns: the register path holds at most 8192 elements. */
-template <typename T, int VPT, bool VEC> struct rn_row {
-  static constexpr int W = VEC ? (int)(16 / sizeof(T)) : 1;
-  static_assert(VPT % W == 0, "a thread holds whole chunks");
-  static constexpr int C = VPT / W;
-
-  static __device__ __forceinline__ int col(int j) {
-    return ((j / W) * (int)blockDim.x + (int)threadIdx.x) * W + j % W;
-  }
-  static __device__ __forceinline__ void load(float (&v)[VPT], const T *row, int64_t d) {
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-      const int i = (c * (int)blockDim.x + (int)threadIdx.x) * W;
-      if constexpr (VEC) {
-        if (i < d) {
-          const rn_vec<T, W> t = *reinterpret_cast<const rn_vec<T, W> *>(row + i);
-#pragma unroll
-          for (int k = 0; k < W; k++) v[c * W + k] = sn_io<T>::widen(t.v[k]);
-        } else {
-#pragma unroll
-          for (int k = 0; k < W; k++) v[c * W + k] = 0.0f;
-        }
-      } else {
-        v[c] = i < d ? sn_io<T>::widen(row[i]) : 0.0f;
-      }
-    }
-  }
-  /* The same elements unconverted (0 past d): a row fetched ahead of its use. */
-  static __device__ __forceinline__ void load_raw(T (&v)[VPT], const T *row, int64_t d) {
-    const T zero = sn_io<T>::narrow(0.0f);
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-      const int i = (c * (int)blockDim.x + (int)threadIdx.x) * W;
-      if constexpr (VEC) {
-        if (i < d) {
-          const rn_vec<T, W> t = *reinterpret_cast<const rn_vec<T, W> *>(row + i);
-#pragma unroll
-          for (int k = 0; k < W; k++) v[c * W + k] = t.v[k];
-        } else {
-#pragma unroll
-          for (int k = 0; k < W; k++) v[c * W + k] = zero;
-        }
-      } else {
-        v[c] = i < d ? row[i] : zero;
-      }
-    }
-  }
-  static __device__ __forceinline__ void store(T *row, const T (&o)[VPT], int64_t d) {
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-      const int i = (c * (int)blockDim.x + (int)threadIdx.x) * W;
-      if (i >= d) continue;
-      if constexpr (VEC) {
-        rn_vec<T, W> t;
-#pragma unroll
-        for (int k = 0; k < W; k++) t.v[k] = o[c * W + k];
-        *reinterpret_cast<rn_vec<T, W> *>(row + i) = t;
-      } else {
-        row[i] = o[c];
-      }
-    }
-  }
-};
-
 
 /* (Σa, Σb, Σc) over the block in a fixed order, as sn__block_sum (every thread gets the same
  * bits; scratch: 96 doubles of shared memory, also usable by sn__block_sum: each call
@@ -496,7 +410,7 @@ sn_status_t rn_bwd(const char *fn, void *dx, float *dgamma, float *dbeta, const 
                    int64_t rows, int64_t d, sn_dtype_t dtype, void *workspace,
                    size_t workspace_bytes, bool rms, cudaStream_t stream) {
   int64_t n;
-  SN_TRY(rn_check(fn, rows, d, dtype, &n));
+  SN_TRY(rn_check(fn, rows, d, NULL, dtype, &n));
   SN_TRY(rn_check_act(fn, "dx", dx, n));
   SN_TRY(rn_check_act(fn, "dy", dy, n));
   SN_TRY(rn_check_act(fn, "x", x, n));

@@ -1,0 +1,109 @@
+/*
+ * rownorm.cuh — what the LayerNorm/RMSNorm forwards (rownorm.cu) and backwards (rownorm_bwd.cu)
+ * share: the host-side argument checks and the per-thread slice of a row held in registers.
+ * Internal, not installed; each file gets its own copy (an unnamed namespace).
+ */
+#ifndef SN_CUDA_ROWNORM_CUH
+#define SN_CUDA_ROWNORM_CUH
+
+#include "common.cuh"
+
+namespace {
+
+/* ---- host-side checks (as src/cpu/rownorm.h's, which is C with CPU-only machinery) -------- */
+
+/* rows >= 0, d >= 1, d and rows·d fit, eps (unless NULL: the backwards), dtype; *n = rows·d. */
+inline sn_status_t rn_check(const char *fn, int64_t rows, int64_t d, const float *eps,
+                            sn_dtype_t dtype, int64_t *n) {
+  SN_TRY(sn__check_size(fn, "rows", rows, 0));
+  SN_TRY(sn__check_size(fn, "d", d, 1));
+  SN_TRY(sn__check_elems(fn, "d", d));
+  SN_TRY(sn__mul(fn, n, rows, d));
+  if (eps != NULL) SN_TRY(sn__check_eps(fn, *eps));
+  SN_TRY(sn__check_act_dtype(fn, dtype));
+  return SN_OK;
+}
+
+/* An activation pointer: required only where the call has elements (n > 0). */
+inline sn_status_t rn_check_act(const char *fn, const char *name, const void *p, int64_t n) {
+  return n > 0 ? sn__check_ptr(fn, name, p) : SN_OK;
+}
+
+/* NULL or 16-byte aligned (the vector path's loads and stores). */
+inline bool rn_aligned16(const void *p) { return p == NULL || ((uintptr_t)p & 15u) == 0; }
+
+/* ---- device side ------------------------------------------------------------------------- */
+
+template <typename T, int W> struct alignas(16) rn_vec {
+  T v[W];
+};
+
+/* The VPT elements of a row one thread holds: VEC, chunks of
+ * W = 16/sizeof(T) elements at column (c·blockDim + t)·W; scalar, column j·blockDim + t.
+ * Elements past d read 0. int columns: the register paths hold at most 16384 elements. */
+template <typename T, int VPT, bool VEC> struct rn_row {
+  static constexpr int W = VEC ? (int)(16 / sizeof(T)) : 1;
+  static_assert(VPT % W == 0, "a thread holds whole chunks");
+  static constexpr int C = VPT / W;
+
+  static __device__ __forceinline__ int col(int j) {
+    return ((j / W) * (int)blockDim.x + (int)threadIdx.x) * W + j % W;
+  }
+  static __device__ __forceinline__ void load(float (&v)[VPT], const T *row, int64_t d) {
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+      const int i = (c * (int)blockDim.x + (int)threadIdx.x) * W;
+      if constexpr (VEC) {
+        if (i < d) {
+          const rn_vec<T, W> t = *reinterpret_cast<const rn_vec<T, W> *>(row + i);
+#pragma unroll
+          for (int k = 0; k < W; k++) v[c * W + k] = sn_io<T>::widen(t.v[k]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < W; k++) v[c * W + k] = 0.0f;
+        }
+      } else {
+        v[c] = i < d ? sn_io<T>::widen(row[i]) : 0.0f;
+      }
+    }
+  }
+  /* The same elements unconverted (0 past d): a row fetched ahead of its use. */
+  static __device__ __forceinline__ void load_raw(T (&v)[VPT], const T *row, int64_t d) {
+    const T zero = sn_io<T>::narrow(0.0f);
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+      const int i = (c * (int)blockDim.x + (int)threadIdx.x) * W;
+      if constexpr (VEC) {
+        if (i < d) {
+          const rn_vec<T, W> t = *reinterpret_cast<const rn_vec<T, W> *>(row + i);
+#pragma unroll
+          for (int k = 0; k < W; k++) v[c * W + k] = t.v[k];
+        } else {
+#pragma unroll
+          for (int k = 0; k < W; k++) v[c * W + k] = zero;
+        }
+      } else {
+        v[c] = i < d ? row[i] : zero;
+      }
+    }
+  }
+  static __device__ __forceinline__ void store(T *row, const T (&o)[VPT], int64_t d) {
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+      const int i = (c * (int)blockDim.x + (int)threadIdx.x) * W;
+      if (i >= d) continue;
+      if constexpr (VEC) {
+        rn_vec<T, W> t;
+#pragma unroll
+        for (int k = 0; k < W; k++) t.v[k] = o[c * W + k];
+        *reinterpret_cast<rn_vec<T, W> *>(row + i) = t;
+      } else {
+        row[i] = o[c];
+      }
+    }
+  }
+};
+
+}  // namespace
+
+#endif /* SN_CUDA_ROWNORM_CUH */
