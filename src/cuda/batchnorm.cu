@@ -737,7 +737,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_workspace(size_t *bytes, int64_t n, int
                                                    sn_layout_t layout) {
   static const char fn[] = "sn_cuda_batchnorm_workspace";
   int64_t rows, P;
-  size_t need;
+  size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
   SN_TRY(sn__check_ptr(fn, "bytes", bytes));
   SN_TRY(check_ncs(fn, n, c, s, &rows));
   SN_TRY(sn__check_layout(fn, layout));
@@ -753,7 +753,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_stats(double *sum, double *sumsq, const
                                                cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_stats";
   int64_t rows, P;
-  size_t need;
+  size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
   SN_TRY(check_ncs(fn, n, c, s, &rows));
   SN_TRY(sn__check_layout(fn, layout));
   SN_TRY(sn__check_act_dtype(fn, dtype));
@@ -880,7 +880,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_fwd(void *y, double *mean, float *var, 
                                              size_t workspace_bytes, cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_fwd";
   int64_t rows, P;
-  size_t need;
+  size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
   SN_TRY(check_ncs(fn, n, c, s, &rows));
   SN_TRY(sn__check_layout(fn, layout));
   SN_TRY(sn__check_act_dtype(fn, dtype));
@@ -966,7 +966,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_bwd_reduce(double *sum_dy, double *sum_
                                                     cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_bwd_reduce";
   int64_t rows, P;
-  size_t need;
+  size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
   SN_TRY(check_ncs(fn, n, c, s, &rows));
   SN_TRY(sn__check_layout(fn, layout));
   SN_TRY(sn__check_act_dtype(fn, dtype));
@@ -1044,7 +1044,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_bwd(void *dx, float *dgamma, float *dbe
                                              size_t workspace_bytes, cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_bwd";
   int64_t rows, P;
-  size_t need;
+  size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
   SN_TRY(check_ncs(fn, n, c, s, &rows));
   SN_TRY(sn__check_layout(fn, layout));
   SN_TRY(sn__check_act_dtype(fn, dtype));

@@ -310,7 +310,7 @@ extern "C" sn_status_t sn_cuda_groupnorm_fwd(void *y, float *mean, float *rstd, 
 
 extern "C" sn_status_t sn_cuda_groupnorm_bwd_workspace(size_t *bytes, int64_t n, int64_t c) {
   static const char fn[] = "sn_cuda_groupnorm_bwd_workspace";
-  size_t need;
+  size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
   SN_TRY(sn__check_ptr(fn, "bytes", bytes));
   SN_TRY(sn__check_size(fn, "c", c, 1));
   SN_TRY(sn__check_size(fn, "n", n, 0));
