@@ -4,7 +4,9 @@
 #                             (build-asan/, without CUDA: nvcc takes no sanitizer flags),
 #                             fuzzers' smoke run over their corpus (build-fuzz/),
 #                             the kernel tests built for the x86-64 and x86-64-v3 baselines
-#                             without target_clones (build-isa-*/, x86-64 only), then the
+#                             without target_clones (build-isa-*/, x86-64 only), the
+#                             Release build of the library and benchmarks, compiled only
+#                             (build-release/: the warnings only -O3 finds), then the
 #                             RelWithDebInfo build with every test (build-test/; it compiles the
 #                             CUDA kernels where nvcc is found, warnings as errors; their tests
 #                             report SKIPPED without a GPU: scripts/gpu-check.sh runs them)
@@ -18,7 +20,7 @@ quick=0
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -31,12 +33,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 failed=()
 
 if [ "$quick" = 0 ]; then
-  echo "== 1/4 sanitizers: address,undefined (build-asan) =="
+  echo "== 1/5 sanitizers: address,undefined (build-asan) =="
   if cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSN_SANITIZE=address,undefined \
        -DSN_WITH_MPI=ON -DSN_WITH_CUDA=OFF -DSN_WITH_NCCL=OFF -DSN_BUILD_BENCH=OFF >/dev/null &&
      cmake --build build-asan -j"$jobs" >build-asan.log 2>&1; then
     # Leaks are checked; Open MPI's own allocations are suppressed (tests/lsan.supp), which needs
-    # full stacks (fast_unwind_on_malloc=0). The >2^31-element test and the soak run in pass 4.
+    # full stacks (fast_unwind_on_malloc=0). The >2^31-element test and the soak run in pass 5.
     ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:detect_stack_use_after_return=1 \
     LSAN_OPTIONS=suppressions=$root/tests/lsan.supp \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -47,13 +49,13 @@ if [ "$quick" = 0 ]; then
     failed+=("sanitizer build")
   fi
 
-  echo "== 2/4 fuzzers: smoke run over the corpus (build-fuzz) =="
+  echo "== 2/5 fuzzers: smoke run over the corpus (build-fuzz) =="
   bash scripts/fuzz.sh --smoke || failed+=("fuzz smoke")
 
   # The kernels' hot functions are compiled three times (target_clones: x86-64-v4, x86-64-v3,
   # baseline) and a machine runs one; the tests below run the other two, each built on its own
   # without clones (SN_NO_CLONES) for that ISA. A machine without AVX2 skips x86-64-v3.
-  echo "== 3/4 the kernel tests at the x86-64 and x86-64-v3 baselines (build-isa-*) =="
+  echo "== 3/5 the kernel tests at the x86-64 and x86-64-v3 baselines (build-isa-*) =="
   if [ "$(uname -m)" != x86_64 ]; then
     echo "not x86-64: no target_clones, nothing to run"
   else
@@ -75,9 +77,20 @@ if [ "$quick" = 0 ]; then
       fi
     done
   fi
+
+  # The configuration docs/BENCHMARKS.md builds the benchmarks with (Release: -O3, CUDA where
+  # nvcc is found): GCC's -O3 warns where -O2 does not (a maybe-uninitialized in a .cu file's
+  # host code once broke it while every test passed), and -Werror makes that a failed build.
+  echo "== 4/5 the Release build of the library and benchmarks, compiled only (build-release) =="
+  if ! { cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DSN_BUILD_TESTS=OFF \
+           -DSN_BUILD_EXAMPLES=OFF >/dev/null &&
+         cmake --build build-release -j"$jobs" >build-release.log 2>&1; }; then
+    tail -n 40 build-release.log
+    failed+=("Release build")
+  fi
 fi
 
-echo "== 4/4 RelWithDebInfo build, every test (build-test) =="
+echo "== 5/5 RelWithDebInfo build, every test (build-test) =="
 if cmake -S . -B build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSN_WITH_MPI=ON >/dev/null &&
    cmake --build build-test -j"$jobs" >build-test.log 2>&1; then
   ctest --test-dir build-test --output-on-failure || failed+=("tests")
