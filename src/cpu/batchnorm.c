@@ -564,31 +564,13 @@ static void fwd_fused_nchw(void *y, double *mean, float *var, float *rstd, const
 
 /* ---- public entry points ---------------------------------------------------------------------- */
 
-/* SN_ERR_INSUFFICIENT_COUNT unless count > 1 values per channel, as PyTorch's "Expected more than
- * 1 value per channel when training". */
-static sn_status_t check_train_count(const char *fn, int64_t count) {
-  if (count > 1) return SN_OK;
-  return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
-                  "%s: expected more than 1 value per channel when training, got count %lld", fn,
-                  (long long)count);
-}
-
 sn_status_t sn_batchnorm_stats(double *sum, double *sumsq, const void *x, const float *pivot,
                                int64_t n, int64_t c, int64_t s, sn_layout_t layout,
                                sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_stats";
-  int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "sum", sum));
-  SN_TRY(sn__check_ptr(fn, "sumsq", sumsq));
-  if (rows > 0) SN_TRY(sn__check_ptr(fn, "x", x));
-  const sn__span_t spans[] = {SN_SPAN_OUT("sum", sum, c * 8, 0u),
-                              SN_SPAN_OUT("sumsq", sumsq, c * 8, 0u),
-                              SN_SPAN_IN("x", x, rows * c * sn_dtype_size(dtype)),
-                              SN_SPAN_IN("pivot", pivot, c * 4)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  sn__args_t args;
+  SN_TRY(sn__bn_stats_args(&args, fn, sum, sumsq, x, pivot, n, c, s, layout, dtype));
+  const int64_t rows = args.rows;
   if (rows == 0) { /* an empty local batch contributes zero sums */
     for (int64_t ch = 0; ch < c; ch++) sum[ch] = 0.0, sumsq[ch] = 0.0;
     return SN_OK;
@@ -601,21 +583,8 @@ sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, const d
                                   const double *sumsq, const float *pivot, int64_t count,
                                   int64_t c, float eps) {
   static const char fn[] = "sn_batchnorm_finalize";
-  SN_TRY(sn__check_size(fn, "c", c, 1));
-  SN_TRY(sn__check_elems(fn, "c", c)); /* the overlap check's byte counts */
-  SN_TRY(check_train_count(fn, count));
-  SN_TRY(sn__check_eps(fn, eps));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  SN_TRY(sn__check_ptr(fn, "sum", sum));
-  SN_TRY(sn__check_ptr(fn, "sumsq", sumsq));
-  const sn__span_t spans[] = {SN_SPAN_OUT("mean", mean, c * 8, 0u),
-                              SN_SPAN_OUT("var", var, c * 4, 0u),
-                              SN_SPAN_OUT("rstd", rstd, c * 4, 0u),
-                              SN_SPAN_IN("sum", sum, c * 8),
-                              SN_SPAN_IN("sumsq", sumsq, c * 8),
-                              SN_SPAN_IN("pivot", pivot, c * 4)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  sn__args_t args;
+  SN_TRY(sn__bn_finalize_args(&args, fn, mean, var, rstd, sum, sumsq, pivot, count, c, eps));
   const double inv = 1.0 / (double)count;
   for (int64_t ch = 0; ch < c; ch++)
     finalize_channel(sum[ch], sumsq[ch], pivot ? (double)pivot[ch] : 0.0, inv, eps, ch, mean, var,
@@ -628,31 +597,13 @@ sn_status_t sn_batchnorm_update_running(float *running_mean, float *running_var,
                                         const float *var, int64_t count, int64_t c,
                                         float momentum) {
   static const char fn[] = "sn_batchnorm_update_running";
-  SN_TRY(sn__check_size(fn, "c", c, 1));
-  SN_TRY(sn__check_elems(fn, "c", c)); /* the overlap check's byte counts */
-  SN_TRY(sn__check_size(fn, "count", count, 0));
-  SN_TRY(sn__check_momentum(fn, momentum));
-  const int cumulative = momentum == SN_MOMENTUM_CUMULATIVE;
-  if (cumulative) SN_TRY(sn__check_ptr(fn, "num_batches_tracked", num_batches_tracked));
+  sn__args_t args;
+  SN_TRY(sn__bn_update_running_args(&args, fn, running_mean, running_var, num_batches_tracked, mean,
+                                    var, count, c, momentum));
   if (num_batches_tracked != NULL && *num_batches_tracked < 0) /* 1/0 or a negative factor */
     return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: num_batches_tracked must be >= 0, got %lld", fn,
                     (long long)*num_batches_tracked);
-  if (count == 1) return check_train_count(fn, count); /* 0: an empty batch, counted */
-  if (count > 1) {
-    SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
-    SN_TRY(sn__check_ptr(fn, "running_var", running_var));
-    SN_TRY(sn__check_ptr(fn, "mean", mean));
-    SN_TRY(sn__check_ptr(fn, "var", var));
-  }
-  /* every array passed at its size, also for an empty batch (count 0), which writes only
-   * num_batches_tracked: that must not land in them either */
-  const int64_t cb = c * 4;
-  const sn__span_t spans[] = {SN_SPAN_OUT("running_mean", running_mean, cb, 0u),
-                              SN_SPAN_OUT("running_var", running_var, cb, 0u),
-                              SN_SPAN_OUT("num_batches_tracked", num_batches_tracked, 8, 0u),
-                              SN_SPAN_IN("mean", mean, 2 * cb),
-                              SN_SPAN_IN("var", var, cb)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  const int cumulative = momentum == SN_MOMENTUM_CUMULATIVE;
   /* saturates: a checkpoint can hold any int64 (INT64_MAX + 1 would be undefined behaviour) */
   if (num_batches_tracked != NULL && *num_batches_tracked < INT64_MAX) *num_batches_tracked += 1;
   if (count == 0) return SN_OK; /* an empty batch is counted, nothing else */
@@ -669,20 +620,9 @@ sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean, const
                                const float *gamma, const float *beta, int64_t n, int64_t c,
                                int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_apply";
-  int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  if (rows == 0) return SN_OK;
-  SN_TRY(sn__check_ptr(fn, "y", y));
-  SN_TRY(sn__check_ptr(fn, "x", x));
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 1), SN_SPAN_IN("x", x, ab),
-                              SN_SPAN_IN("mean", mean, c * 8),  SN_SPAN_IN("rstd", rstd, c * 4),
-                              SN_SPAN_IN("gamma", gamma, c * 4), SN_SPAN_IN("beta", beta, c * 4)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  sn__args_t args;
+  SN_TRY(sn__bn_apply_args(&args, fn, y, x, mean, rstd, gamma, beta, n, c, s, layout, dtype));
+  if (args.rows == 0) return SN_OK;
   const ew_t op = {.kind = EW_APPLY, .mean = mean, .rstd = rstd, .gamma = gamma, .beta = beta};
   ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
   return SN_OK;
@@ -693,25 +633,10 @@ sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, con
                              int64_t n, int64_t c, int64_t s, float eps, sn_layout_t layout,
                              sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_fwd";
-  int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(check_train_count(fn, rows));
-  SN_TRY(sn__check_eps(fn, eps));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  SN_TRY(sn__check_ptr(fn, "y", y));
-  SN_TRY(sn__check_ptr(fn, "x", x));
-  /* the fused path writes a block's statistics while other threads still read other
-   * channels' inputs: no [C] output may overlap anything either */
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {
-      SN_SPAN_OUT("y", y, ab, 1u << 4),     SN_SPAN_OUT("mean", mean, c * 8, 0u),
-      SN_SPAN_OUT("var", var, c * 4, 0u),   SN_SPAN_OUT("rstd", rstd, c * 4, 0u),
-      SN_SPAN_IN("x", x, ab),               SN_SPAN_IN("pivot", pivot, c * 4),
-      SN_SPAN_IN("gamma", gamma, c * 4),    SN_SPAN_IN("beta", beta, c * 4)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  sn__args_t args;
+  SN_TRY(sn__bn_fwd_args(&args, fn, y, mean, var, rstd, x, pivot, gamma, beta, n, c, s, eps, layout,
+                         dtype));
+  const int64_t rows = args.rows;
   const int64_t cb = fused_block(n, c, s, layout, dtype, 1);
   if (cb > 0) {
     fwd_fused_nchw(y, mean, var, rstd, x, pivot, gamma, beta, n, c, s, eps, cb, dtype);
@@ -749,25 +674,11 @@ sn_status_t sn_batchnorm_infer(void *y, const void *x, const float *running_mean
                                int64_t n, int64_t c, int64_t s, float eps, sn_layout_t layout,
                                sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_infer";
-  int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_eps(fn, eps));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
-  SN_TRY(sn__check_ptr(fn, "running_var", running_var));
-  if (rows == 0) return SN_OK;
-  SN_TRY(sn__check_ptr(fn, "y", y));
-  SN_TRY(sn__check_ptr(fn, "x", x));
+  sn__args_t args;
+  SN_TRY(sn__bn_infer_args(&args, fn, y, x, running_mean, running_var, gamma, beta, n, c, s, eps,
+                           layout, dtype));
+  if (args.rows == 0) return SN_OK;
   SN_TRY(sn__check_running_var(fn, running_var, c));
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 1),
-                              SN_SPAN_IN("x", x, ab),
-                              SN_SPAN_IN("running_mean", running_mean, c * 4),
-                              SN_SPAN_IN("running_var", running_var, c * 4),
-                              SN_SPAN_IN("gamma", gamma, c * 4),
-                              SN_SPAN_IN("beta", beta, c * 4)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   const ew_t op = {.kind = EW_INFER, .rmean = running_mean, .rvar = running_var,
                    .gamma = gamma, .beta = beta, .eps = (double)eps};
   ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
@@ -779,26 +690,10 @@ sn_status_t sn_batchnorm_bwd_reduce(double *sum_dy, double *sum_dy_xhat, const v
                                     int64_t n, int64_t c, int64_t s, sn_layout_t layout,
                                     sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_bwd_reduce";
-  int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "sum_dy", sum_dy));
-  SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", sum_dy_xhat));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  if (rows > 0) {
-    SN_TRY(sn__check_ptr(fn, "dy", dy));
-    SN_TRY(sn__check_ptr(fn, "x", x));
-  }
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {SN_SPAN_OUT("sum_dy", sum_dy, c * 8, 0u),
-                              SN_SPAN_OUT("sum_dy_xhat", sum_dy_xhat, c * 8, 0u),
-                              SN_SPAN_IN("dy", dy, ab),
-                              SN_SPAN_IN("x", x, ab),
-                              SN_SPAN_IN("mean", mean, c * 8),
-                              SN_SPAN_IN("rstd", rstd, c * 4)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  sn__args_t args;
+  SN_TRY(sn__bn_bwd_reduce_args(&args, fn, sum_dy, sum_dy_xhat, dy, x, mean, rstd, n, c, s, layout,
+                                dtype));
+  const int64_t rows = args.rows;
   if (rows == 0) {
     for (int64_t ch = 0; ch < c; ch++) sum_dy[ch] = 0.0, sum_dy_xhat[ch] = 0.0;
     return SN_OK;
@@ -813,29 +708,11 @@ sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *x, cons
                                    const double *sum_dy_xhat, int64_t count, int64_t n, int64_t c,
                                    int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_bwd_apply";
-  int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  sn__args_t args;
+  SN_TRY(sn__bn_bwd_apply_args(&args, fn, dx, dy, x, mean, rstd, gamma, sum_dy, sum_dy_xhat,
+                               count, n, c, s, layout, dtype));
+  if (args.rows == 0) return SN_OK;
   const int eval = sum_dy == NULL && sum_dy_xhat == NULL;
-  if (!eval) {
-    SN_TRY(sn__check_ptr(fn, "sum_dy", sum_dy));
-    SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", sum_dy_xhat));
-    SN_TRY(check_train_count(fn, count)); /* as finalize: such a batch had no forward */
-  }
-  if (rows == 0) return SN_OK;
-  SN_TRY(sn__check_ptr(fn, "dx", dx));
-  SN_TRY(sn__check_ptr(fn, "dy", dy));
-  SN_TRY(sn__check_ptr(fn, "x", x));
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {
-      SN_SPAN_OUT("dx", dx, ab, 1u << 1),      SN_SPAN_IN("dy", dy, ab),
-      SN_SPAN_IN("x", x, ab),                  SN_SPAN_IN("mean", mean, c * 8),
-      SN_SPAN_IN("rstd", rstd, c * 4),         SN_SPAN_IN("gamma", gamma, c * 4),
-      SN_SPAN_IN("sum_dy", sum_dy, c * 8),     SN_SPAN_IN("sum_dy_xhat", sum_dy_xhat, c * 8)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   const ew_t op = {.kind = eval ? EW_BWD_EVAL : EW_BWD, .mean = mean, .rstd = rstd,
                    .gamma = gamma, .sum_dy = sum_dy, .sum_dy_xhat = sum_dy_xhat,
                    .count = (double)count};
@@ -847,29 +724,10 @@ sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
                              const double *mean, const float *rstd, const float *gamma, int64_t n,
                              int64_t c, int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_bwd";
-  int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(check_train_count(fn, rows)); /* as finalize: such a batch had no forward */
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  SN_TRY(sn__check_ptr(fn, "dx", dx));
-  SN_TRY(sn__check_ptr(fn, "dy", dy));
-  SN_TRY(sn__check_ptr(fn, "x", x));
-  /* every input is read before dgamma and dbeta are written: they may equal gamma or rstd */
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const unsigned over_params = 1u << 6 | 1u << 7; /* rstd, gamma */
-  const sn__span_t spans[] = {
-      SN_SPAN_OUT("dx", dx, ab, 1u << 3),
-      SN_SPAN_OUT("dgamma", dgamma, c * 4, over_params),
-      SN_SPAN_OUT("dbeta", dbeta, c * 4, over_params),
-      SN_SPAN_IN("dy", dy, ab),
-      SN_SPAN_IN("x", x, ab),
-      SN_SPAN_IN("mean", mean, c * 8),
-      SN_SPAN_IN("rstd", rstd, c * 4),
-      SN_SPAN_IN("gamma", gamma, c * 4)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  sn__args_t args;
+  SN_TRY(sn__bn_bwd_args(&args, fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, layout,
+                         dtype));
+  const int64_t rows = args.rows;
   const int64_t cb = fused_block(n, c, s, layout, dtype, 2);
   if (cb > 0) {
     bwd_fused_nchw(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, cb, dtype);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../args.h"
 #include "../internal.h"
 
 /* Hot row functions are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time

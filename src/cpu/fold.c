@@ -17,24 +17,11 @@ sn_status_t sn_fold_batchnorm(float *w, float *b, const float *gamma, const floa
                               const float *running_mean, const float *running_var, int64_t c_out,
                               int64_t per_out, float eps) {
   static const char fn[] = "sn_fold_batchnorm";
-  int64_t total;
-  SN_TRY(sn__check_size(fn, "c_out", c_out, 1));
-  SN_TRY(sn__check_size(fn, "per_out", per_out, 1));
-  SN_TRY(sn__mul(fn, &total, c_out, per_out));
-  SN_TRY(sn__check_eps(fn, eps));
-  SN_TRY(sn__check_ptr(fn, "w", w));
-  SN_TRY(sn__check_ptr(fn, "b", b));
-  SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
-  SN_TRY(sn__check_ptr(fn, "running_var", running_var));
+  sn__args_t args;
+  SN_TRY(sn__fold_args(&args, fn, w, b, gamma, beta, running_mean, running_var, c_out, per_out,
+                       eps));
   SN_TRY(sn__check_running_var(fn, running_var, c_out));
-  const int64_t cb = c_out * 4;
-  const sn__span_t spans[] = {SN_SPAN_OUT("w", w, total * 4, 0u),
-                              SN_SPAN_OUT("b", b, cb, 0u),
-                              SN_SPAN_IN("gamma", gamma, cb),
-                              SN_SPAN_IN("beta", beta, cb),
-                              SN_SPAN_IN("running_mean", running_mean, cb),
-                              SN_SPAN_IN("running_var", running_var, cb)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  const int64_t total = args.rows; /* c_out·per_out weights */
 #pragma omp parallel for schedule(static) if (total >= FOLD_PAR_MIN)
   for (int64_t c = 0; c < c_out; c++) {
     const double k = (gamma ? (double)gamma[c] : 1.0) / sqrt((double)running_var[c] + (double)eps);

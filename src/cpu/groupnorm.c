@@ -368,20 +368,6 @@ static void rows_reduce(int kind, double *acc, const void *dy, const void *x, co
   }
 }
 
-/* ---- validation ------------------------------------------------------------------------------- */
-
-static sn_status_t check_gn(const char *fn, int64_t n, int64_t c, int64_t s, int64_t groups,
-                            sn_layout_t layout, sn_dtype_t dtype, int64_t *rows) {
-  SN_TRY(sn__check_ncs(fn, n, c, s, rows));
-  SN_TRY(sn__check_size(fn, "groups", groups, 1));
-  if (c % groups != 0)
-    return sn__fail(SN_ERR_INVALID_GROUPS, "%s: c (%lld) must be divisible by groups (%lld)", fn,
-                    (long long)c, (long long)groups);
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  return SN_OK;
-}
-
 /* ---- forward ---------------------------------------------------------------------------------- */
 
 /* Mean and rstd of one f32 NCHW group x [L]: one pass of sums shifted by the mean of its first
@@ -697,19 +683,10 @@ sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x, c
                              const float *beta, int64_t n, int64_t c, int64_t s, int64_t groups,
                              float eps, sn_layout_t layout, sn_dtype_t dtype) {
   static const char fn[] = "sn_groupnorm_fwd";
-  int64_t rows;
-  SN_TRY(check_gn(fn, n, c, s, groups, layout, dtype, &rows));
-  SN_TRY(sn__check_eps(fn, eps));
-  if (rows > 0) {
-    SN_TRY(sn__check_ptr(fn, "y", y));
-    SN_TRY(sn__check_ptr(fn, "x", x));
-  }
-  /* mean and rstd [N, G] checked also where S == 0 (an empty batch writes nothing) */
-  const int64_t ab = rows * c * sn_dtype_size(dtype), sb = n * groups * 4, pb = c * 4;
-  const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 3), SN_SPAN_OUT("mean", mean, sb, 0u),
-                              SN_SPAN_OUT("rstd", rstd, sb, 0u),  SN_SPAN_IN("x", x, ab),
-                              SN_SPAN_IN("gamma", gamma, pb),     SN_SPAN_IN("beta", beta, pb)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  sn__args_t args;
+  SN_TRY(sn__gn_fwd_args(&args, fn, y, mean, rstd, x, gamma, beta, n, c, s, groups, eps, layout,
+                         dtype));
+  const int64_t rows = args.rows;
   if (rows == 0) return SN_OK;
   if (layout == SN_LAYOUT_NCHW) {
     const int64_t L = c / groups * s, stride = sn__line_stride(L, (int64_t)sizeof(float));
@@ -868,24 +845,10 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
                              int64_t c, int64_t s, int64_t groups, sn_layout_t layout,
                              sn_dtype_t dtype) {
   static const char fn[] = "sn_groupnorm_bwd";
-  int64_t rows;
-  SN_TRY(check_gn(fn, n, c, s, groups, layout, dtype, &rows));
-  if (rows > 0) { /* an empty batch may pass NULL for these */
-    SN_TRY(sn__check_ptr(fn, "dx", dx));
-    SN_TRY(sn__check_ptr(fn, "dy", dy));
-    SN_TRY(sn__check_ptr(fn, "x", x));
-    SN_TRY(sn__check_ptr(fn, "mean", mean));
-    SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  }
-  /* dx may equal dy; activations absent (0 bytes) in an empty batch, mean and rstd [N, G] */
-  const int64_t ab = rows * c * sn_dtype_size(dtype), sb = n * groups * 4;
-  const int64_t pb = c * 4;
-  const sn__span_t spans[] = {
-      SN_SPAN_OUT("dx", dx, ab, 1u << 3),     SN_SPAN_OUT("dgamma", dgamma, pb, 0u),
-      SN_SPAN_OUT("dbeta", dbeta, pb, 0u),    SN_SPAN_IN("dy", dy, ab),
-      SN_SPAN_IN("x", x, ab),                 SN_SPAN_IN("mean", mean, sb),
-      SN_SPAN_IN("rstd", rstd, sb),           SN_SPAN_IN("gamma", gamma, pb)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  sn__args_t args;
+  SN_TRY(sn__gn_bwd_args(&args, fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, groups,
+                         layout, dtype));
+  const int64_t rows = args.rows;
   if (rows == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
     if (dgamma != NULL) memset(dgamma, 0, (size_t)c * sizeof *dgamma);
     if (dbeta != NULL) memset(dbeta, 0, (size_t)c * sizeof *dbeta);

@@ -420,8 +420,8 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   SN_TRY(sn__check_act(fn, "mean", mean, n)); /* per-row: may be NULL in an empty batch */
   SN_TRY(sn__check_act(fn, "rstd", rstd, n));
   if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
-    SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, d,
-                                 sn_dtype_size(dtype))); /* as sn__bwd_buffers's, rows = 0 */
+    SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0, rows,
+                                 d, sn_dtype_size(dtype))); /* as sn__bwd_buffers's, rows = 0 */
     if (dgamma != NULL) memset(dgamma, 0, (size_t)d * sizeof *dgamma);
     if (dbeta != NULL) memset(dbeta, 0, (size_t)d * sizeof *dbeta);
     return SN_OK;

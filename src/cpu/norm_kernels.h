@@ -177,21 +177,6 @@ typedef struct {
   double m, ad, bd, ed;
 } sn__chan_k_t;
 
-/* Activation size checks shared by BatchNorm and GroupNorm: c >= 1, n >= 0, s >= 0, c and n·c·s
- * addressable; *rows = n·s (the count of (n, s) positions). */
-static inline sn_status_t sn__check_ncs(const char *fn, int64_t n, int64_t c, int64_t s,
-                                        int64_t *rows) {
-  int64_t nc, total;
-  SN_TRY(sn__check_size(fn, "c", c, 1));
-  SN_TRY(sn__check_size(fn, "n", n, 0));
-  SN_TRY(sn__check_size(fn, "s", s, 0));
-  SN_TRY(sn__check_elems(fn, "c", c)); /* the c-element sums and parameters, even when n·s = 0 */
-  SN_TRY(sn__mul(fn, &nc, n, c));
-  SN_TRY(sn__mul(fn, &total, nc, s));
-  *rows = n * s; /* <= total since c >= 1 */
-  return SN_OK;
-}
-
 /* hi + lo ≈ m with hi = (float)m, lo = (float)(m − hi): 48 significant bits of an fp64 mean. */
 static inline void sn__split_f64(double m, float *hi, float *lo) {
   *hi = (float)m;

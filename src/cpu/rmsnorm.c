@@ -572,8 +572,8 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   SN_TRY(sn__check_act(fn, "x", x, n));
   SN_TRY(sn__check_act(fn, "rstd", rstd, n)); /* per-row: may be NULL in an empty batch */
   if (n == 0) { /* empty batch: the parameter gradient is zero, nothing else is written */
-    SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, NULL, dy, x, NULL, rstd, gamma, rows, d,
-                                 sn_dtype_size(dtype))); /* as sn__bwd_buffers's, rows = 0 */
+    SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, NULL, dy, x, NULL, rstd, gamma, NULL, 0, rows,
+                                 d, sn_dtype_size(dtype))); /* as sn__bwd_buffers's, rows = 0 */
     if (dgamma != NULL) memset(dgamma, 0, (size_t)d * sizeof *dgamma);
     return SN_OK;
   }

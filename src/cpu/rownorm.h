@@ -191,49 +191,6 @@ SN_UNUSED static void sn__to_pairs(float *dst, const float *src, int64_t d) {
   for (; i < d; i++) dst[i] = src[i];
 }
 
-/* The buffers of a row-norm forward for sn__check_spans: y, sum_out (the fused kernels' residual
- * sum; NULL in the plain ones), x, residual (NULL likewise) [rows, d] of esize bytes each;
- * mean, rstd [rows] f32 and gamma, beta [d] f32, each NULL where not passed. y may equal x in
- * the plain kernels and overlaps nothing in the fused ones; sum_out may equal x or residual. */
-static inline sn_status_t sn__rownorm_fwd_spans(const char *fn, const void *y,
-                                                const void *sum_out, const float *mean,
-                                                const float *rstd, const void *x,
-                                                const void *residual, const float *gamma,
-                                                const float *beta, int64_t rows, int64_t d,
-                                                int64_t esize) {
-  const int64_t ab = rows * d * esize, rb = rows * 4, pb = d * 4; /* 4: sizeof(float) */
-  const sn__span_t s[] = {SN_SPAN_OUT("y", y, ab, sum_out == NULL ? 1u << 4 : 0u),
-                          SN_SPAN_OUT("sum_out", sum_out, ab, 1u << 4 | 1u << 5),
-                          SN_SPAN_OUT("mean", mean, rb, 0u),
-                          SN_SPAN_OUT("rstd", rstd, rb, 0u),
-                          SN_SPAN_IN("x", x, ab),
-                          SN_SPAN_IN("residual", residual, ab),
-                          SN_SPAN_IN("gamma", gamma, pb),
-                          SN_SPAN_IN("beta", beta, pb)};
-  return sn__check_spans(fn, s, SN_SPANS(s));
-}
-
-/* The buffers of a row-norm backward for sn__check_spans: dx, dy, x [rows, d] of esize bytes;
- * dgamma, dbeta, gamma [d] f32 and mean, rstd [rows] f32, each NULL where not passed (RMSNorm:
- * dbeta and mean). dx may equal dy. */
-static inline sn_status_t sn__rownorm_bwd_spans(const char *fn, const void *dx,
-                                                const float *dgamma, const float *dbeta,
-                                                const void *dy, const void *x,
-                                                const float *mean, const float *rstd,
-                                                const float *gamma, int64_t rows, int64_t d,
-                                                int64_t esize) {
-  const int64_t ab = rows * d * esize, rb = rows * 4, pb = d * 4; /* 4: sizeof(float) */
-  const sn__span_t s[] = {SN_SPAN_OUT("dx", dx, ab, 1u << 3),
-                          SN_SPAN_OUT("dgamma", dgamma, pb, 0u),
-                          SN_SPAN_OUT("dbeta", dbeta, pb, 0u),
-                          SN_SPAN_IN("dy", dy, ab),
-                          SN_SPAN_IN("x", x, ab),
-                          SN_SPAN_IN("mean", mean, rb),
-                          SN_SPAN_IN("rstd", rstd, rb),
-                          SN_SPAN_IN("gamma", gamma, pb)};
-  return sn__check_spans(fn, s, SN_SPANS(s));
-}
-
 /* The row backwards' buffers, all taken before anything is written: *work [threads + 1,
  * work_cols] fp64 when work_cols > 0 (the chunk partials of dgamma/dbeta and their total),
  * *scratch [threads, per_thread] f32 when per_thread > 0, and, for bf16 rows with gamma, *gs
@@ -256,8 +213,8 @@ SN_UNUSED static sn_status_t sn__bwd_buffers(const char *fn, double **work, floa
        (*scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) ||
       (dtype == SN_DTYPE_BF16 && gamma != NULL &&
        (*gs = sn__alloc(fn, 1, d, sizeof(float), &st)) == NULL) ||
-      (st = sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, d,
-                                  sn_dtype_size(dtype))) != SN_OK) {
+      (st = sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0,
+                                  rows, d, sn_dtype_size(dtype))) != SN_OK) {
     sn__free(*work), sn__free(*scratch), sn__free(*gs);
     *work = NULL, *scratch = NULL, *gs = NULL;
     return st;
@@ -758,27 +715,6 @@ static inline const float *sn__residual_sum_row(void *sum_out, const void *x,
     sn__to_f32(tmp + i, sum_out, off + i, m, dtype); /* normalize the rounded values */
   }
   return tmp;
-}
-
-/* Checks shared by every row-norm entry point, in this order: rows >= 0, d >= 1, d and rows·d
- * fit (SN_ERR_OVERFLOW), eps (unless `eps` is NULL: backward), dtype. *n = rows·d. Pointers are
- * checked by the caller, since which ones may be NULL differs per function. */
-static inline sn_status_t sn__rownorm_check(const char *fn, int64_t rows, int64_t d,
-                                            const float *eps, sn_dtype_t dtype, int64_t *n) {
-  SN_TRY(sn__check_size(fn, "rows", rows, 0));
-  SN_TRY(sn__check_size(fn, "d", d, 1));
-  SN_TRY(sn__check_elems(fn, "d", d)); /* gamma, dgamma: d elements even when rows = 0 */
-  SN_TRY(sn__mul(fn, n, rows, d));
-  if (eps != NULL) SN_TRY(sn__check_eps(fn, *eps));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  return SN_OK;
-}
-
-/* An activation pointer, or a per-row statistic the backward reads (mean, rstd), may be NULL
- * only for an empty batch (n == 0 elements). */
-static inline sn_status_t sn__check_act(const char *fn, const char *name, const void *p,
-                                        int64_t n) {
-  return n > 0 ? sn__check_ptr(fn, name, p) : SN_OK;
 }
 
 /* dgamma/dbeta partials of the row-norm backwards: a row adds its terms (dy·x̂', dy; RMSNorm

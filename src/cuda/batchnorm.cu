@@ -552,26 +552,6 @@ unsigned grid_for(int64_t work, int threads, int64_t cap) {
   return (unsigned)(b < cap ? b : cap);
 }
 
-/* sn__check_ncs of the CPU code (src/cpu/norm_kernels.h, a C header this file does not include). */
-sn_status_t check_ncs(const char *fn, int64_t n, int64_t c, int64_t s, int64_t *rows) {
-  int64_t nc, total;
-  SN_TRY(sn__check_size(fn, "c", c, 1));
-  SN_TRY(sn__check_size(fn, "n", n, 0));
-  SN_TRY(sn__check_size(fn, "s", s, 0));
-  SN_TRY(sn__check_elems(fn, "c", c));
-  SN_TRY(sn__mul(fn, &nc, n, c));
-  SN_TRY(sn__mul(fn, &total, nc, s));
-  *rows = n * s;
-  return SN_OK;
-}
-
-sn_status_t check_train_count(const char *fn, int64_t count) {
-  if (count > 1) return SN_OK;
-  return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
-                  "%s: expected more than 1 value per channel when training, got count %lld", fn,
-                  (long long)count);
-}
-
 int bn_nhwc(int64_t s, sn_layout_t layout) { return layout == SN_LAYOUT_NHWC || s == 1; }
 
 /* The number of row chunks P of the reductions: enough blocks to fill the GPU
@@ -615,7 +595,7 @@ size_t bn_ws_layout(int64_t P, int64_t C, void *base, BnWs *w) {
   return 2 * part + 2 * sum + 2 * f4;
 }
 
-/* The workspace bytes of a valid shape (check_ncs done), SN_ERR_OVERFLOW where they are not
+/* The workspace bytes of a valid shape (sn__check_ncs done), SN_ERR_OVERFLOW where they are not
  * addressable. */
 sn_status_t bn_ws_bytes(const char *fn, int64_t n, int64_t c, int64_t s, sn_layout_t layout,
                         int64_t *parts, size_t *bytes) {
@@ -739,7 +719,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_workspace(size_t *bytes, int64_t n, int
   int64_t rows, P;
   size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
   SN_TRY(sn__check_ptr(fn, "bytes", bytes));
-  SN_TRY(check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
   SN_TRY(sn__check_layout(fn, layout));
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
   *bytes = need;
@@ -752,22 +732,13 @@ extern "C" sn_status_t sn_cuda_batchnorm_stats(double *sum, double *sumsq, const
                                                void *workspace, size_t workspace_bytes,
                                                cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_stats";
-  int64_t rows, P;
+  int64_t P;
   size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
-  SN_TRY(check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "sum", sum));
-  SN_TRY(sn__check_ptr(fn, "sumsq", sumsq));
-  if (rows > 0) SN_TRY(sn__check_ptr(fn, "x", x));
+  sn__args_t args;
+  SN_TRY(sn__bn_stats_args(&args, fn, sum, sumsq, x, pivot, n, c, s, layout, dtype));
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
-  SN_TRY(sn__cuda_check_workspace(fn, workspace, workspace_bytes, need));
-  const sn__span_t spans[] = {SN_SPAN_OUT("sum", sum, c * 8, 0u),
-                              SN_SPAN_OUT("sumsq", sumsq, c * 8, 0u),
-                              SN_SPAN_IN("x", x, rows * c * sn_dtype_size(dtype)),
-                              SN_SPAN_IN("pivot", pivot, c * 4),
-                              SN_SPAN_OUT("workspace", workspace, (int64_t)need, 0u)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
+  const int64_t rows = args.rows;
   if (rows == 0) return bn_zero_sums(fn, sum, sumsq, c, stream);
   BnWs w;
   bn_ws_layout(P, c, workspace, &w);
@@ -781,21 +752,8 @@ extern "C" sn_status_t sn_cuda_batchnorm_finalize(double *mean, float *var, floa
                                                   const float *pivot, int64_t count, int64_t c,
                                                   float eps, cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_finalize";
-  SN_TRY(sn__check_size(fn, "c", c, 1));
-  SN_TRY(sn__check_elems(fn, "c", c));
-  SN_TRY(check_train_count(fn, count));
-  SN_TRY(sn__check_eps(fn, eps));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  SN_TRY(sn__check_ptr(fn, "sum", sum));
-  SN_TRY(sn__check_ptr(fn, "sumsq", sumsq));
-  const sn__span_t spans[] = {SN_SPAN_OUT("mean", mean, c * 8, 0u),
-                              SN_SPAN_OUT("var", var, c * 4, 0u),
-                              SN_SPAN_OUT("rstd", rstd, c * 4, 0u),
-                              SN_SPAN_IN("sum", sum, c * 8),
-                              SN_SPAN_IN("sumsq", sumsq, c * 8),
-                              SN_SPAN_IN("pivot", pivot, c * 4)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  sn__args_t args;
+  SN_TRY(sn__bn_finalize_args(&args, fn, mean, var, rstd, sum, sumsq, pivot, count, c, eps));
   bn_finalize<<<grid_for(c, kMapThreads, 4096), kMapThreads, 0, stream>>>(
       mean, var, rstd, sum, sumsq, pivot, 1.0 / (double)count, eps, c);
   return sn__cuda_launched(fn);
@@ -807,27 +765,11 @@ extern "C" sn_status_t sn_cuda_batchnorm_update_running(float *running_mean, flo
                                                         int64_t count, int64_t c, float momentum,
                                                         cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_update_running";
-  SN_TRY(sn__check_size(fn, "c", c, 1));
-  SN_TRY(sn__check_elems(fn, "c", c));
-  SN_TRY(sn__check_size(fn, "count", count, 0));
-  SN_TRY(sn__check_momentum(fn, momentum));
-  const int cumulative = momentum == SN_MOMENTUM_CUMULATIVE;
-  if (cumulative) SN_TRY(sn__check_ptr(fn, "num_batches_tracked", num_batches_tracked));
+  sn__args_t args;
   /* the CPU's num_batches_tracked < 0 check needs the device value: see bn_update_running */
-  if (count == 1) return check_train_count(fn, count);
-  if (count > 1) {
-    SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
-    SN_TRY(sn__check_ptr(fn, "running_var", running_var));
-    SN_TRY(sn__check_ptr(fn, "mean", mean));
-    SN_TRY(sn__check_ptr(fn, "var", var));
-  }
-  const int64_t cb = c * 4;
-  const sn__span_t spans[] = {SN_SPAN_OUT("running_mean", running_mean, cb, 0u),
-                              SN_SPAN_OUT("running_var", running_var, cb, 0u),
-                              SN_SPAN_OUT("num_batches_tracked", num_batches_tracked, 8, 0u),
-                              SN_SPAN_IN("mean", mean, 2 * cb),
-                              SN_SPAN_IN("var", var, cb)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  SN_TRY(sn__bn_update_running_args(&args, fn, running_mean, running_var, num_batches_tracked, mean,
+                                    var, count, c, momentum));
+  const int cumulative = momentum == SN_MOMENTUM_CUMULATIVE;
   if (count > 1) {
     const double unbias = (double)count / (double)(count - 1);
     bn_update_running<<<grid_for(c, kMapThreads, 4096), kMapThreads, 0, stream>>>(
@@ -845,20 +787,10 @@ extern "C" sn_status_t sn_cuda_batchnorm_apply(void *y, const void *x, const dou
                                                int64_t s, sn_layout_t layout, sn_dtype_t dtype,
                                                cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_apply";
-  int64_t rows;
-  SN_TRY(check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  sn__args_t args;
+  SN_TRY(sn__bn_apply_args(&args, fn, y, x, mean, rstd, gamma, beta, n, c, s, layout, dtype));
+  const int64_t rows = args.rows;
   if (rows == 0) return SN_OK;
-  SN_TRY(sn__check_ptr(fn, "y", y));
-  SN_TRY(sn__check_ptr(fn, "x", x));
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 1), SN_SPAN_IN("x", x, ab),
-                              SN_SPAN_IN("mean", mean, c * 8),  SN_SPAN_IN("rstd", rstd, c * 4),
-                              SN_SPAN_IN("gamma", gamma, c * 4), SN_SPAN_IN("beta", beta, c * 4)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   MapArgs m = {};
   m.out = y, m.in = x, m.mean = mean, m.rstd = rstd, m.gamma = gamma, m.beta = beta;
   bn_map_run(MAP_APPLY, m, rows, c, s, layout, dtype, stream);
@@ -879,27 +811,14 @@ extern "C" sn_status_t sn_cuda_batchnorm_fwd(void *y, double *mean, float *var, 
                                              sn_dtype_t dtype, void *workspace,
                                              size_t workspace_bytes, cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_fwd";
-  int64_t rows, P;
+  int64_t P;
   size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
-  SN_TRY(check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(check_train_count(fn, rows));
-  SN_TRY(sn__check_eps(fn, eps));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  SN_TRY(sn__check_ptr(fn, "y", y));
-  SN_TRY(sn__check_ptr(fn, "x", x));
+  sn__args_t args;
+  SN_TRY(sn__bn_fwd_args(&args, fn, y, mean, var, rstd, x, pivot, gamma, beta, n, c, s, eps, layout,
+                         dtype));
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
-  SN_TRY(sn__cuda_check_workspace(fn, workspace, workspace_bytes, need));
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {
-      SN_SPAN_OUT("y", y, ab, 1u << 4),     SN_SPAN_OUT("mean", mean, c * 8, 0u),
-      SN_SPAN_OUT("var", var, c * 4, 0u),   SN_SPAN_OUT("rstd", rstd, c * 4, 0u),
-      SN_SPAN_IN("x", x, ab),               SN_SPAN_IN("pivot", pivot, c * 4),
-      SN_SPAN_IN("gamma", gamma, c * 4),    SN_SPAN_IN("beta", beta, c * 4),
-      SN_SPAN_OUT("workspace", workspace, (int64_t)need, 0u)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
+  const int64_t rows = args.rows;
   BnWs w;
   bn_ws_layout(P, c, workspace, &w);
   const unsigned cg = grid_for(c, kMapThreads, 4096);
@@ -931,25 +850,12 @@ extern "C" sn_status_t sn_cuda_batchnorm_infer(void *y, const void *x, const flo
                                                int64_t s, float eps, sn_layout_t layout,
                                                sn_dtype_t dtype, cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_infer";
-  int64_t rows;
-  SN_TRY(check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_eps(fn, eps));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
-  SN_TRY(sn__check_ptr(fn, "running_var", running_var));
-  if (rows == 0) return SN_OK;
-  SN_TRY(sn__check_ptr(fn, "y", y));
-  SN_TRY(sn__check_ptr(fn, "x", x));
+  sn__args_t args;
   /* running_var < 0 is checked on the device: NaN outputs (sqrt of a negative) */
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 1),
-                              SN_SPAN_IN("x", x, ab),
-                              SN_SPAN_IN("running_mean", running_mean, c * 4),
-                              SN_SPAN_IN("running_var", running_var, c * 4),
-                              SN_SPAN_IN("gamma", gamma, c * 4),
-                              SN_SPAN_IN("beta", beta, c * 4)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  SN_TRY(sn__bn_infer_args(&args, fn, y, x, running_mean, running_var, gamma, beta, n, c, s, eps,
+                           layout, dtype));
+  const int64_t rows = args.rows;
+  if (rows == 0) return SN_OK;
   MapArgs m = {};
   m.out = y, m.in = x, m.rmean = running_mean, m.rvar = running_var, m.gamma = gamma;
   m.beta = beta, m.eps = (double)eps;
@@ -965,30 +871,14 @@ extern "C" sn_status_t sn_cuda_batchnorm_bwd_reduce(double *sum_dy, double *sum_
                                                     void *workspace, size_t workspace_bytes,
                                                     cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_bwd_reduce";
-  int64_t rows, P;
+  int64_t P;
   size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
-  SN_TRY(check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "sum_dy", sum_dy));
-  SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", sum_dy_xhat));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  if (rows > 0) {
-    SN_TRY(sn__check_ptr(fn, "dy", dy));
-    SN_TRY(sn__check_ptr(fn, "x", x));
-  }
+  sn__args_t args;
+  SN_TRY(sn__bn_bwd_reduce_args(&args, fn, sum_dy, sum_dy_xhat, dy, x, mean, rstd, n, c, s, layout,
+                                dtype));
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
-  SN_TRY(sn__cuda_check_workspace(fn, workspace, workspace_bytes, need));
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {SN_SPAN_OUT("sum_dy", sum_dy, c * 8, 0u),
-                              SN_SPAN_OUT("sum_dy_xhat", sum_dy_xhat, c * 8, 0u),
-                              SN_SPAN_IN("dy", dy, ab),
-                              SN_SPAN_IN("x", x, ab),
-                              SN_SPAN_IN("mean", mean, c * 8),
-                              SN_SPAN_IN("rstd", rstd, c * 4),
-                              SN_SPAN_OUT("workspace", workspace, (int64_t)need, 0u)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
+  const int64_t rows = args.rows;
   if (rows == 0) return bn_zero_sums(fn, sum_dy, sum_dy_xhat, c, stream);
   BnWs w;
   bn_ws_layout(P, c, workspace, &w);
@@ -1006,29 +896,12 @@ extern "C" sn_status_t sn_cuda_batchnorm_bwd_apply(void *dx, const void *dy, con
                                                    sn_layout_t layout, sn_dtype_t dtype,
                                                    cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_bwd_apply";
-  int64_t rows;
-  SN_TRY(check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  const int eval = sum_dy == NULL && sum_dy_xhat == NULL;
-  if (!eval) {
-    SN_TRY(sn__check_ptr(fn, "sum_dy", sum_dy));
-    SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", sum_dy_xhat));
-    SN_TRY(check_train_count(fn, count));
-  }
+  sn__args_t args;
+  SN_TRY(sn__bn_bwd_apply_args(&args, fn, dx, dy, x, mean, rstd, gamma, sum_dy, sum_dy_xhat,
+                               count, n, c, s, layout, dtype));
+  const int64_t rows = args.rows;
   if (rows == 0) return SN_OK;
-  SN_TRY(sn__check_ptr(fn, "dx", dx));
-  SN_TRY(sn__check_ptr(fn, "dy", dy));
-  SN_TRY(sn__check_ptr(fn, "x", x));
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {
-      SN_SPAN_OUT("dx", dx, ab, 1u << 1),      SN_SPAN_IN("dy", dy, ab),
-      SN_SPAN_IN("x", x, ab),                  SN_SPAN_IN("mean", mean, c * 8),
-      SN_SPAN_IN("rstd", rstd, c * 4),         SN_SPAN_IN("gamma", gamma, c * 4),
-      SN_SPAN_IN("sum_dy", sum_dy, c * 8),     SN_SPAN_IN("sum_dy_xhat", sum_dy_xhat, c * 8)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  const int eval = sum_dy == NULL && sum_dy_xhat == NULL;
   MapArgs m = {};
   m.out = dx, m.in = dy, m.x = x, m.mean = mean, m.rstd = rstd, m.gamma = gamma;
   m.sum_dy = sum_dy, m.sum_dy_xhat = sum_dy_xhat, m.count = (double)count;
@@ -1043,32 +916,14 @@ extern "C" sn_status_t sn_cuda_batchnorm_bwd(void *dx, float *dgamma, float *dbe
                                              sn_dtype_t dtype, void *workspace,
                                              size_t workspace_bytes, cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_bwd";
-  int64_t rows, P;
+  int64_t P;
   size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
-  SN_TRY(check_ncs(fn, n, c, s, &rows));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(check_train_count(fn, rows));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  SN_TRY(sn__check_ptr(fn, "dx", dx));
-  SN_TRY(sn__check_ptr(fn, "dy", dy));
-  SN_TRY(sn__check_ptr(fn, "x", x));
+  sn__args_t args;
+  SN_TRY(sn__bn_bwd_args(&args, fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, layout,
+                         dtype));
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
-  SN_TRY(sn__cuda_check_workspace(fn, workspace, workspace_bytes, need));
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const unsigned over_params = 1u << 6 | 1u << 7; /* rstd, gamma */
-  const sn__span_t spans[] = {
-      SN_SPAN_OUT("dx", dx, ab, 1u << 3),
-      SN_SPAN_OUT("dgamma", dgamma, c * 4, over_params),
-      SN_SPAN_OUT("dbeta", dbeta, c * 4, over_params),
-      SN_SPAN_IN("dy", dy, ab),
-      SN_SPAN_IN("x", x, ab),
-      SN_SPAN_IN("mean", mean, c * 8),
-      SN_SPAN_IN("rstd", rstd, c * 4),
-      SN_SPAN_IN("gamma", gamma, c * 4),
-      SN_SPAN_OUT("workspace", workspace, (int64_t)need, 0u)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
+  const int64_t rows = args.rows;
   BnWs w;
   bn_ws_layout(P, c, workspace, &w);
   bn_reduce(true, dy, x, NULL, mean, rstd, NULL, w.sum1, w.sum2, w, n, c, s, layout, dtype,

@@ -1,5 +1,5 @@
 /*
- * common.cu — host helpers of the CUDA kernels: launch checks, workspace checks, device count.
+ * common.cu — host helpers of the CUDA kernels: launch checks, device count.
  */
 #include "common.cuh"
 
@@ -10,18 +10,6 @@ sn_status_t sn__cuda_status(const char *fn, cudaError_t err) {
 }
 
 sn_status_t sn__cuda_launched(const char *fn) { return sn__cuda_status(fn, cudaGetLastError()); }
-
-sn_status_t sn__cuda_check_workspace(const char *fn, const void *ws, size_t bytes, size_t need) {
-  if (need == 0) return SN_OK;
-  if (ws == NULL)
-    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: workspace is NULL, %zu bytes are needed", fn,
-                    need);
-  if (bytes < need)
-    return sn__fail(SN_ERR_INVALID_ARGUMENT,
-                    "%s: workspace_bytes is %zu, %zu are needed (see the *_workspace query)", fn,
-                    bytes, need);
-  return SN_OK;
-}
 
 extern "C" sn_status_t sn_cuda_device_count(int *count) {
   SN_TRY(sn__check_ptr("sn_cuda_device_count", "count", count));

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 extern "C" {
+#include "../args.h"
 #include "../internal.h"
 }
 #include "syncnorm_cuda.h"
@@ -22,8 +23,6 @@ extern "C" {
 sn_status_t sn__cuda_launched(const char *fn);
 /* SN_ERR_CUDA with fn and err's name, or SN_OK for cudaSuccess. */
 sn_status_t sn__cuda_status(const char *fn, cudaError_t err);
-/* SN_ERR_INVALID_ARGUMENT where the workspace is NULL or smaller than need bytes. */
-sn_status_t sn__cuda_check_workspace(const char *fn, const void *ws, size_t bytes, size_t need);
 /* Rounds bytes up to a multiple of 256 (each array carved from a workspace starts aligned). */
 static inline size_t sn__cuda_align(size_t bytes) { return (bytes + 255u) & ~(size_t)255u; }
 

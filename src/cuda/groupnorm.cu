@@ -240,26 +240,6 @@ unsigned grid_for(int64_t work, int threads, int64_t cap) {
   return (unsigned)(b < cap ? b : cap);
 }
 
-/* sn__check_ncs of the CPU code (src/cpu/norm_kernels.h), then the CPU's check_gn. */
-sn_status_t check_gn(const char *fn, int64_t n, int64_t c, int64_t s, int64_t groups,
-                     sn_layout_t layout, sn_dtype_t dtype, int64_t *rows) {
-  int64_t nc, total;
-  SN_TRY(sn__check_size(fn, "c", c, 1));
-  SN_TRY(sn__check_size(fn, "n", n, 0));
-  SN_TRY(sn__check_size(fn, "s", s, 0));
-  SN_TRY(sn__check_elems(fn, "c", c));
-  SN_TRY(sn__mul(fn, &nc, n, c));
-  SN_TRY(sn__mul(fn, &total, nc, s));
-  *rows = n * s;
-  SN_TRY(sn__check_size(fn, "groups", groups, 1));
-  if (c % groups != 0)
-    return sn__fail(SN_ERR_INVALID_GROUPS, "%s: c (%lld) must be divisible by groups (%lld)", fn,
-                    (long long)c, (long long)groups);
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  return SN_OK;
-}
-
 /* Bytes of the backward's workspace for [N, C] (0 when n == 0): [2][N·C] f64. */
 sn_status_t gn_ws_bytes(const char *fn, int64_t n, int64_t c, size_t *bytes) {
   int64_t nc;
@@ -287,18 +267,10 @@ extern "C" sn_status_t sn_cuda_groupnorm_fwd(void *y, float *mean, float *rstd, 
                                              sn_layout_t layout, sn_dtype_t dtype,
                                              cudaStream_t stream) {
   static const char fn[] = "sn_cuda_groupnorm_fwd";
-  int64_t rows;
-  SN_TRY(check_gn(fn, n, c, s, groups, layout, dtype, &rows));
-  SN_TRY(sn__check_eps(fn, eps));
-  if (rows > 0) {
-    SN_TRY(sn__check_ptr(fn, "y", y));
-    SN_TRY(sn__check_ptr(fn, "x", x));
-  }
-  const int64_t ab = rows * c * sn_dtype_size(dtype), sb = n * groups * 4, pb = c * 4;
-  const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 3), SN_SPAN_OUT("mean", mean, sb, 0u),
-                              SN_SPAN_OUT("rstd", rstd, sb, 0u),  SN_SPAN_IN("x", x, ab),
-                              SN_SPAN_IN("gamma", gamma, pb),     SN_SPAN_IN("beta", beta, pb)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  sn__args_t args;
+  SN_TRY(sn__gn_fwd_args(&args, fn, y, mean, rstd, x, gamma, beta, n, c, s, groups, eps, layout,
+                         dtype));
+  const int64_t rows = args.rows;
   if (rows == 0) return SN_OK;
   GnArgs a = {};
   a.out = y, a.in = x, a.mean_out = mean, a.rstd_out = rstd, a.gamma = gamma, a.beta = beta;
@@ -330,28 +302,15 @@ extern "C" sn_status_t sn_cuda_groupnorm_bwd(void *dx, float *dgamma, float *dbe
                                              void *workspace, size_t workspace_bytes,
                                              cudaStream_t stream) {
   static const char fn[] = "sn_cuda_groupnorm_bwd";
-  int64_t rows;
   size_t need = 0;
-  SN_TRY(check_gn(fn, n, c, s, groups, layout, dtype, &rows));
-  if (rows > 0) {
-    SN_TRY(sn__check_ptr(fn, "dx", dx));
-    SN_TRY(sn__check_ptr(fn, "dy", dy));
-    SN_TRY(sn__check_ptr(fn, "x", x));
-    SN_TRY(sn__check_ptr(fn, "mean", mean));
-    SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  }
+  sn__args_t args;
+  SN_TRY(sn__gn_bwd_args(&args, fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, groups,
+                         layout, dtype));
+  const int64_t rows = args.rows;
   if (rows > 0 && (dgamma || dbeta)) {
     SN_TRY(gn_ws_bytes(fn, n, c, &need));
-    SN_TRY(sn__cuda_check_workspace(fn, workspace, workspace_bytes, need));
+    SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
   }
-  const int64_t ab = rows * c * sn_dtype_size(dtype), sb = n * groups * 4, pb = c * 4;
-  const sn__span_t spans[] = {
-      SN_SPAN_OUT("dx", dx, ab, 1u << 3),     SN_SPAN_OUT("dgamma", dgamma, pb, 0u),
-      SN_SPAN_OUT("dbeta", dbeta, pb, 0u),    SN_SPAN_IN("dy", dy, ab),
-      SN_SPAN_IN("x", x, ab),                 SN_SPAN_IN("mean", mean, sb),
-      SN_SPAN_IN("rstd", rstd, sb),           SN_SPAN_IN("gamma", gamma, pb),
-      SN_SPAN_OUT("workspace", workspace, (int64_t)need, 0u)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
   if (rows == 0) { /* empty batch: zero parameter gradients, nothing else written */
     if (dgamma) SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dgamma, 0, (size_t)c * 4, stream)));
     if (dbeta) SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dbeta, 0, (size_t)c * 4, stream)));
@@ -375,24 +334,11 @@ extern "C" sn_status_t sn_cuda_fold_batchnorm(float *w, float *b, const float *g
                                               const float *running_var, int64_t c_out,
                                               int64_t per_out, float eps, cudaStream_t stream) {
   static const char fn[] = "sn_cuda_fold_batchnorm";
-  int64_t total;
-  SN_TRY(sn__check_size(fn, "c_out", c_out, 1));
-  SN_TRY(sn__check_size(fn, "per_out", per_out, 1));
-  SN_TRY(sn__mul(fn, &total, c_out, per_out));
-  SN_TRY(sn__check_eps(fn, eps));
-  SN_TRY(sn__check_ptr(fn, "w", w));
-  SN_TRY(sn__check_ptr(fn, "b", b));
-  SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
-  SN_TRY(sn__check_ptr(fn, "running_var", running_var));
+  sn__args_t args;
   /* running_var < 0 is checked on the device: NaN for that channel (sqrt of a negative) */
-  const int64_t cb = c_out * 4;
-  const sn__span_t spans[] = {SN_SPAN_OUT("w", w, total * 4, 0u),
-                              SN_SPAN_OUT("b", b, cb, 0u),
-                              SN_SPAN_IN("gamma", gamma, cb),
-                              SN_SPAN_IN("beta", beta, cb),
-                              SN_SPAN_IN("running_mean", running_mean, cb),
-                              SN_SPAN_IN("running_var", running_var, cb)};
-  SN_TRY(sn__check_spans(fn, spans, SN_SPANS(spans)));
+  SN_TRY(sn__fold_args(&args, fn, w, b, gamma, beta, running_mean, running_var, c_out, per_out,
+                       eps));
+  const int64_t total = args.rows; /* c_out·per_out weights */
   fold_bn<<<grid_for(total, kThreads, 8192), kThreads, 0, stream>>>(
       w, b, gamma, beta, running_mean, running_var, total, per_out, (double)eps);
   return sn__cuda_launched(fn);

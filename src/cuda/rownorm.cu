@@ -48,26 +48,6 @@ constexpr int kFwdMaxThreads = 1024;
 /* Grid cap: blocks beyond it loop over rows. */
 constexpr int64_t kMaxGrid = (int64_t)1 << 20;
 
-/* ---- host-side checks (rownorm.cuh has the shared ones) ------------------------------- */
-
-/* sn__rownorm_fwd_spans of src/cpu/rownorm.h: y may equal x in the plain kernels and overlaps
- * nothing in the fused ones; sum_out may equal x or residual. */
-sn_status_t rn_fwd_spans(const char *fn, const void *y, const void *sum_out, const float *mean,
-                         const float *rstd, const void *x, const void *residual,
-                         const float *gamma, const float *beta, int64_t rows, int64_t d,
-                         int64_t esize) {
-  const int64_t ab = rows * d * esize, rb = rows * 4, pb = d * 4; /* 4: sizeof(float) */
-  const sn__span_t s[] = {SN_SPAN_OUT("y", y, ab, sum_out == NULL ? 1u << 4 : 0u),
-                          SN_SPAN_OUT("sum_out", sum_out, ab, 1u << 4 | 1u << 5),
-                          SN_SPAN_OUT("mean", mean, rb, 0u),
-                          SN_SPAN_OUT("rstd", rstd, rb, 0u),
-                          SN_SPAN_IN("x", x, ab),
-                          SN_SPAN_IN("residual", residual, ab),
-                          SN_SPAN_IN("gamma", gamma, pb),
-                          SN_SPAN_IN("beta", beta, pb)};
-  return sn__check_spans(fn, s, SN_SPANS(s));
-}
-
 /* ---- device side ------------------------------------------------------------------------- */
 
 /* The f32 map's threshold for bf16/f16 outputs: an element is mapped in fp64 where
@@ -366,14 +346,14 @@ sn_status_t rn_fwd(const char *fn, const rn_fwd_args &a, sn_dtype_t dtype, cudaS
   int64_t n;
   float eps = a.eps;
   const bool fused = a.fused;
-  SN_TRY(rn_check(fn, a.rows, a.d, &eps, dtype, &n));
-  SN_TRY(rn_check_act(fn, "y", a.y, n));
-  if (fused) SN_TRY(rn_check_act(fn, "sum_out", a.sum_out, n));
-  SN_TRY(rn_check_act(fn, "x", a.x, n));
-  if (fused) SN_TRY(rn_check_act(fn, "residual", a.res, n));
+  SN_TRY(sn__rownorm_check(fn, a.rows, a.d, &eps, dtype, &n));
+  SN_TRY(sn__check_act(fn, "y", a.y, n));
+  if (fused) SN_TRY(sn__check_act(fn, "sum_out", a.sum_out, n));
+  SN_TRY(sn__check_act(fn, "x", a.x, n));
+  if (fused) SN_TRY(sn__check_act(fn, "residual", a.res, n));
   if (n == 0) return SN_OK;
-  SN_TRY(rn_fwd_spans(fn, a.y, a.sum_out, a.mean, a.rstd, a.x, a.res, a.gamma, a.beta, a.rows,
-                      a.d, sn_dtype_size(dtype)));
+  SN_TRY(sn__rownorm_fwd_spans(fn, a.y, a.sum_out, a.mean, a.rstd, a.x, a.res, a.gamma, a.beta,
+                               a.rows, a.d, sn_dtype_size(dtype)));
   SN_CUDA_DISPATCH(dtype, rn_fwd_launch<T>::run(a, stream));
   return sn__cuda_launched(fn);
 }

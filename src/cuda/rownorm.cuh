@@ -1,6 +1,7 @@
 /*
  * rownorm.cuh — what the LayerNorm/RMSNorm forwards (rownorm.cu) and backwards (rownorm_bwd.cu)
- * share: the host-side argument checks and the per-thread slice of a row held in registers.
+ * share: the vector-path alignment test and the per-thread slice of a row held in registers (the
+ * argument checks are the CPU functions', src/args.h).
  * Internal, not installed; each file gets its own copy (an unnamed namespace).
  */
 #ifndef SN_CUDA_ROWNORM_CUH
@@ -9,25 +10,6 @@
 #include "common.cuh"
 
 namespace {
-
-/* ---- host-side checks (as src/cpu/rownorm.h's, which is C with CPU-only machinery) -------- */
-
-/* rows >= 0, d >= 1, d and rows·d fit, eps (unless NULL: the backwards), dtype; *n = rows·d. */
-inline sn_status_t rn_check(const char *fn, int64_t rows, int64_t d, const float *eps,
-                            sn_dtype_t dtype, int64_t *n) {
-  SN_TRY(sn__check_size(fn, "rows", rows, 0));
-  SN_TRY(sn__check_size(fn, "d", d, 1));
-  SN_TRY(sn__check_elems(fn, "d", d));
-  SN_TRY(sn__mul(fn, n, rows, d));
-  if (eps != NULL) SN_TRY(sn__check_eps(fn, *eps));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  return SN_OK;
-}
-
-/* An activation pointer: required only where the call has elements (n > 0). */
-inline sn_status_t rn_check_act(const char *fn, const char *name, const void *p, int64_t n) {
-  return n > 0 ? sn__check_ptr(fn, name, p) : SN_OK;
-}
 
 /* NULL or 16-byte aligned (the vector path's loads and stores). */
 inline bool rn_aligned16(const void *p) { return p == NULL || ((uintptr_t)p & 15u) == 0; }

@@ -41,27 +41,6 @@ constexpr int64_t RN_BWD_CHUNKS = 512;
 constexpr int kBwdPrefThreads = 512;
 constexpr int kBwdMaxThreads = 512;
 
-/* ---- host-side checks (rownorm.cuh has the shared ones) ------------------------------- */
-
-/* sn__rownorm_bwd_spans of src/cpu/rownorm.h, plus the workspace (ws_bytes of it, an output):
- * dx may equal dy. */
-sn_status_t rn_bwd_spans(const char *fn, const void *dx, const float *dgamma, const float *dbeta,
-                         const void *dy, const void *x, const float *mean, const float *rstd,
-                         const float *gamma, const void *ws, int64_t ws_bytes, int64_t rows,
-                         int64_t d, int64_t esize) {
-  const int64_t ab = rows * d * esize, rb = rows * 4, pb = d * 4; /* 4: sizeof(float) */
-  const sn__span_t s[] = {SN_SPAN_OUT("dx", dx, ab, 1u << 3),
-                          SN_SPAN_OUT("dgamma", dgamma, pb, 0u),
-                          SN_SPAN_OUT("dbeta", dbeta, pb, 0u),
-                          SN_SPAN_IN("dy", dy, ab),
-                          SN_SPAN_IN("x", x, ab),
-                          SN_SPAN_IN("mean", mean, rb),
-                          SN_SPAN_IN("rstd", rstd, rb),
-                          SN_SPAN_IN("gamma", gamma, pb),
-                          SN_SPAN_OUT("workspace", ws, ws_bytes, 0u)};
-  return sn__check_spans(fn, s, SN_SPANS(s));
-}
-
 int64_t rn_chunks(int64_t rows) { return rows < RN_BWD_CHUNKS ? rows : RN_BWD_CHUNKS; }
 
 /* Bytes of one [P, d] fp64 partials array, rounded up to 256 (the dbeta array follows it). */
@@ -410,16 +389,16 @@ sn_status_t rn_bwd(const char *fn, void *dx, float *dgamma, float *dbeta, const 
                    int64_t rows, int64_t d, sn_dtype_t dtype, void *workspace,
                    size_t workspace_bytes, bool rms, cudaStream_t stream) {
   int64_t n;
-  SN_TRY(rn_check(fn, rows, d, NULL, dtype, &n));
-  SN_TRY(rn_check_act(fn, "dx", dx, n));
-  SN_TRY(rn_check_act(fn, "dy", dy, n));
-  SN_TRY(rn_check_act(fn, "x", x, n));
-  if (!rms) SN_TRY(rn_check_act(fn, "mean", mean, n)); /* per-row: NULL in an empty batch */
-  SN_TRY(rn_check_act(fn, "rstd", rstd, n));
+  SN_TRY(sn__rownorm_check(fn, rows, d, NULL, dtype, &n));
+  SN_TRY(sn__check_act(fn, "dx", dx, n));
+  SN_TRY(sn__check_act(fn, "dy", dy, n));
+  SN_TRY(sn__check_act(fn, "x", x, n));
+  if (!rms) SN_TRY(sn__check_act(fn, "mean", mean, n)); /* per-row: NULL in an empty batch */
+  SN_TRY(sn__check_act(fn, "rstd", rstd, n));
   const int64_t esize = sn_dtype_size(dtype);
   if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
-    SN_TRY(rn_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0, rows, d,
-                        esize));
+    SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0, rows,
+                                 d, esize));
     if (dgamma != NULL)
       SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dgamma, 0, (size_t)d * sizeof(float), stream)));
     if (dbeta != NULL)
@@ -429,9 +408,9 @@ sn_status_t rn_bwd(const char *fn, void *dx, float *dgamma, float *dbeta, const 
   const bool params = dgamma != NULL || dbeta != NULL;
   const size_t part = rn_part_bytes(rows, d);
   const size_t need = params ? 2 * part : 0; /* = sn_cuda_rownorm_bwd_workspace's */
-  SN_TRY(sn__cuda_check_workspace(fn, workspace, workspace_bytes, need));
-  SN_TRY(rn_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, params ? workspace : NULL,
-                      (int64_t)need, rows, d, esize));
+  SN_TRY(sn__check_workspace(fn, workspace, workspace_bytes, need));
+  SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma,
+                               params ? workspace : NULL, (int64_t)need, rows, d, esize));
   double *part_g = params ? (double *)workspace : NULL;
   double *part_b = params && !rms ? (double *)((char *)workspace + part) : NULL;
   const rn_bwd_args a = {dx, part_g, part_b, dy, x, rms ? NULL : mean, rstd, gamma, rows, d, rms};

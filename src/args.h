@@ -1,0 +1,150 @@
+/*
+ * args.h — the argument checks of each public kernel, written once for the CPU function
+ * (src/cpu/) and its CUDA twin (src/cuda/, syncnorm_cuda.h: "a call validates its arguments on the
+ * host (the CPU function's checks ...)"), so the two cannot drift apart. Not installed.
+ *
+ * Each check returns SN_OK or the specific status with "<fn>: <what is wrong>" recorded
+ * (sn__fail), having read nothing but the arguments themselves: checks that need the data (a
+ * running_var < 0, a num_batches_tracked < 0) stay with the CPU function, which can read it.
+ * The BatchNorm/GroupNorm/fold checks end with the overlap check of the call's buffers and leave
+ * their spans in an sn__args_t, to which a CUDA twin adds its workspace (sn__args_workspace).
+ */
+#ifndef SN_ARGS_H
+#define SN_ARGS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+/* ---- sizes shared by several kernels --------------------------------------------------------- */
+
+/* Activation sizes of BatchNorm and GroupNorm, in this order: c >= 1, n >= 0, s >= 0, c and
+ * n·c·s addressable (SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW); *rows = n·s, the (n, s) positions. */
+SN_HIDDEN sn_status_t sn__check_ncs(const char *fn, int64_t n, int64_t c, int64_t s,
+                                    int64_t *rows);
+/* BatchNorm training needs more than 1 value per channel (PyTorch's "Expected more than 1 value
+ * per channel when training"): count > 1, else SN_ERR_INSUFFICIENT_COUNT. */
+SN_HIDDEN sn_status_t sn__check_train_count(const char *fn, int64_t count);
+
+/* ---- row norms (LayerNorm, RMSNorm, the fused residual adds) --------------------------------- */
+
+/* In this order: rows >= 0, d >= 1, d and rows·d fit (SN_ERR_OVERFLOW), eps (unless `eps` is
+ * NULL: the backwards), dtype. *n = rows·d. Pointers are checked by the caller, since which ones
+ * may be NULL differs per function. */
+SN_HIDDEN sn_status_t sn__rownorm_check(const char *fn, int64_t rows, int64_t d,
+                                        const float *eps, sn_dtype_t dtype, int64_t *n);
+/* An activation pointer, or a per-row statistic the backward reads (mean, rstd), may be NULL
+ * only for an empty batch (n == 0 elements). */
+SN_HIDDEN sn_status_t sn__check_act(const char *fn, const char *name, const void *p, int64_t n);
+/* The overlap check of a row-norm forward: y, sum_out (the fused kernels' residual sum; NULL in
+ * the plain ones), x, residual (NULL likewise) [rows, d] of esize bytes each; mean, rstd [rows]
+ * f32 and gamma, beta [d] f32, each NULL where not passed. y may equal x in the plain kernels and
+ * overlaps nothing in the fused ones; sum_out may equal x or residual. */
+SN_HIDDEN sn_status_t sn__rownorm_fwd_spans(const char *fn, const void *y, const void *sum_out,
+                                            const float *mean, const float *rstd, const void *x,
+                                            const void *residual, const float *gamma,
+                                            const float *beta, int64_t rows, int64_t d,
+                                            int64_t esize);
+/* The overlap check of a row-norm backward: dx, dy, x [rows, d] of esize bytes; dgamma, dbeta,
+ * gamma [d] f32 and mean, rstd [rows] f32, each NULL where not passed (RMSNorm: dbeta and mean);
+ * ws, ws_bytes: a CUDA twin's workspace (an output; NULL, 0 for none). dx may equal dy. */
+SN_HIDDEN sn_status_t sn__rownorm_bwd_spans(const char *fn, const void *dx, const float *dgamma,
+                                            const float *dbeta, const void *dy, const void *x,
+                                            const float *mean, const float *rstd,
+                                            const float *gamma, const void *ws, int64_t ws_bytes,
+                                            int64_t rows, int64_t d, int64_t esize);
+
+/* ---- BatchNorm, GroupNorm, fold: whole-call checks ------------------------------------------- */
+
+enum { SN_ARGS_MAX_SPANS = 10 }; /* the longest call's buffers, and a workspace */
+
+/* What a whole-call check found valid: the call's buffers (for sn__args_workspace) and rows =
+ * n·s where the call has activations (0: an empty batch; the check then skipped the pointers an
+ * empty batch may leave NULL, and where the CPU function returns at once it checked no overlap:
+ * count == 0). */
+typedef struct {
+  const char *fn;
+  sn__span_t span[SN_ARGS_MAX_SPANS];
+  int count;
+  int64_t rows;
+} sn__args_t;
+
+/* A CUDA twin's workspace of `bytes` bytes, of which the call needs `need`: nothing to check
+ * where need == 0; else SN_ERR_INVALID_ARGUMENT where ws is NULL or bytes < need. */
+SN_HIDDEN sn_status_t sn__check_workspace(const char *fn, const void *ws, size_t bytes,
+                                          size_t need);
+/* A CUDA twin's workspace, after the call's check: nothing where need == 0; else
+ * SN_ERR_INVALID_ARGUMENT where ws is NULL, bytes < need, or its first need bytes (an output)
+ * overlap one of a's buffers. */
+SN_HIDDEN sn_status_t sn__args_workspace(sn__args_t *a, const void *ws, size_t bytes,
+                                         size_t need);
+
+/* The checks of the function of the same name in syncnorm.h (sn_batchnorm_stats: ...), with its
+ * arguments, in the order that function's errors are listed; fn names the caller. */
+SN_HIDDEN sn_status_t sn__bn_stats_args(sn__args_t *a, const char *fn, const double *sum,
+                                        const double *sumsq, const void *x, const float *pivot,
+                                        int64_t n, int64_t c, int64_t s, sn_layout_t layout,
+                                        sn_dtype_t dtype);
+SN_HIDDEN sn_status_t sn__bn_finalize_args(sn__args_t *a, const char *fn, const double *mean,
+                                           const float *var, const float *rstd,
+                                           const double *sum, const double *sumsq,
+                                           const float *pivot, int64_t count, int64_t c,
+                                           float eps);
+/* Not the data check num_batches_tracked >= 0. count == 1 fails; count == 0 (an empty batch,
+ * counted) passes with the pointers other than num_batches_tracked unchecked. */
+SN_HIDDEN sn_status_t sn__bn_update_running_args(sn__args_t *a, const char *fn,
+                                                 const float *running_mean,
+                                                 const float *running_var,
+                                                 const int64_t *num_batches_tracked,
+                                                 const double *mean, const float *var,
+                                                 int64_t count, int64_t c, float momentum);
+SN_HIDDEN sn_status_t sn__bn_apply_args(sn__args_t *a, const char *fn, const void *y,
+                                        const void *x, const double *mean, const float *rstd,
+                                        const float *gamma, const float *beta, int64_t n,
+                                        int64_t c, int64_t s, sn_layout_t layout,
+                                        sn_dtype_t dtype);
+SN_HIDDEN sn_status_t sn__bn_fwd_args(sn__args_t *a, const char *fn, const void *y,
+                                      const double *mean, const float *var, const float *rstd,
+                                      const void *x, const float *pivot, const float *gamma,
+                                      const float *beta, int64_t n, int64_t c, int64_t s,
+                                      float eps, sn_layout_t layout, sn_dtype_t dtype);
+/* Not the data check running_var >= 0. */
+SN_HIDDEN sn_status_t sn__bn_infer_args(sn__args_t *a, const char *fn, const void *y,
+                                        const void *x, const float *running_mean,
+                                        const float *running_var, const float *gamma,
+                                        const float *beta, int64_t n, int64_t c, int64_t s,
+                                        float eps, sn_layout_t layout, sn_dtype_t dtype);
+SN_HIDDEN sn_status_t sn__bn_bwd_reduce_args(sn__args_t *a, const char *fn, const double *sum_dy,
+                                             const double *sum_dy_xhat, const void *dy,
+                                             const void *x, const double *mean,
+                                             const float *rstd, int64_t n, int64_t c, int64_t s,
+                                             sn_layout_t layout, sn_dtype_t dtype);
+SN_HIDDEN sn_status_t sn__bn_bwd_apply_args(sn__args_t *a, const char *fn, const void *dx,
+                                            const void *dy, const void *x, const double *mean,
+                                            const float *rstd, const float *gamma,
+                                            const double *sum_dy, const double *sum_dy_xhat,
+                                            int64_t count, int64_t n, int64_t c, int64_t s,
+                                            sn_layout_t layout, sn_dtype_t dtype);
+SN_HIDDEN sn_status_t sn__bn_bwd_args(sn__args_t *a, const char *fn, const void *dx,
+                                      const float *dgamma, const float *dbeta, const void *dy,
+                                      const void *x, const double *mean, const float *rstd,
+                                      const float *gamma, int64_t n, int64_t c, int64_t s,
+                                      sn_layout_t layout, sn_dtype_t dtype);
+SN_HIDDEN sn_status_t sn__gn_fwd_args(sn__args_t *a, const char *fn, const void *y,
+                                      const float *mean, const float *rstd, const void *x,
+                                      const float *gamma, const float *beta, int64_t n, int64_t c,
+                                      int64_t s, int64_t groups, float eps, sn_layout_t layout,
+                                      sn_dtype_t dtype);
+SN_HIDDEN sn_status_t sn__gn_bwd_args(sn__args_t *a, const char *fn, const void *dx,
+                                      const float *dgamma, const float *dbeta, const void *dy,
+                                      const void *x, const float *mean, const float *rstd,
+                                      const float *gamma, int64_t n, int64_t c, int64_t s,
+                                      int64_t groups, sn_layout_t layout, sn_dtype_t dtype);
+/* Not the data check running_var >= 0. rows = c_out·per_out (the weights). */
+SN_HIDDEN sn_status_t sn__fold_args(sn__args_t *a, const char *fn, const float *w, const float *b,
+                                    const float *gamma, const float *beta,
+                                    const float *running_mean, const float *running_var,
+                                    int64_t c_out, int64_t per_out, float eps);
+
+#endif /* SN_ARGS_H */
