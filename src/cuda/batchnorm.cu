@@ -740,7 +740,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_stats(double *sum, double *sumsq, const
   SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
   const int64_t rows = args.rows;
   if (rows == 0) return bn_zero_sums(fn, sum, sumsq, c, stream);
-  BnWs w;
+  BnWs w = {}; /* set by bn_ws_layout; {} for -O3, which cannot see that P > 0 here */
   bn_ws_layout(P, c, workspace, &w);
   bn_reduce(false, x, NULL, pivot, NULL, NULL, NULL, sum, sumsq, w, n, c, s, layout, dtype,
             stream);
@@ -819,7 +819,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_fwd(void *y, double *mean, float *var, 
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
   SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
   const int64_t rows = args.rows;
-  BnWs w;
+  BnWs w = {}; /* set by bn_ws_layout; {} for -O3, which cannot see that P > 0 here */
   bn_ws_layout(P, c, workspace, &w);
   const unsigned cg = grid_for(c, kMapThreads, 4096);
   FwdStep f = {};
@@ -880,7 +880,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_bwd_reduce(double *sum_dy, double *sum_
   SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
   const int64_t rows = args.rows;
   if (rows == 0) return bn_zero_sums(fn, sum_dy, sum_dy_xhat, c, stream);
-  BnWs w;
+  BnWs w = {}; /* set by bn_ws_layout; {} for -O3, which cannot see that P > 0 here */
   bn_ws_layout(P, c, workspace, &w);
   /* Σ dy·x̂ = rstd·Σ dy·(x − mean), rstd applied once per channel as on the CPU */
   bn_reduce(true, dy, x, NULL, mean, rstd, NULL, sum_dy, sum_dy_xhat, w, n, c, s, layout, dtype,
@@ -924,7 +924,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_bwd(void *dx, float *dgamma, float *dbe
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
   SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
   const int64_t rows = args.rows;
-  BnWs w;
+  BnWs w = {}; /* set by bn_ws_layout; {} for -O3, which cannot see that P > 0 here */
   bn_ws_layout(P, c, workspace, &w);
   bn_reduce(true, dy, x, NULL, mean, rstd, NULL, w.sum1, w.sum2, w, n, c, s, layout, dtype,
             stream);
