@@ -29,8 +29,9 @@ sn_status_t sn__check_train_count(const char *fn, int64_t count) {
 
 /* ---- row norms ------------------------------------------------------------------------------- */
 
-sn_status_t sn__rownorm_check(const char *fn, int64_t rows, int64_t d, const float *eps,
-                              sn_dtype_t dtype, int64_t *n) {
+/* rows >= 0, d >= 1, d and rows·d fit, eps (unless NULL: the backwards), dtype; *n = rows·d. */
+static sn_status_t rownorm_sizes(const char *fn, int64_t rows, int64_t d, const float *eps,
+                                 sn_dtype_t dtype, int64_t *n) {
   SN_TRY(sn__check_size(fn, "rows", rows, 0));
   SN_TRY(sn__check_size(fn, "d", d, 1));
   SN_TRY(sn__check_elems(fn, "d", d)); /* gamma, dgamma: d elements even when rows = 0 */
@@ -40,8 +41,32 @@ sn_status_t sn__rownorm_check(const char *fn, int64_t rows, int64_t d, const flo
   return SN_OK;
 }
 
-sn_status_t sn__check_act(const char *fn, const char *name, const void *p, int64_t n) {
+/* A row of activations or per-row statistics: may be NULL only for an empty batch (n == 0). */
+static sn_status_t check_act(const char *fn, const char *name, const void *p, int64_t n) {
   return n > 0 ? sn__check_ptr(fn, name, p) : SN_OK;
+}
+
+sn_status_t sn__rownorm_fwd_check(const char *fn, const void *y, const void *sum_out,
+                                  const void *x, const void *residual, int fused, int64_t rows,
+                                  int64_t d, float eps, sn_dtype_t dtype, int64_t *n) {
+  SN_TRY(rownorm_sizes(fn, rows, d, &eps, dtype, n));
+  SN_TRY(check_act(fn, "y", y, *n));
+  if (fused) SN_TRY(check_act(fn, "sum_out", sum_out, *n));
+  SN_TRY(check_act(fn, "x", x, *n));
+  if (fused) SN_TRY(check_act(fn, "residual", residual, *n));
+  return SN_OK;
+}
+
+sn_status_t sn__rownorm_bwd_check(const char *fn, const void *dx, const void *dy, const void *x,
+                                  const float *mean, const float *rstd, int rms, int64_t rows,
+                                  int64_t d, sn_dtype_t dtype, int64_t *n) {
+  SN_TRY(rownorm_sizes(fn, rows, d, NULL, dtype, n));
+  SN_TRY(check_act(fn, "dx", dx, *n));
+  SN_TRY(check_act(fn, "dy", dy, *n));
+  SN_TRY(check_act(fn, "x", x, *n));
+  if (!rms) SN_TRY(check_act(fn, "mean", mean, *n));
+  SN_TRY(check_act(fn, "rstd", rstd, *n));
+  return SN_OK;
 }
 
 sn_status_t sn__rownorm_fwd_spans(const char *fn, const void *y, const void *sum_out,

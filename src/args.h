@@ -29,14 +29,20 @@ SN_HIDDEN sn_status_t sn__check_train_count(const char *fn, int64_t count);
 
 /* ---- row norms (LayerNorm, RMSNorm, the fused residual adds) --------------------------------- */
 
-/* In this order: rows >= 0, d >= 1, d and rows·d fit (SN_ERR_OVERFLOW), eps (unless `eps` is
- * NULL: the backwards), dtype. *n = rows·d. Pointers are checked by the caller, since which ones
- * may be NULL differs per function. */
-SN_HIDDEN sn_status_t sn__rownorm_check(const char *fn, int64_t rows, int64_t d,
-                                        const float *eps, sn_dtype_t dtype, int64_t *n);
-/* An activation pointer, or a per-row statistic the backward reads (mean, rstd), may be NULL
- * only for an empty batch (n == 0 elements). */
-SN_HIDDEN sn_status_t sn__check_act(const char *fn, const char *name, const void *p, int64_t n);
+/* The checks of a row-norm forward before the overlap of its buffers (sn__rownorm_fwd_spans),
+ * in this order: rows >= 0, d >= 1, d and rows·d fit (SN_ERR_OVERFLOW), eps, dtype, then y,
+ * sum_out, x, residual non-NULL where the call has elements (sum_out and residual only where
+ * fused). *n = rows·d; 0 is an empty batch (the pointers may then be NULL). */
+SN_HIDDEN sn_status_t sn__rownorm_fwd_check(const char *fn, const void *y, const void *sum_out,
+                                            const void *x, const void *residual, int fused,
+                                            int64_t rows, int64_t d, float eps, sn_dtype_t dtype,
+                                            int64_t *n);
+/* The same for a row-norm backward (no eps): dx, dy, x, mean (LayerNorm only, rms == 0) and
+ * rstd, the per-row statistics, non-NULL where the call has elements. */
+SN_HIDDEN sn_status_t sn__rownorm_bwd_check(const char *fn, const void *dx, const void *dy,
+                                            const void *x, const float *mean, const float *rstd,
+                                            int rms, int64_t rows, int64_t d, sn_dtype_t dtype,
+                                            int64_t *n);
 /* The overlap check of a row-norm forward: y, sum_out (the fused kernels' residual sum; NULL in
  * the plain ones), x, residual (NULL likewise) [rows, d] of esize bytes each; mean, rstd [rows]
  * f32 and gamma, beta [d] f32, each NULL where not passed. y may equal x in the plain kernels and
@@ -61,8 +67,8 @@ enum { SN_ARGS_MAX_SPANS = 10 }; /* the longest call's buffers, and a workspace 
 
 /* What a whole-call check found valid: the call's buffers (for sn__args_workspace) and rows =
  * n·s where the call has activations (0: an empty batch; the check then skipped the pointers an
- * empty batch may leave NULL, and where the CPU function returns at once it checked no overlap:
- * count == 0). */
+ * empty batch may leave NULL, and, in apply, infer and bwd_apply, which write nothing then, the
+ * overlap check too: count == 0). */
 typedef struct {
   const char *fn;
   sn__span_t span[SN_ARGS_MAX_SPANS];

@@ -397,9 +397,7 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
                              float eps, sn_dtype_t dtype) {
   static const char fn[] = "sn_layernorm_fwd";
   int64_t n;
-  SN_TRY(sn__rownorm_check(fn, rows, d, &eps, dtype, &n));
-  SN_TRY(sn__check_act(fn, "y", y, n));
-  SN_TRY(sn__check_act(fn, "x", x, n));
+  SN_TRY(sn__rownorm_fwd_check(fn, y, NULL, x, NULL, 0, rows, d, eps, dtype, &n));
   if (n == 0) return SN_OK;
 
   /* scratch, per thread: f16 2·d f32 (the x row, then the y row), bf16 d f32 (a row of tiny
@@ -458,11 +456,7 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
                                  sn_dtype_t dtype) {
   static const char fn[] = "sn_add_layernorm_fwd";
   int64_t n;
-  SN_TRY(sn__rownorm_check(fn, rows, d, &eps, dtype, &n));
-  SN_TRY(sn__check_act(fn, "y", y, n));
-  SN_TRY(sn__check_act(fn, "sum_out", sum_out, n));
-  SN_TRY(sn__check_act(fn, "x", x, n));
-  SN_TRY(sn__check_act(fn, "residual", residual, n));
+  SN_TRY(sn__rownorm_fwd_check(fn, y, sum_out, x, residual, 1, rows, d, eps, dtype, &n));
   if (n == 0) return SN_OK;
 
   /* scratch, per thread: f16 2·d f32 (the sum row, then the y row), bf16 d f32 (a sum row of

@@ -413,12 +413,7 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
                              const float *gamma, int64_t rows, int64_t d, sn_dtype_t dtype) {
   static const char fn[] = "sn_layernorm_bwd";
   int64_t n;
-  SN_TRY(sn__rownorm_check(fn, rows, d, NULL, dtype, &n));
-  SN_TRY(sn__check_act(fn, "dx", dx, n));
-  SN_TRY(sn__check_act(fn, "dy", dy, n));
-  SN_TRY(sn__check_act(fn, "x", x, n));
-  SN_TRY(sn__check_act(fn, "mean", mean, n)); /* per-row: may be NULL in an empty batch */
-  SN_TRY(sn__check_act(fn, "rstd", rstd, n));
+  SN_TRY(sn__rownorm_bwd_check(fn, dx, dy, x, mean, rstd, 0, rows, d, dtype, &n));
   if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
     SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0, rows,
                                  d, sn_dtype_size(dtype))); /* as sn__bwd_buffers's, rows = 0 */

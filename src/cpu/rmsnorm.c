@@ -181,9 +181,7 @@ sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gam
                            int64_t rows, int64_t d, float eps, sn_dtype_t dtype) {
   static const char fn[] = "sn_rmsnorm_fwd";
   int64_t n;
-  SN_TRY(sn__rownorm_check(fn, rows, d, &eps, dtype, &n));
-  SN_TRY(sn__check_act(fn, "y", y, n));
-  SN_TRY(sn__check_act(fn, "x", x, n));
+  SN_TRY(sn__rownorm_fwd_check(fn, y, NULL, x, NULL, 0, rows, d, eps, dtype, &n));
   if (n == 0) return SN_OK;
 
   /* scratch: [threads, row_stride] f32 rows (d rounded up to whole lines) for f16, one for bf16
@@ -235,11 +233,7 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
                                int64_t d, float eps, sn_dtype_t dtype) {
   static const char fn[] = "sn_add_rmsnorm_fwd";
   int64_t n;
-  SN_TRY(sn__rownorm_check(fn, rows, d, &eps, dtype, &n));
-  SN_TRY(sn__check_act(fn, "y", y, n));
-  SN_TRY(sn__check_act(fn, "sum_out", sum_out, n));
-  SN_TRY(sn__check_act(fn, "x", x, n));
-  SN_TRY(sn__check_act(fn, "residual", residual, n));
+  SN_TRY(sn__rownorm_fwd_check(fn, y, sum_out, x, residual, 1, rows, d, eps, dtype, &n));
   if (n == 0) return SN_OK;
 
   /* scratch: [threads, row_stride] f32 rows (d rounded up to whole lines) for f16 (the widened
@@ -566,11 +560,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
                            sn_dtype_t dtype) {
   static const char fn[] = "sn_rmsnorm_bwd";
   int64_t n;
-  SN_TRY(sn__rownorm_check(fn, rows, d, NULL, dtype, &n));
-  SN_TRY(sn__check_act(fn, "dx", dx, n));
-  SN_TRY(sn__check_act(fn, "dy", dy, n));
-  SN_TRY(sn__check_act(fn, "x", x, n));
-  SN_TRY(sn__check_act(fn, "rstd", rstd, n)); /* per-row: may be NULL in an empty batch */
+  SN_TRY(sn__rownorm_bwd_check(fn, dx, dy, x, NULL, rstd, 1, rows, d, dtype, &n));
   if (n == 0) { /* empty batch: the parameter gradient is zero, nothing else is written */
     SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, NULL, dy, x, NULL, rstd, gamma, NULL, 0, rows,
                                  d, sn_dtype_size(dtype))); /* as sn__bwd_buffers's, rows = 0 */

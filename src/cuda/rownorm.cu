@@ -344,13 +344,8 @@ template <typename T> struct rn_fwd_launch {
 /* Validates as the CPU function fn and launches; res/sum_out NULL for the plain kernels. */
 sn_status_t rn_fwd(const char *fn, const rn_fwd_args &a, sn_dtype_t dtype, cudaStream_t stream) {
   int64_t n;
-  float eps = a.eps;
-  const bool fused = a.fused;
-  SN_TRY(sn__rownorm_check(fn, a.rows, a.d, &eps, dtype, &n));
-  SN_TRY(sn__check_act(fn, "y", a.y, n));
-  if (fused) SN_TRY(sn__check_act(fn, "sum_out", a.sum_out, n));
-  SN_TRY(sn__check_act(fn, "x", a.x, n));
-  if (fused) SN_TRY(sn__check_act(fn, "residual", a.res, n));
+  SN_TRY(sn__rownorm_fwd_check(fn, a.y, a.sum_out, a.x, a.res, a.fused, a.rows, a.d, a.eps, dtype,
+                               &n));
   if (n == 0) return SN_OK;
   SN_TRY(sn__rownorm_fwd_spans(fn, a.y, a.sum_out, a.mean, a.rstd, a.x, a.res, a.gamma, a.beta,
                                a.rows, a.d, sn_dtype_size(dtype)));

@@ -389,16 +389,13 @@ sn_status_t rn_bwd(const char *fn, void *dx, float *dgamma, float *dbeta, const 
                    int64_t rows, int64_t d, sn_dtype_t dtype, void *workspace,
                    size_t workspace_bytes, bool rms, cudaStream_t stream) {
   int64_t n;
-  SN_TRY(sn__rownorm_check(fn, rows, d, NULL, dtype, &n));
-  SN_TRY(sn__check_act(fn, "dx", dx, n));
-  SN_TRY(sn__check_act(fn, "dy", dy, n));
-  SN_TRY(sn__check_act(fn, "x", x, n));
-  if (!rms) SN_TRY(sn__check_act(fn, "mean", mean, n)); /* per-row: NULL in an empty batch */
-  SN_TRY(sn__check_act(fn, "rstd", rstd, n));
+  SN_TRY(sn__rownorm_bwd_check(fn, dx, dy, x, mean, rstd, rms, rows, d, dtype, &n));
   const int64_t esize = sn_dtype_size(dtype);
+  /* the call's buffers as the CPU function checks them, then (below) the workspace against them,
+   * as the BatchNorm and GroupNorm kernels order their checks */
+  SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0, rows, d,
+                               esize));
   if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
-    SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0, rows,
-                                 d, esize));
     if (dgamma != NULL)
       SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dgamma, 0, (size_t)d * sizeof(float), stream)));
     if (dbeta != NULL)
@@ -409,8 +406,9 @@ sn_status_t rn_bwd(const char *fn, void *dx, float *dgamma, float *dbeta, const 
   const size_t part = rn_part_bytes(rows, d);
   const size_t need = params ? 2 * part : 0; /* = sn_cuda_rownorm_bwd_workspace's */
   SN_TRY(sn__check_workspace(fn, workspace, workspace_bytes, need));
-  SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma,
-                               params ? workspace : NULL, (int64_t)need, rows, d, esize));
+  if (params)
+    SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, workspace,
+                                 (int64_t)need, rows, d, esize));
   double *part_g = params ? (double *)workspace : NULL;
   double *part_b = params && !rms ? (double *)((char *)workspace + part) : NULL;
   const rn_bwd_args a = {dx, part_g, part_b, dy, x, rms ? NULL : mean, rstd, gamma, rows, d, rms};
