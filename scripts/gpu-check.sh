@@ -47,7 +47,8 @@ if [ "$build" = 1 ]; then
     echo "gpu-check.sh: configure failed" >&2
     exit 1
   fi
-  targets=(syncnorm bench_cuda test_cuda_rownorm test_cuda_batchnorm test_cuda_groupnorm)
+  targets=(syncnorm bench_cuda test_cuda_args test_cuda_rownorm test_cuda_batchnorm
+           test_cuda_groupnorm)
   grep -q "NCCL=1" "$dir.configure.log" && targets+=(test_cuda_syncbn)
   if ! cmake --build "$dir" -j"$(nproc)" --target "${targets[@]}" >"$dir.build.log" 2>&1; then
     tail -n 40 "$dir.build.log"
@@ -59,7 +60,8 @@ fi
 echo "== CUDA tests =="
 results=()
 failed=0
-for t in test_cuda_rownorm test_cuda_batchnorm test_cuda_groupnorm test_cuda_syncbn; do
+for t in test_cuda_args test_cuda_rownorm test_cuda_batchnorm test_cuda_groupnorm \
+  test_cuda_syncbn; do
   exe="$dir/tests/cuda/$t"
   [ -x "$exe" ] || { results+=("$t: not built"); continue; }
   s=$(date +%s.%N)
