@@ -5,14 +5,20 @@
  * makes with bad arguments must return before touching the device, so all buffers are host
  * memory.
  *
- * For each function, one valid argument set (small odd shapes, every pointer a slot of one host
- * pool of valid values) is mutated one argument at a time: each pointer NULL; each output equal
+ * For each function, valid argument sets (small odd shapes, every pointer a slot of one host
+ * pool of valid values) are mutated one argument at a time. The sets (bases): f32 NHWC; bf16
+ * NCHW and f16 where the function takes a dtype or layout; every optional pointer NULL at once
+ * (each pointer the CPU function accepts as NULL alone; BatchNorm's bwd_apply also with both
+ * sums NULL, its eval mode); an empty batch, each size the CPU accepts as 0 set to 0 in turn;
+ * update_running with cumulative momentum (SN_MOMENTUM_CUMULATIVE) and with a NULL
+ * num_batches_tracked. Every base is first checked to be valid on the CPU. Mutations: each
+ * pointer NULL (the base's NULL ones excepted); each output equal
  * to, or 8 bytes into, each other buffer; each size 0, 1, −1, 3, 8, INT64_MIN, INT64_MAX/2 and
  * INT64_MAX; eps 0, −0, −1e-5, NaN, ±Inf; momentum NaN, ±Inf, −0.5, 2, just past ±1; dtype −1,
  * F64 (not an activation dtype), 99; layout −1, 2, 7. The CPU function is called first:
  *  - where it fails, the CUDA function must fail with the same status (never SN_ERR_CUDA: it
- *    got past its checks), name itself in sn_last_error(), and leave the pool and its workspace
- *    bitwise as they were;
+ *    got past its checks) and the same message after the function's name ("<fn>: ..."), name
+ *    itself in sn_last_error(), and leave the pool and its workspace bitwise as they were;
  *  - where it succeeds (an allowed NULL or in-place pair, an empty batch), the CUDA function may
  *    not be stricter: without a GPU it must get past its checks, returning SN_OK (nothing to
  *    enqueue) or SN_ERR_CUDA (the launch failed). With a GPU those calls are not made (they
@@ -280,7 +286,7 @@ static unsigned char *g_pool, *g_pool_ref; /* the live pool and its valid conten
 static unsigned char *g_ws, *g_ws_ref;     /* a workspace (separate from the pool) */
 static int g_have_device;
 /* Counts over the whole run, reported and asserted non-trivial at the end. */
-static int g_compared, g_cpu_ok, g_cpu_ok_checked;
+static int g_compared, g_cpu_ok, g_cpu_ok_checked, g_bases;
 
 /* Floats in [0.5, 1): valid for every argument read as f32 (running_var >= 0, pivots), as an
  * f64 (positive), an int64 (num_batches_tracked >= 0) or bf16/f16 pairs; distinct, so a store
@@ -294,23 +300,45 @@ static void fill_valid(unsigned char *buf, size_t bytes, uint64_t seed) {
   }
 }
 
-static void base_args(const api_t *f, args_t *a) {
+/* A valid argument set the mutations start from: the function's shape and pointers with these
+ * changes. */
+typedef struct {
+  char name[96];
+  sn_dtype_t dtype;
+  sn_layout_t layout;
+  float momentum;
+  unsigned null_mask; /* bit k: pointer k NULL */
+  int empty;          /* index + 1 of a size set to 0; 0 = none */
+} base_t;
+
+static const base_t BASE0 = {"f32 NHWC", SN_DTYPE_F32, SN_LAYOUT_NHWC, 0.1f, 0u, 0};
+
+static void base_args(const api_t *f, const base_t *b, args_t *a) {
   memset(a, 0, sizeof *a);
-  for (int k = 0; k < f->n_ptr; k++) a->p[k] = g_pool + (size_t)k * SLOT_BYTES;
+  for (int k = 0; k < f->n_ptr; k++)
+    a->p[k] = b->null_mask >> k & 1u ? NULL : g_pool + (size_t)k * SLOT_BYTES;
   for (int k = 0; k < f->n_size; k++) a->i[k] = f->base[k];
+  if (b->empty > 0) a->i[b->empty - 1] = 0;
   a->eps = 1e-5f;
-  a->momentum = 0.1f;
-  a->dtype = SN_DTYPE_F32;
-  a->layout = SN_LAYOUT_NHWC;
+  a->momentum = b->momentum;
+  a->dtype = b->dtype;
+  a->layout = b->layout;
 }
 
 static const char *status_name(sn_status_t s) { return sn_status_string(s); }
 
-/* Whether the last error names fn ("<fn>: ..."). */
-static int names_fn(const char *fn) {
-  const char *m = sn_last_error();
+/* The text of message m after "<fn>: ", or NULL where m does not start so. */
+static const char *after_fn(const char *m, const char *fn) {
   const size_t n = strlen(fn);
-  return strncmp(m, fn, n) == 0 && m[n] == ':';
+  return strncmp(m, fn, n) == 0 && m[n] == ':' && m[n + 1] == ' ' ? m + n + 2 : NULL;
+}
+
+/* Whether the last error names fn ("<fn>: ..."). */
+static int names_fn(const char *fn) { return after_fn(sn_last_error(), fn) != NULL; }
+
+/* The CPU twin's name: "sn_cuda_x" → "sn_x". */
+static void cpu_name(const api_t *f, char *out, size_t cap) {
+  snprintf(out, cap, "sn_%s", f->name + strlen("sn_cuda_"));
 }
 
 static void assert_untouched(const api_t *f, const char *what, const char *side) {
@@ -334,6 +362,7 @@ static void pick_workspace(const api_t *f, const args_t *a, void **ws, size_t *b
 /* One mutated argument set a: the CPU function, then the CUDA one, as the header comment says. */
 static void compare(const api_t *f, const args_t *a, const char *what) {
   memcpy(g_pool, g_pool_ref, POOL_BYTES);
+  memcpy(g_ws, g_ws_ref, WS_CAP);
   const sn_status_t cs = f->cpu(a);
   void *ws;
   size_t wb;
@@ -341,6 +370,7 @@ static void compare(const api_t *f, const args_t *a, const char *what) {
     g_cpu_ok++;
     if (!g_have_device) { /* the CUDA function must get past its checks too */
       memcpy(g_pool, g_pool_ref, POOL_BYTES);
+      memcpy(g_ws, g_ws_ref, WS_CAP);
       pick_workspace(f, a, &ws, &wb);
       const sn_status_t gs = f->cuda(a, ws, wb);
       ck_assert_msg(gs == SN_OK || gs == SN_ERR_CUDA,
@@ -352,12 +382,21 @@ static void compare(const api_t *f, const args_t *a, const char *what) {
   }
   assert_untouched(f, what, "CPU");
   ck_assert_msg(cs != SN_ERR_CUDA, "%s, %s: the CPU function returned SN_ERR_CUDA", f->name, what);
+  char cname[64], cmsg[512];
+  cpu_name(f, cname, sizeof cname);
+  const char *ctext = after_fn(sn_last_error(), cname);
+  ck_assert_msg(ctext != NULL, "%s, %s: the CPU message \"%s\" does not start with \"%s: \"",
+                f->name, what, sn_last_error(), cname);
+  snprintf(cmsg, sizeof cmsg, "%s", ctext);
   pick_workspace(f, a, &ws, &wb);
   const sn_status_t gs = f->cuda(a, ws, wb);
   ck_assert_msg(gs == cs, "%s, %s: CUDA returns %s (%s), the CPU function %s", f->name, what,
                 status_name(gs), sn_last_error(), status_name(cs));
-  ck_assert_msg(names_fn(f->name), "%s, %s: sn_last_error() is \"%s\"", f->name, what,
+  const char *gtext = after_fn(sn_last_error(), f->name);
+  ck_assert_msg(gtext != NULL, "%s, %s: sn_last_error() is \"%s\"", f->name, what,
                 sn_last_error());
+  ck_assert_msg(strcmp(gtext, cmsg) == 0, "%s, %s: CUDA says \"%s\", the CPU function \"%s\"",
+                f->name, what, gtext, cmsg);
   assert_untouched(f, what, "CUDA");
   g_compared++;
 }
@@ -368,40 +407,42 @@ static const int64_t BAD_SIZES[] = {0, 1, -1, 3, 8, INT64_MIN, INT64_MAX / 2, IN
 static const int BAD_DTYPES[] = {-1, SN_DTYPE_F64, 99};
 static const int BAD_LAYOUTS[] = {-1, 2, 7};
 
-static void mutate_all(const api_t *f) {
+/* Every mutation of base b; what names the base and the change. */
+static void mutate_all(const api_t *f, const base_t *b) {
   args_t a;
-  char what[160];
+  char what[256];
   for (int k = 0; k < f->n_ptr; k++) { /* NULL pointers */
-    base_args(f, &a);
+    if (b->null_mask >> k & 1u) continue;
+    base_args(f, b, &a);
     a.p[k] = NULL;
-    snprintf(what, sizeof what, "%s = NULL", f->ptr[k]);
+    snprintf(what, sizeof what, "[%.96s] %s = NULL", b->name, f->ptr[k]);
     compare(f, &a, what);
   }
   for (int k = 0; k < f->n_out; k++) { /* an output over another buffer */
     for (int j = 0; j < f->n_ptr; j++) {
-      if (j == k) continue;
+      if (j == k || b->null_mask >> j & 1u) continue;
       for (int off = 0; off <= OFFSET_BYTES; off += OFFSET_BYTES) {
-        base_args(f, &a);
-        a.p[k] = (unsigned char *)a.p[j] + off;
-        snprintf(what, sizeof what, "%s = %s + %d bytes", f->ptr[k], f->ptr[j], off);
+        base_args(f, b, &a);
+        a.p[k] = (unsigned char *)g_pool + (size_t)j * SLOT_BYTES + off;
+        snprintf(what, sizeof what, "[%.96s] %s = %s + %d bytes", b->name, f->ptr[k], f->ptr[j], off);
         compare(f, &a, what);
       }
     }
   }
   for (int k = 0; k < f->n_size; k++) {
     for (size_t v = 0; v < sizeof BAD_SIZES / sizeof BAD_SIZES[0]; v++) {
-      base_args(f, &a);
+      base_args(f, b, &a);
       a.i[k] = BAD_SIZES[v];
-      snprintf(what, sizeof what, "%s = %lld", f->size[k], (long long)BAD_SIZES[v]);
+      snprintf(what, sizeof what, "[%.96s] %s = %lld", b->name, f->size[k], (long long)BAD_SIZES[v]);
       compare(f, &a, what);
     }
   }
   if (f->flags & F_EPS) {
     const float bad[] = {0.0f, -0.0f, -1e-5f, NAN, INFINITY, -INFINITY};
     for (size_t v = 0; v < sizeof bad / sizeof bad[0]; v++) {
-      base_args(f, &a);
+      base_args(f, b, &a);
       a.eps = bad[v];
-      snprintf(what, sizeof what, "eps = %g", (double)bad[v]);
+      snprintf(what, sizeof what, "[%.96s] eps = %g", b->name, (double)bad[v]);
       compare(f, &a, what);
     }
   }
@@ -409,35 +450,109 @@ static void mutate_all(const api_t *f) {
     const float bad[] = {NAN,  INFINITY,   -INFINITY,   -0.5f,
                          2.0f, 1.0000001f, -1.0000001f, SN_MOMENTUM_CUMULATIVE};
     for (size_t v = 0; v < sizeof bad / sizeof bad[0]; v++) {
-      base_args(f, &a);
+      base_args(f, b, &a);
       a.momentum = bad[v];
-      snprintf(what, sizeof what, "momentum = %.9g", (double)bad[v]);
+      snprintf(what, sizeof what, "[%.96s] momentum = %.9g", b->name, (double)bad[v]);
       compare(f, &a, what);
     }
   }
   if (f->flags & F_DTYPE) {
     for (size_t v = 0; v < sizeof BAD_DTYPES / sizeof BAD_DTYPES[0]; v++) {
-      base_args(f, &a);
+      base_args(f, b, &a);
       a.dtype = (sn_dtype_t)BAD_DTYPES[v];
-      snprintf(what, sizeof what, "dtype = %d", BAD_DTYPES[v]);
+      snprintf(what, sizeof what, "[%.96s] dtype = %d", b->name, BAD_DTYPES[v]);
       compare(f, &a, what);
     }
   }
   if (f->flags & F_LAYOUT) {
     for (size_t v = 0; v < sizeof BAD_LAYOUTS / sizeof BAD_LAYOUTS[0]; v++) {
-      base_args(f, &a);
+      base_args(f, b, &a);
       a.layout = (sn_layout_t)BAD_LAYOUTS[v];
-      snprintf(what, sizeof what, "layout = %d", BAD_LAYOUTS[v]);
+      snprintf(what, sizeof what, "[%.96s] layout = %d", b->name, BAD_LAYOUTS[v]);
       compare(f, &a, what);
     }
   }
+}
+
+/* Whether the CPU function accepts base b as it is. */
+static int cpu_accepts(const api_t *f, const base_t *b) {
+  args_t a;
+  base_args(f, b, &a);
+  memcpy(g_pool, g_pool_ref, POOL_BYTES);
+  const sn_status_t st = f->cpu(&a);
+  memcpy(g_pool, g_pool_ref, POOL_BYTES);
+  return st == SN_OK;
+}
+
+enum { MAX_BASES = 16 };
+
+/* The bases of f (see the header comment), each checked valid on the CPU; returns their count. */
+static int make_bases(const api_t *f, base_t *out) {
+  int n = 0;
+  out[n++] = BASE0;
+  if (f->flags & (F_DTYPE | F_LAYOUT)) {
+    base_t b = BASE0;
+    if (f->flags & F_DTYPE) b.dtype = SN_DTYPE_BF16;
+    if (f->flags & F_LAYOUT) b.layout = SN_LAYOUT_NCHW;
+    snprintf(b.name, sizeof b.name, "%s %s", f->flags & F_DTYPE ? "bf16" : "f32",
+             f->flags & F_LAYOUT ? "NCHW" : "");
+    out[n++] = b;
+  }
+  if (f->flags & F_DTYPE) {
+    base_t b = BASE0;
+    b.dtype = SN_DTYPE_F16;
+    snprintf(b.name, sizeof b.name, "f16 NHWC");
+    out[n++] = b;
+  }
+  { /* every pointer the CPU accepts as NULL alone, NULL together */
+    base_t b = BASE0;
+    for (int k = 0; k < f->n_ptr; k++) {
+      base_t one = BASE0;
+      one.null_mask = 1u << k;
+      if (cpu_accepts(f, &one)) b.null_mask |= 1u << k;
+    }
+    if (b.null_mask != 0) {
+      snprintf(b.name, sizeof b.name, "optional pointers NULL (mask 0x%x)", b.null_mask);
+      out[n++] = b;
+    }
+  }
+  if (strcmp(f->name, "sn_cuda_batchnorm_bwd_apply") == 0) { /* eval mode: both sums NULL */
+    base_t b = BASE0;
+    b.null_mask = 1u << 6 | 1u << 7;
+    snprintf(b.name, sizeof b.name, "eval mode (sum_dy, sum_dy_xhat NULL)");
+    out[n++] = b;
+    b.null_mask |= 1u << 5;
+    snprintf(b.name, sizeof b.name, "eval mode, gamma NULL");
+    out[n++] = b;
+  }
+  if (f->flags & F_MOM) {
+    base_t b = BASE0;
+    b.momentum = SN_MOMENTUM_CUMULATIVE;
+    snprintf(b.name, sizeof b.name, "momentum cumulative");
+    out[n++] = b;
+    b = BASE0;
+    b.null_mask = 1u << 2;
+    snprintf(b.name, sizeof b.name, "num_batches_tracked NULL");
+    out[n++] = b;
+  }
+  for (int k = 0; k < f->n_size; k++) { /* empty batches */
+    base_t b = BASE0;
+    b.empty = k + 1;
+    snprintf(b.name, sizeof b.name, "empty: %s = 0", f->size[k]);
+    if (cpu_accepts(f, &b)) out[n++] = b;
+  }
+  ck_assert_int_le(n, MAX_BASES);
+  for (int k = 0; k < n; k++)
+    ck_assert_msg(cpu_accepts(f, &out[k]), "%s: base [%s] is not valid on the CPU", f->name,
+                  out[k].name);
+  return n;
 }
 
 /* With valid arguments: the workspace alone is wrong. CUDA only, so the expected status is the
  * header's, SN_ERR_INVALID_ARGUMENT, with nothing written. */
 static void check_workspace(const api_t *f, const void *ws, size_t bytes, const char *what) {
   args_t a;
-  base_args(f, &a);
+  base_args(f, &BASE0, &a);
   memcpy(g_pool, g_pool_ref, POOL_BYTES);
   const sn_status_t gs = f->cuda(&a, (void *)ws, bytes);
   ck_assert_msg(gs == SN_ERR_INVALID_ARGUMENT, "%s, %s: returns %s (%s)", f->name, what,
@@ -452,7 +567,7 @@ static void mutate_workspace(const api_t *f) {
   args_t a;
   size_t need = 0;
   char what[160];
-  base_args(f, &a);
+  base_args(f, &BASE0, &a);
   ck_assert_int_eq(f->ws_query(&a, &need), SN_OK);
   ck_assert_msg(need > 0 && need <= WS_CAP, "%s: the valid shape needs %zu workspace bytes",
                 f->name, need);
@@ -470,7 +585,10 @@ static void mutate_workspace(const api_t *f) {
 START_TEST(test_args_vs_cpu) {
   const api_t *f = &APIS[_i];
   const int compared = g_compared;
-  mutate_all(f);
+  base_t bases[MAX_BASES];
+  const int nb = make_bases(f, bases);
+  for (int k = 0; k < nb; k++) mutate_all(f, &bases[k]);
+  g_bases += nb;
   if (f->ws_query != NULL) mutate_workspace(f);
   /* Every function has NULL outputs and bad sizes the CPU rejects: at least one per size and
    * one per required pointer were compared. */
@@ -525,9 +643,9 @@ END_TEST
 
 /* The run as a whole compared many cases and, without a GPU, checked the accepted ones too. */
 START_TEST(test_counts) {
-  printf("test_cuda_args: %d rejected cases compared, %d accepted by the CPU (%d of them "
-         "checked on the CUDA side: %s)\n",
-         g_compared, g_cpu_ok, g_cpu_ok_checked,
+  printf("test_cuda_args: %d bases, %d rejected cases compared, %d accepted by the CPU (%d of "
+         "them checked on the CUDA side: %s)\n",
+         g_bases, g_compared, g_cpu_ok, g_cpu_ok_checked,
          g_have_device ? "a GPU is present, not launched" : "no GPU");
   ck_assert_int_ge(g_compared, 20 * N_APIS);
   ck_assert_int_gt(g_cpu_ok, 0);
