@@ -24,7 +24,9 @@
  *    atomics), so results are bitwise the same from run to run on one GPU model. The partial
  *    sums live in a caller-provided workspace of at least the bytes the matching *_workspace
  *    query returns (device memory, 256-byte aligned, contents ignored and overwritten); too small
- *    or NULL with a size > 0 is SN_ERR_INVALID_ARGUMENT.
+ *    or NULL with a size > 0 is SN_ERR_INVALID_ARGUMENT. The LayerNorm, RMSNorm and GroupNorm
+ *    backwards use theirs only for dgamma/dbeta: with both NULL, or an empty batch, it is not
+ *    used or checked and may be NULL.
  *  - Accuracy: statistics in fp64 (row or channel sums two-pass or shifted as the CPU code);
  *    outputs within the CPU function's stated bounds of the exact result (bf16/f16: 1 ulp),
  *    so a CUDA result and the CPU one differ by at most 2 ulp of the output dtype, and f32 ones
@@ -71,7 +73,8 @@ SN_API sn_status_t sn_cuda_rownorm_bwd_workspace(size_t *bytes, int64_t rows, in
  * g in f32, per-thread f32 partial sums added in fp64; rows with terms near the f32 range (or
  * non-finite) computed in fp64 throughout. dgamma = Σ_rows dy·x̂, dbeta = Σ_rows dy ([d] f32, =,
  * or NULL): f32 within runs of 8 rows, the runs in fp64 per-block partials in `workspace`,
- * summed in a fixed order. dx may equal dy. */
+ * summed in a fixed order (with dgamma and dbeta both NULL, or rows == 0, the workspace is not
+ * used and may be NULL). dx may equal dy. */
 SN_API sn_status_t sn_cuda_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
                                          const void *x, const float *mean, const float *rstd,
                                          const float *gamma, int64_t rows, int64_t d,
@@ -94,8 +97,8 @@ SN_API sn_status_t sn_cuda_rmsnorm_fwd(void *y, float *rstd, const void *x, cons
                                        cudaStream_t stream);
 
 /* sn_rmsnorm_bwd on the device: dx = rstd·g − x̂·rstd·mean(g·x̂), x̂ = x·rstd, g = dy·gamma;
- * dgamma = Σ_rows dy·x̂ ([d] f32, =, or NULL) through `workspace` (sn_cuda_rownorm_bwd_workspace).
- * dx may equal dy. */
+ * dgamma = Σ_rows dy·x̂ ([d] f32, =, or NULL) through `workspace` (sn_cuda_rownorm_bwd_workspace;
+ * not used, and may be NULL, with dgamma NULL or rows == 0). dx may equal dy. */
 SN_API sn_status_t sn_cuda_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *x,
                                        const float *rstd, const float *gamma, int64_t rows,
                                        int64_t d, sn_dtype_t dtype, void *workspace,
@@ -204,7 +207,8 @@ SN_API sn_status_t sn_cuda_groupnorm_fwd(void *y, float *mean, float *rstd, cons
 SN_API sn_status_t sn_cuda_groupnorm_bwd_workspace(size_t *bytes, int64_t n, int64_t c);
 
 /* sn_groupnorm_bwd on the device; dgamma, dbeta [C] f32 (=) or NULL, summed over samples in a
- * fixed order through `workspace`. dx may equal dy. */
+ * fixed order through `workspace` (not used, and may be NULL, with both NULL or an empty batch,
+ * n·s == 0). dx may equal dy. */
 SN_API sn_status_t sn_cuda_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
                                          const void *x, const float *mean, const float *rstd,
                                          const float *gamma, int64_t n, int64_t c, int64_t s,

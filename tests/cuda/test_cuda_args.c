@@ -11,11 +11,12 @@
  * (each pointer the CPU function accepts as NULL alone; BatchNorm's bwd_apply also with both
  * sums NULL, its eval mode); an empty batch, each size the CPU accepts as 0 set to 0 in turn;
  * update_running with cumulative momentum (SN_MOMENTUM_CUMULATIVE) and with a NULL
- * num_batches_tracked. Every base is first checked to be valid on the CPU. Mutations: each
- * pointer NULL (the base's NULL ones excepted); each output equal
+ * num_batches_tracked. Every base is first checked to be valid on the CPU, duplicates dropped.
+ * Mutations: each pointer NULL (the base's NULL ones excepted); each output equal
  * to, or 8 bytes into, each other buffer; each size 0, 1, −1, 3, 8, INT64_MIN, INT64_MAX/2 and
- * INT64_MAX; eps 0, −0, −1e-5, NaN, ±Inf; momentum NaN, ±Inf, −0.5, 2, just past ±1; dtype −1,
- * F64 (not an activation dtype), 99; layout −1, 2, 7. The CPU function is called first:
+ * INT64_MAX; eps 0, −0, −1e-5, NaN, ±Inf and the valid 2^-149, FLT_MIN, FLT_MAX; momentum NaN,
+ * ±Inf, −0.5, 2, just past ±1, cumulative and the valid 0, −0, 1, 2^-149; dtype −1, F64 (not an
+ * activation dtype), 99; layout −1, 2, 7. The CPU function is called first:
  *  - where it fails, the CUDA function must fail with the same status (never SN_ERR_CUDA: it
  *    got past its checks) and the same message after the function's name ("<fn>: ..."), name
  *    itself in sn_last_error(), and leave the pool and its workspace bitwise as they were;
@@ -24,13 +25,16 @@
  *    enqueue) or SN_ERR_CUDA (the launch failed). With a GPU those calls are not made (they
  *    would launch kernels on host memory).
  * The workspace is the size its query returns for the mutated arguments (NULL and 0 where the
- * query fails); then, with valid arguments, a NULL, short or overlapping workspace must give
- * SN_ERR_INVALID_ARGUMENT. The three workspace queries are checked against the header's errors.
+ * query fails); then, for each base, a NULL, short or overlapping workspace must give
+ * SN_ERR_INVALID_ARGUMENT, except where the header says the workspace is unused (the row norms'
+ * and GroupNorm's backwards without dgamma/dbeta or with an empty batch: a NULL one must pass
+ * the checks). The three workspace queries are checked against the header's errors.
  *
  * Not compared, by design (syncnorm_cuda.h): checks that need the data (running_var < 0 in
  * infer/fold, a num_batches_tracked < 0, which CUDA holds in device memory); the pool's values
  * never trigger them.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,8 +61,9 @@ typedef struct {
   sn_layout_t layout;
 } args_t;
 
-/* What a function takes besides pointers and sizes. */
-enum { F_EPS = 1, F_MOM = 2, F_DTYPE = 4, F_LAYOUT = 8 };
+/* What a function takes besides pointers and sizes; F_NO_EMPTY: no size may be 0 (the CPU
+ * function needs a count above 1, or a non-empty weight); F_NO_NULL: every pointer required. */
+enum { F_EPS = 1, F_MOM = 2, F_DTYPE = 4, F_LAYOUT = 8, F_NO_EMPTY = 16, F_NO_NULL = 32 };
 
 typedef struct {
   const char *name;         /* the CUDA function, as sn_last_error() starts */
@@ -70,6 +75,9 @@ typedef struct {
   sn_status_t (*cpu)(const args_t *a);
   sn_status_t (*cuda)(const args_t *a, void *ws, size_t ws_bytes);
   sn_status_t (*ws_query)(const args_t *a, size_t *bytes); /* NULL: no workspace */
+  unsigned ws_unused; /* pointer bits (the parameter gradients) that, all NULL, leave the
+                         workspace unused, as does an empty batch: it may then be NULL
+                         (syncnorm_cuda.h). 0: the workspace is always checked */
 } api_t;
 
 #define P(k) (a->p[k])
@@ -236,47 +244,48 @@ static sn_status_t q_gn(const args_t *a, size_t *bytes) {
 #define NCS {"n", "c", "s"}, {2, 4, 3}, 3
 static const api_t APIS[] = {
     {"sn_cuda_layernorm_fwd", {"y", "mean", "rstd", "x", "gamma", "beta"}, 6, 3, ROWS_D,
-     F_EPS | F_DTYPE, c_ln_fwd, g_ln_fwd, NULL},
+     F_EPS | F_DTYPE, c_ln_fwd, g_ln_fwd, NULL, 0},
     {"sn_cuda_layernorm_bwd", {"dx", "dgamma", "dbeta", "dy", "x", "mean", "rstd", "gamma"}, 8, 3,
-     ROWS_D, F_DTYPE, c_ln_bwd, g_ln_bwd, q_rownorm},
+     ROWS_D, F_DTYPE, c_ln_bwd, g_ln_bwd, q_rownorm, 1u << 1 | 1u << 2},
     {"sn_cuda_add_layernorm_fwd",
      {"y", "sum_out", "mean", "rstd", "x", "residual", "gamma", "beta"}, 8, 4, ROWS_D,
-     F_EPS | F_DTYPE, c_add_ln, g_add_ln, NULL},
+     F_EPS | F_DTYPE, c_add_ln, g_add_ln, NULL, 0},
     {"sn_cuda_rmsnorm_fwd", {"y", "rstd", "x", "gamma"}, 4, 2, ROWS_D, F_EPS | F_DTYPE, c_rms_fwd,
-     g_rms_fwd, NULL},
+     g_rms_fwd, NULL, 0},
     {"sn_cuda_rmsnorm_bwd", {"dx", "dgamma", "dy", "x", "rstd", "gamma"}, 6, 2, ROWS_D, F_DTYPE,
-     c_rms_bwd, g_rms_bwd, q_rownorm},
+     c_rms_bwd, g_rms_bwd, q_rownorm, 1u << 1},
     {"sn_cuda_add_rmsnorm_fwd", {"y", "sum_out", "rstd", "x", "residual", "gamma"}, 6, 3, ROWS_D,
-     F_EPS | F_DTYPE, c_add_rms, g_add_rms, NULL},
+     F_EPS | F_DTYPE, c_add_rms, g_add_rms, NULL, 0},
     {"sn_cuda_batchnorm_stats", {"sum", "sumsq", "x", "pivot"}, 4, 2, NCS, F_LAYOUT | F_DTYPE,
-     c_bn_stats, g_bn_stats, q_bn},
+     c_bn_stats, g_bn_stats, q_bn, 0},
     {"sn_cuda_batchnorm_finalize", {"mean", "var", "rstd", "sum", "sumsq", "pivot"}, 6, 3,
-     {"count", "c"}, {6, 4}, 2, F_EPS, c_bn_fin, g_bn_fin, NULL},
+     {"count", "c"}, {6, 4}, 2, F_EPS | F_NO_EMPTY, c_bn_fin, g_bn_fin, NULL, 0},
     {"sn_cuda_batchnorm_update_running",
      {"running_mean", "running_var", "num_batches_tracked", "mean", "var"}, 5, 3, {"count", "c"},
-     {6, 4}, 2, F_MOM, c_bn_run, g_bn_run, NULL},
+     {6, 4}, 2, F_MOM, c_bn_run, g_bn_run, NULL, 0},
     {"sn_cuda_batchnorm_apply", {"y", "x", "mean", "rstd", "gamma", "beta"}, 6, 1, NCS,
-     F_LAYOUT | F_DTYPE, c_bn_apply, g_bn_apply, NULL},
+     F_LAYOUT | F_DTYPE, c_bn_apply, g_bn_apply, NULL, 0},
     {"sn_cuda_batchnorm_fwd", {"y", "mean", "var", "rstd", "x", "pivot", "gamma", "beta"}, 8, 4,
-     NCS, F_EPS | F_LAYOUT | F_DTYPE, c_bn_fwd, g_bn_fwd, q_bn},
+     NCS, F_EPS | F_LAYOUT | F_DTYPE | F_NO_EMPTY, c_bn_fwd, g_bn_fwd, q_bn, 0},
     {"sn_cuda_batchnorm_infer",
      {"y", "x", "running_mean", "running_var", "gamma", "beta"}, 6, 1, NCS,
-     F_EPS | F_LAYOUT | F_DTYPE, c_bn_infer, g_bn_infer, NULL},
+     F_EPS | F_LAYOUT | F_DTYPE, c_bn_infer, g_bn_infer, NULL, 0},
     {"sn_cuda_batchnorm_bwd_reduce", {"sum_dy", "sum_dy_xhat", "dy", "x", "mean", "rstd"}, 6, 2,
-     NCS, F_LAYOUT | F_DTYPE, c_bn_bred, g_bn_bred, q_bn},
+     NCS, F_LAYOUT | F_DTYPE | F_NO_NULL, c_bn_bred, g_bn_bred, q_bn, 0},
     {"sn_cuda_batchnorm_bwd_apply",
      {"dx", "dy", "x", "mean", "rstd", "gamma", "sum_dy", "sum_dy_xhat"}, 8, 1,
      {"count", "n", "c", "s"}, {6, 2, 4, 3}, 4, F_LAYOUT | F_DTYPE, c_bn_bapply, g_bn_bapply,
-     NULL},
+     NULL, 0},
     {"sn_cuda_batchnorm_bwd", {"dx", "dgamma", "dbeta", "dy", "x", "mean", "rstd", "gamma"}, 8, 3,
-     NCS, F_LAYOUT | F_DTYPE, c_bn_bwd, g_bn_bwd, q_bn},
+     NCS, F_LAYOUT | F_DTYPE | F_NO_EMPTY, c_bn_bwd, g_bn_bwd, q_bn, 0},
     {"sn_cuda_groupnorm_fwd", {"y", "mean", "rstd", "x", "gamma", "beta"}, 6, 3,
      {"n", "c", "s", "groups"}, {2, 4, 3, 2}, 4, F_EPS | F_LAYOUT | F_DTYPE, c_gn_fwd, g_gn_fwd,
-     NULL},
+     NULL, 0},
     {"sn_cuda_groupnorm_bwd", {"dx", "dgamma", "dbeta", "dy", "x", "mean", "rstd", "gamma"}, 8, 3,
-     {"n", "c", "s", "groups"}, {2, 4, 3, 2}, 4, F_LAYOUT | F_DTYPE, c_gn_bwd, g_gn_bwd, q_gn},
+     {"n", "c", "s", "groups"}, {2, 4, 3, 2}, 4, F_LAYOUT | F_DTYPE, c_gn_bwd, g_gn_bwd, q_gn,
+     1u << 1 | 1u << 2},
     {"sn_cuda_fold_batchnorm", {"w", "b", "gamma", "beta", "running_mean", "running_var"}, 6, 2,
-     {"c_out", "per_out"}, {4, 3}, 2, F_EPS, c_fold, g_fold, NULL},
+     {"c_out", "per_out"}, {4, 3}, 2, F_EPS | F_NO_EMPTY, c_fold, g_fold, NULL, 0},
 };
 #define N_APIS ((int)(sizeof APIS / sizeof APIS[0]))
 
@@ -286,7 +295,7 @@ static unsigned char *g_pool, *g_pool_ref; /* the live pool and its valid conten
 static unsigned char *g_ws, *g_ws_ref;     /* a workspace (separate from the pool) */
 static int g_have_device;
 /* Counts over the whole run, reported and asserted non-trivial at the end. */
-static int g_compared, g_cpu_ok, g_cpu_ok_checked, g_bases;
+static int g_compared, g_cpu_ok, g_cpu_ok_checked, g_bases, g_ws_bases, g_ws_unused_checked;
 
 /* Floats in [0.5, 1): valid for every argument read as f32 (running_var >= 0, pivots), as an
  * f64 (positive), an int64 (num_batches_tracked >= 0) or bf16/f16 pairs; distinct, so a store
@@ -438,7 +447,8 @@ static void mutate_all(const api_t *f, const base_t *b) {
     }
   }
   if (f->flags & F_EPS) {
-    const float bad[] = {0.0f, -0.0f, -1e-5f, NAN, INFINITY, -INFINITY};
+    /* invalid, then valid boundaries (the CPU function decides which is which) */
+    const float bad[] = {0.0f, -0.0f, -1e-5f, NAN, INFINITY, -INFINITY, 0x1p-149f, FLT_MIN, FLT_MAX};
     for (size_t v = 0; v < sizeof bad / sizeof bad[0]; v++) {
       base_args(f, b, &a);
       a.eps = bad[v];
@@ -447,9 +457,12 @@ static void mutate_all(const api_t *f, const base_t *b) {
     }
   }
   if (f->flags & F_MOM) {
-    const float bad[] = {NAN,  INFINITY,   -INFINITY,   -0.5f,
-                         2.0f, 1.0000001f, -1.0000001f, SN_MOMENTUM_CUMULATIVE};
+    const float bad[] = {NAN,         INFINITY,    -INFINITY,
+                         -0.5f,       2.0f,        1.0000001f,
+                         -1.0000001f, SN_MOMENTUM_CUMULATIVE, 0.0f,
+                         -0.0f,       1.0f,        0x1p-149f};
     for (size_t v = 0; v < sizeof bad / sizeof bad[0]; v++) {
+      if (memcmp(&bad[v], &b->momentum, sizeof(float)) == 0) continue; /* the base's own */
       base_args(f, b, &a);
       a.momentum = bad[v];
       snprintf(what, sizeof what, "[%.96s] momentum = %.9g", b->name, (double)bad[v]);
@@ -486,23 +499,41 @@ static int cpu_accepts(const api_t *f, const base_t *b) {
 
 enum { MAX_BASES = 16 };
 
-/* The bases of f (see the header comment), each checked valid on the CPU; returns their count. */
+static const char *dtype_name(sn_dtype_t d) {
+  return d == SN_DTYPE_F32 ? "f32" : d == SN_DTYPE_BF16 ? "bf16" : d == SN_DTYPE_F16 ? "f16" : "?";
+}
+
+/* Appends b to out[*n] unless an equal base is there; its name gets the dtype (and layout, for
+ * functions that take one) in front. */
+static void add_base(const api_t *f, base_t *out, int *n, base_t b, const char *what) {
+  for (int k = 0; k < *n; k++)
+    if (out[k].dtype == b.dtype && out[k].layout == b.layout &&
+        memcmp(&out[k].momentum, &b.momentum, sizeof(float)) == 0 &&
+        out[k].null_mask == b.null_mask && out[k].empty == b.empty)
+      return;
+  ck_assert_int_lt(*n, MAX_BASES);
+  snprintf(b.name, sizeof b.name, "%s%s%s", f->flags & F_DTYPE ? dtype_name(b.dtype) : "",
+           f->flags & F_LAYOUT ? (b.layout == SN_LAYOUT_NCHW ? " NCHW" : " NHWC") : "", what);
+  out[(*n)++] = b;
+}
+
+/* The bases of f (see the header comment), each checked valid on the CPU; returns their count.
+ * The functions not marked F_NO_NULL / F_NO_EMPTY have a pointer the CPU accepts as NULL and an
+ * empty batch: those bases must be there (a CPU change that dropped them would otherwise thin
+ * the test), and the marked ones must have none. */
 static int make_bases(const api_t *f, base_t *out) {
-  int n = 0;
-  out[n++] = BASE0;
+  int n = 0, n_null = 0, n_empty = 0;
+  add_base(f, out, &n, BASE0, "");
   if (f->flags & (F_DTYPE | F_LAYOUT)) {
     base_t b = BASE0;
     if (f->flags & F_DTYPE) b.dtype = SN_DTYPE_BF16;
     if (f->flags & F_LAYOUT) b.layout = SN_LAYOUT_NCHW;
-    snprintf(b.name, sizeof b.name, "%s %s", f->flags & F_DTYPE ? "bf16" : "f32",
-             f->flags & F_LAYOUT ? "NCHW" : "");
-    out[n++] = b;
+    add_base(f, out, &n, b, "");
   }
   if (f->flags & F_DTYPE) {
     base_t b = BASE0;
     b.dtype = SN_DTYPE_F16;
-    snprintf(b.name, sizeof b.name, "f16 NHWC");
-    out[n++] = b;
+    add_base(f, out, &n, b, "");
   }
   { /* every pointer the CPU accepts as NULL alone, NULL together */
     base_t b = BASE0;
@@ -511,37 +542,42 @@ static int make_bases(const api_t *f, base_t *out) {
       one.null_mask = 1u << k;
       if (cpu_accepts(f, &one)) b.null_mask |= 1u << k;
     }
+    char what[64];
+    snprintf(what, sizeof what, ", optional pointers NULL (mask 0x%x)", b.null_mask);
     if (b.null_mask != 0) {
-      snprintf(b.name, sizeof b.name, "optional pointers NULL (mask 0x%x)", b.null_mask);
-      out[n++] = b;
+      add_base(f, out, &n, b, what);
+      n_null++;
     }
   }
   if (strcmp(f->name, "sn_cuda_batchnorm_bwd_apply") == 0) { /* eval mode: both sums NULL */
     base_t b = BASE0;
     b.null_mask = 1u << 6 | 1u << 7;
-    snprintf(b.name, sizeof b.name, "eval mode (sum_dy, sum_dy_xhat NULL)");
-    out[n++] = b;
+    add_base(f, out, &n, b, ", eval mode (sum_dy, sum_dy_xhat NULL)");
     b.null_mask |= 1u << 5;
-    snprintf(b.name, sizeof b.name, "eval mode, gamma NULL");
-    out[n++] = b;
+    add_base(f, out, &n, b, ", eval mode, gamma NULL");
   }
   if (f->flags & F_MOM) {
     base_t b = BASE0;
     b.momentum = SN_MOMENTUM_CUMULATIVE;
-    snprintf(b.name, sizeof b.name, "momentum cumulative");
-    out[n++] = b;
+    add_base(f, out, &n, b, ", momentum cumulative");
     b = BASE0;
-    b.null_mask = 1u << 2;
-    snprintf(b.name, sizeof b.name, "num_batches_tracked NULL");
-    out[n++] = b;
+    b.null_mask = 1u << 2; /* the same as the optional-pointer base: not added twice */
+    add_base(f, out, &n, b, ", num_batches_tracked NULL");
   }
   for (int k = 0; k < f->n_size; k++) { /* empty batches */
     base_t b = BASE0;
     b.empty = k + 1;
-    snprintf(b.name, sizeof b.name, "empty: %s = 0", f->size[k]);
-    if (cpu_accepts(f, &b)) out[n++] = b;
+    char what[64];
+    snprintf(what, sizeof what, ", empty: %s = 0", f->size[k]);
+    if (cpu_accepts(f, &b)) {
+      add_base(f, out, &n, b, what);
+      n_empty++;
+    }
   }
-  ck_assert_int_le(n, MAX_BASES);
+  ck_assert_msg(n_null == !(f->flags & F_NO_NULL), "%s: %d bases with optional pointers NULL",
+                f->name, n_null);
+  ck_assert_msg((n_empty > 0) == !(f->flags & F_NO_EMPTY), "%s: %d empty-batch bases", f->name,
+                n_empty);
   for (int k = 0; k < n; k++)
     ck_assert_msg(cpu_accepts(f, &out[k]), "%s: base [%s] is not valid on the CPU", f->name,
                   out[k].name);
@@ -550,9 +586,10 @@ static int make_bases(const api_t *f, base_t *out) {
 
 /* With valid arguments: the workspace alone is wrong. CUDA only, so the expected status is the
  * header's, SN_ERR_INVALID_ARGUMENT, with nothing written. */
-static void check_workspace(const api_t *f, const void *ws, size_t bytes, const char *what) {
+static void check_workspace(const api_t *f, const base_t *b, const void *ws, size_t bytes,
+                            const char *what) {
   args_t a;
-  base_args(f, &BASE0, &a);
+  base_args(f, b, &a);
   memcpy(g_pool, g_pool_ref, POOL_BYTES);
   const sn_status_t gs = f->cuda(&a, (void *)ws, bytes);
   ck_assert_msg(gs == SN_ERR_INVALID_ARGUMENT, "%s, %s: returns %s (%s)", f->name, what,
@@ -563,21 +600,39 @@ static void check_workspace(const api_t *f, const void *ws, size_t bytes, const 
   g_compared++;
 }
 
-static void mutate_workspace(const api_t *f) {
+/* The workspace errors with base b, where its query asks for a workspace (an empty batch may
+ * need none). */
+static void mutate_workspace(const api_t *f, const base_t *b) {
   args_t a;
   size_t need = 0;
-  char what[160];
-  base_args(f, &BASE0, &a);
+  char what[192];
+  base_args(f, b, &a);
   ck_assert_int_eq(f->ws_query(&a, &need), SN_OK);
-  ck_assert_msg(need > 0 && need <= WS_CAP, "%s: the valid shape needs %zu workspace bytes",
-                f->name, need);
-  check_workspace(f, NULL, need, "workspace NULL");
-  check_workspace(f, g_ws, need - 1, "workspace one byte short");
-  check_workspace(f, g_ws, 0, "workspace_bytes 0");
-  for (int j = 0; j < f->n_ptr; j++) { /* the workspace laid over an argument's slot */
-    snprintf(what, sizeof what, "workspace over %s", f->ptr[j]);
-    check_workspace(f, g_pool + (size_t)j * SLOT_BYTES, need, what);
+  ck_assert_msg(need <= WS_CAP, "%s [%s]: needs %zu workspace bytes", f->name, b->name, need);
+  if (need == 0) return;
+  if (f->ws_unused != 0 && (b->empty > 0 || (b->null_mask & f->ws_unused) == f->ws_unused)) {
+    if (!g_have_device) { /* nothing to sum: a NULL workspace passes the checks */
+      memcpy(g_pool, g_pool_ref, POOL_BYTES);
+      const sn_status_t gs = f->cuda(&a, NULL, 0);
+      ck_assert_msg(gs == SN_OK || gs == SN_ERR_CUDA,
+                    "%s [%s]: with nothing to sum, a NULL workspace gives %s (%s)",
+                    f->name, b->name, status_name(gs), sn_last_error());
+      g_ws_unused_checked++;
+    }
+    return;
   }
+  snprintf(what, sizeof what, "[%.96s] workspace NULL", b->name);
+  check_workspace(f, b, NULL, need, what);
+  snprintf(what, sizeof what, "[%.96s] workspace one byte short", b->name);
+  check_workspace(f, b, g_ws, need - 1, what);
+  snprintf(what, sizeof what, "[%.96s] workspace_bytes 0", b->name);
+  check_workspace(f, b, g_ws, 0, what);
+  for (int j = 0; j < f->n_ptr; j++) { /* the workspace laid over an argument's slot */
+    if (b->null_mask >> j & 1u) continue;
+    snprintf(what, sizeof what, "[%.96s] workspace over %s", b->name, f->ptr[j]);
+    check_workspace(f, b, g_pool + (size_t)j * SLOT_BYTES, need, what);
+  }
+  g_ws_bases++;
 }
 
 /* ---- tests ----------------------------------------------------------------------------------- */
@@ -587,12 +642,14 @@ START_TEST(test_args_vs_cpu) {
   const int compared = g_compared;
   base_t bases[MAX_BASES];
   const int nb = make_bases(f, bases);
-  for (int k = 0; k < nb; k++) mutate_all(f, &bases[k]);
+  for (int k = 0; k < nb; k++) {
+    mutate_all(f, &bases[k]);
+    if (f->ws_query != NULL) mutate_workspace(f, &bases[k]);
+  }
   g_bases += nb;
-  if (f->ws_query != NULL) mutate_workspace(f);
-  /* Every function has NULL outputs and bad sizes the CPU rejects: at least one per size and
-   * one per required pointer were compared. */
-  ck_assert_int_ge(g_compared - compared, f->n_size + 1);
+  /* Every base has a NULL output and bad sizes the CPU rejects: at least one per size and one
+   * per required pointer were compared, per base. */
+  ck_assert_int_ge(g_compared - compared, nb * (f->n_size + 1));
 }
 END_TEST
 
@@ -643,11 +700,14 @@ END_TEST
 
 /* The run as a whole compared many cases and, without a GPU, checked the accepted ones too. */
 START_TEST(test_counts) {
-  printf("test_cuda_args: %d bases, %d rejected cases compared, %d accepted by the CPU (%d of "
-         "them checked on the CUDA side: %s)\n",
-         g_bases, g_compared, g_cpu_ok, g_cpu_ok_checked,
+  printf("test_cuda_args: %d bases (%d with workspace checks), %d rejected cases compared, %d "
+         "accepted by the CPU (%d of them checked on the CUDA side: %s)\n",
+         g_bases, g_ws_bases, g_compared, g_cpu_ok, g_cpu_ok_checked,
          g_have_device ? "a GPU is present, not launched" : "no GPU");
-  ck_assert_int_ge(g_compared, 20 * N_APIS);
+  ck_assert_int_ge(g_bases, 3 * N_APIS); /* make_bases: the first, bf16/f16, NULLs, empty... */
+  ck_assert_int_ge(g_ws_bases, 7);      /* the 7 functions with a workspace, at least once each */
+  if (!g_have_device) ck_assert_int_ge(g_ws_unused_checked, 3); /* LN, RMS and GN backward */
+  ck_assert_int_ge(g_compared, 20 * g_bases);
   ck_assert_int_gt(g_cpu_ok, 0);
   if (!g_have_device) ck_assert_int_eq(g_cpu_ok_checked, g_cpu_ok);
 }
