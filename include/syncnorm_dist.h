@@ -22,8 +22,12 @@
  * go on, and that rank is a call behind until it repeats the call (treat any error as fatal to
  * the step on every rank); with the call check (SN_COMM_CHECK=1, see sn_comm_allreduce_sum)
  * those of the sn_comm_* functions and of such a layer call with check_consistency off are told
- * to the other ranks too. A rank in eval mode makes no collective, so training and eval mixed
- * across ranks leaves the training ranks to the timeout, as in PyTorch.
+ * to the other ranks too. A rank in eval mode makes no collective (as in PyTorch), so training
+ * and eval mixed across ranks is not detected: the training ranks' collectives wait for the eval
+ * rank's next training call, the ranks' k-th training calls pair up (their statistics combine
+ * batches of different steps, and check_consistency cannot see it: an eval forward changes no
+ * state it compares), and only where a rank makes fewer training calls in all do the others
+ * reach the timeout.
  */
 #ifndef SYNCNORM_DIST_H
 #define SYNCNORM_DIST_H
