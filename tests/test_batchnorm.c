@@ -27,11 +27,7 @@
 /* fp64 backward sums (Σdy, Σdy·x̂) vs the reference: fp64 sums of <= 1000 terms with the f32
  * rstd in x̂ (the reference uses the same f32 rstd): 1e-12 relative to Σ|terms|. */
 #define TOL_SUM_F64 1e-12
-/* bf16/f16 backward (dx): each element is one rounding to the dtype of an f32 value good to
- * ~1e-6, so the normwise error is at most the unit roundoff u (2^-8 bf16, 2^-11 f16) plus 1e-6. */
-static double tol_half_normwise(sn_dtype_t dt) {
-  return (dt == SN_DTYPE_BF16 ? 0x1p-8 : 0x1p-11) + 1e-6;
-}
+/* bf16/f16 backward (dx): tu_rtol_half_bwd (testutil.h). */
 
 static const float EPS = 1e-5f;
 static const sn_dtype_t DTYPES[3] = {SN_DTYPE_F32, SN_DTYPE_BF16, SN_DTYPE_F16};
@@ -43,26 +39,9 @@ static const int64_t CS[] = {1, 3, 64, 65};
 
 /* ---- small helpers ------------------------------------------------------------------------- */
 
-static int64_t at(sn_layout_t lay, int64_t n, int64_t c, int64_t s, int64_t C, int64_t S) {
-  return lay == SN_LAYOUT_NCHW ? (n * C + c) * S + s : (n * S + s) * C + c;
-}
-
-static double *dalloc(int64_t n) {
-  double *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-  ck_assert_ptr_nonnull(p);
-  return p;
-}
-static float *falloc(int64_t n) { return tu_alloc(n, SN_DTYPE_F32); }
 static void poison_f64(double *p, int64_t n) {
   for (int64_t i = 0; i < n; i++) p[i] = NAN;
 }
-/* buffer (dtype) → doubles */
-static double *as_f64(const void *buf, int64_t n, sn_dtype_t dt) {
-  double *d = dalloc(n);
-  for (int64_t i = 0; i < n; i++) d[i] = tu_get(buf, i, dt);
-  return d;
-}
-
 /* x[n, c, s] = mu_c + sd_c·N(0, 1), rounded to dt; channels get different means and scales. */
 static void fill_bn(void *x, int64_t N, int64_t C, int64_t S, sn_layout_t lay, sn_dtype_t dt,
                     double mean, double std, tu_rng_t *r) {
@@ -70,26 +49,8 @@ static void fill_bn(void *x, int64_t N, int64_t C, int64_t S, sn_layout_t lay, s
     for (int64_t c = 0; c < C; c++)
       for (int64_t s = 0; s < S; s++) {
         double mu = mean + 0.37 * (double)(c % 7), sd = std * (1.0 + 0.25 * (double)(c % 5));
-        tu_set(x, at(lay, n, c, s, C, S), mu + sd * tu_rng_normal(r), dt);
+        tu_set(x, tu_at(lay, n, c, s, C, S), mu + sd * tu_rng_normal(r), dt);
       }
-}
-
-static void fill_params(float *gamma, float *beta, int64_t C, tu_rng_t *r) {
-  for (int64_t c = 0; c < C; c++) {
-    gamma[c] = (float)(0.5 + tu_rng_uniform(r));
-    beta[c] = (float)(tu_rng_uniform(r) - 0.5);
-  }
-}
-
-/* Copies an activation from one layout into the other (element by element). */
-static void transpose(void *dst, sn_layout_t to, const void *src, sn_layout_t from, int64_t N,
-                      int64_t C, int64_t S, sn_dtype_t dt) {
-  size_t es = (size_t)sn_dtype_size(dt);
-  for (int64_t n = 0; n < N; n++)
-    for (int64_t c = 0; c < C; c++)
-      for (int64_t s = 0; s < S; s++)
-        memcpy((char *)dst + (size_t)at(to, n, c, s, C, S) * es,
-               (const char *)src + (size_t)at(from, n, c, s, C, S) * es, es);
 }
 
 /* ---- fp64 references ------------------------------------------------------------------------ */
@@ -101,11 +62,11 @@ static void ref_stats(double *mean, double *var, const double *x, int64_t N, int
   for (int64_t c = 0; c < C; c++) {
     double s1 = 0.0, s2 = 0.0;
     for (int64_t n = 0; n < N; n++)
-      for (int64_t s = 0; s < S; s++) s1 += x[at(lay, n, c, s, C, S)];
+      for (int64_t s = 0; s < S; s++) s1 += x[tu_at(lay, n, c, s, C, S)];
     mean[c] = s1 / M;
     for (int64_t n = 0; n < N; n++)
       for (int64_t s = 0; s < S; s++) {
-        double d = x[at(lay, n, c, s, C, S)] - mean[c];
+        double d = x[tu_at(lay, n, c, s, C, S)] - mean[c];
         s2 += d * d;
       }
     var[c] = s2 / M;
@@ -115,13 +76,13 @@ static void ref_stats(double *mean, double *var, const double *x, int64_t N, int
 /* Training forward in fp64: y = (x − mean)/√(var + eps)·gamma + beta (batch statistics). */
 static void ref_train_fwd(double *y, const double *x, const double *gamma, const double *beta,
                           int64_t N, int64_t C, int64_t S, sn_layout_t lay, double eps) {
-  double *mean = dalloc(C), *var = dalloc(C);
+  double *mean = tu_dalloc(C), *var = tu_dalloc(C);
   ref_stats(mean, var, x, N, C, S, lay);
   for (int64_t c = 0; c < C; c++) {
     double rs = 1.0 / sqrt(var[c] + eps), g = gamma ? gamma[c] : 1.0, b = beta ? beta[c] : 0.0;
     for (int64_t n = 0; n < N; n++)
       for (int64_t s = 0; s < S; s++) {
-        int64_t i = at(lay, n, c, s, C, S);
+        int64_t i = tu_at(lay, n, c, s, C, S);
         y[i] = (x[i] - mean[c]) * rs * g + b;
       }
   }
@@ -134,14 +95,14 @@ static void ref_train_fwd(double *y, const double *x, const double *gamma, const
 static void ref_train_bwd(double *dx, double *dgamma, double *dbeta, const double *dy,
                           const double *x, const double *gamma, int64_t N, int64_t C, int64_t S,
                           sn_layout_t lay, double eps) {
-  double *mean = dalloc(C), *var = dalloc(C);
+  double *mean = tu_dalloc(C), *var = tu_dalloc(C);
   const double M = (double)(N * S);
   ref_stats(mean, var, x, N, C, S, lay);
   for (int64_t c = 0; c < C; c++) {
     double rs = 1.0 / sqrt(var[c] + eps), g = gamma ? gamma[c] : 1.0, sg = 0.0, sgx = 0.0;
     for (int64_t n = 0; n < N; n++)
       for (int64_t s = 0; s < S; s++) {
-        int64_t i = at(lay, n, c, s, C, S);
+        int64_t i = tu_at(lay, n, c, s, C, S);
         sg += dy[i];
         sgx += dy[i] * (x[i] - mean[c]) * rs;
       }
@@ -149,7 +110,7 @@ static void ref_train_bwd(double *dx, double *dgamma, double *dbeta, const doubl
     if (dbeta) dbeta[c] = sg;
     for (int64_t n = 0; n < N; n++)
       for (int64_t s = 0; s < S; s++) {
-        int64_t i = at(lay, n, c, s, C, S);
+        int64_t i = tu_at(lay, n, c, s, C, S);
         dx[i] = g * rs * (dy[i] - sg / M - (x[i] - mean[c]) * rs * sgx / M);
       }
   }
@@ -190,8 +151,9 @@ static int64_t check_fwd_local(const void *y0, const double *mean0, const float 
                                sn_layout_t lay, sn_dtype_t dt) {
   const int64_t T = N * C * S;
   const size_t bytes = (size_t)(T * sn_dtype_size(dt));
-  float *pv = falloc(C), *var = falloc(C), *rstd = falloc(C), *var2 = falloc(C), *rstd2 = falloc(C);
-  double *mean = dalloc(C), *mean2 = dalloc(C), *sum2 = dalloc(C), *sq2 = dalloc(C);
+  float *pv = tu_falloc(C), *var = tu_falloc(C), *rstd = tu_falloc(C), *var2 = tu_falloc(C),
+      *rstd2 = tu_falloc(C);
+  double *mean = tu_dalloc(C), *mean2 = tu_dalloc(C), *sum2 = tu_dalloc(C), *sq2 = tu_dalloc(C);
   void *y = tu_alloc(T, dt), *y2 = tu_alloc(T, dt);
   for (int64_t c = 0; c < C; c++) pv[c] = pivot ? pivot[c] : 0.0f;
   const int64_t refined = refine_oracle(pv, sum, sq, N * S, C);
@@ -240,7 +202,7 @@ static int64_t check_fwd_local(const void *y0, const double *mean0, const float 
 static void lib_train_fwd(void *y, double *mean, float *var, float *rstd, const void *x,
                           const float *pivot, const float *gamma, const float *beta, int64_t N,
                           int64_t C, int64_t S, sn_layout_t lay, sn_dtype_t dt) {
-  double *sum = dalloc(C), *sq = dalloc(C);
+  double *sum = tu_dalloc(C), *sq = tu_dalloc(C);
   poison_f64(sum, C);
   poison_f64(sq, C);
   poison_f64(mean, C);
@@ -271,7 +233,7 @@ static void lib_train_bwd(void *dx, double *sdy, double *sdx, const void *dy, co
                                           lay, dt),
                    SN_OK);
   void *dx2 = tu_alloc(T, dt);
-  float *dg = falloc(C), *db = falloc(C);
+  float *dg = tu_falloc(C), *db = tu_falloc(C);
   tu_poison(dx2, T, dt);
   tu_poison_f32(dg, C);
   tu_poison_f32(db, C);
@@ -293,7 +255,7 @@ static void lib_train_bwd(void *dx, double *sdy, double *sdx, const void *dy, co
 /* Checks mean (f64), var and rstd (f32) of every channel against the fp64 reference of x. */
 static void check_stats(const double *mean, const float *var, const float *rstd, const double *xd,
                         int64_t N, int64_t C, int64_t S, sn_layout_t lay, const char *what) {
-  double *rm = dalloc(C), *rv = dalloc(C);
+  double *rm = tu_dalloc(C), *rv = tu_dalloc(C);
   ref_stats(rm, rv, xd, N, C, S, lay);
   for (int64_t c = 0; c < C; c++) {
     double rr = 1.0 / sqrt(rv[c] + (double)EPS);
@@ -321,7 +283,7 @@ static double dx_err(const void *dx, sn_dtype_t dt, const double *ref, const dou
   for (int64_t n = 0; n < N; n++)
     for (int64_t c = c0; c < c1; c++)
       for (int64_t s = 0; s < S; s++) {
-        const int64_t i = at(lay, n, c, s, C, S);
+        const int64_t i = tu_at(lay, n, c, s, C, S);
         const double g = tu_get(dx, i, dt), t = (gamma ? gamma[c] : 1.0) * rstd[c] * dyd[i];
         TU_CHECK(isfinite(g), "%s: dx[%lld] = %g", what, (long long)i, g);
         num += (g - ref[i]) * (g - ref[i]), den_ref += ref[i] * ref[i], den_terms += t * t;
@@ -351,7 +313,7 @@ static void assert_dx(const void *dx, sn_dtype_t dt, const double *ref, const do
                       const float *gamma, const float *rstd, int64_t N, int64_t C, int64_t S,
                       sn_layout_t lay, const char *what) {
   assert_dx_tol(dx, dt, ref, dyd, gamma, rstd, N, C, S, lay,
-                dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : tol_half_normwise(dt), what);
+                dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : tu_rtol_half_bwd(dt), what);
 }
 
 /* ---- tests --------------------------------------------------------------------------------- */
@@ -370,12 +332,14 @@ START_TEST(test_train_fwd_vs_ref) {
             const sn_layout_t lay = LAYOUTS[il];
             const sn_dtype_t dt = DTYPES[id];
             void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
-            float *gamma = falloc(C), *beta = falloc(C), *var = falloc(C), *rstd = falloc(C);
-            double *mean = dalloc(C), *g64 = dalloc(C), *b64 = dalloc(C), *yr = dalloc(T);
+            float *gamma = tu_falloc(C), *beta = tu_falloc(C), *var = tu_falloc(C),
+                *rstd = tu_falloc(C);
+            double *mean = tu_dalloc(C), *g64 = tu_dalloc(C), *b64 = tu_dalloc(C),
+                *yr = tu_dalloc(T);
             fill_bn(x, N, C, S, lay, dt, 1.5, 2.0, &r);
-            fill_params(gamma, beta, C, &r);
+            tu_fill_params(gamma, beta, C, &r);
             for (int64_t c = 0; c < C; c++) g64[c] = gamma[c], b64[c] = beta[c];
-            double *xd = as_f64(x, T, dt);
+            double *xd = tu_to_f64(x, T, dt);
             lib_train_fwd(y, mean, var, rstd, x, NULL, affine ? gamma : NULL,
                           affine ? beta : NULL, N, C, S, lay, dt);
             ref_train_fwd(yr, xd, affine ? g64 : NULL, affine ? b64 : NULL, N, C, S, lay, EPS);
@@ -404,18 +368,18 @@ START_TEST(test_layouts_bitwise) {
       const size_t bytes = (size_t)(T * sn_dtype_size(dt));
       void *x[2], *dy[2], *y[2], *dx[2], *yt = tu_alloc(T, dt), *dxt = tu_alloc(T, dt);
       double *mean[2], *sdy[2], *sdx[2];
-      float *var[2], *rstd[2], *gamma = falloc(C), *beta = falloc(C);
-      fill_params(gamma, beta, C, &r);
+      float *var[2], *rstd[2], *gamma = tu_falloc(C), *beta = tu_falloc(C);
+      tu_fill_params(gamma, beta, C, &r);
       for (int l = 0; l < 2; l++) {
         x[l] = tu_alloc(T, dt), dy[l] = tu_alloc(T, dt), y[l] = tu_alloc(T, dt);
         dx[l] = tu_alloc(T, dt);
-        mean[l] = dalloc(C), sdy[l] = dalloc(C), sdx[l] = dalloc(C);
-        var[l] = falloc(C), rstd[l] = falloc(C);
+        mean[l] = tu_dalloc(C), sdy[l] = tu_dalloc(C), sdx[l] = tu_dalloc(C);
+        var[l] = tu_falloc(C), rstd[l] = tu_falloc(C);
       }
       fill_bn(x[0], N, C, S, SN_LAYOUT_NCHW, dt, -0.75, 1.5, &r);
       tu_fill_normal(dy[0], T, dt, 0.1, 1.0, &r);
-      transpose(x[1], SN_LAYOUT_NHWC, x[0], SN_LAYOUT_NCHW, N, C, S, dt);
-      transpose(dy[1], SN_LAYOUT_NHWC, dy[0], SN_LAYOUT_NCHW, N, C, S, dt);
+      tu_transpose(x[1], SN_LAYOUT_NHWC, x[0], SN_LAYOUT_NCHW, N, C, S, dt);
+      tu_transpose(dy[1], SN_LAYOUT_NHWC, dy[0], SN_LAYOUT_NCHW, N, C, S, dt);
       for (int l = 0; l < 2; l++) {
         lib_train_fwd(y[l], mean[l], var[l], rstd[l], x[l], NULL, gamma, beta, N, C, S,
                       LAYOUTS[l], dt);
@@ -432,8 +396,8 @@ START_TEST(test_layouts_bitwise) {
       tu_assert_bitwise(rstd[0], rstd[1], (size_t)C * 4, "NCHW vs NHWC rstd");
       tu_assert_bitwise(sdy[0], sdy[1], (size_t)C * 8, "NCHW vs NHWC sum_dy");
       tu_assert_bitwise(sdx[0], sdx[1], (size_t)C * 8, "NCHW vs NHWC sum_dy_xhat");
-      transpose(yt, SN_LAYOUT_NCHW, y[1], SN_LAYOUT_NHWC, N, C, S, dt);
-      transpose(dxt, SN_LAYOUT_NCHW, dx[1], SN_LAYOUT_NHWC, N, C, S, dt);
+      tu_transpose(yt, SN_LAYOUT_NCHW, y[1], SN_LAYOUT_NHWC, N, C, S, dt);
+      tu_transpose(dxt, SN_LAYOUT_NCHW, dx[1], SN_LAYOUT_NHWC, N, C, S, dt);
       tu_assert_bitwise(y[0], yt, bytes, "NCHW vs NHWC y");
       tu_assert_bitwise(dx[0], dxt, bytes, "NCHW vs NHWC dx");
       tu_assert_all_finite(y[0], dt, T, "y");
@@ -460,10 +424,11 @@ START_TEST(test_infer_vs_ref) {
             const sn_layout_t lay = LAYOUTS[il];
             const sn_dtype_t dt = DTYPES[id];
             void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
-            float *gamma = falloc(C), *beta = falloc(C), *rm = falloc(C), *rv = falloc(C);
-            double *yr = dalloc(T);
+            float *gamma = tu_falloc(C), *beta = tu_falloc(C), *rm = tu_falloc(C),
+                *rv = tu_falloc(C);
+            double *yr = tu_dalloc(T);
             fill_bn(x, N, C, S, lay, dt, 1.0, 3.0, &r);
-            fill_params(gamma, beta, C, &r);
+            tu_fill_params(gamma, beta, C, &r);
             for (int64_t c = 0; c < C; c++) {
               rm[c] = (float)(1.0 + tu_rng_normal(&r));
               rv[c] = (float)(0.25 + 4.0 * tu_rng_uniform(&r));
@@ -471,7 +436,7 @@ START_TEST(test_infer_vs_ref) {
             for (int64_t n = 0; n < N; n++)
               for (int64_t c = 0; c < C; c++)
                 for (int64_t s = 0; s < S; s++) {
-                  int64_t i = at(lay, n, c, s, C, S);
+                  int64_t i = tu_at(lay, n, c, s, C, S);
                   double g = affine ? gamma[c] : 1.0, b = affine ? beta[c] : 0.0;
                   yr[i] = (tu_get(x, i, dt) - rm[c]) / sqrt((double)rv[c] + (double)EPS) * g + b;
                 }
@@ -496,15 +461,15 @@ START_TEST(test_infer_nan_var) {
       const sn_layout_t lay = LAYOUTS[il];
       const sn_dtype_t dt = DTYPES[id];
       void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
-      float *gamma = falloc(C), *beta = falloc(C), rm[3] = {0.5f, -1.0f, 2.0f};
+      float *gamma = tu_falloc(C), *beta = tu_falloc(C), rm[3] = {0.5f, -1.0f, 2.0f};
       const float rv[3] = {1.5f, NAN, 0.25f};
-      double *yr = dalloc(T);
+      double *yr = tu_dalloc(T);
       fill_bn(x, N, C, S, lay, dt, 1.0, 3.0, &r);
-      fill_params(gamma, beta, C, &r);
+      tu_fill_params(gamma, beta, C, &r);
       for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++)
           for (int64_t s = 0; s < S; s++) {
-            const int64_t i = at(lay, n, c, s, C, S);
+            const int64_t i = tu_at(lay, n, c, s, C, S);
             yr[i] = (tu_get(x, i, dt) - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c] +
                     beta[c];
           }
@@ -513,7 +478,7 @@ START_TEST(test_infer_nan_var) {
                        SN_OK);
       for (int64_t n = 0; n < N; n++) /* channel 1 NaN; then set to 0 in y and yr alike */
         for (int64_t s = 0; s < S; s++) {
-          const int64_t i = at(lay, n, 1, s, C, S);
+          const int64_t i = tu_at(lay, n, 1, s, C, S);
           TU_CHECK(isnan(tu_get(y, i, dt)), "y[%lld, 1, %lld] not NaN", (long long)n,
                    (long long)s);
           tu_set(y, i, 0.0, dt), yr[i] = 0.0;
@@ -542,25 +507,25 @@ START_TEST(test_beta_cancels) {
         const sn_layout_t lay = LAYOUTS[il];
         const sn_dtype_t dt = DTYPES[id];
         void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
-        float *gamma = falloc(C), *beta = falloc(C), *rstd = falloc(C), *rm = falloc(C);
-        float *rv = falloc(C);
-        double *mean = dalloc(C), *yr = dalloc(T);
+        float *gamma = tu_falloc(C), *beta = tu_falloc(C), *rstd = tu_falloc(C), *rm = tu_falloc(C);
+        float *rv = tu_falloc(C);
+        double *mean = tu_dalloc(C), *yr = tu_dalloc(T);
         fill_bn(x, N, C, S, lay, dt, 0.5, 2.0, &r);
-        fill_params(gamma, beta, C, &r);
-        double *xd = as_f64(x, T, dt);
+        tu_fill_params(gamma, beta, C, &r);
+        double *xd = tu_to_f64(x, T, dt);
         char what[96];
         snprintf(what, sizeof what, "beta cancels C=%lld %s %s", (long long)C, LNAME[il],
                  tu_dtype_name[dt]);
         lib_train_fwd(y, mean, NULL, rstd, x, NULL, gamma, beta, N, C, S, lay, dt);
         for (int64_t c = 0; c < C; c++) {
-          const int64_t i = at(lay, 1, c, 5 * c + 2, C, S);
+          const int64_t i = tu_at(lay, 1, c, 5 * c + 2, C, S);
           beta[c] = -(float)((xd[i] - mean[c]) * (double)rstd[c] * gamma[c]);
         }
         for (int64_t i = 0; i < T; i++) yr[i] = NAN;
         for (int64_t n = 0; n < N; n++)
           for (int64_t c = 0; c < C; c++)
             for (int64_t ss = 0; ss < S; ss++) {
-              const int64_t i = at(lay, n, c, ss, C, S);
+              const int64_t i = tu_at(lay, n, c, ss, C, S);
               yr[i] = (xd[i] - mean[c]) * (double)rstd[c] * gamma[c] + beta[c];
             }
         tu_poison(y, T, dt);
@@ -570,13 +535,13 @@ START_TEST(test_beta_cancels) {
         for (int64_t c = 0; c < C; c++) { /* running statistics near the batch's */
           rm[c] = (float)mean[c];
           rv[c] = (float)(1.0 / ((double)rstd[c] * rstd[c]));
-          const int64_t i = at(lay, 2, c, 3 * c + 1, C, S);
+          const int64_t i = tu_at(lay, 2, c, 3 * c + 1, C, S);
           beta[c] = -(float)((xd[i] - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c]);
         }
         for (int64_t n = 0; n < N; n++)
           for (int64_t c = 0; c < C; c++)
             for (int64_t ss = 0; ss < S; ss++) {
-              const int64_t i = at(lay, n, c, ss, C, S);
+              const int64_t i = tu_at(lay, n, c, ss, C, S);
               yr[i] = (xd[i] - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c] + beta[c];
             }
         tu_poison(y, T, dt);
@@ -604,24 +569,25 @@ START_TEST(test_tiny_mean) {
         const sn_layout_t lay = LAYOUTS[il];
         const sn_dtype_t dt = DTYPES[id];
         void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
-        float *gamma = falloc(C), *beta = falloc(C), rstd[3];
-        double mean[3], *yr = dalloc(T);
+        float *gamma = tu_falloc(C), *beta = tu_falloc(C), rstd[3];
+        double mean[3], *yr = tu_dalloc(T);
         fill_bn(x, N, C, S, lay, dt, 0.0, 1.0, &r);
-        fill_params(gamma, beta, C, &r);
+        tu_fill_params(gamma, beta, C, &r);
         mean[0] = 0x1p-100 + 0x1p-152, rstd[0] = 0x1p74f;
         mean[1] = 0.37, rstd[1] = 0.8f;
         mean[2] = 0x1p-130 + 0x1p-160, rstd[2] = 0x1p82f; /* hi itself subnormal */
         beta[0] = with_b ? 0x1p-76f : 0.0f;
         for (int64_t n = 0; n < N; n++)
           for (int64_t ss = 0; ss < S; ss++) { /* channels 0, 2: a few ulps of 2^-100 around */
-            tu_set(x, at(lay, n, 0, ss, C, S), 0x1p-100 * (1.0 + 0x1p-23 * (double)(ss % 5 - 2)), dt);
-            tu_set(x, at(lay, n, 2, ss, C, S), 0x1p-130 + 0x1p-149 * (double)(ss % 7), dt);
+            tu_set(x, tu_at(lay, n, 0, ss, C, S), 0x1p-100 * (1.0 + 0x1p-23 * (double)(ss % 5 - 2)),
+                dt);
+            tu_set(x, tu_at(lay, n, 2, ss, C, S), 0x1p-130 + 0x1p-149 * (double)(ss % 7), dt);
           }
-        double *xd = as_f64(x, T, dt);
+        double *xd = tu_to_f64(x, T, dt);
         for (int64_t n = 0; n < N; n++)
           for (int64_t c = 0; c < C; c++)
             for (int64_t ss = 0; ss < S; ss++) {
-              const int64_t i = at(lay, n, c, ss, C, S);
+              const int64_t i = tu_at(lay, n, c, ss, C, S);
               yr[i] = (xd[i] - mean[c]) * (double)rstd[c] * gamma[c] + (with_b ? beta[c] : 0.0);
             }
         char what[96];
@@ -636,7 +602,7 @@ START_TEST(test_tiny_mean) {
             double num = 0.0, den = 0.0;
             for (int64_t n = 0; n < N; n++)
               for (int64_t ss = 0; ss < S; ss++) {
-                const int64_t i = at(lay, n, c, ss, C, S);
+                const int64_t i = tu_at(lay, n, c, ss, C, S);
                 const double e = tu_get(y, i, dt) - yr[i];
                 num += e * e, den += yr[i] * yr[i];
               }
@@ -662,7 +628,7 @@ START_TEST(test_apply_overflow_cancelled) {
   const sn_dtype_t dt = SN_DTYPE_BF16;
   for (size_t is = 0; is < sizeof SS / sizeof SS[0]; is++) {
     const int64_t N = 2, C = 3, S = SS[is], T = N * C * S;
-    double mean[3] = {0.0, 0.0, 0.0}, *yr = dalloc(T);
+    double mean[3] = {0.0, 0.0, 0.0}, *yr = tu_dalloc(T);
     float rstd[3] = {1.0f, 1.0f, 1.0f}, gamma[3] = {4.0f, 4.0f, 1.0f};
     float beta[3] = {-3e38f, -2.5e38f, 0.5f};
     void *x = tu_alloc(T, dt), *y[2] = {tu_alloc(T, dt), tu_alloc(T, dt)}, *xt = tu_alloc(T, dt);
@@ -671,22 +637,22 @@ START_TEST(test_apply_overflow_cancelled) {
       for (int64_t c = 0; c < C; c++)
         for (int64_t ss = 0; ss < S; ss++) {
           const double v = (ss + n) % 2 == 0 && c < 2 ? 1e38 * (1.0 + 0.002 * (double)ss) : 0.25 * (double)ss;
-          tu_set(x, at(SN_LAYOUT_NCHW, n, c, ss, C, S), v, dt);
+          tu_set(x, tu_at(SN_LAYOUT_NCHW, n, c, ss, C, S), v, dt);
         }
     for (int64_t n = 0; n < N; n++)
       for (int64_t c = 0; c < C; c++)
         for (int64_t ss = 0; ss < S; ss++) {
-          const int64_t i = at(SN_LAYOUT_NCHW, n, c, ss, C, S);
+          const int64_t i = tu_at(SN_LAYOUT_NCHW, n, c, ss, C, S);
           yr[i] = tu_get(x, i, dt) * (double)gamma[c] + (double)beta[c];
         }
-    transpose(xt, SN_LAYOUT_NHWC, x, SN_LAYOUT_NCHW, N, C, S, dt);
+    tu_transpose(xt, SN_LAYOUT_NHWC, x, SN_LAYOUT_NCHW, N, C, S, dt);
     for (int l = 0; l < 2; l++) tu_poison(y[l], T, dt);
     ck_assert_int_eq(sn_batchnorm_apply(y[0], x, mean, rstd, gamma, beta, N, C, S,
                                         SN_LAYOUT_NCHW, dt), SN_OK);
     ck_assert_int_eq(sn_batchnorm_apply(y[1], xt, mean, rstd, gamma, beta, N, C, S,
                                         SN_LAYOUT_NHWC, dt), SN_OK);
     tu_assert_fwd(y[0], dt, yr, T, "bf16 y where x̂·gamma overflows f32 and beta cancels it");
-    transpose(yt, SN_LAYOUT_NCHW, y[1], SN_LAYOUT_NHWC, N, C, S, dt);
+    tu_transpose(yt, SN_LAYOUT_NCHW, y[1], SN_LAYOUT_NHWC, N, C, S, dt);
     tu_assert_bitwise(y[0], yt, (size_t)(T * sn_dtype_size(dt)), "NCHW vs NHWC y");
     free(yr), free(x), free(y[0]), free(y[1]), free(xt), free(yt);
   }
@@ -718,24 +684,25 @@ START_TEST(test_near_f32_max) {
           const sn_dtype_t dt = DTYPES[id];
           void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dy = tu_alloc(T, dt);
           void *dx = tu_alloc(T, dt);
-          float *gamma = falloc(C), *beta = falloc(C), *var = falloc(C), *rstd = falloc(C);
-          float *rm = falloc(C), *rv = falloc(C);
-          double *mean = dalloc(C), *g64 = dalloc(C), *b64 = dalloc(C), *yr = dalloc(T);
-          double *sdy = dalloc(C), *sdx = dalloc(C), *dxr = dalloc(T), *dgr = dalloc(C);
-          double *dbr = dalloc(C);
+          float *gamma = tu_falloc(C), *beta = tu_falloc(C), *var = tu_falloc(C),
+              *rstd = tu_falloc(C);
+          float *rm = tu_falloc(C), *rv = tu_falloc(C);
+          double *mean = tu_dalloc(C), *g64 = tu_dalloc(C), *b64 = tu_dalloc(C), *yr = tu_dalloc(T);
+          double *sdy = tu_dalloc(C), *sdx = tu_dalloc(C), *dxr = tu_dalloc(T), *dgr = tu_dalloc(C);
+          double *dbr = tu_dalloc(C);
           fill_bn(x, N, C, S, lay, dt, 0.0, 1.0, &r);
           for (int64_t n = 0; n < N; n++) /* even channels near the f32 range */
             for (int64_t c = 0; c < C; c += 2)
               for (int64_t ss = 0; ss < S; ss++) {
                 float v;
                 tu_fill_near_max(&v, 1, SN_DTYPE_F32, 0.75, &r);
-                tu_set(x, at(lay, n, c, ss, C, S), (double)v, dt);
+                tu_set(x, tu_at(lay, n, c, ss, C, S), (double)v, dt);
               }
           tu_fill_normal(dy, T, dt, 0.0, 0x1p100, &r);
-          fill_params(gamma, beta, C, &r);
+          tu_fill_params(gamma, beta, C, &r);
           for (int64_t c = 0; c < C; c += 4) gamma[c] = 0x1p-16f; /* gamma·rstd subnormal */
           for (int64_t c = 0; c < C; c++) g64[c] = gamma[c], b64[c] = beta[c];
-          double *xd = as_f64(x, T, dt), *dyd = as_f64(dy, T, dt);
+          double *xd = tu_to_f64(x, T, dt), *dyd = tu_to_f64(dy, T, dt);
           char what[128];
           snprintf(what, sizeof what, "near FLT_MAX N=%lld C=%lld S=%lld %s %s", (long long)N,
                    (long long)C, (long long)S, LNAME[il], tu_dtype_name[dt]);
@@ -745,23 +712,23 @@ START_TEST(test_near_f32_max) {
           lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, lay, dt);
           ref_train_bwd(dxr, dgr, dbr, dyd, xd, g64, N, C, S, lay, EPS);
           assert_dx_each_channel(dx, dt, dxr, dyd, gamma, rstd, N, C, S, lay,
-                                 dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : tol_half_normwise(dt),
+                                 dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : tu_rtol_half_bwd(dt),
                                  what);
           { /* the other layout, same statistics: bitwise the same y and dx (the channels
              * mapped in fp64 share NHWC tiles with ordinary ones when C > 2) */
             const sn_layout_t other = LAYOUTS[1 - il];
             void *x2 = tu_alloc(T, dt), *dy2 = tu_alloc(T, dt), *o2 = tu_alloc(T, dt);
             void *o1 = tu_alloc(T, dt);
-            transpose(x2, other, x, lay, N, C, S, dt);
-            transpose(dy2, other, dy, lay, N, C, S, dt);
+            tu_transpose(x2, other, x, lay, N, C, S, dt);
+            tu_transpose(dy2, other, dy, lay, N, C, S, dt);
             ck_assert_int_eq(
                 sn_batchnorm_apply(o2, x2, mean, rstd, gamma, beta, N, C, S, other, dt), SN_OK);
-            transpose(o1, lay, o2, other, N, C, S, dt);
+            tu_transpose(o1, lay, o2, other, N, C, S, dt);
             tu_assert_bitwise(o1, y, (size_t)(T * sn_dtype_size(dt)), "apply, other layout");
             ck_assert_int_eq(sn_batchnorm_bwd_apply(o2, dy2, x2, mean, rstd, gamma, sdy, sdx,
                                                     N * S, N, C, S, other, dt),
                              SN_OK);
-            transpose(o1, lay, o2, other, N, C, S, dt);
+            tu_transpose(o1, lay, o2, other, N, C, S, dt);
             tu_assert_bitwise(o1, dx, (size_t)(T * sn_dtype_size(dt)), "bwd_apply, other layout");
             free(x2), free(dy2), free(o2), free(o1);
           }
@@ -772,7 +739,7 @@ START_TEST(test_near_f32_max) {
           for (int64_t n = 0; n < N; n++)
             for (int64_t c = 0; c < C; c++)
               for (int64_t ss = 0; ss < S; ss++) {
-                int64_t i = at(lay, n, c, ss, C, S);
+                int64_t i = tu_at(lay, n, c, ss, C, S);
                 yr[i] = (xd[i] - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c] + beta[c];
               }
           tu_poison(y, T, dt);
@@ -801,22 +768,23 @@ START_TEST(test_train_bwd_vs_analytic) {
             const sn_dtype_t dt = DTYPES[id];
             void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dy = tu_alloc(T, dt);
             void *dx = tu_alloc(T, dt);
-            float *gamma = falloc(C), *beta = falloc(C), *rstd = falloc(C);
-            double *mean = dalloc(C), *sdy = dalloc(C), *sdx = dalloc(C), *g64 = dalloc(C);
-            double *dxr = dalloc(T), *dgr = dalloc(C), *dbr = dalloc(C);
+            float *gamma = tu_falloc(C), *beta = tu_falloc(C), *rstd = tu_falloc(C);
+            double *mean = tu_dalloc(C), *sdy = tu_dalloc(C), *sdx = tu_dalloc(C),
+                *g64 = tu_dalloc(C);
+            double *dxr = tu_dalloc(T), *dgr = tu_dalloc(C), *dbr = tu_dalloc(C);
             fill_bn(x, N, C, S, lay, dt, -2.0, 0.5, &r);
             tu_fill_normal(dy, T, dt, 0.3, 1.0, &r);
-            fill_params(gamma, beta, C, &r);
+            tu_fill_params(gamma, beta, C, &r);
             for (int64_t c = 0; c < C; c++) g64[c] = affine ? gamma[c] : 1.0;
             lib_train_fwd(y, mean, NULL, rstd, x, NULL, gamma, beta, N, C, S, lay, dt);
             lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, affine ? gamma : NULL, N, C, S, lay, dt);
-            double *xd = as_f64(x, T, dt), *dyd = as_f64(dy, T, dt);
+            double *xd = tu_to_f64(x, T, dt), *dyd = tu_to_f64(dy, T, dt);
             ref_train_bwd(dxr, dgr, dbr, dyd, xd, g64, N, C, S, lay, EPS);
             for (int64_t c = 0; c < C; c++) { /* sums with the library's own f32 rstd */
               double e1 = 0.0, e2 = 0.0, a1 = 0.0, a2 = 0.0;
               for (int64_t n = 0; n < N; n++)
                 for (int64_t s = 0; s < S; s++) {
-                  int64_t i = at(lay, n, c, s, C, S);
+                  int64_t i = tu_at(lay, n, c, s, C, S);
                   double xh = (xd[i] - mean[c]) * rstd[c];
                   e1 += dyd[i], a1 += fabs(dyd[i]);
                   e2 += dyd[i] * xh, a2 += fabs(dyd[i] * xh);
@@ -847,14 +815,16 @@ START_TEST(test_train_bwd_vs_fd) {
     for (int il = 0; il < 2; il++) {
       const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2], T = N * C * S;
       const sn_layout_t lay = LAYOUTS[il];
-      float *x = falloc(T), *w = falloc(T), *dx = falloc(T), *y = falloc(T), *rstd = falloc(C);
-      float *gamma = falloc(C), *beta = falloc(C);
-      double *xd = dalloc(T), *wd = dalloc(T), *yp = dalloc(T), *ym = dalloc(T), *dxr = dalloc(T);
-      double *fd = dalloc(T), *g64 = dalloc(C), *b64 = dalloc(C), *dgr = dalloc(C);
-      double *dbr = dalloc(C), *mean = dalloc(C), *sdy = dalloc(C), *sdx = dalloc(C);
+      float *x = tu_falloc(T), *w = tu_falloc(T), *dx = tu_falloc(T), *y = tu_falloc(T),
+          *rstd = tu_falloc(C);
+      float *gamma = tu_falloc(C), *beta = tu_falloc(C);
+      double *xd = tu_dalloc(T), *wd = tu_dalloc(T), *yp = tu_dalloc(T), *ym = tu_dalloc(T),
+          *dxr = tu_dalloc(T);
+      double *fd = tu_dalloc(T), *g64 = tu_dalloc(C), *b64 = tu_dalloc(C), *dgr = tu_dalloc(C);
+      double *dbr = tu_dalloc(C), *mean = tu_dalloc(C), *sdy = tu_dalloc(C), *sdx = tu_dalloc(C);
       fill_bn(x, N, C, S, lay, SN_DTYPE_F32, 0.5, 1.0, &r);
       tu_fill_normal(w, T, SN_DTYPE_F32, 0.0, 1.0, &r);
-      fill_params(gamma, beta, C, &r);
+      tu_fill_params(gamma, beta, C, &r);
       for (int64_t i = 0; i < T; i++) xd[i] = x[i], wd[i] = w[i];
       for (int64_t c = 0; c < C; c++) g64[c] = gamma[c], b64[c] = beta[c];
       ref_train_bwd(dxr, dgr, dbr, wd, xd, g64, N, C, S, lay, EPS);
@@ -872,7 +842,7 @@ START_TEST(test_train_bwd_vs_fd) {
       assert_dx_tol(dxr, SN_DTYPE_F64, fd, wd, gamma, rstd, N, C, S, lay, TU_RTOL_FD,
                     "analytic dx vs finite differences");
       for (int pass = 0; pass < 2; pass++) { /* dgamma, then dbeta */
-        double *p = pass == 0 ? g64 : b64, *an = pass == 0 ? dgr : dbr, *fdp = dalloc(C);
+        double *p = pass == 0 ? g64 : b64, *an = pass == 0 ? dgr : dbr, *fdp = tu_dalloc(C);
         for (int64_t c = 0; c < C; c++) {
           double keep = p[c];
           p[c] = keep + h;
@@ -908,12 +878,12 @@ START_TEST(test_eval_bwd_vs_fd) {
       const sn_layout_t lay = LAYOUTS[il];
       const sn_dtype_t dt = DTYPES[id];
       void *x = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *dx = tu_alloc(T, dt);
-      float *gamma = falloc(C), *beta = falloc(C), *rm = falloc(C), *rv = falloc(C);
-      float *rstd = falloc(C);
-      double *mean = dalloc(C), *xd = dalloc(T), *fd = dalloc(T);
+      float *gamma = tu_falloc(C), *beta = tu_falloc(C), *rm = tu_falloc(C), *rv = tu_falloc(C);
+      float *rstd = tu_falloc(C);
+      double *mean = tu_dalloc(C), *xd = tu_dalloc(T), *fd = tu_dalloc(T);
       fill_bn(x, N, C, S, lay, dt, 0.0, 1.0, &r);
       tu_fill_normal(dy, T, dt, 0.0, 1.0, &r);
-      fill_params(gamma, beta, C, &r);
+      tu_fill_params(gamma, beta, C, &r);
       for (int64_t c = 0; c < C; c++) {
         rm[c] = (float)tu_rng_normal(&r);
         rv[c] = (float)(0.5 + tu_rng_uniform(&r));
@@ -927,7 +897,7 @@ START_TEST(test_eval_bwd_vs_fd) {
       for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++)
           for (int64_t s = 0; s < S; s++) {
-            int64_t i = at(lay, n, c, s, C, S);
+            int64_t i = tu_at(lay, n, c, s, C, S);
             double k = gamma[c] / sqrt((double)rv[c] + (double)EPS);
             double yp = (xd[i] + h - rm[c]) * k + beta[c], ym = (xd[i] - h - rm[c]) * k + beta[c];
             fd[i] = (yp - ym) * tu_get(dy, i, dt) / (2 * h);
@@ -939,7 +909,7 @@ START_TEST(test_eval_bwd_vs_fd) {
       if (dt == SN_DTYPE_F32)
         tu_assert_rel(dx, dt, fd, T, TU_RTOL_F32_BWD, "eval bwd dx vs FD");
       else
-        tu_assert_rel(dx, dt, fd, T, tol_half_normwise(dt), "eval bwd dx vs FD");
+        tu_assert_rel(dx, dt, fd, T, tu_rtol_half_bwd(dt), "eval bwd dx vs FD");
       free(x), free(dy), free(dx), free(gamma), free(beta), free(rm), free(rv), free(rstd);
       free(mean), free(xd), free(fd);
     }
@@ -954,11 +924,11 @@ START_TEST(test_pivots) {
   const int64_t N = 4, C = 6, S = 250, T = N * C * S, M = N * S;
   for (int il = 0; il < 2; il++) {
     const sn_layout_t lay = LAYOUTS[il];
-    float *x = falloc(T), *var = falloc(C), *rstd = falloc(C), *piv = falloc(C);
-    double *mean = dalloc(C), *rm = dalloc(C), *rv = dalloc(C), *sum = dalloc(C);
-    double *sq = dalloc(C);
+    float *x = tu_falloc(T), *var = tu_falloc(C), *rstd = tu_falloc(C), *piv = tu_falloc(C);
+    double *mean = tu_dalloc(C), *rm = tu_dalloc(C), *rv = tu_dalloc(C), *sum = tu_dalloc(C);
+    double *sq = tu_dalloc(C);
     fill_bn(x, N, C, S, lay, SN_DTYPE_F32, 3.0, 2.0, &r);
-    double *xd = as_f64(x, T, SN_DTYPE_F32);
+    double *xd = tu_to_f64(x, T, SN_DTYPE_F32);
     ref_stats(rm, rv, xd, N, C, S, lay);
     for (int kind = 0; kind < 3; kind++) {
       for (int64_t c = 0; c < C; c++)
@@ -1007,14 +977,15 @@ START_TEST(test_far_pivot) {
             const int64_t i = n * S + sp;
             /* bf16 spacing at 8e6 is 2^16: the spread there is 2^16 too */
             const double spread = dt == SN_DTYPE_F32 ? 0.5 : 65536.0;
-            tu_set(x, at(lay, n, 0, sp, C, S), 8e6 + spread * (double)(i % 3 - 1), dt);
-            tu_set(x, at(lay, n, 1, sp, C, S), dt == SN_DTYPE_F32 ? 4751940608.0 : -0x1.8p37, dt);
-            tu_set(x, at(lay, n, 2, sp, C, S), -8e6 - spread * (double)(i % 3 - 1), dt);
+            tu_set(x, tu_at(lay, n, 0, sp, C, S), 8e6 + spread * (double)(i % 3 - 1), dt);
+            tu_set(x, tu_at(lay, n, 1, sp, C, S), dt == SN_DTYPE_F32 ? 4751940608.0 : -0x1.8p37,
+                dt);
+            tu_set(x, tu_at(lay, n, 2, sp, C, S), -8e6 - spread * (double)(i % 3 - 1), dt);
           }
         piv[0] = PIVOTS[k];
         piv[1] = dt == SN_DTYPE_F32 ? -1.51115727e23f : -0x1p95f;
         piv[2] = -PIVOTS[k];
-        double *xd = as_f64(x, T, dt);
+        double *xd = tu_to_f64(x, T, dt);
         ref_stats(rm, rv, xd, N, C, S, lay);
         poison_f64(mean, C), tu_poison_f32(var, C), tu_poison_f32(rstd, C), tu_poison(y, T, dt);
         const sn_status_t st = sn_batchnorm_fwd(y, mean, var, rstd, x, piv, NULL, beta, N, C, S,
@@ -1032,11 +1003,11 @@ START_TEST(test_far_pivot) {
                    "%s %s pivot %g channel %lld: rstd %.9g, want %.17g", tu_dtype_name[dt],
                    LNAME[il], (double)piv[c], (long long)c, (double)rstd[c], want_rstd);
         }
-        double *yr = dalloc(T);
+        double *yr = tu_dalloc(T);
         for (int64_t n = 0; n < N; n++)
           for (int64_t c = 0; c < C; c++)
             for (int64_t sp = 0; sp < S; sp++) {
-              const int64_t i = at(lay, n, c, sp, C, S);
+              const int64_t i = tu_at(lay, n, c, sp, C, S);
               yr[i] = (xd[i] - rm[c]) / sqrt(rv[c] + (double)EPS) + (double)beta[c];
             }
         tu_assert_fwd(y, dt, yr, T, "sn_batchnorm_fwd, a pivot far from the data");
@@ -1063,16 +1034,18 @@ START_TEST(test_split_batch_bitwise) {
         const int64_t es = sn_dtype_size(dt);
         void *x = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *dx1 = tu_alloc(T, dt);
         void *dx2 = tu_alloc(T, dt);
-        float *piv = falloc(C), *rstd1 = falloc(C), *rstd2 = falloc(C), *var1 = falloc(C);
-        float *var2 = falloc(C), *gamma = falloc(C), *beta = falloc(C);
-        double *sum = dalloc(C), *sq = dalloc(C), *ps = dalloc(C), *pq = dalloc(C);
-        double *tot_s = dalloc(C), *tot_q = dalloc(C), *mean1 = dalloc(C), *mean2 = dalloc(C);
-        double *dmean = dalloc(C);
+        float *piv = tu_falloc(C), *rstd1 = tu_falloc(C), *rstd2 = tu_falloc(C),
+            *var1 = tu_falloc(C);
+        float *var2 = tu_falloc(C), *gamma = tu_falloc(C), *beta = tu_falloc(C);
+        double *sum = tu_dalloc(C), *sq = tu_dalloc(C), *ps = tu_dalloc(C), *pq = tu_dalloc(C);
+        double *tot_s = tu_dalloc(C), *tot_q = tu_dalloc(C), *mean1 = tu_dalloc(C),
+            *mean2 = tu_dalloc(C);
+        double *dmean = tu_dalloc(C);
         for (int64_t i = 0; i < T; i++) {
           tu_set(x, i, (double)tu_rng_int(&r, -8, 8), dt);
           tu_set(dy, i, (double)tu_rng_int(&r, -4, 4), dt);
         }
-        fill_params(gamma, beta, C, &r);
+        tu_fill_params(gamma, beta, C, &r);
         for (int64_t c = 0; c < C; c++) piv[c] = (float)(c % 3), dmean[c] = 0.25 * (double)(c % 5) - 0.5;
         /* forward: whole vs Σ parts */
         ck_assert_int_eq(sn_batchnorm_stats(sum, sq, x, piv, N, C, S, lay, dt), SN_OK);
@@ -1442,15 +1415,17 @@ START_TEST(test_adversarial) {
   for (int il = 0; il < 2; il++) {
     const sn_layout_t lay = LAYOUTS[il];
     /* mean 1e4, σ 1e-2 (f32: about 10 ulp of spread, the reference uses the same values) */
-    float *x = falloc(T), *y = falloc(T), *dy = falloc(T), *dx = falloc(T), *rstd = falloc(C);
-    float *piv = falloc(C), *gamma = falloc(C), *beta = falloc(C);
-    double *mean = dalloc(C), *sum = dalloc(C), *sq = dalloc(C), *yr = dalloc(T), *dxr = dalloc(T);
-    double *g64 = dalloc(C), *b64 = dalloc(C);
-    fill_params(gamma, beta, C, &r);
+    float *x = tu_falloc(T), *y = tu_falloc(T), *dy = tu_falloc(T), *dx = tu_falloc(T),
+        *rstd = tu_falloc(C);
+    float *piv = tu_falloc(C), *gamma = tu_falloc(C), *beta = tu_falloc(C);
+    double *mean = tu_dalloc(C), *sum = tu_dalloc(C), *sq = tu_dalloc(C), *yr = tu_dalloc(T),
+        *dxr = tu_dalloc(T);
+    double *g64 = tu_dalloc(C), *b64 = tu_dalloc(C);
+    tu_fill_params(gamma, beta, C, &r);
     for (int64_t c = 0; c < C; c++) g64[c] = gamma[c], b64[c] = beta[c];
     for (int64_t i = 0; i < T; i++) x[i] = (float)(1e4 + 1e-2 * tu_rng_normal(&r));
     tu_fill_normal(dy, T, SN_DTYPE_F32, 0.0, 1.0, &r);
-    double *xd = as_f64(x, T, SN_DTYPE_F32), *dyd = as_f64(dy, T, SN_DTYPE_F32);
+    double *xd = tu_to_f64(x, T, SN_DTYPE_F32), *dyd = tu_to_f64(dy, T, SN_DTYPE_F32);
     ref_train_fwd(yr, xd, g64, b64, N, C, S, lay, EPS);
     ref_train_bwd(dxr, NULL, NULL, dyd, xd, g64, N, C, S, lay, EPS);
     for (int way = 0; way < 2; way++) {
@@ -1463,7 +1438,7 @@ START_TEST(test_adversarial) {
       lib_train_fwd(y, mean, NULL, rstd, x, piv, gamma, beta, N, C, S, lay, SN_DTYPE_F32);
       check_stats(mean, NULL, rstd, xd, N, C, S, lay, "mean 1e4 sigma 1e-2");
       tu_assert_fwd(y, SN_DTYPE_F32, yr, T, "mean 1e4 sigma 1e-2: y");
-      double *sdy = dalloc(C), *sdx = dalloc(C);
+      double *sdy = tu_dalloc(C), *sdx = tu_dalloc(C);
       lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, lay, SN_DTYPE_F32);
       assert_dx(dx, SN_DTYPE_F32, dxr, dyd, gamma, rstd, N, C, S, lay, "mean 1e4 sigma 1e-2");
       free(sdy), free(sdx);
@@ -1474,8 +1449,8 @@ START_TEST(test_adversarial) {
     for (int64_t n = 0; n < N; n++)
       for (int64_t c = 0; c < C; c++)
         for (int64_t s = 0; s < S; s++)
-          TU_CHECK(y[at(lay, n, c, s, C, S)] == beta[c], "constant channel: y != beta");
-    double *sdy = dalloc(C), *sdx = dalloc(C);
+          TU_CHECK(y[tu_at(lay, n, c, s, C, S)] == beta[c], "constant channel: y != beta");
+    double *sdy = tu_dalloc(C), *sdx = tu_dalloc(C);
     lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, lay, SN_DTYPE_F32);
     tu_assert_all_finite(dx, SN_DTYPE_F32, T, "constant channel dx");
     free(sdy), free(sdx);
@@ -1489,21 +1464,21 @@ START_TEST(test_adversarial) {
       tu_fill_normal(dyh, T, dt, 6e4, 1000.0, &r);
       for (int64_t i = 0; i < T; i++)
         if (fabs(tu_get(dyh, i, dt)) > 65504.0) tu_set(dyh, i, 65504.0, dt);
-      double *xhd = as_f64(xh, T, dt);
+      double *xhd = tu_to_f64(xh, T, dt);
       lib_train_fwd(yh, mean, NULL, rstd, xh, NULL, gamma, beta, N, C, S, lay, dt);
       check_stats(mean, NULL, rstd, xhd, N, C, S, lay, "near 6e4");
       ref_train_fwd(yr, xhd, g64, b64, N, C, S, lay, EPS);
       tu_assert_fwd(yh, dt, yr, T, "near 6e4: y");
-      double *sdy2 = dalloc(C), *sdx2 = dalloc(C), *dyhd = as_f64(dyh, T, dt);
+      double *sdy2 = tu_dalloc(C), *sdx2 = tu_dalloc(C), *dyhd = tu_to_f64(dyh, T, dt);
       lib_train_bwd(dxh, sdy2, sdx2, dyh, xh, mean, rstd, gamma, N, C, S, lay, dt);
       ref_train_bwd(dxr, NULL, NULL, dyhd, xhd, g64, N, C, S, lay, EPS);
       assert_dx(dxh, dt, dxr, dyhd, gamma, rstd, N, C, S, lay, "near 6e4");
-      float *rm = falloc(C), *rv = falloc(C); /* inference with running stats of that size */
+      float *rm = tu_falloc(C), *rv = tu_falloc(C); /* inference with running stats of that size */
       for (int64_t c = 0; c < C; c++) rm[c] = 6e4f, rv[c] = 2.25e6f;
       for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++)
           for (int64_t s = 0; s < S; s++) {
-            int64_t i = at(lay, n, c, s, C, S);
+            int64_t i = tu_at(lay, n, c, s, C, S);
             yr[i] = (xhd[i] - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c] + beta[c];
           }
       tu_poison(yh, T, dt);
@@ -1530,11 +1505,11 @@ START_TEST(test_in_place) {
       const size_t bytes = (size_t)(T * sn_dtype_size(dt));
       void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *dx = tu_alloc(T, dt);
       void *buf = tu_alloc(T, dt);
-      float *rstd = falloc(C), *gamma = falloc(C), *beta = falloc(C), *rv = falloc(C);
-      double *mean = dalloc(C), *sdy = dalloc(C), *sdx = dalloc(C);
+      float *rstd = tu_falloc(C), *gamma = tu_falloc(C), *beta = tu_falloc(C), *rv = tu_falloc(C);
+      double *mean = tu_dalloc(C), *sdy = tu_dalloc(C), *sdx = tu_dalloc(C);
       fill_bn(x, N, C, S, lay, dt, 1.0, 2.0, &r);
       tu_fill_normal(dy, T, dt, 0.0, 1.0, &r);
-      fill_params(gamma, beta, C, &r);
+      tu_fill_params(gamma, beta, C, &r);
       for (int64_t c = 0; c < C; c++) rv[c] = 1.5f;
       lib_train_fwd(y, mean, NULL, rstd, x, NULL, gamma, beta, N, C, S, lay, dt);
       memcpy(buf, x, bytes);
@@ -1574,14 +1549,14 @@ START_TEST(test_threads_bitwise) {
         const sn_dtype_t dt = DTYPES[id];
         const size_t bytes = (size_t)(T * sn_dtype_size(dt));
         void *x = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *y[3], *dx[3];
-        float *gamma = falloc(C), *beta = falloc(C), *rstd[3];
+        float *gamma = tu_falloc(C), *beta = tu_falloc(C), *rstd[3];
         double *mean[3], *sdy[3], *sdx[3];
         fill_bn(x, N, C, S, lay, dt, 2.0, 1.0, &r);
         tu_fill_normal(dy, T, dt, 0.0, 1.0, &r);
-        fill_params(gamma, beta, C, &r);
+        tu_fill_params(gamma, beta, C, &r);
         for (int t = 0; t < 3; t++) {
-          y[t] = tu_alloc(T, dt), dx[t] = tu_alloc(T, dt), rstd[t] = falloc(C);
-          mean[t] = dalloc(C), sdy[t] = dalloc(C), sdx[t] = dalloc(C);
+          y[t] = tu_alloc(T, dt), dx[t] = tu_alloc(T, dt), rstd[t] = tu_falloc(C);
+          mean[t] = tu_dalloc(C), sdy[t] = tu_dalloc(C), sdx[t] = tu_dalloc(C);
           omp_set_num_threads(t + 1);
           lib_train_fwd(y[t], mean[t], NULL, rstd[t], x, NULL, gamma, beta, N, C, S, lay, dt);
           lib_train_bwd(dx[t], sdy[t], sdx[t], dy, x, mean[t], rstd[t], gamma, N, C, S, lay, dt);
@@ -1673,13 +1648,13 @@ START_TEST(test_nan_outputs_one_nan) {
   void *x = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dx = tu_alloc(T, dt);
   tu_fill_normal(x, T, dt, 1.0, 2.0, &r);
   tu_fill_normal(dy, T, dt, 0.0, 1.0, &r);
-  tu_set_special(x, at(lay, 1, 0, 7, C, S), dt, 1);
-  tu_set_special(x, at(lay, 2, 0, 30, C, S), dt, 1);
-  tu_set_special(x, at(lay, 0, 1, 3, C, S), dt, 0);
-  tu_set_special(x, at(lay, 2, 1, 9, C, S), dt, 1);
-  tu_set_special(x, at(lay, 0, 2, 0, C, S), dt, 2);
-  tu_set_special(x, at(lay, 1, 2, 39, C, S), dt, 3);
-  tu_set_special(dy, at(lay, 1, 3, 11, C, S), dt, 1);
+  tu_set_special(x, tu_at(lay, 1, 0, 7, C, S), dt, 1);
+  tu_set_special(x, tu_at(lay, 2, 0, 30, C, S), dt, 1);
+  tu_set_special(x, tu_at(lay, 0, 1, 3, C, S), dt, 0);
+  tu_set_special(x, tu_at(lay, 2, 1, 9, C, S), dt, 1);
+  tu_set_special(x, tu_at(lay, 0, 2, 0, C, S), dt, 2);
+  tu_set_special(x, tu_at(lay, 1, 2, 39, C, S), dt, 3);
+  tu_set_special(dy, tu_at(lay, 1, 3, 11, C, S), dt, 1);
   float gamma[C], beta[C], var[C], rstd[C], dg[C], db[C];
   double sum[C], sq[C], mean[C], sdy[C], sdx[C];
   for (int c = 0; c < C; c++) gamma[c] = 1.0f + 0.25f * (float)c, beta[c] = 0.5f - 0.1f * (float)c;
@@ -1750,19 +1725,20 @@ START_TEST(test_fwd_local) {
           /* the huge means: far beyond σ in every dtype (bf16 rounds such a channel constant) */
           const double big = dt == SN_DTYPE_F32 ? 1e4 : 2000.0;
           void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *y0 = tu_alloc(T, dt);
-          float *gamma = falloc(C), *beta = falloc(C), *var = falloc(C), *rstd = falloc(C);
-          float *piv = falloc(C);
-          double *mean = dalloc(C), *sum = dalloc(C), *sq = dalloc(C), *rm = dalloc(C);
-          double *rv = dalloc(C);
+          float *gamma = tu_falloc(C), *beta = tu_falloc(C), *var = tu_falloc(C),
+              *rstd = tu_falloc(C);
+          float *piv = tu_falloc(C);
+          double *mean = tu_dalloc(C), *sum = tu_dalloc(C), *sq = tu_dalloc(C), *rm = tu_dalloc(C);
+          double *rv = tu_dalloc(C);
           for (int64_t n = 0; n < N; n++)
             for (int64_t c = 0; c < C; c++)
               for (int64_t k = 0; k < S; k++) {
                 const double v = c % 2 == 0 ? big + 1e-2 * tu_rng_normal(&r)
                                             : 1.0 + 2.0 * tu_rng_normal(&r);
-                tu_set(x, at(lay, n, c, k, C, S), v, dt);
+                tu_set(x, tu_at(lay, n, c, k, C, S), v, dt);
               }
-          fill_params(gamma, beta, C, &r);
-          double *xd = as_f64(x, T, dt);
+          tu_fill_params(gamma, beta, C, &r);
+          double *xd = tu_to_f64(x, T, dt);
           ref_stats(rm, rv, xd, N, C, S, lay);
           char what[128];
           for (int kind = 0; kind < 3; kind++) {

@@ -20,10 +20,7 @@
 /* dgamma, dbeta: fp64 sums rounded to f32 once, computed with the f32 saved mean/rstd (the
  * re-centring removes the mean's rounding; rstd's 2^-24 remains): 1e-6 of Σ|terms|. */
 #define TOL_DPARAM 1e-6
-/* bf16/f16 dx: one rounding to the dtype per element (unit roundoff u) plus ~1e-6 of f32 work. */
-static double tol_half_normwise(sn_dtype_t dt) {
-  return (dt == SN_DTYPE_BF16 ? 0x1p-8 : 0x1p-11) + 1e-6;
-}
+/* bf16/f16 dx: tu_rtol_half_bwd (testutil.h). */
 
 static const float EPS = 1e-5f;
 static const sn_dtype_t DTYPES[3] = {SN_DTYPE_F32, SN_DTYPE_BF16, SN_DTYPE_F16};
@@ -35,20 +32,6 @@ static const int64_t CG[][2] = {{2, 1}, {2, 2}, {6, 1}, {6, 3}, {6, 6}, {64, 1},
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static int64_t at(sn_layout_t lay, int64_t n, int64_t c, int64_t s, int64_t C, int64_t S) {
-  return lay == SN_LAYOUT_NCHW ? (n * C + c) * S + s : (n * S + s) * C + c;
-}
-static double *dalloc(int64_t n) {
-  double *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-  ck_assert_ptr_nonnull(p);
-  return p;
-}
-static float *falloc(int64_t n) { return tu_alloc(n, SN_DTYPE_F32); }
-static double *as_f64(const void *buf, int64_t n, sn_dtype_t dt) {
-  double *d = dalloc(n);
-  for (int64_t i = 0; i < n; i++) d[i] = tu_get(buf, i, dt);
-  return d;
-}
 /* x[n, c, s] = mu_{n,c} + sd_c·N(0, 1): samples and channels get different means. */
 static void fill_gn(void *x, int64_t N, int64_t C, int64_t S, sn_layout_t lay, sn_dtype_t dt,
                     double mean, double std, tu_rng_t *r) {
@@ -56,23 +39,8 @@ static void fill_gn(void *x, int64_t N, int64_t C, int64_t S, sn_layout_t lay, s
     for (int64_t c = 0; c < C; c++)
       for (int64_t s = 0; s < S; s++) {
         double mu = mean + 0.3 * (double)(c % 4) - 0.2 * (double)n, sd = std * (1.0 + 0.2 * (double)(c % 3));
-        tu_set(x, at(lay, n, c, s, C, S), mu + sd * tu_rng_normal(r), dt);
+        tu_set(x, tu_at(lay, n, c, s, C, S), mu + sd * tu_rng_normal(r), dt);
       }
-}
-static void fill_params(float *gamma, float *beta, int64_t C, tu_rng_t *r) {
-  for (int64_t c = 0; c < C; c++) {
-    gamma[c] = (float)(0.5 + tu_rng_uniform(r));
-    beta[c] = (float)(tu_rng_uniform(r) - 0.5);
-  }
-}
-static void transpose(void *dst, sn_layout_t to, const void *src, sn_layout_t from, int64_t N,
-                      int64_t C, int64_t S, sn_dtype_t dt) {
-  size_t es = (size_t)sn_dtype_size(dt);
-  for (int64_t n = 0; n < N; n++)
-    for (int64_t c = 0; c < C; c++)
-      for (int64_t s = 0; s < S; s++)
-        memcpy((char *)dst + (size_t)at(to, n, c, s, C, S) * es,
-               (const char *)src + (size_t)at(from, n, c, s, C, S) * es, es);
 }
 
 /* ---- fp64 references ------------------------------------------------------------------------ */
@@ -87,11 +55,11 @@ static void ref_fwd(double *y, double *mean, double *rstd, const double *x, cons
     for (int64_t g = 0; g < G; g++) {
       double m = 0.0, v = 0.0;
       for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
-        for (int64_t s = 0; s < S; s++) m += x[at(lay, n, c, s, C, S)];
+        for (int64_t s = 0; s < S; s++) m += x[tu_at(lay, n, c, s, C, S)];
       m /= L;
       for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
         for (int64_t s = 0; s < S; s++) {
-          double d = x[at(lay, n, c, s, C, S)] - m;
+          double d = x[tu_at(lay, n, c, s, C, S)] - m;
           v += d * d;
         }
       const double rs = 1.0 / sqrt(v / L + eps);
@@ -99,7 +67,7 @@ static void ref_fwd(double *y, double *mean, double *rstd, const double *x, cons
       if (rstd) rstd[n * G + g] = rs;
       for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
         for (int64_t s = 0; s < S; s++) {
-          int64_t i = at(lay, n, c, s, C, S);
+          int64_t i = tu_at(lay, n, c, s, C, S);
           y[i] = (x[i] - m) * rs * (gamma ? gamma[c] : 1.0) + (beta ? beta[c] : 0.0);
         }
     }
@@ -112,7 +80,7 @@ static void ref_bwd(double *dx, double *dgamma, double *dbeta, const double *dy,
                     sn_layout_t lay, double eps) {
   const int64_t Cg = C / G;
   const double L = (double)(Cg * S);
-  double *mean = dalloc(N * G), *rstd = dalloc(N * G), *y = dalloc(N * C * S);
+  double *mean = tu_dalloc(N * G), *rstd = tu_dalloc(N * G), *y = tu_dalloc(N * C * S);
   ref_fwd(y, mean, rstd, x, NULL, NULL, N, C, S, G, lay, eps);
   for (int64_t c = 0; c < C; c++) dgamma[c] = 0.0, dbeta[c] = 0.0;
   for (int64_t n = 0; n < N; n++)
@@ -121,7 +89,7 @@ static void ref_bwd(double *dx, double *dgamma, double *dbeta, const double *dy,
       double mg = 0.0, mgx = 0.0;
       for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
         for (int64_t s = 0; s < S; s++) {
-          int64_t i = at(lay, n, c, s, C, S);
+          int64_t i = tu_at(lay, n, c, s, C, S);
           double gi = dy[i] * (gamma ? gamma[c] : 1.0), xh = (x[i] - m) * rs;
           mg += gi, mgx += gi * xh;
           dgamma[c] += dy[i] * xh, dbeta[c] += dy[i];
@@ -129,7 +97,7 @@ static void ref_bwd(double *dx, double *dgamma, double *dbeta, const double *dy,
       mg /= L, mgx /= L;
       for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
         for (int64_t s = 0; s < S; s++) {
-          int64_t i = at(lay, n, c, s, C, S);
+          int64_t i = tu_at(lay, n, c, s, C, S);
           double gi = dy[i] * (gamma ? gamma[c] : 1.0), xh = (x[i] - m) * rs;
           dx[i] = rs * (gi - mg - xh * mgx);
         }
@@ -150,7 +118,7 @@ static double dx_err(const void *dx, sn_dtype_t dt, const double *ref, const dou
   for (int64_t n = n0; n < n1; n++)
     for (int64_t c = c0; c < c1; c++)
       for (int64_t s = 0; s < S; s++) {
-        const int64_t i = at(lay, n, c, s, C, S);
+        const int64_t i = tu_at(lay, n, c, s, C, S);
         const double v = tu_get(dx, i, dt), t = rstd[n * G + c / (C / G)] * (gamma ? gamma[c] : 1.0) * dyd[i];
         TU_CHECK(isfinite(v), "%s: dx[%lld] = %g", what, (long long)i, v);
         num += (v - ref[i]) * (v - ref[i]), dr += ref[i] * ref[i], dt2 += t * t;
@@ -195,13 +163,13 @@ static void check_stats(const float *mean, const float *rstd, const double *rm, 
 static void check_dparams(const float *dg, const float *db, const double *rg, const double *rb,
                           const double *dyd, const double *xd, int64_t N, int64_t C, int64_t S,
                           int64_t G, sn_layout_t lay, const char *what) {
-  double *rm = dalloc(N * G), *rr = dalloc(N * G), *y = dalloc(N * C * S);
+  double *rm = tu_dalloc(N * G), *rr = tu_dalloc(N * G), *y = tu_dalloc(N * C * S);
   ref_fwd(y, rm, rr, xd, NULL, NULL, N, C, S, G, lay, EPS);
   for (int64_t c = 0; c < C; c++) {
     double ag = 0.0, ab = 0.0;
     for (int64_t n = 0; n < N; n++)
       for (int64_t s = 0; s < S; s++) {
-        int64_t i = at(lay, n, c, s, C, S);
+        int64_t i = tu_at(lay, n, c, s, C, S);
         ag += fabs(dyd[i] * (xd[i] - rm[n * G + c / (C / G)]) * rr[n * G + c / (C / G)]);
         ab += fabs(dyd[i]);
       }
@@ -231,15 +199,17 @@ START_TEST(test_fwd_bwd_vs_ref) {
             const sn_layout_t lay = LAYOUTS[il];
             const sn_dtype_t dt = DTYPES[id];
             void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dy = tu_alloc(T, dt), *dx = tu_alloc(T, dt);
-            float *gamma = falloc(C), *beta = falloc(C), *mean = falloc(N * G), *rstd = falloc(N * G);
-            float *dg = falloc(C), *db = falloc(C);
-            double *yr = dalloc(T), *rm = dalloc(N * G), *rr = dalloc(N * G), *dxr = dalloc(T);
-            double *rg = dalloc(C), *rb = dalloc(C);
+            float *gamma = tu_falloc(C), *beta = tu_falloc(C), *mean = tu_falloc(N * G),
+                *rstd = tu_falloc(N * G);
+            float *dg = tu_falloc(C), *db = tu_falloc(C);
+            double *yr = tu_dalloc(T), *rm = tu_dalloc(N * G), *rr = tu_dalloc(N * G),
+                *dxr = tu_dalloc(T);
+            double *rg = tu_dalloc(C), *rb = tu_dalloc(C);
             fill_gn(x, N, C, S, lay, dt, 1.0, 1.5, &r);
             tu_fill_normal(dy, T, dt, 0.2, 1.0, &r);
-            fill_params(gamma, beta, C, &r);
+            tu_fill_params(gamma, beta, C, &r);
             const float *gm = affine ? gamma : NULL, *bt = affine ? beta : NULL;
-            double *xd = as_f64(x, T, dt), *dyd = as_f64(dy, T, dt);
+            double *xd = tu_to_f64(x, T, dt), *dyd = tu_to_f64(dy, T, dt);
             char what[128];
             snprintf(what, sizeof what, "N=%lld C=%lld S=%lld G=%lld %s %s affine=%d",
                      (long long)N, (long long)C, (long long)S, (long long)G, LNAME[il],
@@ -253,7 +223,7 @@ START_TEST(test_fwd_bwd_vs_ref) {
             ck_assert_int_eq(sn_groupnorm_bwd(dx, dg, db, dy, x, mean, rstd, gm, N, C, S, G, lay, dt), SN_OK);
             ref_bwd(dxr, rg, rb, dyd, xd, gm, N, C, S, G, lay, EPS);
             assert_dx(dx, dt, dxr, dyd, gm, rr, N, C, S, G, lay,
-                      dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : tol_half_normwise(dt), what);
+                      dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : tu_rtol_half_bwd(dt), what);
             check_dparams(dg, db, rg, rb, dyd, xd, N, C, S, G, lay, what);
             free(x), free(y), free(dy), free(dx), free(gamma), free(beta), free(mean), free(rstd);
             free(dg), free(db), free(yr), free(rm), free(rr), free(dxr), free(rg), free(rb);
@@ -274,15 +244,19 @@ START_TEST(test_bwd_vs_fd) {
       const int64_t N = shapes[is][0], C = shapes[is][1], S = shapes[is][2], G = shapes[is][3];
       const int64_t T = N * C * S;
       const sn_layout_t lay = LAYOUTS[il];
-      float *x = falloc(T), *w = falloc(T), *dx = falloc(T), *y = falloc(T), *gamma = falloc(C);
-      float *beta = falloc(C), *mean = falloc(N * G), *rstd = falloc(N * G), *dg = falloc(C);
-      float *db = falloc(C);
-      double *xd = dalloc(T), *wd = dalloc(T), *yp = dalloc(T), *ym = dalloc(T), *fd = dalloc(T);
-      double *dxr = dalloc(T), *rg = dalloc(C), *rb = dalloc(C), *fg = dalloc(C), *fb = dalloc(C);
-      double *rr = dalloc(N * G);
+      float *x = tu_falloc(T), *w = tu_falloc(T), *dx = tu_falloc(T), *y = tu_falloc(T),
+          *gamma = tu_falloc(C);
+      float *beta = tu_falloc(C), *mean = tu_falloc(N * G), *rstd = tu_falloc(N * G),
+          *dg = tu_falloc(C);
+      float *db = tu_falloc(C);
+      double *xd = tu_dalloc(T), *wd = tu_dalloc(T), *yp = tu_dalloc(T), *ym = tu_dalloc(T),
+          *fd = tu_dalloc(T);
+      double *dxr = tu_dalloc(T), *rg = tu_dalloc(C), *rb = tu_dalloc(C), *fg = tu_dalloc(C),
+          *fb = tu_dalloc(C);
+      double *rr = tu_dalloc(N * G);
       fill_gn(x, N, C, S, lay, SN_DTYPE_F32, 0.5, 1.0, &r);
       tu_fill_normal(w, T, SN_DTYPE_F32, 0.0, 1.0, &r);
-      fill_params(gamma, beta, C, &r);
+      tu_fill_params(gamma, beta, C, &r);
       for (int64_t i = 0; i < T; i++) xd[i] = x[i], wd[i] = w[i];
       const double h = 1e-6;
       for (int64_t i = 0; i < T; i++) {
@@ -332,15 +306,17 @@ START_TEST(test_adversarial) {
   const int64_t N = 2, C = 6, S = 200, G = 3, T = N * C * S;
   for (int il = 0; il < 2; il++) {
     const sn_layout_t lay = LAYOUTS[il];
-    float *x = falloc(T), *y = falloc(T), *dy = falloc(T), *dx = falloc(T), *gamma = falloc(C);
-    float *beta = falloc(C), *mean = falloc(N * G), *rstd = falloc(N * G), *dg = falloc(C);
-    float *db = falloc(C);
-    double *yr = dalloc(T), *dxr = dalloc(T), *rm = dalloc(N * G), *rr = dalloc(N * G);
-    double *rg = dalloc(C), *rb = dalloc(C);
-    fill_params(gamma, beta, C, &r);
+    float *x = tu_falloc(T), *y = tu_falloc(T), *dy = tu_falloc(T), *dx = tu_falloc(T),
+        *gamma = tu_falloc(C);
+    float *beta = tu_falloc(C), *mean = tu_falloc(N * G), *rstd = tu_falloc(N * G),
+        *dg = tu_falloc(C);
+    float *db = tu_falloc(C);
+    double *yr = tu_dalloc(T), *dxr = tu_dalloc(T), *rm = tu_dalloc(N * G), *rr = tu_dalloc(N * G);
+    double *rg = tu_dalloc(C), *rb = tu_dalloc(C);
+    tu_fill_params(gamma, beta, C, &r);
     for (int64_t i = 0; i < T; i++) x[i] = (float)(1e4 + 1e-2 * tu_rng_normal(&r));
     tu_fill_normal(dy, T, SN_DTYPE_F32, 0.0, 1.0, &r);
-    double *xd = as_f64(x, T, SN_DTYPE_F32), *dyd = as_f64(dy, T, SN_DTYPE_F32);
+    double *xd = tu_to_f64(x, T, SN_DTYPE_F32), *dyd = tu_to_f64(dy, T, SN_DTYPE_F32);
     ck_assert_int_eq(sn_groupnorm_fwd(y, mean, rstd, x, gamma, beta, N, C, S, G, EPS, lay, SN_DTYPE_F32), SN_OK);
     ref_fwd(yr, rm, rr, xd, gamma, beta, N, C, S, G, lay, EPS);
     check_stats(mean, rstd, rm, rr, N * G, "mean 1e4 sigma 1e-2");
@@ -355,7 +331,8 @@ START_TEST(test_adversarial) {
      * fallback (where that matters: test_shift_fallback) */
     for (int64_t nn = 0; nn < N; nn++)
       for (int64_t g = 0; g < G; g++) {
-        const int64_t i = at(lay, nn, g * (C / G), 0, C, S); /* first element of the group (NCHW) */
+        /* first element of the group (NCHW) */
+        const int64_t i = tu_at(lay, nn, g * (C / G), 0, C, S);
         x[i] = (float)(1e4 + 10.0);
         xd[i] = (double)x[i];
       }
@@ -369,7 +346,7 @@ START_TEST(test_adversarial) {
     for (int64_t n = 0; n < N; n++)
       for (int64_t c = 0; c < C; c++)
         for (int64_t s = 0; s < S; s++)
-          TU_CHECK(y[at(lay, n, c, s, C, S)] == beta[c], "constant group: y != beta");
+          TU_CHECK(y[tu_at(lay, n, c, s, C, S)] == beta[c], "constant group: y != beta");
     ck_assert_int_eq(sn_groupnorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, N, C, S, G, lay, SN_DTYPE_F32), SN_OK);
     tu_assert_all_finite(dx, SN_DTYPE_F32, T, "constant group dx");
     tu_assert_all_finite(dg, SN_DTYPE_F32, C, "constant group dgamma");
@@ -383,14 +360,14 @@ START_TEST(test_adversarial) {
         if (fabs(tu_get(xh, i, dt)) > 65504.0) tu_set(xh, i, 65504.0, dt);
         if (fabs(tu_get(dyh, i, dt)) > 65504.0) tu_set(dyh, i, 65504.0, dt);
       }
-      double *xhd = as_f64(xh, T, dt), *dyhd = as_f64(dyh, T, dt);
+      double *xhd = tu_to_f64(xh, T, dt), *dyhd = tu_to_f64(dyh, T, dt);
       ck_assert_int_eq(sn_groupnorm_fwd(yh, mean, rstd, xh, gamma, beta, N, C, S, G, EPS, lay, dt), SN_OK);
       ref_fwd(yr, rm, rr, xhd, gamma, beta, N, C, S, G, lay, EPS);
       check_stats(mean, rstd, rm, rr, N * G, "near 6e4");
       tu_assert_fwd(yh, dt, yr, T, "near 6e4: y");
       ck_assert_int_eq(sn_groupnorm_bwd(dxh, dg, db, dyh, xh, mean, rstd, gamma, N, C, S, G, lay, dt), SN_OK);
       ref_bwd(dxr, rg, rb, dyhd, xhd, gamma, N, C, S, G, lay, EPS);
-      assert_dx(dxh, dt, dxr, dyhd, gamma, rr, N, C, S, G, lay, tol_half_normwise(dt), "near 6e4");
+      assert_dx(dxh, dt, dxr, dyhd, gamma, rr, N, C, S, G, lay, tu_rtol_half_bwd(dt), "near 6e4");
       check_dparams(dg, db, rg, rb, dyhd, xhd, N, C, S, G, lay, "near 6e4");
       free(xh), free(yh), free(dyh), free(dxh), free(xhd), free(dyhd);
     }
@@ -415,14 +392,14 @@ START_TEST(test_beta_cancels) {
       const sn_layout_t lay = LAYOUTS[il];
       const sn_dtype_t dt = DTYPES[id];
       void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
-      float *gamma = falloc(C), *beta = falloc(C);
-      double *yr = dalloc(T), *rm = dalloc(N * G), *rr = dalloc(N * G);
+      float *gamma = tu_falloc(C), *beta = tu_falloc(C);
+      double *yr = tu_dalloc(T), *rm = tu_dalloc(N * G), *rr = tu_dalloc(N * G);
       fill_gn(x, N, C, S, lay, dt, 0.5, 2.0, &r);
-      fill_params(gamma, beta, C, &r);
-      double *xd = as_f64(x, T, dt);
+      tu_fill_params(gamma, beta, C, &r);
+      double *xd = tu_to_f64(x, T, dt);
       ref_fwd(yr, rm, rr, xd, NULL, NULL, N, C, S, G, lay, EPS); /* x̂ */
       for (int64_t c = 0; c < C; c++)
-        beta[c] = -(float)(yr[at(lay, 0, c, 7 * c + 3, C, S)] * gamma[c]);
+        beta[c] = -(float)(yr[tu_at(lay, 0, c, 7 * c + 3, C, S)] * gamma[c]);
       ref_fwd(yr, rm, rr, xd, gamma, beta, N, C, S, G, lay, EPS);
       char what[96];
       snprintf(what, sizeof what, "beta cancels %s %s", LNAME[il], tu_dtype_name[dt]);
@@ -455,22 +432,24 @@ START_TEST(test_near_f32_max) {
         const sn_dtype_t dt = DTYPES[id];
         void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dy = tu_alloc(T, dt);
         void *dx = tu_alloc(T, dt);
-        float *gamma = falloc(C), *beta = falloc(C), *mean = falloc(N * G), *rstd = falloc(N * G);
-        float *dg = falloc(C), *db = falloc(C);
-        double *yr = dalloc(T), *rm = dalloc(N * G), *rr = dalloc(N * G), *dxr = dalloc(T);
-        double *rg = dalloc(C), *rb = dalloc(C);
+        float *gamma = tu_falloc(C), *beta = tu_falloc(C), *mean = tu_falloc(N * G),
+            *rstd = tu_falloc(N * G);
+        float *dg = tu_falloc(C), *db = tu_falloc(C);
+        double *yr = tu_dalloc(T), *rm = tu_dalloc(N * G), *rr = tu_dalloc(N * G),
+            *dxr = tu_dalloc(T);
+        double *rg = tu_dalloc(C), *rb = tu_dalloc(C);
         fill_gn(x, N, C, S, lay, dt, 1.0, 1.5, &r);
         for (int64_t n = 0; n < N; n++)
           for (int64_t c = 0; c < C / G; c++) /* group 0 */
             for (int64_t ss = 0; ss < S; ss++) {
               float v;
               tu_fill_near_max(&v, 1, SN_DTYPE_F32, 0.75, &r);
-              tu_set(x, at(lay, n, c, ss, C, S), (double)v, dt);
+              tu_set(x, tu_at(lay, n, c, ss, C, S), (double)v, dt);
             }
         tu_fill_normal(dy, T, dt, 0.0, 0x1p100, &r);
-        fill_params(gamma, beta, C, &r);
+        tu_fill_params(gamma, beta, C, &r);
         gamma[0] = 0x1p-16f; /* gamma·rstd a subnormal f32 in group 0 */
-        double *xd = as_f64(x, T, dt), *dyd = as_f64(dy, T, dt);
+        double *xd = tu_to_f64(x, T, dt), *dyd = tu_to_f64(dy, T, dt);
         char what[128];
         snprintf(what, sizeof what, "near FLT_MAX N=%lld S=%lld %s %s", (long long)N,
                  (long long)S, LNAME[il], tu_dtype_name[dt]);
@@ -484,7 +463,7 @@ START_TEST(test_near_f32_max) {
             sn_groupnorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, N, C, S, G, lay, dt), SN_OK);
         ref_bwd(dxr, rg, rb, dyd, xd, gamma, N, C, S, G, lay, EPS);
         assert_dx_each_group(dx, dt, dxr, dyd, gamma, rr, N, C, S, G, lay,
-                             dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : tol_half_normwise(dt), what);
+                             dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : tu_rtol_half_bwd(dt), what);
         check_dparams(dg, db, rg, rb, dyd, xd, N, C, S, G, lay, what);
         free(x), free(y), free(dy), free(dx), free(gamma), free(beta), free(mean), free(rstd);
         free(dg), free(db), free(yr), free(rm), free(rr), free(dxr), free(rg), free(rb);
@@ -509,15 +488,16 @@ START_TEST(test_wide_factor_channels) {
       const sn_layout_t lay = LAYOUTS[il];
       const sn_dtype_t dt = DTYPES[id % 3];
       void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
-      float *gamma = falloc(C), *beta = falloc(C), *mean = falloc(N * G), *rstd = falloc(N * G);
-      double *yr = dalloc(T), *rm = dalloc(N * G), *rr = dalloc(N * G);
+      float *gamma = tu_falloc(C), *beta = tu_falloc(C), *mean = tu_falloc(N * G),
+          *rstd = tu_falloc(N * G);
+      double *yr = tu_dalloc(T), *rm = tu_dalloc(N * G), *rr = tu_dalloc(N * G);
       fill_gn(x, N, C, S, lay, dt, 1.0, 1.5, &r);
       for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C / G; c++)
-          for (int64_t ss = 0; ss < S; ss++) tu_set(x, at(lay, n, c, ss, C, S), 1.5, dt);
-      fill_params(gamma, beta, C, &r);
+          for (int64_t ss = 0; ss < S; ss++) tu_set(x, tu_at(lay, n, c, ss, C, S), 1.5, dt);
+      tu_fill_params(gamma, beta, C, &r);
       gamma[0] = 3e38f, gamma[1] = 0x1p-140f;
-      double *xd = as_f64(x, T, dt);
+      double *xd = tu_to_f64(x, T, dt);
       char what[96];
       const float *b = id >= 3 ? beta : NULL;
       snprintf(what, sizeof what, "wide factors %s %s%s", LNAME[il], tu_dtype_name[dt],
@@ -544,14 +524,15 @@ START_TEST(test_shift_fallback) {
   const int64_t N = 1, C = 2, G = 1, S = (int64_t)1 << 20, T = N * C * S;
   tu_rng_t r;
   tu_rng_seed(&r, 31);
-  float *x = falloc(T), *y = falloc(T), *mean = falloc(N * G), *rstd = falloc(N * G);
-  double *yr = dalloc(T), *rm = dalloc(N * G), *rr = dalloc(N * G);
+  float *x = tu_falloc(T), *y = tu_falloc(T), *mean = tu_falloc(N * G), *rstd = tu_falloc(N * G);
+  double *yr = tu_dalloc(T), *rm = tu_dalloc(N * G), *rr = tu_dalloc(N * G);
   for (int il = 0; il < 2; il++) {
     const sn_layout_t lay = LAYOUTS[il];
     for (int64_t c = 0; c < C; c++)
       for (int64_t s = 0; s < S; s++)
-        x[at(lay, 0, c, s, C, S)] = s < 32 ? (float)(1.7 + 1e-3 * tu_rng_normal(&r)) : 1.0009765625f;
-    double *xd = as_f64(x, T, SN_DTYPE_F32);
+        x[tu_at(lay, 0, c, s, C, S)] =
+            s < 32 ? (float)(1.7 + 1e-3 * tu_rng_normal(&r)) : 1.0009765625f;
+    double *xd = tu_to_f64(x, T, SN_DTYPE_F32);
     ref_fwd(yr, rm, rr, xd, NULL, NULL, N, C, S, G, lay, EPS);
     const int saved = omp_get_max_threads();
     for (int threads = 1; threads <= 3; threads++) { /* NHWC, N = 1: the team shares the sample */
@@ -591,14 +572,14 @@ START_TEST(test_lowp_nchw_matches_f32) {
       tu_rng_t r;
       tu_rng_seed(&r, 60 + 2 * (uint64_t)is + (uint64_t)fall + 100 * (uint64_t)_i);
       void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
-      float *xf = falloc(T), *yf = falloc(T), *gamma = falloc(C), *beta = falloc(C);
+      float *xf = tu_falloc(T), *yf = tu_falloc(T), *gamma = tu_falloc(C), *beta = tu_falloc(C);
       float m1[64], r1[64], mf[64], rf[64];
       fill_gn(x, N, C, S, SN_LAYOUT_NCHW, dt, 3.0, 2.0, &r);
       if (fall) /* each group's first 32 values 40σ above the rest: the pivot is far off */
         for (int64_t t = 0; t < N * G; t++)
           for (int64_t i = 0; i < L && i < 32; i++) tu_set(x, t * L + i, 80.0, dt);
       for (int64_t i = 0; i < T; i++) xf[i] = (float)tu_get(x, i, dt);
-      fill_params(gamma, beta, C, &r);
+      tu_fill_params(gamma, beta, C, &r);
       tu_poison(y, T, dt);
       ck_assert_int_eq(sn_groupnorm_fwd(y, m1, r1, x, gamma, NULL, N, C, S, G, EPS,
                                         SN_LAYOUT_NCHW, dt), SN_OK);
@@ -628,10 +609,11 @@ START_TEST(test_f16_nchw_large_group) {
     tu_rng_t r;
     tu_rng_seed(&r, 91 + (uint64_t)is);
     void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
-    float *xf = falloc(T), *yf = falloc(T), *gamma = falloc(C), *beta = falloc(C), m1, r1, mf, rf;
+    float *xf = tu_falloc(T), *yf = tu_falloc(T), *gamma = tu_falloc(C), *beta = tu_falloc(C), m1,
+        r1, mf, rf;
     fill_gn(x, N, C, S, SN_LAYOUT_NCHW, dt, 3.0, 2.0, &r);
     for (int64_t i = 0; i < T; i++) xf[i] = (float)tu_get(x, i, dt);
-    fill_params(gamma, beta, C, &r);
+    tu_fill_params(gamma, beta, C, &r);
     tu_poison(y, T, dt);
     ck_assert_int_eq(sn_groupnorm_fwd(y, &m1, &r1, x, gamma, beta, N, C, S, G, EPS,
                                       SN_LAYOUT_NCHW, dt), SN_OK);
@@ -708,7 +690,7 @@ START_TEST(test_nhwc_pieces_threads) {
   const int64_t N = 1, C = 2, G = 1, S = 4099, T = N * C * S;
   tu_rng_t r;
   tu_rng_seed(&r, 33);
-  float *x = falloc(T), *dy = falloc(T), *y[3], *mean[3], *rstd[3], *dx[3], *dg[3], *db[3];
+  float *x = tu_falloc(T), *dy = tu_falloc(T), *y[3], *mean[3], *rstd[3], *dx[3], *dg[3], *db[3];
   tu_fill_normal(dy, T, SN_DTYPE_F32, 0.0, 1.0, &r);
   /* channel 0: zeros (its pivot, the mean of its first 128 rows, is 0), 2^60 in row 200 (piece
    * 0 of 8), -2^60 in row 1600 (piece 3), and 100 once in each piece: in fp64 (ulp 256 at 2^60)
@@ -721,8 +703,8 @@ START_TEST(test_nhwc_pieces_threads) {
   const int saved = omp_get_max_threads();
   for (int t = 0; t < 3; t++) {
     omp_set_num_threads(t + 1);
-    y[t] = falloc(T), mean[t] = falloc(N * G), rstd[t] = falloc(N * G);
-    dx[t] = falloc(T), dg[t] = falloc(C), db[t] = falloc(C);
+    y[t] = tu_falloc(T), mean[t] = tu_falloc(N * G), rstd[t] = tu_falloc(N * G);
+    dx[t] = tu_falloc(T), dg[t] = tu_falloc(C), db[t] = tu_falloc(C);
     tu_poison_f32(y[t], T), tu_poison_f32(dx[t], T);
     ck_assert_int_eq(sn_groupnorm_fwd(y[t], mean[t], rstd[t], x, NULL, NULL, N, C, S, G, EPS,
                                       SN_LAYOUT_NHWC, SN_DTYPE_F32), SN_OK);
@@ -765,10 +747,10 @@ START_TEST(test_nan_outputs_one_nan) {
   tu_fill_normal(dy, T, dt, 0.0, 1.0, &r);
   static const int64_t rows[6] = {5, 60, 101, 150, 222, 290}; /* in different pieces */
   for (int k = 0; k < 6; k++) {
-    tu_set_special(x, at(lay, 0, k % 2, rows[k], C, S), dt, k % 3 == 0 ? 0 : 1);
-    tu_set_special(x, at(lay, 0, 2 + k % 2, rows[k] + 1, C, S), dt, 1);
+    tu_set_special(x, tu_at(lay, 0, k % 2, rows[k], C, S), dt, k % 3 == 0 ? 0 : 1);
+    tu_set_special(x, tu_at(lay, 0, 2 + k % 2, rows[k] + 1, C, S), dt, 1);
   }
-  tu_set_special(dy, at(lay, 0, 5, 77, C, S), dt, 1);
+  tu_set_special(dy, tu_at(lay, 0, 5, 77, C, S), dt, 1);
   float gamma[C], mean[3][G], rstd[3][G], dg[3][C], db[3][C];
   for (int c = 0; c < C; c++) gamma[c] = 1.0f + 0.25f * (float)c;
   const int saved = omp_get_max_threads();
@@ -819,19 +801,21 @@ START_TEST(test_layouts_inplace_threads) {
       const sn_dtype_t dt = DTYPES[id];
       const size_t bytes = (size_t)(T * sn_dtype_size(dt));
       void *x[2], *dy[2], *y[2][3], *dx[2][3], *buf = tu_alloc(T, dt), *tr = tu_alloc(T, dt);
-      float *mean[2][3], *rstd[2][3], *dg[2][3], *db[2][3], *gamma = falloc(C), *beta = falloc(C);
-      fill_params(gamma, beta, C, &r);
+      float *mean[2][3], *rstd[2][3], *dg[2][3], *db[2][3], *gamma = tu_falloc(C),
+          *beta = tu_falloc(C);
+      tu_fill_params(gamma, beta, C, &r);
       for (int l = 0; l < 2; l++) x[l] = tu_alloc(T, dt), dy[l] = tu_alloc(T, dt);
       fill_gn(x[0], N, C, S, SN_LAYOUT_NCHW, dt, 0.5, 2.0, &r);
       tu_fill_normal(dy[0], T, dt, 0.0, 1.0, &r);
-      transpose(x[1], SN_LAYOUT_NHWC, x[0], SN_LAYOUT_NCHW, N, C, S, dt);
-      transpose(dy[1], SN_LAYOUT_NHWC, dy[0], SN_LAYOUT_NCHW, N, C, S, dt);
+      tu_transpose(x[1], SN_LAYOUT_NHWC, x[0], SN_LAYOUT_NCHW, N, C, S, dt);
+      tu_transpose(dy[1], SN_LAYOUT_NHWC, dy[0], SN_LAYOUT_NCHW, N, C, S, dt);
       for (int l = 0; l < 2; l++) {
         const int saved = omp_get_max_threads();
         for (int t = 0; t < 3; t++) {
           omp_set_num_threads(t + 1);
           y[l][t] = tu_alloc(T, dt), dx[l][t] = tu_alloc(T, dt);
-          mean[l][t] = falloc(N * G), rstd[l][t] = falloc(N * G), dg[l][t] = falloc(C), db[l][t] = falloc(C);
+          mean[l][t] = tu_falloc(N * G), rstd[l][t] = tu_falloc(N * G);
+          dg[l][t] = tu_falloc(C), db[l][t] = tu_falloc(C);
           tu_poison(y[l][t], T, dt), tu_poison(dx[l][t], T, dt);
           ck_assert_int_eq(sn_groupnorm_fwd(y[l][t], mean[l][t], rstd[l][t], x[l], gamma, beta, N, C, S, G, EPS, LAYOUTS[l], dt), SN_OK);
           ck_assert_int_eq(sn_groupnorm_bwd(dx[l][t], dg[l][t], db[l][t], dy[l], x[l], mean[l][t], rstd[l][t], gamma, N, C, S, G, LAYOUTS[l], dt), SN_OK);
@@ -852,13 +836,15 @@ START_TEST(test_layouts_inplace_threads) {
         tu_assert_bitwise(buf, dx[l][0], bytes, "in-place bwd");
       }
       /* NHWC result transposed vs NCHW: normwise within twice the forward/backward tolerance */
-      double *ref = as_f64(y[0][0], T, dt);
-      transpose(tr, SN_LAYOUT_NCHW, y[1][0], SN_LAYOUT_NHWC, N, C, S, dt);
-      tu_assert_rel(tr, dt, ref, T, dt == SN_DTYPE_F32 ? 2 * TU_RTOL_F32_FWD : tol_half_normwise(dt), "NHWC vs NCHW y");
+      double *ref = tu_to_f64(y[0][0], T, dt);
+      tu_transpose(tr, SN_LAYOUT_NCHW, y[1][0], SN_LAYOUT_NHWC, N, C, S, dt);
+      tu_assert_rel(tr, dt, ref, T, dt == SN_DTYPE_F32 ? 2 * TU_RTOL_F32_FWD : tu_rtol_half_bwd(dt),
+          "NHWC vs NCHW y");
       free(ref);
-      ref = as_f64(dx[0][0], T, dt);
-      transpose(tr, SN_LAYOUT_NCHW, dx[1][0], SN_LAYOUT_NHWC, N, C, S, dt);
-      tu_assert_rel(tr, dt, ref, T, dt == SN_DTYPE_F32 ? 2 * TU_RTOL_F32_BWD : tol_half_normwise(dt), "NHWC vs NCHW dx");
+      ref = tu_to_f64(dx[0][0], T, dt);
+      tu_transpose(tr, SN_LAYOUT_NCHW, dx[1][0], SN_LAYOUT_NHWC, N, C, S, dt);
+      tu_assert_rel(tr, dt, ref, T, dt == SN_DTYPE_F32 ? 2 * TU_RTOL_F32_BWD : tu_rtol_half_bwd(dt),
+          "NHWC vs NCHW dx");
       free(ref);
       for (int l = 0; l < 2; l++) {
         for (int t = 0; t < 3; t++)

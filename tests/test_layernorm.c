@@ -32,53 +32,14 @@ static const float EPS = 1e-5f;
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static double *load(const void *buf, int64_t n, sn_dtype_t dt) {
-  double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-  ck_assert(v != NULL);
-  for (int64_t i = 0; i < n; i++) v[i] = tu_get(buf, i, dt);
-  return v;
-}
-
-static float *random_f32(int64_t n, double mean, double std, tu_rng_t *rng) {
-  float *v = malloc((size_t)n * sizeof(float));
-  ck_assert(v != NULL);
-  tu_fill_normal(v, n, SN_DTYPE_F32, mean, std, rng);
-  return v;
-}
-
 static double bwd_tol(sn_dtype_t dt) {
   return dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : dt == SN_DTYPE_BF16 ? TOL_BWD_BF16 : TOL_BWD_F16;
 }
 
-/* ||got − ref|| ≤ rtol·max(||ref||, scale), all finite. The LayerNorm gradient projects
+/* The gradients are compared with tu_assert_rel_scaled. The LayerNorm gradient projects
  * rstd·g onto the complement of (1, x̂): for d = 2 almost all of it cancels (dx ≈ rstd·g·eps/var)
  * and any f32 computation from the saved f32 rstd errs relative to rstd·g, not to dx. `scale`
  * is ||rstd·g||, the size of the terms; for d ≥ 3 it is within a small factor of ||ref||. */
-static void assert_rel_scaled(const void *got, sn_dtype_t dt, const double *ref, int64_t n,
-                              double scale, double rtol, const char *what) {
-  tu_assert_all_finite(got, dt, n, what);
-  double num = 0.0, den = 0.0;
-  for (int64_t i = 0; i < n; i++) {
-    double e = tu_get(got, i, dt) - ref[i];
-    num += e * e;
-    den += ref[i] * ref[i];
-  }
-  /* f16 outputs below 2^-14 are subnormal, spaced 2^-24: rounding there errs by up to 2^-25
-   * absolute, whatever the value's size */
-  double atol = dt == SN_DTYPE_F16 ? 0x1p-25 * sqrt((double)n) : 0.0;
-  double err = (sqrt(num) - atol) / fmax(fmax(sqrt(den), scale), 1e-300);
-  ck_assert_msg(err <= rtol, "%s (%s): relative error %.3e > %.1e", what, tu_dtype_name[dt], err,
-                rtol);
-}
-
-/* The f32 mean/rstd a kernel saved, against the fp64 reference: one f32 rounding (2^-24
- * relative) of an fp64 value that differs from the reference only by fp64 rounding; `spread`
- * (the row's σ) absorbs the fp64 difference when the mean itself is ~0. */
-static void assert_stat(float got, double ref, double spread, const char *what, int64_t r) {
-  double tol = 0x1p-23 * fabs(ref) + 1e-12 * spread;
-  TU_CHECK(fabs((double)got - ref) <= tol, "%s row %lld: %.9g, reference %.9g", what,
-                (long long)r, (double)got, ref);
-}
 
 /* ---- fp64 references ------------------------------------------------------------------------ */
 
@@ -146,10 +107,11 @@ static void run_bwd(void *dx, float *dg, float *db, const void *dy, const void *
   tu_poison_f32(db, d);
   sn_status_t st = sn_layernorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, rows, d, dt);
   ck_assert_msg(st == SN_OK, "%s: %s", what, sn_last_error());
-  double *xd = load(x, n, dt), *dyd = load(dy, n, dt), *dxr = malloc((size_t)n * sizeof(double));
+  double *xd = tu_to_f64(x, n, dt), *dyd = tu_to_f64(dy, n, dt),
+      *dxr = malloc((size_t)n * sizeof(double));
   double *dgr = malloc(d * sizeof(double)), *dbr = malloc(d * sizeof(double));
   double scale = ref_bwd(dxr, dgr, dbr, dyd, xd, gamma, rows, d, EPS);
-  assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), what);
+  tu_assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), what);
   tu_assert_rel(dg, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "dgamma");
   tu_assert_rel(db, SN_DTYPE_F32, dbr, d, TU_RTOL_F32_BWD, "dbeta");
   free(xd), free(dyd), free(dxr), free(dgr), free(dbr);
@@ -167,9 +129,9 @@ static void check_fwd(int64_t rows, int64_t d, sn_dtype_t dt, int combos, double
   const int64_t n = rows * d;
   void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt);
   tu_fill_normal(x, n, dt, mu, sigma, &rng);
-  float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+  float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *beta = tu_random_f32(d, 0.0, 1.0, &rng);
   float *mean = malloc((size_t)rows * sizeof(float)), *rstd = malloc((size_t)rows * sizeof(float));
-  double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
+  double *xd = tu_to_f64(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
   double *mr = malloc((size_t)rows * sizeof(double)), *rr = malloc((size_t)rows * sizeof(double));
   for (int gb = 0; gb < 4; gb++) {
     if (!(combos >> gb & 1)) continue;
@@ -185,8 +147,8 @@ static void check_fwd(int64_t rows, int64_t d, sn_dtype_t dt, int combos, double
     ref_fwd(yr, mr, rr, xd, g, b, rows, d, EPS);
     tu_assert_fwd(y, dt, yr, n, what);
     for (int64_t r = 0; r < rows; r++) {
-      assert_stat(mean[r], mr[r], 1.0 / rr[r], "mean", r);
-      assert_stat(rstd[r], rr[r], 0.0, "rstd", r);
+      tu_assert_stat(mean[r], mr[r], 1.0 / rr[r], "mean", r);
+      tu_assert_stat(rstd[r], rr[r], 0.0, "rstd", r);
     }
   }
   free(x), free(y), free(gamma), free(beta), free(mean), free(rstd);
@@ -277,9 +239,9 @@ static void check_cancel(int64_t d, sn_dtype_t dt, double lead, uint64_t seed) {
   tu_fill_normal(x, n, dt, 0.5, 2.0, &rng);
   if (!isnan(lead))
     for (int64_t i = 0; i < d && i < 32; i++) tu_set(x, i, tu_get(x, i, dt) + lead, dt);
-  float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = malloc((size_t)d * sizeof(float));
+  float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *beta = malloc((size_t)d * sizeof(float));
   float mean[3], rstd[3];
-  double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double)), mr[3], rr[3];
+  double *xd = tu_to_f64(x, n, dt), *yr = malloc((size_t)n * sizeof(double)), mr[3], rr[3];
   ref_fwd(yr, mr, rr, xd, gamma, NULL, rows, d, EPS); /* row 0: x̂·gamma */
   for (int64_t i = 0; i < d; i++)
     beta[i] = (float)(-yr[i] * (1.0 + DELTA[i % (int64_t)(sizeof DELTA / sizeof DELTA[0])]));
@@ -290,8 +252,8 @@ static void check_cancel(int64_t d, sn_dtype_t dt, double lead, uint64_t seed) {
   snprintf(what, sizeof what, "layernorm_fwd beta cancels, d=%lld, lead=%g", (long long)d, lead);
   tu_assert_fwd(y, dt, yr, n, what);
   for (int64_t r = 0; r < rows; r++) {
-    assert_stat(mean[r], mr[r], 1.0 / rr[r], "mean", r);
-    assert_stat(rstd[r], rr[r], 0.0, "rstd", r);
+    tu_assert_stat(mean[r], mr[r], 1.0 / rr[r], "mean", r);
+    tu_assert_stat(rstd[r], rr[r], 0.0, "rstd", r);
   }
   if (dt == SN_DTYPE_BF16) assert_bf16_as_fused(y, mean, rstd, x, gamma, beta, rows, d, EPS, what);
   free(x), free(y), free(gamma), free(beta), free(xd), free(yr);
@@ -344,7 +306,7 @@ START_TEST(test_map_overflow) {
     }
     tu_poison(y, d, dt);
     ck_assert_int_eq(sn_layernorm_fwd(y, &mean, &rstd, x, gamma, beta, 1, d, EPS, dt), SN_OK);
-    double *xd = load(x, d, dt), *yr = malloc((size_t)d * sizeof *yr);
+    double *xd = tu_to_f64(x, d, dt), *yr = malloc((size_t)d * sizeof *yr);
     ck_assert(yr != NULL);
     ref_fwd(yr, NULL, NULL, xd, gamma, beta, 1, d, EPS);
     ck_assert(isfinite(yr[4]) && fabs(yr[4]) > 1e38);
@@ -374,10 +336,10 @@ START_TEST(test_near_f32_max) {
       void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt);
       tu_fill_near_max(x, n, dt, 0.75, &rng);
       tu_fill_normal(dy, n, dt, 0.0, 0x1p100, &rng); /* dx ~ rstd·dy: normal, not subnormal */
-      float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+      float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *beta = tu_random_f32(d, 0.0, 1.0, &rng);
       float *dg = malloc((size_t)d * sizeof(float)), *db = malloc((size_t)d * sizeof(float));
       float mean[3], rstd[3];
-      double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double)), mr[3], rr[3];
+      double *xd = tu_to_f64(x, n, dt), *yr = malloc((size_t)n * sizeof(double)), mr[3], rr[3];
       for (int gb = 0; gb < 4; gb++) {
         const float *g = gb & 1 ? gamma : NULL, *b = gb & 2 ? beta : NULL;
         char what[128];
@@ -390,7 +352,7 @@ START_TEST(test_near_f32_max) {
         ref_fwd(yr, mr, rr, xd, g, b, rows, d, EPS);
         tu_assert_fwd(y, dt, yr, n, what);
         for (int64_t r = 0; r < rows; r++) {
-          assert_stat(mean[r], mr[r], 1.0 / rr[r], "mean", r);
+          tu_assert_stat(mean[r], mr[r], 1.0 / rr[r], "mean", r);
           TU_CHECK(fabs((double)rstd[r] - rr[r]) <= 0x1p-24 * rr[r] + 0x1p-150,
                    "%s: rstd row %lld %.9g vs %.17g", what, (long long)r, (double)rstd[r], rr[r]);
         }
@@ -418,14 +380,14 @@ START_TEST(test_nonfinite_rows) {
       tu_fill_normal(x, n, dt, 0.5, 2.0, &rng);
       tu_set(x, 5, NAN, dt);
       tu_set(x, d + 150, INFINITY, dt);
-      float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+      float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *beta = tu_random_f32(d, 0.0, 1.0, &rng);
       const float *g = gb & 1 ? gamma : NULL, *b = gb & 2 ? beta : NULL;
       tu_poison(y, n, dt);
       ck_assert_int_eq(sn_layernorm_fwd(y, NULL, NULL, x, g, b, rows, d, EPS, dt), SN_OK);
       for (int64_t i = 0; i < 2 * d; i++)
         TU_CHECK(isnan(tu_get(y, i, dt)), "%s gamma=%d beta=%d: y[%lld] = %g, not NaN",
                  tu_dtype_name[dt], g != NULL, b != NULL, (long long)i, tu_get(y, i, dt));
-      double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
+      double *xd = tu_to_f64(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
       ref_fwd(yr, NULL, NULL, xd + 2 * d, g, b, 1, d, EPS);
       tu_assert_fwd((char *)y + 2 * d * sn_dtype_size(dt), dt, yr, d, "finite row beside NaN rows");
       if (dt == SN_DTYPE_BF16) assert_bf16_as_fused(y, NULL, NULL, x, g, b, rows, d, EPS, "NaN rows");
@@ -507,7 +469,7 @@ START_TEST(test_tiny_mean) {
       gamma[i] = 1.0f;
       beta[i] = 0.0f;
     }
-    double *xd = load(x, d, dt), *yr = malloc((size_t)d * sizeof(double));
+    double *xd = tu_to_f64(x, d, dt), *yr = malloc((size_t)d * sizeof(double));
     for (int gb = 0; gb < 4; gb++) {
       const float *g = gb & 1 ? gamma : NULL, *b = gb & 2 ? beta : NULL;
       float mean, rstd;
@@ -549,7 +511,7 @@ START_TEST(test_bf16_path_matches_generic) {
       float *xf = malloc((size_t)n * sizeof(float)), *yf = malloc((size_t)n * sizeof(float));
       tu_fill_normal(x, n, dt, 3.0, 2.0, &rng);
       for (int64_t i = 0; i < n; i++) tu_set(zero, i, 0.0, dt), xf[i] = (float)tu_get(x, i, dt);
-      float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+      float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *beta = tu_random_f32(d, 0.0, 1.0, &rng);
       const float *g = gb & 1 ? gamma : NULL, *b = gb & 2 ? beta : NULL;
       float m1[5], r1[5], m2[5], r2[5], mf[5], rf[5];
       tu_poison(y1, n, dt);
@@ -586,7 +548,7 @@ START_TEST(test_constant_rows) {
   for (int64_t r = 0; r < rows; r++)
     for (int64_t i = 0; i < d; i++) tu_set(x, r * d + i, vals[r], dt);
   tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
-  float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+  float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *beta = tu_random_f32(d, 0.0, 1.0, &rng);
   float mean[5], rstd[5], dgamma[65], dbeta[65];
   for (int with_beta = 0; with_beta < 2; with_beta++) {
     tu_poison(y, n, dt);
@@ -625,11 +587,11 @@ START_TEST(test_near_half_max) {
     tu_set(x, 2 * d + i, 65504.0 - 64.0 * (double)tu_rng_int(&rng, 0, 8), dt);
   }
   tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
-  float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+  float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *beta = tu_random_f32(d, 0.0, 1.0, &rng);
   float mean[3], rstd[3], *dgamma = malloc(d * sizeof(float)), *dbeta = malloc(d * sizeof(float));
   tu_poison(y, n, dt);
   ck_assert_int_eq(sn_layernorm_fwd(y, mean, rstd, x, gamma, beta, rows, d, EPS, dt), SN_OK);
-  double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
+  double *xd = tu_to_f64(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
   ref_fwd(yr, NULL, NULL, xd, gamma, beta, rows, d, EPS);
   tu_assert_fwd(y, dt, yr, n, "near 6e4 forward");
 
@@ -656,8 +618,8 @@ static void check_add(int64_t rows, int64_t d, sn_dtype_t dt, int has_g, int has
   void *y2 = tu_alloc(n, dt), *buf = tu_alloc(n, dt);
   tu_fill_normal(x, n, dt, 0.3, 1.0, &rng);
   tu_fill_normal(res, n, dt, -0.1, 2.0, &rng);
-  float *gamma = has_g ? random_f32(d, 1.0, 0.5, &rng) : NULL;
-  float *beta = has_b ? random_f32(d, 0.0, 1.0, &rng) : NULL;
+  float *gamma = has_g ? tu_random_f32(d, 1.0, 0.5, &rng) : NULL;
+  float *beta = has_b ? tu_random_f32(d, 0.0, 1.0, &rng) : NULL;
   float *m = malloc(rows * sizeof(float)), *rs = malloc(rows * sizeof(float));
   float *m2 = malloc(rows * sizeof(float)), *rs2 = malloc(rows * sizeof(float));
   tu_poison(sum, n, dt);
@@ -725,7 +687,7 @@ START_TEST(test_add_adversarial) {
     void *x = tu_alloc(n, dt), *res = tu_alloc(n, dt), *sum = tu_alloc(n, dt);
     void *y = tu_alloc(n, dt), *y2 = tu_alloc(n, dt);
     tu_fill_add_adversarial(x, res, d, dt, &rng);
-    float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+    float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *beta = tu_random_f32(d, 0.0, 1.0, &rng);
     float m[4], r[4], m2[4], r2[4];
     for (int gb = 0; gb < 4; gb++) {
       const float *g = gb & 1 ? gamma : NULL, *b = gb & 2 ? beta : NULL;
@@ -763,7 +725,7 @@ static void check_bwd(int64_t rows, int64_t d, sn_dtype_t dt, int has_g, double 
   void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt), *dx2 = tu_alloc(n, dt);
   tu_fill_normal(x, n, dt, mu, sigma, &rng);
   tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
-  float *gamma = has_g ? random_f32(d, 1.0, 0.5, &rng) : NULL;
+  float *gamma = has_g ? tu_random_f32(d, 1.0, 0.5, &rng) : NULL;
   float *mean = malloc(rows * sizeof(float)), *rstd = malloc(rows * sizeof(float));
   float *dg = malloc(d * sizeof(float)), *db = malloc(d * sizeof(float));
   float *dg2 = malloc(d * sizeof(float)), *db2 = malloc(d * sizeof(float));
@@ -809,7 +771,7 @@ START_TEST(test_bwd_huge_dy) {
     tu_rng_seed(&rng, 950 + (uint64_t)id);
     void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt);
     tu_fill_huge_dy(x, dy, rows, dt, &rng);
-    float *gamma = random_f32(d, 1.0, 0.5, &rng), mean[256], rstd[256], dg[2], db[2];
+    float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), mean[256], rstd[256], dg[2], db[2];
     ck_assert_int_eq(sn_layernorm_fwd(dx, mean, rstd, x, NULL, NULL, rows, d, EPS, dt), SN_OK);
     run_bwd(dx, dg, db, dy, x, mean, rstd, gamma, rows, d, dt, "layernorm_bwd, dy near FLT_MAX");
     free(x), free(dy), free(dx), free(gamma);
@@ -828,7 +790,7 @@ START_TEST(test_bwd_huge_dy) {
   tu_fill_normal(dy, n2, SN_DTYPE_BF16, 0.0, 1.0, &rng);
   tu_set(dy, 0, 3e38, SN_DTYPE_BF16);
   tu_set(dy, 16, 3e38, SN_DTYPE_BF16);
-  float *gamma = random_f32(d2, 1.0, 0.1, &rng), mean[3], rstd[3];
+  float *gamma = tu_random_f32(d2, 1.0, 0.1, &rng), mean[3], rstd[3];
   float *dg = malloc((size_t)d2 * sizeof(float)), *db = malloc((size_t)d2 * sizeof(float));
   ck_assert_int_eq(sn_layernorm_fwd(dx, mean, rstd, x, NULL, NULL, r2, d2, EPS, SN_DTYPE_BF16),
                    SN_OK);
@@ -838,10 +800,10 @@ START_TEST(test_bwd_huge_dy) {
   tu_poison(dx, n2, SN_DTYPE_BF16);
   ck_assert_int_eq(
       sn_layernorm_bwd(dx, NULL, NULL, dy, x, mean, rstd, gamma, r2, d2, SN_DTYPE_BF16), SN_OK);
-  double *xd = load(x, n2, SN_DTYPE_BF16), *dyd = load(dy, n2, SN_DTYPE_BF16);
+  double *xd = tu_to_f64(x, n2, SN_DTYPE_BF16), *dyd = tu_to_f64(dy, n2, SN_DTYPE_BF16);
   double *dxr = malloc((size_t)n2 * sizeof(double)), dgr[64], dbr[64];
   const double scale = ref_bwd(dxr, dgr, dbr, dyd, xd, gamma, r2, d2, EPS);
-  assert_rel_scaled(dx, SN_DTYPE_BF16, dxr, n2, scale, bwd_tol(SN_DTYPE_BF16),
+  tu_assert_rel_scaled(dx, SN_DTYPE_BF16, dxr, n2, scale, bwd_tol(SN_DTYPE_BF16),
                     "layernorm_bwd bf16, f32 row sums overflow, no dgamma");
   free(x), free(dy), free(dx), free(gamma), free(dg), free(db), free(xd), free(dyd), free(dxr);
 }
@@ -876,9 +838,9 @@ START_TEST(test_bwd_dx_range) {
       tu_poison(dx, d, dt);
       ck_assert_int_eq(sn_layernorm_bwd(dx, NULL, NULL, dy, x, &mean, &rstd, gamma, rows, d, dt),
                        SN_OK);
-      double *xd = load(x, d, dt), *dyd = load(dy, d, dt), dxr[4], dgr[4], dbr[4];
+      double *xd = tu_to_f64(x, d, dt), *dyd = tu_to_f64(dy, d, dt), dxr[4], dgr[4], dbr[4];
       const double scale = ref_bwd(dxr, dgr, dbr, dyd, xd, gamma, rows, d, EPS);
-      assert_rel_scaled(dx, dt, dxr, d, scale, bwd_tol(dt), what);
+      tu_assert_rel_scaled(dx, dt, dxr, d, scale, bwd_tol(dt), what);
       free(x), free(dy), free(dx), free(xd), free(dyd);
     }
 }
@@ -955,7 +917,7 @@ START_TEST(test_bwd_nonfinite_rows) {
       tu_set(dy, 5, NAN, dt);
       tu_set(dy, d + 150, INFINITY, dt);
       tu_set(x, 2 * d + 40, INFINITY, dt);
-      float *gamma = random_f32(d, 1.0, 0.5, &rng), mean[4], rstd[4];
+      float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), mean[4], rstd[4];
       float *dg = malloc((size_t)d * sizeof(float)), *db = malloc((size_t)d * sizeof(float));
       const float *g = v & 1 ? gamma : NULL;
       float *dgo = v & 2 ? dg : NULL, *dbo = v & 2 ? db : NULL;
@@ -970,10 +932,10 @@ START_TEST(test_bwd_nonfinite_rows) {
       for (int64_t i = 0; i < 3 * d; i++)
         TU_CHECK(!isfinite(tu_get(dx, i, dt)), "%s: dx[%lld] = %g, finite", what, (long long)i,
                  tu_get(dx, i, dt));
-      double *xd = load(x, n, dt), *dyd = load(dy, n, dt), *dxr = malloc((size_t)d * 8);
+      double *xd = tu_to_f64(x, n, dt), *dyd = tu_to_f64(dy, n, dt), *dxr = malloc((size_t)d * 8);
       double *dgr = malloc((size_t)d * 8), *dbr = malloc((size_t)d * 8);
       const double scale = ref_bwd(dxr, dgr, dbr, dyd + 3 * d, xd + 3 * d, g, 1, d, EPS);
-      assert_rel_scaled((char *)dx + 3 * d * sn_dtype_size(dt), dt, dxr, d, scale, bwd_tol(dt),
+      tu_assert_rel_scaled((char *)dx + 3 * d * sn_dtype_size(dt), dt, dxr, d, scale, bwd_tol(dt),
                         what);
       if (dgo != NULL)
         for (int64_t j = 0; j < d; j++) {
@@ -1032,7 +994,7 @@ static void check_fd(int64_t rows, int64_t d, uint64_t seed) {
   double *dg = malloc(d * sizeof(double)), *db = malloc(d * sizeof(double));
   for (int64_t i = 0; i < n; i++) x[i] = 0.5 + 2.0 * tu_rng_normal(&rng);
   for (int64_t i = 0; i < n; i++) w[i] = tu_rng_normal(&rng);
-  float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+  float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *beta = tu_random_f32(d, 0.0, 1.0, &rng);
   double *rstd = malloc(rows * sizeof(double));
   ref_bwd(dx, dg, db, w, x, gamma, rows, d, EPS);
   ref_fwd(ybuf, NULL, rstd, x, gamma, beta, rows, d, EPS);
@@ -1241,7 +1203,7 @@ START_TEST(test_threads) {
     tu_fill_normal(x, n, dt, 1.0, 3.0, &rng);
     tu_fill_normal(res, n, dt, 0.0, 1.0, &rng);
     tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
-    float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+    float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *beta = tu_random_f32(d, 0.0, 1.0, &rng);
     void *out[3][4];  /* per thread count: y, sum, y_fused, dx */
     float *stat[3][4]; /* mean, rstd, dgamma, dbeta */
     for (int t = 0; t < 3; t++) {
@@ -1284,7 +1246,7 @@ START_TEST(test_in_place) {
     void *dx = tu_alloc(n, dt);
     tu_fill_normal(x, n, dt, -1.0, 2.0, &rng);
     tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
-    float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = random_f32(d, 0.0, 1.0, &rng);
+    float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *beta = tu_random_f32(d, 0.0, 1.0, &rng);
     float m[3], rs[3], m2[3], rs2[3], *dg = malloc(d * 4), *db = malloc(d * 4);
     float *dg2 = malloc(d * 4), *db2 = malloc(d * 4);
     ck_assert_int_eq(sn_layernorm_fwd(y, m, rs, x, gamma, beta, rows, d, EPS, dt), SN_OK);

@@ -32,61 +32,22 @@ static const float EPS = 1e-5f;
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static double *load(const void *buf, int64_t n, sn_dtype_t dt) {
-  double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-  ck_assert(v != NULL);
-  for (int64_t i = 0; i < n; i++) v[i] = tu_get(buf, i, dt);
-  return v;
-}
-
-static float *random_f32(int64_t n, double mean, double std, tu_rng_t *rng) {
-  float *v = malloc((size_t)n * sizeof(float));
-  ck_assert(v != NULL);
-  tu_fill_normal(v, n, SN_DTYPE_F32, mean, std, rng);
-  return v;
-}
-
 static double bwd_tol(sn_dtype_t dt) {
   return dt == SN_DTYPE_F32 ? TU_RTOL_F32_BWD : dt == SN_DTYPE_BF16 ? TOL_BWD_BF16 : TOL_BWD_F16;
 }
 
-/* ||got − ref|| ≤ rtol·max(||ref||, scale), all finite. The RMSNorm gradient projects rstd·g
+/* The gradients are compared with tu_assert_rel_scaled. The RMSNorm gradient projects rstd·g
  * onto the complement of x̂ = x·rstd: for d = 1 almost all of it cancels (dx ≈ rstd·g·eps/x²) and
  * any f32 computation from the saved f32 rstd errs relative to rstd·g, not to dx. `scale` is
  * ||rstd·g||, the size of the terms; for d ≥ 2 it is within a small factor of ||ref||. */
-static void assert_rel_scaled(const void *got, sn_dtype_t dt, const double *ref, int64_t n,
-                              double scale, double rtol, const char *what) {
-  tu_assert_all_finite(got, dt, n, what);
-  double num = 0.0, den = 0.0;
-  for (int64_t i = 0; i < n; i++) {
-    double e = tu_get(got, i, dt) - ref[i];
-    num += e * e;
-    den += ref[i] * ref[i];
-  }
-  /* f16 outputs below 2^-14 are subnormal, spaced 2^-24: rounding there errs by up to 2^-25
-   * absolute, whatever the value's size */
-  double atol = dt == SN_DTYPE_F16 ? 0x1p-25 * sqrt((double)n) : 0.0;
-  double err = (sqrt(num) - atol) / fmax(fmax(sqrt(den), scale), 1e-300);
-  ck_assert_msg(err <= rtol, "%s (%s): relative error %.3e > %.1e", what, tu_dtype_name[dt], err,
-                rtol);
-}
-
-/* The f32 mean/rstd a kernel saved, against the fp64 reference: one f32 rounding (2^-24
- * relative) of an fp64 value that differs from the reference only by fp64 rounding; `spread`
- * (the row's σ) absorbs the fp64 difference when the mean itself is ~0. */
-static void assert_stat(float got, double ref, double spread, const char *what, int64_t r) {
-  double tol = 0x1p-23 * fabs(ref) + 1e-12 * spread;
-  TU_CHECK(fabs((double)got - ref) <= tol, "%s row %lld: %.9g, reference %.9g", what,
-                (long long)r, (double)got, ref);
-}
 
 /* rstd of bf16/f16 rows: their sum of squares is f32 blocks added in fp64 (< 2^-19.9 relative,
  * sn__row_sumsq_lowp), so rstd errs by < 2^-20.9 before its f32 rounding (a review measured
- * 2.4 f32 ulps on rows of two alternating values): 2^-20 relative. f32 rows: assert_stat. */
+ * 2.4 f32 ulps on rows of two alternating values): 2^-20 relative. f32 rows: tu_assert_stat. */
 #define TOL_RSTD_LOWP 0x1p-20
 static void assert_rstd(float got, double ref, sn_dtype_t dt, int64_t r) {
   if (dt == SN_DTYPE_F32) {
-    assert_stat(got, ref, 0.0, "rstd", r);
+    tu_assert_stat(got, ref, 0.0, "rstd", r);
     return;
   }
   TU_CHECK(fabs((double)got - ref) <= TOL_RSTD_LOWP * fabs(ref), "rstd (%s) row %lld: %.9g, reference %.9g",
@@ -145,8 +106,8 @@ static void check_fwd(int64_t rows, int64_t d, sn_dtype_t dt, double mu, double 
   const int64_t n = rows * d;
   void *x = tu_alloc(n, dt), *y = tu_alloc(n, dt);
   tu_fill_normal(x, n, dt, mu, sigma, &rng);
-  float *gamma = random_f32(d, 1.0, 0.5, &rng), *rstd = malloc((size_t)rows * sizeof(float));
-  double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
+  float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *rstd = malloc((size_t)rows * sizeof(float));
+  double *xd = tu_to_f64(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
   double *rr = malloc((size_t)rows * sizeof(double));
   for (int has_g = 0; has_g < 2; has_g++) {
     const float *g = has_g ? gamma : NULL;
@@ -183,8 +144,8 @@ START_TEST(test_lowp_sum_range) {
     tu_fill_normal(x, n, dt, 0.0, SIGMA[k], &rng);
     if (k == 1) tu_set(x, d + 17, 0x1p70, dt); /* one square beyond FLT_MAX in row 1 */
     for (int64_t i = 0; i < n; i++) tu_set(zero, i, 0.0, dt);
-    float *gamma = random_f32(d, 1.0, 0.5, &rng), rstd[3], rstd2[3];
-    double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double)), rr[3];
+    float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), rstd[3], rstd2[3];
+    double *xd = tu_to_f64(x, n, dt), *yr = malloc((size_t)n * sizeof(double)), rr[3];
     char what[96];
     snprintf(what, sizeof what, "rmsnorm_fwd bf16 sigma=%g eps=%g", SIGMA[k], (double)eps);
     tu_poison(y, n, dt);
@@ -233,11 +194,11 @@ START_TEST(test_constant_rows) {
   for (int64_t r = 0; r < rows; r++)
     for (int64_t i = 0; i < d; i++) tu_set(x, r * d + i, vals[r], dt);
   tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
-  float *gamma = random_f32(d, 1.0, 0.5, &rng), rstd[5], dgamma[65];
+  float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), rstd[5], dgamma[65];
   tu_poison(y, n, dt);
   tu_poison_f32(rstd, rows);
   ck_assert_int_eq(sn_rmsnorm_fwd(y, rstd, x, gamma, rows, d, EPS, dt), SN_OK);
-  double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
+  double *xd = tu_to_f64(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
   ref_fwd(yr, NULL, xd, gamma, rows, d, EPS);
   tu_assert_fwd(y, dt, yr, n, "constant rows");
   for (int64_t r = 0; r < rows; r += 3) { /* the zero rows */
@@ -250,9 +211,9 @@ START_TEST(test_constant_rows) {
   tu_poison(dx, n, dt);
   tu_poison_f32(dgamma, d);
   ck_assert_int_eq(sn_rmsnorm_bwd(dx, dgamma, dy, x, rstd, gamma, rows, d, dt), SN_OK);
-  double *dyd = load(dy, n, dt), *dxr = malloc((size_t)n * sizeof(double)), dgr[65];
+  double *dyd = tu_to_f64(dy, n, dt), *dxr = malloc((size_t)n * sizeof(double)), dgr[65];
   double scale = ref_bwd(dxr, dgr, dyd, xd, gamma, rows, d, EPS);
-  assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), "constant rows dx");
+  tu_assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), "constant rows dx");
   tu_assert_rel(dgamma, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "constant rows dgamma");
   free(x), free(y), free(dy), free(dx), free(gamma), free(xd), free(yr), free(dyd), free(dxr);
 }
@@ -272,20 +233,20 @@ START_TEST(test_near_half_max) {
     tu_set(x, 2 * d + i, 65504.0 - 64.0 * (double)tu_rng_int(&rng, 0, 8), dt);
   }
   tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
-  float *gamma = random_f32(d, 1.0, 0.5, &rng), rstd[3], *dgamma = malloc(d * sizeof(float));
+  float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), rstd[3], *dgamma = malloc(d * sizeof(float));
   tu_poison(y, n, dt);
   ck_assert_int_eq(sn_rmsnorm_fwd(y, rstd, x, gamma, rows, d, EPS, dt), SN_OK);
-  double *xd = load(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
+  double *xd = tu_to_f64(x, n, dt), *yr = malloc((size_t)n * sizeof(double));
   ref_fwd(yr, NULL, xd, gamma, rows, d, EPS);
   tu_assert_fwd(y, dt, yr, n, "near 6e4 forward");
 
   tu_poison(dx, n, dt);
   tu_poison_f32(dgamma, d);
   ck_assert_int_eq(sn_rmsnorm_bwd(dx, dgamma, dy, x, rstd, gamma, rows, d, dt), SN_OK);
-  double *dyd = load(dy, n, dt), *dxr = malloc((size_t)n * sizeof(double));
+  double *dyd = tu_to_f64(dy, n, dt), *dxr = malloc((size_t)n * sizeof(double));
   double *dgr = malloc(d * sizeof(double));
   double scale = ref_bwd(dxr, dgr, dyd, xd, gamma, rows, d, EPS);
-  assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), "near 6e4 dx");
+  tu_assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), "near 6e4 dx");
   tu_assert_rel(dgamma, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "near 6e4 dgamma");
   free(x), free(y), free(dy), free(dx), free(gamma), free(dgamma);
   free(xd), free(yr), free(dyd), free(dxr), free(dgr);
@@ -391,7 +352,7 @@ START_TEST(test_bf16_bitwise) {
     x[3 * d + d / 3] = 0xff80u;                                         /* -inf */
     for (int64_t i = 0; i < d; i++) x[4 * d + i] = (uint16_t)(0x6f80u + (uint16_t)(i % 7)); /* ~2^96 */
     for (int64_t i = 0; i < d; i++) x[5 * d + i] = (uint16_t)(0x0f80u + (uint16_t)(i % 5)); /* ~2^-96 */
-    float *gamma = random_f32(d, 1.0, 0.5, &rng), rs[6], rs2[6];
+    float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), rs[6], rs2[6];
     for (int g = 0; g < 2; g++) {
       const float *gm = g ? gamma : NULL;
       char what[96];
@@ -433,7 +394,7 @@ static void check_add(int64_t rows, int64_t d, sn_dtype_t dt, int has_g, uint64_
   void *y2 = tu_alloc(n, dt), *buf = tu_alloc(n, dt);
   tu_fill_normal(x, n, dt, 0.3, 1.0, &rng);
   tu_fill_normal(res, n, dt, -0.1, 2.0, &rng);
-  float *gamma = has_g ? random_f32(d, 1.0, 0.5, &rng) : NULL;
+  float *gamma = has_g ? tu_random_f32(d, 1.0, 0.5, &rng) : NULL;
   float *rs = malloc(rows * sizeof(float)), *rs2 = malloc(rows * sizeof(float));
   tu_poison(sum, n, dt);
   tu_poison(y, n, dt);
@@ -498,7 +459,7 @@ START_TEST(test_add_adversarial) {
     void *x = tu_alloc(n, dt), *res = tu_alloc(n, dt), *sum = tu_alloc(n, dt);
     void *y = tu_alloc(n, dt), *y2 = tu_alloc(n, dt);
     tu_fill_add_adversarial(x, res, d, dt, &rng);
-    float *gamma = random_f32(d, 1.0, 0.5, &rng);
+    float *gamma = tu_random_f32(d, 1.0, 0.5, &rng);
     float r[4], r2[4];
     for (int gb = 0; gb < 2; gb++) {
       const float *g = gb & 1 ? gamma : NULL;
@@ -533,9 +494,10 @@ static void check_bwd(int64_t rows, int64_t d, sn_dtype_t dt, double mu, double 
   void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt), *dx2 = tu_alloc(n, dt);
   tu_fill_normal(x, n, dt, mu, sigma, &rng);
   tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
-  float *gamma = random_f32(d, 1.0, 0.5, &rng), *rstd = malloc(rows * sizeof(float));
+  float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *rstd = malloc(rows * sizeof(float));
   float *dg = malloc(d * sizeof(float));
-  double *xd = load(x, n, dt), *dyd = load(dy, n, dt), *dxr = malloc((size_t)n * sizeof(double));
+  double *xd = tu_to_f64(x, n, dt), *dyd = tu_to_f64(dy, n, dt),
+      *dxr = malloc((size_t)n * sizeof(double));
   double *dgr = malloc(d * sizeof(double));
   for (int has_g = 0; has_g < 2; has_g++) {
     const float *g = has_g ? gamma : NULL;
@@ -548,7 +510,7 @@ static void check_bwd(int64_t rows, int64_t d, sn_dtype_t dt, double mu, double 
     sn_status_t st = sn_rmsnorm_bwd(dx, dg, dy, x, rstd, g, rows, d, dt);
     ck_assert_msg(st == SN_OK, "%s: %s", what, sn_last_error());
     double scale = ref_bwd(dxr, dgr, dyd, xd, g, rows, d, EPS);
-    assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), what);
+    tu_assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), what);
     tu_assert_rel(dg, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "dgamma");
 
     tu_poison(dx2, n, dt);
@@ -602,7 +564,7 @@ START_TEST(test_bwd_bf16_is_f32) {
       xf[i] = (float)tu_get(x, i, SN_DTYPE_BF16);
       dyf[i] = (float)tu_get(dy, i, SN_DTYPE_BF16);
     }
-    float *gamma = random_f32(d, 1.0, 0.5, &rng), *gnan = random_f32(d, 1.0, 0.5, &rng);
+    float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), *gnan = tu_random_f32(d, 1.0, 0.5, &rng);
     const uint32_t nan_bits = 0x7fffffffu; /* rounded as a number: −0 (see test_bf16_nan_gamma) */
     memcpy(&gnan[d / 2], &nan_bits, sizeof nan_bits);
     for (int v = 0; v < 6; v++) { /* v 4, 5: gamma with a NaN (every dx NaN), 5 with dgamma */
@@ -650,15 +612,16 @@ START_TEST(test_bwd_huge_dy) {
     tu_rng_seed(&rng, 950 + (uint64_t)id);
     void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt), *dx = tu_alloc(n, dt);
     tu_fill_huge_dy(x, dy, rows, dt, &rng);
-    float *gamma = random_f32(d, 1.0, 0.5, &rng), rstd[256], dg[2];
-    double *xd = load(x, n, dt), *dyd = load(dy, n, dt), *dxr = malloc((size_t)n * sizeof(double));
+    float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), rstd[256], dg[2];
+    double *xd = tu_to_f64(x, n, dt), *dyd = tu_to_f64(dy, n, dt),
+        *dxr = malloc((size_t)n * sizeof(double));
     double dgr[2];
     ck_assert_int_eq(sn_rmsnorm_fwd(dx, rstd, x, NULL, rows, d, EPS, dt), SN_OK);
     tu_poison(dx, n, dt);
     tu_poison_f32(dg, d);
     ck_assert_int_eq(sn_rmsnorm_bwd(dx, dg, dy, x, rstd, gamma, rows, d, dt), SN_OK);
     double scale = ref_bwd(dxr, dgr, dyd, xd, gamma, rows, d, EPS);
-    assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), "rmsnorm_bwd, dy near FLT_MAX");
+    tu_assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), "rmsnorm_bwd, dy near FLT_MAX");
     tu_assert_rel(dg, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, "dgamma, dy near FLT_MAX");
     free(x), free(dy), free(dx), free(gamma), free(xd), free(dyd), free(dxr);
   }
@@ -673,7 +636,7 @@ static void check_bwd_case_dg(const void *x, const void *dy, const float *gamma,
   const int64_t n = rows * d;
   void *dx = tu_alloc(n, dt);
   float *rstd = malloc((size_t)rows * sizeof(float)), *dg = malloc((size_t)d * sizeof(float));
-  double *xd = load(x, n, dt), *dyd = load(dy, n, dt);
+  double *xd = tu_to_f64(x, n, dt), *dyd = tu_to_f64(dy, n, dt);
   double *dxr = malloc((size_t)n * sizeof(double)), *dgr = malloc((size_t)d * sizeof(double));
   ck_assert(rstd != NULL && dg != NULL && dxr != NULL && dgr != NULL);
   ck_assert_int_eq(sn_rmsnorm_fwd(dx, rstd, x, gamma, rows, d, eps, dt), SN_OK);
@@ -682,7 +645,7 @@ static void check_bwd_case_dg(const void *x, const void *dy, const float *gamma,
   sn_status_t st = sn_rmsnorm_bwd(dx, with_dg ? dg : NULL, dy, x, rstd, gamma, rows, d, dt);
   ck_assert_msg(st == SN_OK, "%s: %s", what, sn_last_error());
   double scale = ref_bwd(dxr, dgr, dyd, xd, gamma, rows, d, (double)eps);
-  assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), what);
+  tu_assert_rel_scaled(dx, dt, dxr, n, scale, bwd_tol(dt), what);
   if (with_dg) tu_assert_rel(dg, SN_DTYPE_F32, dgr, d, TU_RTOL_F32_BWD, what);
   free(dx), free(rstd), free(dg), free(xd), free(dyd), free(dxr), free(dgr);
 }
@@ -708,7 +671,7 @@ START_TEST(test_bwd_extreme_scale) {
         void *x = tu_alloc(n, dt), *dy = tu_alloc(n, dt);
         tu_fill_normal(x, n, dt, 0.0, SIGMA[a], &rng);
         tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
-        float *gamma = random_f32(d, 1.0, 0.5, &rng);
+        float *gamma = tu_random_f32(d, 1.0, 0.5, &rng);
         char what[96];
         snprintf(what, sizeof what, "rmsnorm_bwd sigma=%g d=%lld", SIGMA[a], (long long)d);
         check_bwd_case(x, dy, gamma, rows, d, dt, EPS, what);
@@ -727,8 +690,8 @@ START_TEST(test_bwd_subnormal_eps) {
     const int64_t rows = 3, d = 16, n = rows * d;
     tu_rng_t rng;
     tu_rng_seed(&rng, 1100 + (uint64_t)k);
-    float *x = random_f32(n, 0.0, SIGMA[k], &rng), *dy = random_f32(n, 0.0, 1.0, &rng);
-    float *gamma = random_f32(d, 1.0, 0.5, &rng);
+    float *x = tu_random_f32(n, 0.0, SIGMA[k], &rng), *dy = tu_random_f32(n, 0.0, 1.0, &rng);
+    float *gamma = tu_random_f32(d, 1.0, 0.5, &rng);
     check_bwd_case(x, dy, gamma, rows, d, SN_DTYPE_F32, EPSS[k], "rmsnorm_bwd subnormal eps");
     free(x), free(dy), free(gamma);
   }
@@ -821,7 +784,7 @@ static void check_fd(int64_t rows, int64_t d, uint64_t seed) {
   double *dg = malloc(d * sizeof(double)), *rstd = malloc(rows * sizeof(double));
   for (int64_t i = 0; i < n; i++) x[i] = 0.5 + 2.0 * tu_rng_normal(&rng);
   for (int64_t i = 0; i < n; i++) w[i] = tu_rng_normal(&rng);
-  float *gamma = random_f32(d, 1.0, 0.5, &rng);
+  float *gamma = tu_random_f32(d, 1.0, 0.5, &rng);
   ref_bwd(dx, dg, w, x, gamma, rows, d, EPS);
   ref_fwd(ybuf, rstd, x, gamma, rows, d, EPS);
 
@@ -1055,7 +1018,7 @@ START_TEST(test_threads) {
     tu_fill_normal(x, n, dt, 1.0, 3.0, &rng);
     tu_fill_normal(res, n, dt, 0.0, 1.0, &rng);
     tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
-    float *gamma = random_f32(d, 1.0, 0.5, &rng);
+    float *gamma = tu_random_f32(d, 1.0, 0.5, &rng);
     void *out[3][4];   /* per thread count: y, sum, y_fused, dx */
     float *stat[3][2]; /* rstd, dgamma */
     for (int t = 0; t < 3; t++) {
@@ -1100,7 +1063,7 @@ START_TEST(test_in_place) {
     void *dx = tu_alloc(n, dt);
     tu_fill_normal(x, n, dt, -1.0, 2.0, &rng);
     tu_fill_normal(dy, n, dt, 0.0, 1.0, &rng);
-    float *gamma = random_f32(d, 1.0, 0.5, &rng), rs[3], rs2[3];
+    float *gamma = tu_random_f32(d, 1.0, 0.5, &rng), rs[3], rs2[3];
     float *dg = malloc(d * 4), *dg2 = malloc(d * 4);
     ck_assert_int_eq(sn_rmsnorm_fwd(y, rs, x, gamma, rows, d, EPS, dt), SN_OK);
     memcpy(buf, x, bytes);

@@ -132,6 +132,44 @@ void *tu_alloc(int64_t n, sn_dtype_t dtype) {
   return p;
 }
 
+double *tu_dalloc(int64_t n) {
+  size_t bytes = (size_t)(n > 0 ? n : 1) * sizeof(double);
+  double *p = malloc(bytes);
+  ck_assert_msg(p != NULL, "out of memory allocating %zu bytes", bytes);
+  return p;
+}
+
+float *tu_falloc(int64_t n) { return tu_alloc(n, SN_DTYPE_F32); }
+
+double *tu_to_f64(const void *buf, int64_t n, sn_dtype_t dtype) {
+  double *v = tu_dalloc(n);
+  for (int64_t i = 0; i < n; i++) v[i] = tu_get(buf, i, dtype);
+  return v;
+}
+
+float *tu_random_f32(int64_t n, double mean, double std, tu_rng_t *r) {
+  float *v = tu_falloc(n);
+  tu_fill_normal(v, n, SN_DTYPE_F32, mean, std, r);
+  return v;
+}
+
+void tu_transpose(void *dst, sn_layout_t to, const void *src, sn_layout_t from, int64_t N,
+                  int64_t C, int64_t S, sn_dtype_t dtype) {
+  const size_t es = (size_t)sn_dtype_size(dtype);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t s = 0; s < S; s++)
+        memcpy((char *)dst + (size_t)tu_at(to, n, c, s, C, S) * es,
+               (const char *)src + (size_t)tu_at(from, n, c, s, C, S) * es, es);
+}
+
+void tu_fill_params(float *gamma, float *beta, int64_t C, tu_rng_t *r) {
+  for (int64_t c = 0; c < C; c++) {
+    gamma[c] = (float)(0.5 + tu_rng_uniform(r));
+    beta[c] = (float)(tu_rng_uniform(r) - 0.5);
+  }
+}
+
 void tu_poison(void *buf, int64_t n, sn_dtype_t dtype) {
   for (int64_t i = 0; i < n; i++) tu_set(buf, i, NAN, dtype);
 }
@@ -264,6 +302,31 @@ void tu_assert_rel(const void *got, sn_dtype_t dtype, const double *ref, int64_t
   double e = tu_normwise_rel(got, dtype, ref, n);
   ck_assert_msg(e <= rtol, "%s (%s): normwise relative error %.3e > %.1e", what,
                 tu_dtype_name[dtype], e, rtol);
+}
+
+double tu_rtol_half_bwd(sn_dtype_t dtype) {
+  return (dtype == SN_DTYPE_BF16 ? 0x1p-8 : 0x1p-11) + 1e-6;
+}
+
+void tu_assert_rel_scaled(const void *got, sn_dtype_t dtype, const double *ref, int64_t n,
+                          double scale, double rtol, const char *what) {
+  tu_assert_all_finite(got, dtype, n, what);
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    double e = tu_get(got, i, dtype) - ref[i];
+    num += e * e;
+    den += ref[i] * ref[i];
+  }
+  double atol = dtype == SN_DTYPE_F16 ? 0x1p-25 * sqrt((double)n) : 0.0;
+  double err = (sqrt(num) - atol) / fmax(fmax(sqrt(den), scale), 1e-300);
+  ck_assert_msg(err <= rtol, "%s (%s): relative error %.3e > %.1e", what, tu_dtype_name[dtype],
+                err, rtol);
+}
+
+void tu_assert_stat(float got, double ref, double spread, const char *what, int64_t r) {
+  double tol = 0x1p-23 * fabs(ref) + 1e-12 * spread;
+  TU_CHECK(fabs((double)got - ref) <= tol, "%s row %lld: %.9g, reference %.9g", what,
+           (long long)r, (double)got, ref);
 }
 
 void tu_assert_bitwise(const void *a, const void *b, size_t bytes, const char *what) {

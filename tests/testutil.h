@@ -42,6 +42,13 @@ double tu_get(const void *buf, int64_t i, sn_dtype_t dtype);
 void tu_set(void *buf, int64_t i, double v, sn_dtype_t dtype);
 /* Allocate n elements of dtype (aborts the test on failure); free with free(). */
 void *tu_alloc(int64_t n, sn_dtype_t dtype);
+/* n doubles / n floats (at least one element; aborts the test on failure); free with free(). */
+double *tu_dalloc(int64_t n);
+float *tu_falloc(int64_t n);
+/* A new array of the n elements of buf (dtype) as doubles; free with free(). */
+double *tu_to_f64(const void *buf, int64_t n, sn_dtype_t dtype);
+/* A new array of n f32 values mean + std·N(0,1); free with free(). */
+float *tu_random_f32(int64_t n, double mean, double std, tu_rng_t *r);
 /* Fill with NaN (for outputs: every element must be overwritten). */
 void tu_poison(void *buf, int64_t n, sn_dtype_t dtype);
 void tu_poison_f32(float *buf, int64_t n);
@@ -78,6 +85,19 @@ void tu_assert_residual_sum(const void *sum, const void *x, const void *res, int
 /* Distance in units in the last place of the dtype between a and b (both representable). */
 double tu_ulp_diff(double a, double b, sn_dtype_t dtype);
 
+/* ---- activations [N, C, S] (NCHW) or [N, S, C] (NHWC), S = H·W --------------------------- */
+/* The index of element (n, c, s) in layout lay. */
+static inline int64_t tu_at(sn_layout_t lay, int64_t n, int64_t c, int64_t s, int64_t C,
+                            int64_t S) {
+  return lay == SN_LAYOUT_NCHW ? (n * C + c) * S + s : (n * S + s) * C + c;
+}
+/* Copies src (layout from) into dst (layout to), element by element. */
+void tu_transpose(void *dst, sn_layout_t to, const void *src, sn_layout_t from, int64_t N,
+                  int64_t C, int64_t S, sn_dtype_t dtype);
+/* Per-channel affine parameters: gamma[c] = 0.5 + U[0,1), beta[c] = U[0,1) − 0.5, drawn in
+ * that order for c = 0..C−1. */
+void tu_fill_params(float *gamma, float *beta, int64_t C, tu_rng_t *r);
+
 /* ---- comparisons --------------------------------------------------------------------------- */
 /* Element-wise checks call Check only on a failure: every passing ck_assert writes a record to
  * Check's pipe, which makes per-element asserts over millions of values take minutes. */
@@ -98,6 +118,20 @@ void tu_assert_fwd(const void *got, sn_dtype_t dtype, const double *ref, int64_t
 /* Asserts normwise relative error ≤ rtol (and all finite). */
 void tu_assert_rel(const void *got, sn_dtype_t dtype, const double *ref, int64_t n, double rtol,
                    const char *what);
+/* bf16/f16 dx of the BatchNorm and GroupNorm backwards, normwise: each element is one rounding
+ * to the dtype (unit roundoff 2^-8 bf16, 2^-11 f16) of an f32 value good to ~1e-6. */
+double tu_rtol_half_bwd(sn_dtype_t dtype);
+/* Asserts ||got − ref||₂ ≤ rtol·max(||ref||₂, scale) (and all finite), with an absolute allowance
+ * of 2^-25 per element for f16 (outputs below 2^-14 are subnormal, spaced 2^-24). For gradients
+ * that cancel: `scale` is the size of the terms (the row norms' ||rstd·g||), which any f32
+ * computation errs relative to, however small the result. */
+void tu_assert_rel_scaled(const void *got, sn_dtype_t dtype, const double *ref, int64_t n,
+                          double scale, double rtol, const char *what);
+/* Asserts a saved f32 statistic (a row's mean or rstd) against its fp64 reference: one f32
+ * rounding (2^-23 relative leaves a factor 2) of a value that differs from the reference only by
+ * fp64 rounding; 1e-12·spread (the row's σ) absorbs that difference where the value is ~0.
+ * r is the row, for the message. */
+void tu_assert_stat(float got, double ref, double spread, const char *what, int64_t r);
 /* Asserts two buffers are bitwise equal. */
 void tu_assert_bitwise(const void *a, const void *b, size_t bytes, const char *what);
 /* Asserts sn_last_error() is the scratch SN_ERR_ALLOC message ("... allocating N bytes of

@@ -46,18 +46,9 @@ static const int64_t CS[] = {1, 3, 64, 65, 96};
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static int64_t at(sn_layout_t lay, int64_t n, int64_t c, int64_t s, int64_t C, int64_t S) {
-  return lay == SN_LAYOUT_NCHW ? (n * C + c) * S + s : (n * S + s) * C + c;
-}
 static int64_t chan(sn_layout_t lay, int64_t i, int64_t C, int64_t S) {
   return lay == SN_LAYOUT_NCHW ? (i / S) % C : i % C;
 }
-static double *dalloc(int64_t n) {
-  double *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-  ck_assert_ptr_nonnull(p);
-  return p;
-}
-static float *falloc(int64_t n) { return tu_alloc(n, SN_DTYPE_F32); }
 static size_t abytes(int64_t n, sn_dtype_t dt) { return (size_t)n * (size_t)sn_dtype_size(dt); }
 
 /* x[n, c, s] = mu_c + sd_c·N(0, 1), rounded to dt; channels get different means and scales. */
@@ -67,16 +58,9 @@ static void fill_bn(void *x, int64_t N, int64_t C, int64_t S, sn_layout_t lay, s
     for (int64_t c = 0; c < C; c++)
       for (int64_t s = 0; s < S; s++) {
         double mu = mean + 0.37 * (double)(c % 7), sd = std * (1.0 + 0.25 * (double)(c % 5));
-        tu_set(x, at(lay, n, c, s, C, S), mu + sd * tu_rng_normal(r), dt);
+        tu_set(x, tu_at(lay, n, c, s, C, S), mu + sd * tu_rng_normal(r), dt);
       }
 }
-static void fill_params(float *gamma, float *beta, int64_t C, tu_rng_t *r) {
-  for (int64_t c = 0; c < C; c++) {
-    gamma[c] = (float)(0.5 + tu_rng_uniform(r));
-    beta[c] = (float)(tu_rng_uniform(r) - 0.5);
-  }
-}
-
 /* Asserts every byte of the device buffer is still the 0xFF poison (an error wrote nothing). */
 static void assert_poisoned(const void *dev, size_t bytes, const char *what) {
   unsigned char *h = malloc(bytes ? bytes : 1);
@@ -149,15 +133,15 @@ static void fwd_case(int64_t N, int64_t C, int64_t S, sn_layout_t lay, sn_dtype_
   tu_rng_t r;
   tu_rng_seed(&r, seed);
   void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *y2 = tu_alloc(T, dt), *yg = tu_alloc(T, dt);
-  float *gamma = falloc(C), *beta = falloc(C), *pivot = falloc(C);
+  float *gamma = tu_falloc(C), *beta = tu_falloc(C), *pivot = tu_falloc(C);
   fill_bn(x, N, C, S, lay, dt, 0.0, 1.0, &r);
-  fill_params(gamma, beta, C, &r);
+  tu_fill_params(gamma, beta, C, &r);
   for (int64_t c = 0; c < C; c++) pivot[c] = (float)(0.37 * (double)(c % 7) + 0.3);
   const float *hp = with_pivot ? pivot : NULL;
   const float *hg = with_params ? gamma : NULL, *hb = with_params ? beta : NULL;
   /* CPU */
-  double *sum = dalloc(C), *sq = dalloc(C), *mean = dalloc(C), *mean2 = dalloc(C);
-  float *var = falloc(C), *rstd = falloc(C), *var2 = falloc(C), *rstd2 = falloc(C);
+  double *sum = tu_dalloc(C), *sq = tu_dalloc(C), *mean = tu_dalloc(C), *mean2 = tu_dalloc(C);
+  float *var = tu_falloc(C), *rstd = tu_falloc(C), *var2 = tu_falloc(C), *rstd2 = tu_falloc(C);
   ck_assert_int_eq(sn_batchnorm_stats(sum, sq, x, hp, N, C, S, lay, dt), SN_OK);
   ck_assert_int_eq(sn_batchnorm_finalize(mean, var, rstd, sum, sq, hp, count, C, EPS), SN_OK);
   ck_assert_int_eq(sn_batchnorm_apply(y, x, mean, rstd, hg, hb, N, C, S, lay, dt), SN_OK);
@@ -189,9 +173,9 @@ static void fwd_case(int64_t N, int64_t C, int64_t S, sn_layout_t lay, sn_dtype_
   ck_assert_int_eq(sn_cuda_batchnorm_fwd(dy2, dmean2, dvar2, drstd2, dx, dhp, dhg, dhb, N, C, S,
                                          EPS, lay, dt, ws, wsb, 0),
                    SN_OK);
-  double *gsum = dalloc(C), *gsq = dalloc(C), *gsum2 = dalloc(C), *gsq2 = dalloc(C);
-  double *gmean = dalloc(C), *gmean2 = dalloc(C), *scale = dalloc(C);
-  float *gvar = falloc(C), *grstd = falloc(C), *gvar2 = falloc(C), *grstd2 = falloc(C);
+  double *gsum = tu_dalloc(C), *gsq = tu_dalloc(C), *gsum2 = tu_dalloc(C), *gsq2 = tu_dalloc(C);
+  double *gmean = tu_dalloc(C), *gmean2 = tu_dalloc(C), *scale = tu_dalloc(C);
+  float *gvar = tu_falloc(C), *grstd = tu_falloc(C), *gvar2 = tu_falloc(C), *grstd2 = tu_falloc(C);
   ct_download(gsum, dsum, (size_t)C * 8), ct_download(gsq, dsq, (size_t)C * 8);
   ct_download(gsum2, dsum2, (size_t)C * 8), ct_download(gsq2, dsq2, (size_t)C * 8);
   ct_download(gmean, dmean, (size_t)C * 8), ct_download(gmean2, dmean2, (size_t)C * 8);
@@ -215,7 +199,7 @@ static void fwd_case(int64_t N, int64_t C, int64_t S, sn_layout_t lay, sn_dtype_
   cmp_f32_rel(gvar2, var2, C, TOL_STAT_F32, "fwd var");
   cmp_f32_rel(grstd2, rstd2, C, TOL_STAT_F32, "fwd rstd");
   /* outputs */
-  double *terms = dalloc(T);
+  double *terms = tu_dalloc(T);
   fwd_terms(terms, x, mean, rstd, hg, hb, N, C, S, lay, dt);
   ct_download(yg, dy, abytes(T, dt));
   cmp_act(yg, y, terms, T, dt, "apply y");
@@ -270,12 +254,12 @@ static void bwd_case(int64_t N, int64_t C, int64_t S, sn_layout_t lay, sn_dtype_
   void *x = tu_alloc(T, dt), *dyv = tu_alloc(T, dt), *y = tu_alloc(T, dt);
   void *dxc = tu_alloc(T, dt), *dxe = tu_alloc(T, dt), *dxb = tu_alloc(T, dt);
   void *got = tu_alloc(T, dt);
-  float *gamma = falloc(C), *beta = falloc(C), *var = falloc(C), *rstd = falloc(C);
-  float *dgc = falloc(C), *dbc = falloc(C);
-  double *mean = dalloc(C), *sdy = dalloc(C), *sdx = dalloc(C);
+  float *gamma = tu_falloc(C), *beta = tu_falloc(C), *var = tu_falloc(C), *rstd = tu_falloc(C);
+  float *dgc = tu_falloc(C), *dbc = tu_falloc(C);
+  double *mean = tu_dalloc(C), *sdy = tu_dalloc(C), *sdx = tu_dalloc(C);
   fill_bn(x, N, C, S, lay, dt, 0.5, 2.0, &r);
   tu_fill_normal(dyv, T, dt, 0.1, 1.0, &r);
-  fill_params(gamma, beta, C, &r);
+  tu_fill_params(gamma, beta, C, &r);
   const float *hg = with_gamma ? gamma : NULL;
   ck_assert_int_eq(sn_batchnorm_fwd(y, mean, var, rstd, x, NULL, hg, NULL, N, C, S, EPS, lay, dt),
                    SN_OK);
@@ -320,16 +304,16 @@ static void bwd_case(int64_t N, int64_t C, int64_t S, sn_layout_t lay, sn_dtype_
   ck_assert_int_eq(sn_cuda_batchnorm_bwd_apply(g_dxg, d_dy, d_x, d_mean, d_rstd, dhg, g_sdy,
                                                g_sdx, count, N, C, S, lay, dt, 0),
                    SN_OK);
-  double *hsdy = dalloc(C), *hsdx = dalloc(C), *hsdy2 = dalloc(C), *hsdx2 = dalloc(C);
-  double *scale = dalloc(C), *terms = dalloc(T);
-  float *hdg = falloc(C), *hdb = falloc(C);
+  double *hsdy = tu_dalloc(C), *hsdx = tu_dalloc(C), *hsdy2 = tu_dalloc(C), *hsdx2 = tu_dalloc(C);
+  double *scale = tu_dalloc(C), *terms = tu_dalloc(T);
+  float *hdg = tu_falloc(C), *hdb = tu_falloc(C);
   ct_download(hsdy, g_sdy, (size_t)C * 8), ct_download(hsdx, g_sdx, (size_t)C * 8);
   ct_download(hsdy2, g_sdy2, (size_t)C * 8), ct_download(hsdx2, g_sdx2, (size_t)C * 8);
   ct_download(hdg, g_dg, (size_t)C * 4), ct_download(hdb, g_db, (size_t)C * 4);
   tu_assert_bitwise(hsdy, hsdy2, (size_t)C * 8, what);
   tu_assert_bitwise(hsdx, hsdx2, (size_t)C * 8, what);
   /* sums: scales Σ|dy| and Σ|dy·x̂| */
-  double *s2 = dalloc(C);
+  double *s2 = tu_dalloc(C);
   for (int64_t c = 0; c < C; c++) scale[c] = 0.0, s2[c] = 0.0;
   for (int64_t i = 0; i < T; i++) {
     const int64_t c = chan(lay, i, C, S);
@@ -418,9 +402,9 @@ START_TEST(test_adversarial) {
         void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *got = tu_alloc(T, dt);
         for (int64_t n = 0; n < N; n++)
           for (int64_t s = 0; s < S; s++) {
-            tu_set(x, at(lay, n, 0, s, C, S), 1e4 + 1e-2 * tu_rng_normal(&r), dt);
-            tu_set(x, at(lay, n, 1, s, C, S), 3.25, dt);
-            tu_set(x, at(lay, n, 2, s, C, S), 0.5 + tu_rng_normal(&r), dt);
+            tu_set(x, tu_at(lay, n, 0, s, C, S), 1e4 + 1e-2 * tu_rng_normal(&r), dt);
+            tu_set(x, tu_at(lay, n, 1, s, C, S), 3.25, dt);
+            tu_set(x, tu_at(lay, n, 2, s, C, S), 0.5 + tu_rng_normal(&r), dt);
           }
         float gamma[C] = {1.5f, 0.75f, 1.0f}, beta[C] = {0.25f, -0.5f, 0.0f};
         float pivot[C] = {-5e3f, -5e3f, -5e3f}, var[C], rstd[C], gvar[C], grstd[C];
@@ -445,7 +429,7 @@ START_TEST(test_adversarial) {
         cmp_f64(gmean, mean, scale, C, TOL_MEAN_F64, "adversarial mean");
         cmp_f32_rel(gvar, var, C, TOL_STAT_F32, "adversarial var");
         cmp_f32_rel(grstd, rstd, C, TOL_STAT_F32, "adversarial rstd");
-        double *terms = dalloc(T);
+        double *terms = tu_dalloc(T);
         fwd_terms(terms, x, mean, rstd, gamma, beta, N, C, S, lay, dt);
         cmp_act(got, y, terms, T, dt, "adversarial y");
         free(terms);
@@ -470,7 +454,7 @@ START_TEST(test_infer) {
   float gamma[C], beta[C], rm[C], rv[C], rs[C];
   double m64[C];
   fill_bn(x, N, C, S, lay, dt, 0.2, 1.5, &r);
-  fill_params(gamma, beta, C, &r);
+  tu_fill_params(gamma, beta, C, &r);
   for (int c = 0; c < C; c++) {
     rm[c] = (float)(0.37 * (c % 7) + 0.1 * tu_rng_normal(&r));
     rv[c] = (float)(0.5 + tu_rng_uniform(&r));
@@ -484,7 +468,7 @@ START_TEST(test_infer) {
   ck_assert_int_eq(sn_cuda_batchnorm_infer(dy, dx, drm, drv, dg, db, N, C, S, EPS, lay, dt, 0),
                    SN_OK);
   ct_download(got, dy, abytes(T, dt));
-  double *terms = dalloc(T);
+  double *terms = tu_dalloc(T);
   fwd_terms(terms, x, m64, rs, gamma, beta, N, C, S, lay, dt);
   cmp_act(got, y, terms, T, dt, "infer y");
   void *first = tu_alloc(T, dt);

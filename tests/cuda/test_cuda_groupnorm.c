@@ -51,12 +51,6 @@ static int64_t sample(sn_layout_t lay, int64_t i, int64_t C, int64_t S) {
   (void)lay;
   return i / (C * S);
 }
-static double *dalloc(int64_t n) {
-  double *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-  ck_assert_ptr_nonnull(p);
-  return p;
-}
-static float *falloc(int64_t n) { return tu_alloc(n, SN_DTYPE_F32); }
 static size_t abytes(int64_t n, sn_dtype_t dt) { return (size_t)n * (size_t)sn_dtype_size(dt); }
 
 static void assert_poisoned(const void *dev, size_t bytes, const char *what) {
@@ -101,8 +95,8 @@ static void gn_case(int64_t N, int64_t C, int64_t S, int64_t G, sn_layout_t lay,
   tu_rng_seed(&r, seed);
   void *x = tu_alloc(T, dt), *dyv = tu_alloc(T, dt), *y = tu_alloc(T, dt), *dx = tu_alloc(T, dt);
   void *got = tu_alloc(T, dt);
-  float *gamma = falloc(C), *beta = falloc(C), *mean = falloc(NG), *rstd = falloc(NG);
-  float *dg = falloc(C), *db = falloc(C);
+  float *gamma = tu_falloc(C), *beta = tu_falloc(C), *mean = tu_falloc(NG), *rstd = tu_falloc(NG);
+  float *dg = tu_falloc(C), *db = tu_falloc(C);
   fill_x(x, N, C, S, lay, dt, &r);
   tu_fill_normal(dyv, T, dt, 0.1, 1.0, &r);
   for (int64_t c = 0; c < C; c++)
@@ -133,8 +127,8 @@ static void gn_case(int64_t N, int64_t C, int64_t S, int64_t G, sn_layout_t lay,
   ck_assert_int_eq(sn_cuda_groupnorm_bwd(g_dx, g_dg2, g_db2, d_dy, d_x, d_m, d_r, dhg, N, C, S, G,
                                          lay, dt, ws, wsb, 0),
                    SN_OK);
-  float *hm = falloc(NG), *hr = falloc(NG), *hdg = falloc(C), *hdb = falloc(C);
-  float *hdg2 = falloc(C), *hdb2 = falloc(C);
+  float *hm = tu_falloc(NG), *hr = tu_falloc(NG), *hdg = tu_falloc(C), *hdb = tu_falloc(C);
+  float *hdg2 = tu_falloc(C), *hdb2 = tu_falloc(C);
   ct_download(hm, g_m, (size_t)NG * 4), ct_download(hr, g_r, (size_t)NG * 4);
   ct_download(hdg, g_dg, (size_t)C * 4), ct_download(hdb, g_db, (size_t)C * 4);
   ct_download(hdg2, g_dg2, (size_t)C * 4), ct_download(hdb2, g_db2, (size_t)C * 4);
@@ -150,7 +144,7 @@ static void gn_case(int64_t N, int64_t C, int64_t S, int64_t G, sn_layout_t lay,
              (double)rstd[t]);
   }
   /* y: terms |x̂·gamma| + |beta| */
-  double *terms = dalloc(T);
+  double *terms = tu_dalloc(T);
   for (int64_t i = 0; i < T; i++) {
     const int64_t c = chan(lay, i, C, S), t = sample(lay, i, C, S) * G + c / Cg;
     terms[i] = fabs((tu_get(x, i, dt) - mean[t]) * (double)rstd[t] * (hg ? hg[c] : 1.0)) +
@@ -159,7 +153,7 @@ static void gn_case(int64_t N, int64_t C, int64_t S, int64_t G, sn_layout_t lay,
   ct_download(got, g_y, abytes(T, dt));
   cmp_act(got, y, terms, T, dt, "gn fwd y");
   /* dx: terms rstd·(|g| + |mean(g)| + |x̂·mean(g·x̂)|) per group, g = dy·gamma */
-  double *mg = dalloc(NG), *mgx = dalloc(NG), *sdy = dalloc(C), *sdyx = dalloc(C);
+  double *mg = tu_dalloc(NG), *mgx = tu_dalloc(NG), *sdy = tu_dalloc(C), *sdyx = tu_dalloc(C);
   for (int64_t t = 0; t < NG; t++) mg[t] = 0.0, mgx[t] = 0.0;
   for (int64_t c = 0; c < C; c++) sdy[c] = 0.0, sdyx[c] = 0.0;
   for (int64_t i = 0; i < T; i++) {
@@ -335,8 +329,8 @@ START_TEST(test_fold) {
       const int64_t co = shapes[k][0], per = shapes[k][1], W = co * per;
       tu_rng_t r;
       tu_rng_seed(&r, 800 + (uint64_t)(k * 2 + params));
-      float *w = falloc(W), *b = falloc(co), *gamma = falloc(co), *beta = falloc(co);
-      float *rm = falloc(co), *rv = falloc(co), *gw = falloc(W), *gb = falloc(co);
+      float *w = tu_falloc(W), *b = tu_falloc(co), *gamma = tu_falloc(co), *beta = tu_falloc(co);
+      float *rm = tu_falloc(co), *rv = tu_falloc(co), *gw = tu_falloc(W), *gb = tu_falloc(co);
       for (int64_t i = 0; i < W; i++) w[i] = (float)tu_rng_normal(&r);
       for (int64_t c = 0; c < co; c++) {
         b[c] = (float)tu_rng_normal(&r), gamma[c] = (float)(0.5 + tu_rng_uniform(&r));
