@@ -4,28 +4,14 @@
  * a corrupt stream, a truncated stream, a bad CRC) or as a wrong IDX magic (no gzip header).
  */
 #include "idx.h"
+#include "errmsg.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <zlib.h>
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Writes the message into err (truncated to errlen) and returns −1. */
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
 
 /* Reads the whole (decompressed) content of path into *buf (malloc'd) and *len. At most
  * IDX_MAX_BYTES + 1 bytes are kept, so an oversized file is detected without reading it all. */
@@ -33,31 +19,31 @@ static int read_all(uint8_t **buf, int64_t *len, const char *path, char *err, si
   *buf = NULL;
   *len = 0;
   struct stat st;
-  if (stat(path, &st) != 0) return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-  if (S_ISDIR(st.st_mode)) return fail(err, errlen, "%s: is a directory, not an IDX file", path);
+  if (stat(path, &st) != 0) return ex_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+  if (S_ISDIR(st.st_mode)) return ex_fail(err, errlen, "%s: is a directory, not an IDX file", path);
   gzFile f = gzopen(path, "rb");
   if (!f) {
     int e = errno;
-    return fail(err, errlen, "%s: cannot open: %s", path, e ? strerror(e) : "out of memory");
+    return ex_fail(err, errlen, "%s: cannot open: %s", path, e ? strerror(e) : "out of memory");
   }
   int64_t cap = 1 << 20, n = 0;
   uint8_t *data = malloc((size_t)cap);
   int rc = -1;
   if (!data) {
-    fail(err, errlen, "%s: out of memory", path);
+    ex_fail(err, errlen, "%s: out of memory", path);
     goto done;
   }
   for (;;) {
     if (n == cap) {
       if (cap > IDX_MAX_BYTES) {
-        fail(err, errlen, "%s: more than %lld bytes uncompressed: not an IDX file of this program",
+        ex_fail(err, errlen, "%s: more than %lld bytes uncompressed: not an IDX file of this program",
              path, (long long)IDX_MAX_BYTES);
         goto done;
       }
       int64_t bigger_cap = cap * 2 > IDX_MAX_BYTES ? IDX_MAX_BYTES + 1 : cap * 2;
       uint8_t *bigger = realloc(data, (size_t)bigger_cap);
       if (!bigger) {
-        fail(err, errlen, "%s: out of memory after %lld bytes", path, (long long)n);
+        ex_fail(err, errlen, "%s: out of memory after %lld bytes", path, (long long)n);
         goto done;
       }
       data = bigger;
@@ -77,7 +63,7 @@ static int read_all(uint8_t **buf, int64_t *len, const char *path, char *err, si
     const char *detail = zmsg;
     size_t plen = strlen(path);
     if (strncmp(detail, path, plen) == 0 && detail[plen] == ':') detail += plen + 2;
-    fail(err, errlen, "%s: corrupt or truncated gzip data (zlib: %s) after %lld bytes", path,
+    ex_fail(err, errlen, "%s: corrupt or truncated gzip data (zlib: %s) after %lld bytes", path,
          zerr == Z_ERRNO ? strerror(errno) : detail, (long long)n);
     goto done;
   }
@@ -97,7 +83,7 @@ static uint32_t be32(const uint8_t *p) {
 
 int idx_read(idx_array_t *out, const char *path, int ndim, char *err, size_t errlen) {
   if (out) memset(out, 0, sizeof *out); /* zeroed on every failure, bad arguments included */
-  if (!out || !path || ndim < 1 || ndim > 3) return fail(err, errlen, "idx_read: bad arguments");
+  if (!out || !path || ndim < 1 || ndim > 3) return ex_fail(err, errlen, "idx_read: bad arguments");
   uint8_t *buf = NULL;
   int64_t len = 0;
   if (read_all(&buf, &len, path, err, errlen) != 0) return -1;
@@ -105,20 +91,20 @@ int idx_read(idx_array_t *out, const char *path, int ndim, char *err, size_t err
   int64_t header = 4 + 4 * (int64_t)ndim;
   if (len < 4) {
     free(buf);
-    return fail(err, errlen, "%s: truncated: %lld bytes, shorter than the 4-byte IDX magic", path,
+    return ex_fail(err, errlen, "%s: truncated: %lld bytes, shorter than the 4-byte IDX magic", path,
                 (long long)len);
   }
   uint32_t magic = be32(buf), want_magic = 0x0800u | (uint32_t)ndim;
   if (magic != want_magic) {
     free(buf);
-    return fail(err, errlen,
+    return ex_fail(err, errlen,
                 "%s: bad magic 0x%08x, expected 0x%08x (IDX, unsigned bytes, %d dimension%s)%s",
                 path, magic, want_magic, ndim, ndim == 1 ? "" : "s",
                 (magic & 0xffffff00u) == 0x0800u ? "" : ": not an IDX file (or not gzip data)");
   }
   if (len < header) {
     free(buf);
-    return fail(err, errlen, "%s: truncated: the header needs %lld bytes, the file has %lld", path,
+    return ex_fail(err, errlen, "%s: truncated: the header needs %lld bytes, the file has %lld", path,
                 (long long)header, (long long)len);
   }
   int64_t elems = 1;
@@ -127,13 +113,13 @@ int idx_read(idx_array_t *out, const char *path, int ndim, char *err, size_t err
     if (out->dims[d] == 0) {
       free(buf);
       memset(out, 0, sizeof *out);
-      return fail(err, errlen, "%s: dimension %d is 0: no data", path, d);
+      return ex_fail(err, errlen, "%s: dimension %d is 0: no data", path, d);
     }
     if (elems > IDX_MAX_BYTES / out->dims[d]) { /* cannot be the size of what we could read */
       const long long dim = (long long)out->dims[d];
       free(buf);
       memset(out, 0, sizeof *out);
-      return fail(err, errlen, "%s: header sizes too large (dimension %d is %lld)", path, d, dim);
+      return ex_fail(err, errlen, "%s: header sizes too large (dimension %d is %lld)", path, d, dim);
     }
     elems *= out->dims[d];
   }
@@ -147,7 +133,7 @@ int idx_read(idx_array_t *out, const char *path, int ndim, char *err, size_t err
     int64_t have = len - header;
     free(buf);
     memset(out, 0, sizeof *out);
-    return fail(err, errlen, "%s: %s: the header says %s = %lld bytes of data, the file has %lld",
+    return ex_fail(err, errlen, "%s: %s: the header says %s = %lld bytes of data, the file has %lld",
                 path, have < elems ? "truncated" : "count mismatch (extra bytes)", shape,
                 (long long)elems, (long long)have);
   }
@@ -179,7 +165,7 @@ int idx_dataset_read(idx_dataset_t *ds, const char *dir, const char *split, int6
                      int64_t want_cols, int classes, char *err, size_t errlen) {
   if (ds) memset(ds, 0, sizeof *ds); /* idx_dataset_free is safe after any failure */
   if (!ds || !dir || !split || classes < 1 || classes > 256)
-    return fail(err, errlen, "idx_dataset_read: bad arguments");
+    return ex_fail(err, errlen, "idx_dataset_read: bad arguments");
   char ipath[4096], lpath[4096], stem[256];
   snprintf(stem, sizeof stem, "%s-images-idx3-ubyte", split);
   data_path(ipath, sizeof ipath, dir, stem);
@@ -194,20 +180,20 @@ int idx_dataset_read(idx_dataset_t *ds, const char *dir, const char *split, int6
   int64_t ni = ds->images.dims[0], nl = ds->labels.dims[0];
   int64_t rows = ds->images.dims[1], cols = ds->images.dims[2];
   if (ni != nl) {
-    fail(err, errlen, "%s has %lld images but %s has %lld labels: the counts must be equal", ipath,
+    ex_fail(err, errlen, "%s has %lld images but %s has %lld labels: the counts must be equal", ipath,
          (long long)ni, lpath, (long long)nl);
     idx_dataset_free(ds);
     return -1;
   }
   if ((want_rows > 0 && rows != want_rows) || (want_cols > 0 && cols != want_cols)) {
-    fail(err, errlen, "%s: images are %lld×%lld, the model needs %lld×%lld", ipath,
+    ex_fail(err, errlen, "%s: images are %lld×%lld, the model needs %lld×%lld", ipath,
          (long long)rows, (long long)cols, (long long)want_rows, (long long)want_cols);
     idx_dataset_free(ds);
     return -1;
   }
   for (int64_t i = 0; i < nl; i++) {
     if (ds->labels.data[i] >= classes) {
-      fail(err, errlen, "%s: label %d of example %lld is out of range 0..%d", lpath,
+      ex_fail(err, errlen, "%s: label %d of example %lld is out of range 0..%d", lpath,
            ds->labels.data[i], (long long)i, classes - 1);
       idx_dataset_free(ds);
       return -1;

@@ -2,10 +2,10 @@
  * metrics.c — metrics.csv, curves.png and duration formatting (see metrics.h).
  */
 #include "metrics.h"
+#include "errmsg.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -13,36 +13,23 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
-
 int metrics_mkdir_p(const char *dir, char *err, size_t errlen) {
   char path[4096];
   if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
-    return fail(err, errlen, "%s: path too long", dir);
+    return ex_fail(err, errlen, "%s: path too long", dir);
   for (char *p = path + 1;; p++) {
     if (*p == '/' || *p == '\0') {
       const char saved = *p;
       *p = '\0';
       if (mkdir(path, 0777) != 0 && errno != EEXIST)
-        return fail(err, errlen, "cannot create directory %s: %s", path, strerror(errno));
+        return ex_fail(err, errlen, "cannot create directory %s: %s", path, strerror(errno));
       *p = saved;
       if (saved == '\0') break;
     }
   }
   struct stat st;
   if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-    return fail(err, errlen, "%s: not a directory", dir);
+    return ex_fail(err, errlen, "%s: not a directory", dir);
   return 0;
 }
 
@@ -58,7 +45,7 @@ int metrics_check_writable(const char *file, const char *will_make, const char *
                            size_t errlen) {
   char dir[4096];
   if (snprintf(dir, sizeof dir, "%s", file) >= (int)sizeof dir)
-    return fail(err, errlen, "%s %s: path too long", what, file);
+    return ex_fail(err, errlen, "%s %s: path too long", what, file);
   char *slash = strrchr(dir, '/');
   if (slash == NULL)
     snprintf(dir, sizeof dir, ".");
@@ -70,13 +57,13 @@ int metrics_check_writable(const char *file, const char *will_make, const char *
   if (will_make != NULL && same_dir(dir, will_make) && stat(dir, &st) != 0)
     return 0; /* made by the run before the file is written (a failure is reported then) */
   if (stat(dir, &st) != 0)
-    return fail(err, errlen, "%s %s: directory %s: %s", what, file, dir, strerror(errno));
+    return ex_fail(err, errlen, "%s %s: directory %s: %s", what, file, dir, strerror(errno));
   if (!S_ISDIR(st.st_mode))
-    return fail(err, errlen, "%s %s: %s is not a directory", what, file, dir);
+    return ex_fail(err, errlen, "%s %s: %s is not a directory", what, file, dir);
   if (access(dir, W_OK | X_OK) != 0)
-    return fail(err, errlen, "%s %s: cannot write in %s: %s", what, file, dir, strerror(errno));
+    return ex_fail(err, errlen, "%s %s: cannot write in %s: %s", what, file, dir, strerror(errno));
   if (stat(file, &st) == 0 && S_ISDIR(st.st_mode))
-    return fail(err, errlen, "%s %s: is a directory", what, file);
+    return ex_fail(err, errlen, "%s %s: is a directory", what, file);
   return 0;
 }
 
@@ -86,7 +73,7 @@ int metrics_open(metrics_t *m, const char *dir, int append, char *err, size_t er
   struct stat st;
   const int exists = stat(m->path, &st) == 0 && st.st_size > 0;
   m->f = fopen(m->path, append && exists ? "a" : "w");
-  if (!m->f) return fail(err, errlen, "cannot write %s: %s", m->path, strerror(errno));
+  if (!m->f) return ex_fail(err, errlen, "cannot write %s: %s", m->path, strerror(errno));
   if (!(append && exists))
     fprintf(m->f, "kind,epoch,step,loss,lr,images_per_s,test_accuracy,elapsed_s\n");
   fflush(m->f);
@@ -163,9 +150,9 @@ int metrics_plot(const char *dir, char *err, size_t errlen) {
   char path[4096];
   snprintf(path, sizeof path, "%s/curves.gp", dir);
   FILE *f = fopen(path, "w");
-  if (!f) return fail(err, errlen, "cannot write %s: %s", path, strerror(errno));
+  if (!f) return ex_fail(err, errlen, "cannot write %s: %s", path, strerror(errno));
   fputs(plot_script, f);
-  if (fclose(f) != 0) return fail(err, errlen, "cannot write %s: %s", path, strerror(errno));
+  if (fclose(f) != 0) return ex_fail(err, errlen, "cannot write %s: %s", path, strerror(errno));
   /* a run that trained nothing (a finished checkpoint resumed into a new directory) leaves a
    * header-only metrics.csv, on which gnuplot fails ("x range is invalid") */
   snprintf(path, sizeof path, "%s/metrics.csv", dir);
@@ -177,7 +164,7 @@ int metrics_plot(const char *dir, char *err, size_t errlen) {
   if (!on_path("gnuplot")) return 0;
   fflush(NULL);
   const pid_t pid = fork();
-  if (pid < 0) return fail(err, errlen, "fork for gnuplot: %s", strerror(errno));
+  if (pid < 0) return ex_fail(err, errlen, "fork for gnuplot: %s", strerror(errno));
   if (pid == 0) { /* gnuplot's warnings (e.g. one test point: "empty x range") are noise here */
     const int devnull = open("/dev/null", O_WRONLY);
     if (chdir(dir) != 0 || devnull < 0 || dup2(devnull, 1) < 0 || dup2(devnull, 2) < 0) _exit(126);
@@ -186,9 +173,9 @@ int metrics_plot(const char *dir, char *err, size_t errlen) {
   }
   int status = 0;
   while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) return fail(err, errlen, "waiting for gnuplot: %s", strerror(errno));
+    if (errno != EINTR) return ex_fail(err, errlen, "waiting for gnuplot: %s", strerror(errno));
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    return fail(err, errlen, "gnuplot %s/curves.gp failed (status %d)", dir,
+    return ex_fail(err, errlen, "gnuplot %s/curves.gp failed (status %d)", dir,
                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
   return 1;
 }

@@ -3,29 +3,16 @@
  * through cnn.c's layers and the library's SyncBatchNorm, SGD, checkpoint tensors.
  */
 #include "model.h"
+#include "errmsg.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
-
 /* Formats a failed sn_* call into err and returns −1. */
 static int fail_sn(char *err, size_t errlen, const char *call, sn_status_t st) {
-  return fail(err, errlen, "%s: %s: %s", call, sn_status_string(st), sn_last_error());
+  return ex_fail(err, errlen, "%s: %s: %s", call, sn_status_string(st), sn_last_error());
 }
 
 #define TRY_SN(call, what)                                       \
@@ -83,10 +70,10 @@ static void init_uniform(float *w, int64_t n, int64_t fan_in, cnn_rng_t *rng) {
 
 int cnn_model_create(cnn_model_t **model, int64_t batch_cap, sn_comm_t *bn_comm, uint64_t seed,
                      char *err, size_t errlen) {
-  if (!model || batch_cap < 1) return fail(err, errlen, "cnn_model_create: bad arguments");
+  if (!model || batch_cap < 1) return ex_fail(err, errlen, "cnn_model_create: bad arguments");
   *model = NULL;
   cnn_model_t *m = calloc(1, sizeof *m);
-  if (!m) return fail(err, errlen, "cnn_model_create: out of memory");
+  if (!m) return ex_fail(err, errlen, "cnn_model_create: out of memory");
   m->batch_cap = batch_cap;
   m->conv1 = cnn_conv_geometry(1, 32, 3, 1, CNN_IMG, CNN_IMG);
   m->conv2 = cnn_conv_geometry(32, 64, 3, 1, CNN_IMG / 2, CNN_IMG / 2);
@@ -154,7 +141,7 @@ int cnn_model_create(cnn_model_t **model, int64_t batch_cap, sn_comm_t *bn_comm,
   return 0;
 oom:
   cnn_model_destroy(m);
-  return fail(err, errlen, "cnn_model_create: out of memory (batch %lld)", (long long)batch_cap);
+  return ex_fail(err, errlen, "cnn_model_create: out of memory (batch %lld)", (long long)batch_cap);
 }
 
 void cnn_model_destroy(cnn_model_t *m) {
@@ -170,7 +157,7 @@ void cnn_model_destroy(cnn_model_t *m) {
 
 int cnn_model_forward(cnn_model_t *m, int64_t n, int training, char *err, size_t errlen) {
   if (n < 0 || n > m->batch_cap)
-    return fail(err, errlen, "cnn_model_forward: batch %lld outside 0..%lld", (long long)n,
+    return ex_fail(err, errlen, "cnn_model_forward: batch %lld outside 0..%lld", (long long)n,
                 (long long)m->batch_cap);
   const cnn_param_t *p = m->param;
   /* BatchNorm sees [C, N, H, W] as NCHW [1, C, N·H·W]: per-channel statistics over N·H·W. */
@@ -190,7 +177,7 @@ int cnn_model_forward(cnn_model_t *m, int64_t n, int training, char *err, size_t
 
 int cnn_model_backward(cnn_model_t *m, int64_t n, char *err, size_t errlen) {
   if (n < 0 || n > m->batch_cap)
-    return fail(err, errlen, "cnn_model_backward: batch %lld outside 0..%lld", (long long)n,
+    return ex_fail(err, errlen, "cnn_model_backward: batch %lld outside 0..%lld", (long long)n,
                 (long long)m->batch_cap);
   cnn_param_t *p = m->param;
   cnn_linear_bwd(m->dfeat, p[CNN_FC_W].grad, p[CNN_FC_B].grad, m->dlogits, m->feat,
@@ -261,7 +248,7 @@ static int load_f32(float *dst, const sn_safetensors_t *file, const char *name,
                     const cnn_param_t *p, char *err, size_t errlen) {
   sn_tensor_t t;
   sn_status_t st = sn_safetensors_get(file, &t, name);
-  if (st == SN_ERR_NOT_FOUND) return fail(err, errlen, "tensor \"%s\" is missing", name);
+  if (st == SN_ERR_NOT_FOUND) return ex_fail(err, errlen, "tensor \"%s\" is missing", name);
   if (st != SN_OK) return fail_sn(err, errlen, "sn_safetensors_get", st);
   int same = !t.is_i64 && t.dtype == SN_DTYPE_F32 && t.ndim == p->ndim;
   for (int i = 0; same && i < p->ndim; i++) same = t.shape[i] == p->shape[i];
@@ -275,7 +262,7 @@ static int load_f32(float *dst, const sn_safetensors_t *file, const char *name,
                (long long)p->shape[1]);
     else
       snprintf(want, sizeof want, "F32 [%lld]", (long long)p->shape[0]);
-    return fail(err, errlen, "tensor \"%s\" has the wrong dtype or shape (expected %s)", name,
+    return ex_fail(err, errlen, "tensor \"%s\" has the wrong dtype or shape (expected %s)", name,
                 want);
   }
   memcpy(dst, t.data, (size_t)p->numel * sizeof(float));
