@@ -379,17 +379,44 @@ static int64_t ln_fwd_scratch_rows(int threads, sn_dtype_t dtype) {
   return threads + (dtype == SN_DTYPE_BF16 ? 2 : 0);
 }
 
-/* For bf16 rows: *gs, *bs = gamma, beta [d] in pair order (sn__to_pairs), written into the two
- * scratch rows after the threads' (ln_fwd_scratch_rows); NULL where gamma or beta is, and for
- * the other dtypes. Returns whether gamma is NULL or all finite (ln_map_row_pairs' gfin). */
-static int ln_param_pairs(float **gs, float **bs, float *scratch, int threads,
-                          int64_t per_thread, const float *gamma, const float *beta, int64_t d,
-                          sn_dtype_t dtype) {
-  *gs = NULL, *bs = NULL;
-  if (dtype != SN_DTYPE_BF16) return 0;
-  if (gamma != NULL) sn__to_pairs(*gs = scratch + (int64_t)threads * per_thread, gamma, d);
-  if (beta != NULL) sn__to_pairs(*bs = scratch + (int64_t)(threads + 1) * per_thread, beta, d);
-  return sn__gamma_finite(gamma, d);
+/* What both forwards set up after their argument check: the scratch, allocated before the
+ * overlap check (its failure tests pass sizes no buffer has) and freed with sn__free. */
+typedef struct {
+  float *scratch;     /* ln_fwd_scratch_rows rows of per_thread floats; NULL for f32 */
+  int64_t per_thread; /* floats per scratch row, whole cache lines */
+  int threads;        /* the rows' team (sn__team_for) */
+  /* bf16: gamma, beta [d] in pair order (sn__to_pairs), in the two scratch rows after the
+   * threads'; NULL where gamma or beta is, and for the other dtypes */
+  const float *gs, *bs;
+  int gfin; /* bf16: gamma NULL or all finite (ln_map_row_pairs' gfin) */
+} ln_fwd_ctx_t;
+
+/* Allocates the scratch, checks the buffers' overlap (sum_out, residual NULL in the plain
+ * forward), and for bf16 writes gamma and beta in pairs. On an error nothing is left allocated
+ * and nothing written. */
+static sn_status_t ln_fwd_begin(ln_fwd_ctx_t *c, const char *fn, const void *y,
+                                const void *sum_out, const float *mean, const float *rstd,
+                                const void *x, const void *residual, const float *gamma,
+                                const float *beta, int64_t rows, int64_t d, sn_dtype_t dtype) {
+  sn_status_t st = SN_OK;
+  *c = (ln_fwd_ctx_t){NULL, sn__line_stride(ln_fwd_scratch(d, dtype), (int64_t)sizeof(float)),
+                      sn__team_for(rows), NULL, NULL, 0};
+  if (c->per_thread > 0 &&
+      (c->scratch = sn__alloc(fn, ln_fwd_scratch_rows(c->threads, dtype), c->per_thread,
+                              sizeof(float), &st)) == NULL)
+    return st;
+  st = sn__rownorm_fwd_spans(fn, y, sum_out, mean, rstd, x, residual, gamma, beta, rows, d,
+                             sn_dtype_size(dtype));
+  if (st != SN_OK) {
+    sn__free(c->scratch);
+    return st;
+  }
+  if (dtype != SN_DTYPE_BF16) return SN_OK;
+  float *pairs = c->scratch + (int64_t)c->threads * c->per_thread;
+  if (gamma != NULL) sn__to_pairs(pairs, gamma, d), c->gs = pairs;
+  if (beta != NULL) sn__to_pairs(pairs + c->per_thread, beta, d), c->bs = pairs + c->per_thread;
+  c->gfin = sn__gamma_finite(gamma, d);
+  return SN_OK;
 }
 
 sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
@@ -401,24 +428,12 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
   if (n == 0) return SN_OK;
 
   /* scratch, per thread: f16 2·d f32 (the x row, then the y row), bf16 d f32 (a row of tiny
-   * or wide mean, widened); f32 works on x and y directly. bf16, after those: gamma and beta in
-   * pairs (sn__to_pairs), 2·d f32 */
-  const int64_t esize = sn_dtype_size(dtype);
-  const int64_t per_thread = sn__line_stride(ln_fwd_scratch(d, dtype), (int64_t)sizeof(float));
-  const int threads = sn__team_for(rows);
-  sn_status_t st = SN_OK;
-  float *scratch = NULL, *gs = NULL, *bs = NULL;
-  if (per_thread > 0 &&
-      (scratch = sn__alloc(fn, ln_fwd_scratch_rows(threads, dtype), per_thread, sizeof(float),
-                           &st)) == NULL)
-    return st;
-  /* after the scratch (its failure tests pass sizes no buffer has), before any write */
-  st = sn__rownorm_fwd_spans(fn, y, NULL, mean, rstd, x, NULL, gamma, beta, rows, d, esize);
-  if (st != SN_OK) {
-    sn__free(scratch);
-    return st;
-  }
-  const int gfin = ln_param_pairs(&gs, &bs, scratch, threads, per_thread, gamma, beta, d, dtype);
+   * or wide mean, widened); f32 works on x and y directly */
+  ln_fwd_ctx_t c;
+  SN_TRY(ln_fwd_begin(&c, fn, y, NULL, mean, rstd, x, NULL, gamma, beta, rows, d, dtype));
+  const int64_t esize = sn_dtype_size(dtype), per_thread = c.per_thread;
+  const int threads = c.threads;
+  float *scratch = c.scratch;
 
   /* each thread one range of consecutive rows, as schedule(static) over the rows: the bf16
    * rows pipeline their statistics a row ahead within it (ln_fwd_rows_pairs) */
@@ -433,8 +448,8 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
       const int64_t r0 = sn__chunk_begin(k, rows, ranges);
       const int64_t r1 = sn__chunk_begin(k + 1, rows, ranges);
       if (dtype == SN_DTYPE_BF16) {
-        ln_fwd_rows_pairs(y, mean, rstd, x, tmp, gamma, beta, gs, bs, gfin, r0, r1, rows, d, eps,
-                          stream);
+        ln_fwd_rows_pairs(y, mean, rstd, x, tmp, gamma, beta, c.gs, c.bs, c.gfin, r0, r1, rows, d,
+                          eps, stream);
         continue;
       }
       for (int64_t r = r0; r < r1; r++) {
@@ -460,24 +475,13 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
   if (n == 0) return SN_OK;
 
   /* scratch, per thread: f16 2·d f32 (the sum row, then the y row), bf16 d f32 (a sum row of
-   * tiny or wide mean, widened); bf16, after those: gamma and beta in pairs (sn__to_pairs) */
-  const int64_t esize = sn_dtype_size(dtype);
-  const int64_t per_thread = sn__line_stride(ln_fwd_scratch(d, dtype), (int64_t)sizeof(float));
-  const int threads = sn__team_for(rows);
-  sn_status_t st = SN_OK;
-  float *scratch = NULL, *gs = NULL, *bs = NULL;
-  if (per_thread > 0 &&
-      (scratch = sn__alloc(fn, ln_fwd_scratch_rows(threads, dtype), per_thread, sizeof(float),
-                           &st)) == NULL)
-    return st;
-  /* after the scratch (its failure tests pass sizes no buffer has), before any write */
-  st = sn__rownorm_fwd_spans(fn, y, sum_out, mean, rstd, x, residual, gamma, beta, rows, d,
-                             esize);
-  if (st != SN_OK) {
-    sn__free(scratch);
-    return st;
-  }
-  const int gfin = ln_param_pairs(&gs, &bs, scratch, threads, per_thread, gamma, beta, d, dtype);
+   * tiny or wide mean, widened) */
+  ln_fwd_ctx_t c;
+  SN_TRY(ln_fwd_begin(&c, fn, y, sum_out, mean, rstd, x, residual, gamma, beta, rows, d,
+                      dtype));
+  const int64_t esize = sn_dtype_size(dtype), per_thread = c.per_thread;
+  const int threads = c.threads;
+  float *scratch = c.scratch;
 
   const int stream = dtype == SN_DTYPE_F32 && sn__stream_out(n * esize); /* y of f32 rows */
 #pragma omp parallel num_threads(threads)
@@ -495,7 +499,7 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
                            (const uint16_t *)residual + off, d, eps, next, next_res,
                            (char *)((uint16_t *)y + off));
         ln_map_row_pairs((uint16_t *)y + off, stats, (uint16_t *)sum_out + off, tmp, gamma,
-                         beta, gs, bs, d, gfin, 0);
+                         beta, c.gs, c.bs, d, c.gfin, 0);
         if (mean != NULL) mean[r] = (float)stats[0];
         if (rstd != NULL) rstd[r] = (float)stats[1];
       } else if (dtype == SN_DTYPE_F32) { /* likewise (ln_fwd_row) */

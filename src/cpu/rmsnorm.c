@@ -177,67 +177,18 @@ static void rms_fwd_store(void *y, float *rstd, const float *xr, const float *re
   if (rstd != NULL) rstd[r] = (float)rs;
 }
 
-sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gamma,
-                           int64_t rows, int64_t d, float eps, sn_dtype_t dtype) {
-  static const char fn[] = "sn_rmsnorm_fwd";
+/* sn_rmsnorm_fwd (fused 0: residual, sum_out NULL) and sn_add_rmsnorm_fwd (fused 1; a NULL
+ * residual or sum_out is then the caller's error, which the check reports). */
+static sn_status_t rms_fwd(const char *fn, int fused, void *y, void *sum_out, float *rstd,
+                           const void *x, const void *residual, const float *gamma, int64_t rows,
+                           int64_t d, float eps, sn_dtype_t dtype) {
   int64_t n;
-  SN_TRY(sn__rownorm_fwd_check(fn, y, NULL, x, NULL, 0, rows, d, eps, dtype, &n));
+  SN_TRY(sn__rownorm_fwd_check(fn, y, sum_out, x, residual, fused, rows, d, eps, dtype, &n));
   if (n == 0) return SN_OK;
 
-  /* scratch: [threads, row_stride] f32 rows (d rounded up to whole lines) for f16, one for bf16
-   * (gamma in pairs); f32 works on x and y directly */
-  const int64_t esize = sn_dtype_size(dtype);
-  sn_status_t st = SN_OK;
-  const int64_t row_stride = sn__line_stride(d, sizeof(float)); /* per thread */
-  const int team = sn__team_for(rows); /* the f16 rows' threads */
-  float *scratch = NULL;
-  if (dtype != SN_DTYPE_F32 &&
-      (scratch = sn__alloc(fn, dtype == SN_DTYPE_BF16 ? 1 : team, row_stride,
-                           sizeof(float), &st)) == NULL)
-    return st;
-  /* after the scratch (its failure tests pass sizes no buffer has), before any write */
-  st = sn__rownorm_fwd_spans(fn, y, NULL, NULL, rstd, x, NULL, gamma, NULL, rows, d, esize);
-  if (st != SN_OK) {
-    sn__free(scratch);
-    return st;
-  }
-
-  const float *gs = NULL; /* bf16: gamma in pairs (sn__map_pairs), in the scratch */
-  if (dtype == SN_DTYPE_BF16 && gamma != NULL) {
-    sn__to_pairs(scratch, gamma, d);
-    gs = scratch;
-  }
-
-  const int stream = sn__stream_out(n * esize);
-  if (dtype == SN_DTYPE_BF16) { /* pipelined rows, a range per thread */
-    rms_fwd_bf16(y, rstd, x, NULL, NULL, gamma, gs, rows, d, eps, stream);
-  } else {
-#pragma omp parallel num_threads(team)
-    {
-      float *tmp = scratch != NULL ? scratch + (int64_t)sn__thread_num() * row_stride : NULL;
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < rows; r++) {
-        const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
-        const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
-        rms_fwd_store(y, rstd, xr, NULL, NULL, tmp, gamma, r, d, eps, dtype, next, stream);
-      }
-      sn__stream_fence(stream);
-    }
-  }
-  sn__free(scratch);
-  return SN_OK;
-}
-
-sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *x,
-                               const void *residual, const float *gamma, int64_t rows,
-                               int64_t d, float eps, sn_dtype_t dtype) {
-  static const char fn[] = "sn_add_rmsnorm_fwd";
-  int64_t n;
-  SN_TRY(sn__rownorm_fwd_check(fn, y, sum_out, x, residual, 1, rows, d, eps, dtype, &n));
-  if (n == 0) return SN_OK;
-
-  /* scratch: [threads, row_stride] f32 rows (d rounded up to whole lines) for f16 (the widened
-   * sum row, where y is computed); for bf16 one row, gamma in pairs (sn__map_pairs) */
+  /* scratch: [threads, row_stride] f32 rows (d rounded up to whole lines) for f16 (the x row,
+   * or the widened sum row; y is computed there); for bf16 one row, gamma in pairs
+   * (sn__map_pairs); f32 works on x and y directly */
   const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
   const int64_t row_stride = sn__line_stride(d, sizeof(float)); /* per thread */
@@ -255,14 +206,14 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
     return st;
   }
 
-  const float *gs = NULL;
+  const float *gs = NULL; /* bf16: gamma in pairs (sn__map_pairs), in the scratch */
   if (dtype == SN_DTYPE_BF16 && gamma != NULL) {
     sn__to_pairs(scratch, gamma, d);
     gs = scratch;
   }
 
   const int stream = sn__stream_out(n * esize); /* y (sum_out, read back at once, is not) */
-  if (dtype == SN_DTYPE_BF16) { /* the add in the first pass of the pipelined rows */
+  if (dtype == SN_DTYPE_BF16) { /* pipelined rows, a range per thread (the add in the first pass) */
     rms_fwd_bf16(y, rstd, x, residual, sum_out, gamma, gs, rows, d, eps, stream);
   } else {
 #pragma omp parallel num_threads(team)
@@ -272,7 +223,10 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
       for (int64_t r = 0; r < rows; r++) {
         const int64_t off = r * d;
         const char *next = r + 1 < rows ? (const char *)x + (off + d) * esize : NULL;
-        if (dtype == SN_DTYPE_F32) { /* the add in the first pass (rms_fwd_row) */
+        if (!fused) {
+          const float *xr = sn__in_row(x, off, d, dtype, tmp); /* x row r as f32 [d] */
+          rms_fwd_store(y, rstd, xr, NULL, NULL, tmp, gamma, r, d, eps, dtype, next, stream);
+        } else if (dtype == SN_DTYPE_F32) { /* the add in the first pass (rms_fwd_row) */
           rms_fwd_store(y, rstd, (const float *)x + off, (const float *)residual + off,
                         (float *)sum_out + off, NULL, gamma, r, d, eps, dtype, next, stream);
         } else {
@@ -285,6 +239,18 @@ sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *
   }
   sn__free(scratch);
   return SN_OK;
+}
+
+sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gamma,
+                           int64_t rows, int64_t d, float eps, sn_dtype_t dtype) {
+  return rms_fwd("sn_rmsnorm_fwd", 0, y, NULL, rstd, x, NULL, gamma, rows, d, eps, dtype);
+}
+
+sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *x,
+                               const void *residual, const float *gamma, int64_t rows,
+                               int64_t d, float eps, sn_dtype_t dtype) {
+  return rms_fwd("sn_add_rmsnorm_fwd", 1, y, sum_out, rstd, x, residual, gamma, rows, d, eps,
+                 dtype);
 }
 
 /* ------------------------------------------------------------------------------------------ */
