@@ -150,6 +150,25 @@ static void bd_arg(bd_prim_t *p, int arg, const dnnl_memory_desc_t *md, const vo
   p->nargs++;
 }
 
+/* The statistics and affine parameters every normalization primitive here takes: mean and var
+ * (described by stat), gamma and beta (by par; beta is an input of 2.6's backward too). */
+static void bd_arg_stats(bd_prim_t *p, const dnnl_memory_desc_t *stat, const float *mean,
+                         const float *var, const dnnl_memory_desc_t *par, const float *gamma,
+                         const float *beta) {
+  bd_arg(p, DNNL_ARG_MEAN, stat, mean);
+  bd_arg(p, DNNL_ARG_VARIANCE, stat, var);
+  bd_arg(p, DNNL_ARG_SCALE, par, gamma);
+  bd_arg(p, DNNL_ARG_SHIFT, par, beta);
+}
+
+/* The outputs of a backward: dx (data), dgamma and dbeta (par). */
+static void bd_arg_grads(bd_prim_t *p, const dnnl_memory_desc_t *data, void *dx,
+                         const dnnl_memory_desc_t *par, float *dgamma, float *dbeta) {
+  bd_arg(p, DNNL_ARG_DIFF_SRC, data, dx);
+  bd_arg(p, DNNL_ARG_DIFF_SCALE, par, dgamma);
+  bd_arg(p, DNNL_ARG_DIFF_SHIFT, par, dbeta);
+}
+
 /* Creates the primitive of `pd` into a new bd_prim_t and takes ownership of pd's lifetime
  * (destroyed here: the primitive keeps what it needs). Workspace is not supported (our flags
  * never need one). */
@@ -197,10 +216,7 @@ bd_prim_t *bd_layernorm_fwd(void *y, float *mean, float *var, const void *x, con
   bd_prim_t *p = bd_make(pd);
   bd_arg(p, DNNL_ARG_SRC, &data, x);
   bd_arg(p, DNNL_ARG_DST, &data, y);
-  bd_arg(p, DNNL_ARG_MEAN, &stat, mean);
-  bd_arg(p, DNNL_ARG_VARIANCE, &stat, var);
-  bd_arg(p, DNNL_ARG_SCALE, &par, gamma);
-  bd_arg(p, DNNL_ARG_SHIFT, &par, beta);
+  bd_arg_stats(p, &stat, mean, var, &par, gamma, beta);
   return p;
 }
 
@@ -227,13 +243,8 @@ bd_prim_t *bd_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *d
   bd_prim_t *p = bd_make(pd);
   bd_arg(p, DNNL_ARG_SRC, &data, x);
   bd_arg(p, DNNL_ARG_DIFF_DST, &data, dy);
-  bd_arg(p, DNNL_ARG_MEAN, &stat, mean);
-  bd_arg(p, DNNL_ARG_VARIANCE, &stat, var);
-  bd_arg(p, DNNL_ARG_SCALE, &par, gamma);
-  bd_arg(p, DNNL_ARG_SHIFT, &par, beta); /* 2.6 lists it as an input of the backward */
-  bd_arg(p, DNNL_ARG_DIFF_SRC, &data, dx);
-  bd_arg(p, DNNL_ARG_DIFF_SCALE, &par, dgamma);
-  bd_arg(p, DNNL_ARG_DIFF_SHIFT, &par, dbeta);
+  bd_arg_stats(p, &stat, mean, var, &par, gamma, beta);
+  bd_arg_grads(p, &data, dx, &par, dgamma, dbeta);
   return p;
 }
 
@@ -261,10 +272,7 @@ bd_prim_t *bd_batchnorm_fwd(void *y, float *mean, float *var, const void *x, con
   bd_prim_t *p = bd_make(pd);
   bd_arg(p, DNNL_ARG_SRC, &data, x);
   bd_arg(p, DNNL_ARG_DST, &data, y);
-  bd_arg(p, DNNL_ARG_MEAN, &par, mean);
-  bd_arg(p, DNNL_ARG_VARIANCE, &par, var);
-  bd_arg(p, DNNL_ARG_SCALE, &par, gamma);
-  bd_arg(p, DNNL_ARG_SHIFT, &par, beta);
+  bd_arg_stats(p, &par, mean, var, &par, gamma, beta);
   return p;
 }
 
@@ -280,10 +288,7 @@ bd_prim_t *bd_batchnorm_infer(void *y, const void *x, const float *mean, const f
   bd_prim_t *p = bd_make(pd);
   bd_arg(p, DNNL_ARG_SRC, &data, x);
   bd_arg(p, DNNL_ARG_DST, &data, y);
-  bd_arg(p, DNNL_ARG_MEAN, &par, mean);
-  bd_arg(p, DNNL_ARG_VARIANCE, &par, var);
-  bd_arg(p, DNNL_ARG_SCALE, &par, gamma);
-  bd_arg(p, DNNL_ARG_SHIFT, &par, beta);
+  bd_arg_stats(p, &par, mean, var, &par, gamma, beta);
   return p;
 }
 
@@ -305,13 +310,8 @@ bd_prim_t *bd_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *d
   bd_prim_t *p = bd_make(pd);
   bd_arg(p, DNNL_ARG_SRC, &data, x);
   bd_arg(p, DNNL_ARG_DIFF_DST, &data, dy);
-  bd_arg(p, DNNL_ARG_MEAN, &par, mean);
-  bd_arg(p, DNNL_ARG_VARIANCE, &par, var);
-  bd_arg(p, DNNL_ARG_SCALE, &par, gamma);
-  bd_arg(p, DNNL_ARG_SHIFT, &par, beta); /* 2.6 lists it as an input of the backward */
-  bd_arg(p, DNNL_ARG_DIFF_SRC, &data, dx);
-  bd_arg(p, DNNL_ARG_DIFF_SCALE, &par, dgamma);
-  bd_arg(p, DNNL_ARG_DIFF_SHIFT, &par, dbeta);
+  bd_arg_stats(p, &par, mean, var, &par, gamma, beta);
+  bd_arg_grads(p, &data, dx, &par, dgamma, dbeta);
   return p;
 }
 
