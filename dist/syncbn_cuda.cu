@@ -97,7 +97,9 @@ __global__ void eval_stats_kernel(double *mean, float *rstd, const float *runnin
                                   const float *running_var, int64_t c, float eps) {
   for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
     mean[i] = (double)running_mean[i];
-    rstd[i] = (float)(1.0 / sqrt((double)running_var[i] + (double)eps));
+    /* running_var < 0: NaN outputs (the CPU's error), also where running_var + eps > 0 */
+    rstd[i] = running_var[i] < 0.0f ? NAN
+                                    : (float)(1.0 / sqrt((double)running_var[i] + (double)eps));
   }
 }
 

@@ -12,8 +12,8 @@
  *    sizes, int64 overflow, eps, dtype, layout, overlap of the buffers' address ranges), enqueues
  *    its kernels and returns; it never synchronizes the host and never allocates, so it can be
  *    captured in a CUDA graph. Results are ready once the stream reaches them. Checks that need
- *    the data (a running_var < 0 in infer/fold) are made on the device: such a channel's outputs
- *    are NaN instead of an error code.
+ *    the data (a running_var < 0 in infer/fold, a num_batches_tracked < 0 in update_running) are
+ *    made on the device: such a channel's outputs are NaN instead of an error code.
  *  - Errors as the CPU function, nothing enqueued; plus SN_ERR_CUDA where a launch fails (an
  *    invalid stream, no device, a kernel image missing for this GPU), with the CUDA error's
  *    name in sn_last_error(); a failed launch can leave earlier kernels of the same call
@@ -21,7 +21,10 @@
  *    reported by whichever call next sees it (CUDA's sticky errors).
  *  - Workspace: kernels that reduce across rows or samples do so deterministically (per-block
  *    partial sums in fp64, then a second kernel summing them in a fixed order; no float
- *    atomics), so results are bitwise the same from run to run on one GPU model. The partial
+ *    atomics), so results are bitwise the same from run to run on one GPU model, for the same
+ *    shapes and the same alignment of the pointers: several kernels take 16-byte vector loads
+ *    where the tensors are 16-byte aligned and element loads elsewhere, which sum in another
+ *    order (a tensor one element off a 16-byte boundary can differ in the last bits). The partial
  *    sums live in a caller-provided workspace of at least the bytes the matching *_workspace
  *    query returns (device memory, 256-byte aligned, contents ignored and overwritten); too small
  *    or NULL with a size > 0 is SN_ERR_INVALID_ARGUMENT. The LayerNorm, RMSNorm and GroupNorm
@@ -135,7 +138,9 @@ SN_API sn_status_t sn_cuda_batchnorm_finalize(double *mean, float *var, float *r
 /* sn_batchnorm_update_running on the device: running_mean, running_var [C] f32 updated in place
  * from mean [C] f64 and var [C] f32 (biased) over `count` values (host value); momentum in
  * [0, 1] or SN_MOMENTUM_CUMULATIVE, which then needs num_batches_tracked: one int64 in DEVICE
- * memory, incremented on the device (so a captured graph counts its replays). */
+ * memory, incremented on the device (so a captured graph counts its replays). A negative
+ * num_batches_tracked (the CPU's SN_ERR_INVALID_ARGUMENT, seen only on the device) gives NaN
+ * running statistics where count > 1, whatever the momentum, and is left as it is. */
 SN_API sn_status_t sn_cuda_batchnorm_update_running(float *running_mean, float *running_var,
                                                     int64_t *num_batches_tracked,
                                                     const double *mean, const float *var,

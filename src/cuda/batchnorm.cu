@@ -358,16 +358,15 @@ __global__ void bn_fwd_step(FwdStep f) {
 
 /* The running statistics with factor f (momentum, or 1/(num_batches_tracked + 1) read before
  * bn_count_batch increments it: a separate, later kernel, so no thread reads the new value). A
- * negative counter (the CPU's SN_ERR_INVALID_ARGUMENT) gives NaN running statistics. */
+ * negative counter (the CPU's SN_ERR_INVALID_ARGUMENT, whatever the momentum) gives NaN running
+ * statistics. nbt may be NULL unless cumulative. */
 __global__ void bn_update_running(float *rm, float *rv, const int64_t *nbt, const double *mean,
                                   const float *var, double momentum, int cumulative,
                                   double unbias, int64_t C) {
+  const int64_t old = nbt != NULL ? *nbt : 0;
   double f = momentum;
-  if (cumulative) {
-    const int64_t old = *nbt;
-    const int64_t now = old < INT64_MAX ? old + 1 : old;
-    f = old < 0 ? __longlong_as_double(0x7ff8000000000000LL) : 1.0 / (double)now;
-  }
+  if (cumulative) f = 1.0 / (double)(old < INT64_MAX ? old + 1 : old);
+  if (old < 0) f = __longlong_as_double(0x7ff8000000000000LL);
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C;
        c += (int64_t)gridDim.x * blockDim.x) {
     rm[c] = (float)((1.0 - f) * (double)rm[c] + f * mean[c]);
@@ -425,7 +424,9 @@ __device__ __forceinline__ void map_consts(const MapArgs &m, int64_t c, double *
     k[3] = 0.0;
   } else if (KIND == MAP_INFER) {
     k[0] = (double)m.rmean[c];
-    k[1] = g / sqrt((double)m.rvar[c] + m.eps);
+    /* running_var < 0 (the CPU's SN_ERR_INVALID_ARGUMENT): NaN, also where rvar + eps > 0 */
+    const float rv = m.rvar[c];
+    k[1] = rv < 0.0f ? (double)NAN : g / sqrt((double)rv + m.eps);
     k[2] = m.beta ? (double)m.beta[c] : 0.0;
     k[3] = 0.0;
   } else if (KIND == MAP_BWD) {

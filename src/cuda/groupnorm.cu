@@ -226,7 +226,8 @@ __global__ void fold_bn(float *w, float *b, const float *gamma, const float *bet
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t c = i / per_out;
-    const double k = (gamma ? (double)gamma[c] : 1.0) / sqrt((double)rv[c] + eps);
+    const double k = rv[c] < 0.0f ? (double)NAN /* also where rv + eps > 0 */
+                                  : (gamma ? (double)gamma[c] : 1.0) / sqrt((double)rv[c] + eps);
     w[i] = (float)__dmul_rn((double)w[i], k);
     if (i == c * per_out)
       b[c] = (float)__dadd_rn(__dmul_rn((double)b[c] - (double)rm[c], k),

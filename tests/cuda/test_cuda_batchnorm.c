@@ -473,8 +473,9 @@ START_TEST(test_infer) {
   cmp_act(got, y, terms, T, dt, "infer y");
   void *first = tu_alloc(T, dt);
   memcpy(first, got, abytes(T, dt));
-  /* channel 4 negative: NaN there, the other channels as before (in place: y = x) */
-  rv[4] = -1.0f;
+  /* channels 4 and 5 negative (5 by less than eps, so that rv + eps > 0): NaN there, the other
+   * channels as before (in place: y = x) */
+  rv[4] = -1.0f, rv[5] = -0.25f * EPS;
   ct_free(drv);
   drv = ct_upload(rv, sizeof rv);
   ck_assert_int_eq(sn_cuda_batchnorm_infer(dx, dx, drm, drv, dg, db, N, C, S, EPS, lay, dt, 0),
@@ -483,7 +484,7 @@ START_TEST(test_infer) {
   for (int64_t i = 0; i < T; i++) {
     const int64_t c = chan(lay, i, C, S);
     const double a = tu_get(got, i, dt);
-    if (c == 4) TU_CHECK(isnan(a), "infer: element %lld of the negative-var channel %.9g",
+    if (c == 4 || c == 5) TU_CHECK(isnan(a), "infer: element %lld of a negative-var channel %.9g",
                          (long long)i, a);
     else TU_CHECK(a == tu_get(first, i, dt), "infer in place: element %lld = %.9g, was %.9g",
                   (long long)i, a, tu_get(first, i, dt));
@@ -543,6 +544,20 @@ START_TEST(test_update_running) {
     ck_assert_int_eq(sn_cuda_batchnorm_update_running(drm, drv, dnbt, dmean, dvar, 1, C, moms[k],
                                                       0),
                      SN_ERR_INSUFFICIENT_COUNT);
+    /* a negative counter (the CPU's SN_ERR_INVALID_ARGUMENT), whatever the momentum: NaN
+     * running statistics, the counter left as it is */
+    const int64_t neg = -3;
+    ct_free(dnbt);
+    dnbt = ct_upload(&neg, sizeof neg);
+    ck_assert_int_eq(sn_cuda_batchnorm_update_running(drm, drv, dnbt, dmean, dvar, count, C,
+                                                      moms[k], 0),
+                     SN_OK);
+    ct_download(grm2, drm, sizeof grm2), ct_download(grv, drv, sizeof grv);
+    ct_download(&gnbt, dnbt, sizeof gnbt);
+    ck_assert_int_eq(gnbt, neg);
+    for (int c = 0; c < C; c++)
+      TU_CHECK(isnan(grm2[c]) && isnan(grv[c]), "negative counter, momentum %g: channel %d %g %g",
+               (double)moms[k], c, (double)grm2[c], (double)grv[c]);
     ct_free(drm), ct_free(drv), ct_free(dvar), ct_free(dmean), ct_free(dnbt);
   }
   /* cumulative without a counter, a bad momentum */
