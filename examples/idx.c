@@ -37,7 +37,7 @@ static int read_all(uint8_t **buf, int64_t *len, const char *path, char *err, si
     if (n == cap) {
       if (cap > IDX_MAX_BYTES) {
         ex_fail(err, errlen, "%s: more than %lld bytes uncompressed: not an IDX file of this program",
-             path, (long long)IDX_MAX_BYTES);
+                path, (long long)IDX_MAX_BYTES);
         goto done;
       }
       int64_t bigger_cap = cap * 2 > IDX_MAX_BYTES ? IDX_MAX_BYTES + 1 : cap * 2;
@@ -64,7 +64,7 @@ static int read_all(uint8_t **buf, int64_t *len, const char *path, char *err, si
     size_t plen = strlen(path);
     if (strncmp(detail, path, plen) == 0 && detail[plen] == ':') detail += plen + 2;
     ex_fail(err, errlen, "%s: corrupt or truncated gzip data (zlib: %s) after %lld bytes", path,
-         zerr == Z_ERRNO ? strerror(errno) : detail, (long long)n);
+            zerr == Z_ERRNO ? strerror(errno) : detail, (long long)n);
     goto done;
   }
   *buf = data;
@@ -92,20 +92,20 @@ int idx_read(idx_array_t *out, const char *path, int ndim, char *err, size_t err
   if (len < 4) {
     free(buf);
     return ex_fail(err, errlen, "%s: truncated: %lld bytes, shorter than the 4-byte IDX magic", path,
-                (long long)len);
+                   (long long)len);
   }
   uint32_t magic = be32(buf), want_magic = 0x0800u | (uint32_t)ndim;
   if (magic != want_magic) {
     free(buf);
     return ex_fail(err, errlen,
-                "%s: bad magic 0x%08x, expected 0x%08x (IDX, unsigned bytes, %d dimension%s)%s",
-                path, magic, want_magic, ndim, ndim == 1 ? "" : "s",
-                (magic & 0xffffff00u) == 0x0800u ? "" : ": not an IDX file (or not gzip data)");
+                   "%s: bad magic 0x%08x, expected 0x%08x (IDX, unsigned bytes, %d dimension%s)%s",
+                   path, magic, want_magic, ndim, ndim == 1 ? "" : "s",
+                   (magic & 0xffffff00u) == 0x0800u ? "" : ": not an IDX file (or not gzip data)");
   }
   if (len < header) {
     free(buf);
     return ex_fail(err, errlen, "%s: truncated: the header needs %lld bytes, the file has %lld", path,
-                (long long)header, (long long)len);
+                   (long long)header, (long long)len);
   }
   int64_t elems = 1;
   for (int d = 0; d < ndim; d++) {
@@ -134,8 +134,8 @@ int idx_read(idx_array_t *out, const char *path, int ndim, char *err, size_t err
     free(buf);
     memset(out, 0, sizeof *out);
     return ex_fail(err, errlen, "%s: %s: the header says %s = %lld bytes of data, the file has %lld",
-                path, have < elems ? "truncated" : "count mismatch (extra bytes)", shape,
-                (long long)elems, (long long)have);
+                   path, have < elems ? "truncated" : "count mismatch (extra bytes)", shape,
+                   (long long)elems, (long long)have);
   }
   /* Keep only the elements: move them to the front of the buffer (no second copy). */
   memmove(buf, buf + header, (size_t)elems);
@@ -181,20 +181,20 @@ int idx_dataset_read(idx_dataset_t *ds, const char *dir, const char *split, int6
   int64_t rows = ds->images.dims[1], cols = ds->images.dims[2];
   if (ni != nl) {
     ex_fail(err, errlen, "%s has %lld images but %s has %lld labels: the counts must be equal", ipath,
-         (long long)ni, lpath, (long long)nl);
+            (long long)ni, lpath, (long long)nl);
     idx_dataset_free(ds);
     return -1;
   }
   if ((want_rows > 0 && rows != want_rows) || (want_cols > 0 && cols != want_cols)) {
     ex_fail(err, errlen, "%s: images are %lld×%lld, the model needs %lld×%lld", ipath,
-         (long long)rows, (long long)cols, (long long)want_rows, (long long)want_cols);
+            (long long)rows, (long long)cols, (long long)want_rows, (long long)want_cols);
     idx_dataset_free(ds);
     return -1;
   }
   for (int64_t i = 0; i < nl; i++) {
     if (ds->labels.data[i] >= classes) {
       ex_fail(err, errlen, "%s: label %d of example %lld is out of range 0..%d", lpath,
-           ds->labels.data[i], (long long)i, classes - 1);
+              ds->labels.data[i], (long long)i, classes - 1);
       idx_dataset_free(ds);
       return -1;
     }

@@ -176,7 +176,7 @@ int metrics_plot(const char *dir, char *err, size_t errlen) {
     if (errno != EINTR) return ex_fail(err, errlen, "waiting for gnuplot: %s", strerror(errno));
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     return ex_fail(err, errlen, "gnuplot %s/curves.gp failed (status %d)", dir,
-                WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+                   WIFEXITED(status) ? WEXITSTATUS(status) : -1);
   return 1;
 }
 

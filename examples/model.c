@@ -158,7 +158,7 @@ void cnn_model_destroy(cnn_model_t *m) {
 int cnn_model_forward(cnn_model_t *m, int64_t n, int training, char *err, size_t errlen) {
   if (n < 0 || n > m->batch_cap)
     return ex_fail(err, errlen, "cnn_model_forward: batch %lld outside 0..%lld", (long long)n,
-                (long long)m->batch_cap);
+                   (long long)m->batch_cap);
   const cnn_param_t *p = m->param;
   /* BatchNorm sees [C, N, H, W] as NCHW [1, C, N·H·W]: per-channel statistics over N·H·W. */
   cnn_conv_fwd(m->a1, m->col1, m->x, p[CNN_CONV1_W].data, p[CNN_CONV1_B].data, n, &m->conv1);
@@ -178,7 +178,7 @@ int cnn_model_forward(cnn_model_t *m, int64_t n, int training, char *err, size_t
 int cnn_model_backward(cnn_model_t *m, int64_t n, char *err, size_t errlen) {
   if (n < 0 || n > m->batch_cap)
     return ex_fail(err, errlen, "cnn_model_backward: batch %lld outside 0..%lld", (long long)n,
-                (long long)m->batch_cap);
+                   (long long)m->batch_cap);
   cnn_param_t *p = m->param;
   cnn_linear_bwd(m->dfeat, p[CNN_FC_W].grad, p[CNN_FC_B].grad, m->dlogits, m->feat,
                  p[CNN_FC_W].data, n, CNN_FEATURES, CNN_CLASSES);
@@ -263,7 +263,7 @@ static int load_f32(float *dst, const sn_safetensors_t *file, const char *name,
     else
       snprintf(want, sizeof want, "F32 [%lld]", (long long)p->shape[0]);
     return ex_fail(err, errlen, "tensor \"%s\" has the wrong dtype or shape (expected %s)", name,
-                want);
+                   want);
   }
   memcpy(dst, t.data, (size_t)p->numel * sizeof(float));
   return 0;

@@ -283,7 +283,7 @@ SN_CLONES static void ln_stats_add_pairs(double stats[2], uint16_t *sum_out, con
  * (ln_map_beta_pairs). Rows whose mean is tiny or wide (the checked map with limit 0 and
  * possibly no beta: rare) are widened into tmp [d] and mapped by ln_map_checked. gs, bs: gamma
  * and beta in pairs (sn__to_pairs; NULL where those are); gfin: gamma NULL or all finite
- * (ln_param_pairs). y may equal x. nt: y streamed (but the rare rows ln_map_checked maps). */
+ * (ln_fwd_begin). y may equal x. nt: y streamed (but the rare rows ln_map_checked maps). */
 SN_CLONES static void ln_map_row_pairs(uint16_t *y, const double stats[2], const uint16_t *x,
                                        float *tmp, const float *gamma, const float *beta,
                                        const float *gs, const float *bs, int64_t d, int gfin,
@@ -374,7 +374,7 @@ static int64_t ln_fwd_scratch(int64_t d, sn_dtype_t dtype) {
 }
 
 /* Rows of per_thread floats of the forwards' scratch: one per thread, and for bf16 two more
- * for gamma and beta in pairs (ln_param_pairs). */
+ * for gamma and beta in pairs (ln_fwd_begin). */
 static int64_t ln_fwd_scratch_rows(int threads, sn_dtype_t dtype) {
   return threads + (dtype == SN_DTYPE_BF16 ? 2 : 0);
 }

@@ -213,7 +213,7 @@ static sn_status_t rms_fwd(const char *fn, int fused, void *y, void *sum_out, fl
   }
 
   const int stream = sn__stream_out(n * esize); /* y (sum_out, read back at once, is not) */
-  if (dtype == SN_DTYPE_BF16) { /* pipelined rows, a range per thread (the add in the first pass) */
+  if (dtype == SN_DTYPE_BF16) { /* pipelined rows, a range per thread (fused: the add first) */
     rms_fwd_bf16(y, rstd, x, residual, sum_out, gamma, gs, rows, d, eps, stream);
   } else {
 #pragma omp parallel num_threads(team)
