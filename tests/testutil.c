@@ -132,12 +132,7 @@ void *tu_alloc(int64_t n, sn_dtype_t dtype) {
   return p;
 }
 
-double *tu_dalloc(int64_t n) {
-  size_t bytes = (size_t)(n > 0 ? n : 1) * sizeof(double);
-  double *p = malloc(bytes);
-  ck_assert_msg(p != NULL, "out of memory allocating %zu bytes", bytes);
-  return p;
-}
+double *tu_dalloc(int64_t n) { return tu_alloc(n, SN_DTYPE_F64); }
 
 float *tu_falloc(int64_t n) { return tu_alloc(n, SN_DTYPE_F32); }
 
