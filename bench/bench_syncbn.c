@@ -13,13 +13,12 @@
  *   P C n local_ms sync_ms overhead_ms ratio coll_fwd coll_bwd consistency_ms finite_ms
  */
 #include <getopt.h>
-#include <mpi.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "syncnorm_dist.h"
+#include "syncnorm_mpi.h"
 
 static int rank = 0, nranks = 1;
 

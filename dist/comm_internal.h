@@ -52,20 +52,20 @@ struct sn_comm {
 };
 
 /* Allocates a communicator for a backend, with the default timeout (1800 s). */
-SN_HIDDEN sn_status_t sn__comm_new(sn_comm_t **out, const sn_comm_ops_t *ops, int rank, int size,
+SN_INTERNAL sn_status_t sn__comm_new(sn_comm_t **out, const sn_comm_ops_t *ops, int rank, int size,
                                    void *impl);
 /* The timeout a new communicator gets: SN_COMM_TIMEOUT_S, or 1800 s where it is unset or
  * empty. Another value (not a number >= 0 in full, or infinite) is SN_ERR_INVALID_ARGUMENT,
  * message naming fn. Local: creators call it before their collective part. */
-SN_HIDDEN sn_status_t sn__comm_env_timeout(const char *fn, double *seconds);
+SN_INTERNAL sn_status_t sn__comm_env_timeout(const char *fn, double *seconds);
 /* Whether SN_COMM_CHECK asks for the call check: unset, empty or "0" off, "1" on; any other
  * value is SN_ERR_INVALID_ARGUMENT, message naming fn. Local, as sn__comm_env_timeout. */
-SN_HIDDEN sn_status_t sn__comm_env_check(const char *fn, int *on);
+SN_INTERNAL sn_status_t sn__comm_env_check(const char *fn, int *on);
 /* SN_OK for a live, unbroken communicator; else SN_ERR_INVALID_HANDLE / SN_ERR_COMM. */
-SN_HIDDEN sn_status_t sn__comm_check(const char *fn, const sn_comm_t *comm);
+SN_INTERNAL sn_status_t sn__comm_check(const char *fn, const sn_comm_t *comm);
 /* Validated all-reduce through the backend table, for internal callers (the layers); with the
  * call check on (comm->check), compared across the ranks first as "a layer's all-reduce". */
-SN_HIDDEN sn_status_t sn__comm_allreduce(const char *fn, sn_comm_t *comm, void *buf,
+SN_INTERNAL sn_status_t sn__comm_allreduce(const char *fn, sn_comm_t *comm, void *buf,
                                          int64_t count, sn_red_type_t type, sn_red_op_t op);
 /* As sn__comm_allreduce, for a buf in HOST memory whatever the backend: a device_memory backend
  * stages it through device memory and waits for the result (ops->allreduce_host). */
@@ -78,7 +78,7 @@ SN_HIDDEN sn_status_t sn__comm_allreduce_host(const char *fn, sn_comm_t *comm, v
 enum { SN_HANDLE_COMM = 1, SN_HANDLE_SYNCBN = 2 };
 SN_HIDDEN int sn__handle_add(const void *h, int kind);
 SN_HIDDEN int sn__handle_take(const void *h, int kind);
-SN_HIDDEN int sn__handle_live(const void *h, int kind);
+SN_INTERNAL int sn__handle_live(const void *h, int kind);
 /* A live communicator. */
 #define SN_COMM_LIVE(c) ((c) != NULL && sn__handle_live((c), SN_HANDLE_COMM))
 /* For a layer call that failed this rank's own checks (own, its message set) while the other
@@ -97,8 +97,8 @@ typedef void (*sn__field_text_t)(char *out, size_t size, int k, int64_t v, int f
 SN_HIDDEN int sn__field_by_rank(char *out, size_t size, int k, const int64_t *table, int ranks,
                                 int nf, sn__field_text_t text);
 /* Seconds since an arbitrary fixed point (CLOCK_MONOTONIC). */
-SN_HIDDEN double sn__now(void);
+SN_INTERNAL double sn__now(void);
 /* Sleeps about `us` microseconds (used between polls of a pending collective). */
-SN_HIDDEN void sn__sleep_us(long us);
+SN_INTERNAL void sn__sleep_us(long us);
 
 #endif /* SN_COMM_INTERNAL_H */

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "comm_internal.h"
+#include "syncnorm_mpi.h"
 
 typedef struct {
   MPI_Comm comm;  /* our duplicate */
@@ -181,14 +182,37 @@ static sn_status_t mpi_wrap(sn_comm_t **out, MPI_Comm dup) {
   return st;
 }
 
-sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
-  const char *fn = "sn_comm_create_mpi";
-  SN_TRY(sn__check_ptr(fn, "comm", comm));
+/* MPI_Init called and MPI_Finalize not yet, else SN_ERR_INVALID_ARGUMENT naming fn. */
+static sn_status_t check_initialized(const char *fn) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (!initialized || finalized)
     return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: MPI is not initialized (call MPI_Init first)", fn);
+  return SN_OK;
+}
+
+static sn_status_t create_mpi(const char *fn, sn_comm_t **comm, MPI_Comm mpi_comm);
+
+sn_status_t sn_comm_create_mpi(sn_comm_t **comm, MPI_Comm mpi_comm) {
+  const char *fn = "sn_comm_create_mpi";
+  SN_TRY(sn__check_ptr(fn, "comm", comm));
+  SN_TRY(check_initialized(fn));
+  return create_mpi(fn, comm, mpi_comm);
+}
+
+sn_status_t sn_comm_create_mpi_fortran(sn_comm_t **comm, int64_t fortran_handle) {
+  const char *fn = "sn_comm_create_mpi_fortran";
+  SN_TRY(sn__check_ptr(fn, "comm", comm));
+  SN_TRY(check_initialized(fn));
+  const MPI_Fint f = (MPI_Fint)fortran_handle;
+  if ((int64_t)f != fortran_handle)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: %lld is not an MPI_Fint", fn,
+                    (long long)fortran_handle);
+  return create_mpi(fn, comm, MPI_Comm_f2c(f));
+}
+
+static sn_status_t create_mpi(const char *fn, sn_comm_t **comm, MPI_Comm mpi_comm) {
   if (mpi_comm == MPI_COMM_NULL)
     return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: mpi_comm is MPI_COMM_NULL", fn);
   /* An intercommunicator's all-reduce returns the other group's values: not a world to

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "comm_internal.h"
+#include "syncnorm_nccl.h"
 
 #define SN_NCCL_STAGE_BYTES 8192 /* the call check's and the layers' int64 tables (≤ 6 KiB) */
 

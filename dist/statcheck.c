@@ -15,12 +15,11 @@
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "syncnorm_dist.h"
+#include "syncnorm_mpi.h"
 
 typedef struct {
   int64_t C, S, min_batch, max_batch;

@@ -35,21 +35,13 @@ extern "C" sn_status_t sn__syncbn_cuda_count(double *red, int64_t c, int64_t cou
   return launched("sn_syncbn (count kernel)");
 }
 
-__global__ void finalize_kernel(double *mean, float *var, float *rstd, float *pivot,
-                                float *running_mean, float *running_var, int64_t *nbt,
-                                double *count_out, const double *red, int64_t c, float eps,
-                                float momentum, int update, int set_pivot) {
+__global__ void finalize_kernel(double *mean, float *var, float *rstd, double *count_out,
+                                const double *red, const float *pivot, int64_t c, float eps) {
   const double N = red[2 * c];
-  /* read by every thread before the write; a negative count (written through sn_syncbn_params)
-   * is taken as 0, where the CPU path returns SN_ERR_INVALID_ARGUMENT */
-  const int64_t tracked = nbt != NULL && *nbt > 0 ? *nbt : 0;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    *count_out = N;
-    if (update && N != 1.0 && nbt != NULL && tracked < INT64_MAX) *nbt = tracked + 1;
-  }
-  if (N == 0.0) return; /* an empty global batch: counted, nothing else */
-  if (N == 1.0) {       /* no variance: PyTorch raises; the host cannot see it without a wait */
+  if (threadIdx.x == 0) *count_out = N;
+  if (N == 0.0) return; /* an empty global batch: nothing to normalize */
+  if (N == 1.0) {       /* no variance: the host returns SN_ERR_INSUFFICIENT_COUNT where it can
+                           read the count (not during graph capture) */
     for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
       mean[i] = (double)NAN;
       var[i] = NAN, rstd[i] = NAN;
@@ -57,22 +49,46 @@ __global__ void finalize_kernel(double *mean, float *var, float *rstd, float *pi
     return;
   }
   const double inv = 1.0 / N;
+  for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+    const double d = red[i] * inv;       /* mean − pivot */
+    double v = red[c + i] * inv - d * d; /* biased variance */
+    if (v < 0.0) v = 0.0;
+    mean[i] = (double)pivot[i] + d;
+    var[i] = (float)v;
+    rstd[i] = (float)(1.0 / sqrt(v + (double)eps));
+  }
+}
+
+extern "C" sn_status_t sn__syncbn_cuda_finalize(double *mean, float *var, float *rstd,
+                                                double *count_out, const double *red,
+                                                const float *pivot, int64_t c, float eps,
+                                                cudaStream_t stream) {
+  finalize_kernel<<<1, SN_BN_THREADS, 0, stream>>>(mean, var, rstd, count_out, red, pivot, c,
+                                                   eps);
+  return launched("sn_syncbn (finalize kernel)");
+}
+
+__global__ void update_kernel(float *pivot, float *running_mean, float *running_var,
+                              int64_t *nbt, const double *mean, const float *var,
+                              const double *count, int64_t c, float momentum, int update,
+                              int set_pivot) {
+  const double N = *count;
+  /* read by every thread before the write; a negative count (written through sn_syncbn_params)
+   * is taken as 0, where the host memory's prepare returns SN_ERR_INVALID_ARGUMENT */
+  const int64_t tracked = nbt != NULL && *nbt > 0 ? *nbt : 0;
+  __syncthreads();
+  if (threadIdx.x == 0 && update && N != 1.0 && nbt != NULL && tracked < INT64_MAX)
+    *nbt = tracked + 1;
+  if (N == 0.0 || N == 1.0) return; /* empty: counted only; one value: nothing (see finalize) */
   const int cumulative = momentum == SN_MOMENTUM_CUMULATIVE;
   const double f = cumulative ? 1.0 / (double)(tracked < INT64_MAX ? tracked + 1 : tracked)
                               : (double)momentum;
   const double unbias = N / (N - 1.0);
   for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
-    const double p = (double)pivot[i];
-    const double d = red[i] * inv;            /* mean − pivot */
-    double v = red[c + i] * inv - d * d;      /* biased variance */
-    if (v < 0.0) v = 0.0;
-    const double m = p + d;
-    mean[i] = m;
-    var[i] = (float)v;
-    rstd[i] = (float)(1.0 / sqrt(v + (double)eps));
+    const double m = mean[i];
     if (update) {
       running_mean[i] = (float)((1.0 - f) * (double)running_mean[i] + f * m);
-      running_var[i] = (float)((1.0 - f) * (double)running_var[i] + f * (double)(float)v * unbias);
+      running_var[i] = (float)((1.0 - f) * (double)running_var[i] + f * (double)var[i] * unbias);
     }
     if (set_pivot) {
       const float q = (float)m;
@@ -81,16 +97,15 @@ __global__ void finalize_kernel(double *mean, float *var, float *rstd, float *pi
   }
 }
 
-extern "C" sn_status_t sn__syncbn_cuda_finalize(double *mean, float *var, float *rstd,
-                                                float *pivot, float *running_mean,
-                                                float *running_var, int64_t *num_batches_tracked,
-                                                double *count_out, const double *red, int64_t c,
-                                                float eps, float momentum, int update,
-                                                int set_pivot, cudaStream_t stream) {
-  finalize_kernel<<<1, SN_BN_THREADS, 0, stream>>>(mean, var, rstd, pivot, running_mean,
-                                                   running_var, num_batches_tracked, count_out,
-                                                   red, c, eps, momentum, update, set_pivot);
-  return launched("sn_syncbn (finalize kernel)");
+extern "C" sn_status_t sn__syncbn_cuda_update(float *pivot, float *running_mean,
+                                              float *running_var, int64_t *num_batches_tracked,
+                                              const double *mean, const float *var,
+                                              const double *count, int64_t c, float momentum,
+                                              int update, int set_pivot, cudaStream_t stream) {
+  update_kernel<<<1, SN_BN_THREADS, 0, stream>>>(pivot, running_mean, running_var,
+                                                 num_batches_tracked, mean, var, count, c,
+                                                 momentum, update, set_pivot);
+  return launched("sn_syncbn (running statistics kernel)");
 }
 
 __global__ void eval_stats_kernel(double *mean, float *rstd, const float *running_mean,

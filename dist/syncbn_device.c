@@ -1,25 +1,28 @@
 /*
- * syncbn_device.c — SyncBatchNorm on CUDA device memory (cfg.device_memory = 1; compiled in CUDA
- * builds only, called from syncbn.c). See syncbn_device.h for what lives on the device.
+ * syncbn_device.c — SyncBatchNorm's kernels on CUDA device memory (cfg.device_memory = 1): the
+ * table of syncbn_internal.h for device memory, part of libsyncnorm_cuda, which registers it
+ * when it is loaded. syncbn.c's control flow calls it as it calls the host table.
  *
- * Training forward: sn_cuda_batchnorm_stats of x around the device pivot (the previous
- * synchronized batch mean) into red, the local count written by a kernel (n·s is a kernel
- * argument, so a captured graph replays it), ONE all-reduce of red [2C + 1] f64 on the
- * communicator's stream, then one kernel (syncbn_cuda.cu) computes mean/var/rstd from the
- * device-held global count, updates the running statistics and num_batches_tracked and sets the
- * next pivot, and sn_cuda_batchnorm_apply writes y. Backward: sn_cuda_batchnorm_bwd_reduce into
- * local, a kernel copies it to the gradients (this rank's sums, as the CPU path) and to red, ONE
- * all-reduce of red [2C], a kernel rescales it by the device-held count, and
- * sn_cuda_batchnorm_bwd_apply writes dx. No host synchronization and no allocation, except
- * where the workspace grows (the first call of a larger shape: cudaMalloc, after waiting for the
- * stream), so after one warm-up call of a shape the steps can be captured in a CUDA graph.
+ * Per layer on the device: weight, bias, grad_weight, grad_bias, running_mean, running_var,
+ * pivot, var, rstd [C] f32; red [2C + 1] f64 (Σ(x−p) | Σ(x−p)² | count, or Σdy | Σdy·x̂), local
+ * [2C] f64 (this rank's backward sums), mean [C] f64, count [1] f64 (the last forward's global
+ * count), num_batches_tracked [1] int64, and the BatchNorm workspace. The host arrays of the
+ * layer are a mirror, filled by to_host for the consistency check's hash and the checkpoints.
+ *
+ * Training forward: sn_cuda_batchnorm_stats of x around the device pivot into red, the local
+ * count written by a kernel (n·s is a kernel argument, so a captured graph replays it), the
+ * all-reduce of red [2C + 1] on the communicator's stream, the global count read back to the
+ * host (a wait, skipped during graph capture), a finalize kernel (mean, var, rstd),
+ * sn_cuda_batchnorm_apply, and an update kernel (running statistics, num_batches_tracked, next
+ * pivot). Backward: sn_cuda_batchnorm_bwd_reduce into local, a kernel copies it to the gradients
+ * (this rank's sums) and to red, the all-reduce of red [2C], a kernel rescales it by the
+ * device-held count, sn_cuda_batchnorm_bwd_apply writes dx. No allocation, except where the
+ * workspace grows (the first call of a larger shape: cudaMalloc after waiting for the stream).
  * The pivot is 0 at creation and after a load (never the loaded running mean, which may differ
  * across ranks), then the last synchronized mean: identical on every rank, so no pivot hash
- * slots are needed. Rank-local failures that can happen (the workspace's cudaMalloc) happen
- * before the call's first collective, where tell_peers can tell the other ranks.
- * No pivot refinement here (the CPU path redoes the sums around the mean where the pivot was
- * far off): shifted sums around the previous batch's mean lose about log2((mean−p)²/var) of
- * fp64's 53 bits, noticeable only where the data's mean jumps by thousands of σ between batches.
+ * slots are needed. No pivot refinement: shifted sums around the previous batch's mean lose
+ * about log2((mean−p)²/var) of fp64's 53 bits, noticeable only where the data's mean jumps by
+ * thousands of σ between batches.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +60,7 @@ static sn_status_t cuda_st(const char *fn, const sn_syncbn_t *bn, const char *wh
 static sn_status_t dev_wait(const char *fn, sn_syncbn_t *bn);
 static sn_status_t upload_on(const char *fn, sn_syncbn_t *bn, cudaStream_t t);
 
-sn_status_t sn__syncbn_dev_usable(const char *fn) {
+static sn_status_t dev_usable(const char *fn) {
   int n = 0;
   const cudaError_t err = cudaGetDeviceCount(&n);
   if (err == cudaSuccess && n > 0) return SN_OK;
@@ -66,7 +69,7 @@ sn_status_t sn__syncbn_dev_usable(const char *fn) {
                   "(%s)", fn, err != cudaSuccess ? cudaGetErrorName(err) : "no device found");
 }
 
-sn_status_t sn__syncbn_dev_create(sn_syncbn_t *bn) {
+static sn_status_t dev_create(sn_syncbn_t *bn) {
   const char *fn = "sn_syncbn_create";
   const size_t C = (size_t)bn->C;
   if (bn->comm != NULL && bn->comm->device >= 0) { /* the layer's device is the current one */
@@ -135,7 +138,7 @@ static cudaError_t destroy_wait(const sn_syncbn_t *bn) {
   }
 }
 
-void sn__syncbn_dev_destroy(sn_syncbn_t *bn) {
+static void dev_destroy(sn_syncbn_t *bn) {
   dev_state_t *d = dev_of(bn);
   if (d == NULL) return;
   /* work still queued may use the buffers: wait for it, under the communicator's timeout but
@@ -156,7 +159,7 @@ void sn__syncbn_dev_destroy(sn_syncbn_t *bn) {
   bn->dev = NULL;
 }
 
-void sn__syncbn_dev_params(const sn_syncbn_t *bn, sn_syncbn_params_t *p) {
+static void dev_params(const sn_syncbn_t *bn, sn_syncbn_params_t *p) {
   const int aff = bn->cfg.affine, trk = bn->cfg.track_running_stats;
   p->weight = aff ? arr(bn, D_WEIGHT) : NULL, p->bias = aff ? arr(bn, D_BIAS) : NULL;
   p->grad_weight = aff ? arr(bn, D_GW) : NULL, p->grad_bias = aff ? arr(bn, D_GB) : NULL;
@@ -178,7 +181,7 @@ static sn_status_t dev_wait(const char *fn, sn_syncbn_t *bn) {
   return cuda_st(fn, bn, "cudaStreamSynchronize", cudaStreamSynchronize(dev_of(bn)->stream));
 }
 
-void sn__syncbn_dev_spans(const sn_syncbn_t *bn, sn__dev_span_t span[3]) {
+static void dev_spans(const sn_syncbn_t *bn, sn__dev_span_t span[3]) {
   const dev_state_t *d = dev_of(bn);
   const int64_t C = bn->C;
   span[0] = (sn__dev_span_t){d->f, (int64_t)D_FLOATS * C * (int64_t)sizeof(float)};
@@ -195,7 +198,7 @@ static sn_status_t copy(const char *fn, sn_syncbn_t *bn, void *dst, const void *
   return cuda_st(fn, bn, "cudaMemcpyAsync", err);
 }
 
-sn_status_t sn__syncbn_dev_download(sn_syncbn_t *bn) {
+static sn_status_t dev_to_host(sn_syncbn_t *bn) {
   const char *fn = "sn_syncbn (state to host)";
   SN_TRY(dev_wait(fn, bn));
   const size_t cb = (size_t)bn->C * sizeof(float);
@@ -236,7 +239,7 @@ static sn_status_t upload_on(const char *fn, sn_syncbn_t *bn, cudaStream_t t) {
   return cuda_st(fn, bn, "cudaMemcpyAsync (state to device)", err);
 }
 
-sn_status_t sn__syncbn_dev_upload(sn_syncbn_t *bn) {
+static sn_status_t dev_from_host(sn_syncbn_t *bn) {
   const char *fn = "sn_syncbn (state to device)";
   SN_TRY(dev_wait(fn, bn)); /* queued steps may still read or write the state */
   return upload_on(fn, bn, dev_of(bn)->stream);
@@ -273,8 +276,83 @@ static sn_status_t ensure_ws(const char *fn, sn_syncbn_t *bn, int64_t n, int64_t
   return SN_OK;
 }
 
-sn_status_t sn__syncbn_dev_infer(sn_syncbn_t *bn, const char *fn, void *y, const void *x,
-                                 int64_t n, int64_t s) {
+static double *dev_red(const sn_syncbn_t *bn) { return dev_of(bn)->red; }
+
+static sn_status_t dev_prepare(sn_syncbn_t *bn, const char *fn, int forward, int update,
+                               int64_t n, int64_t s) {
+  (void)forward, (void)update;
+  return ensure_ws(fn, bn, n, s);
+}
+
+static sn_status_t dev_sums(sn_syncbn_t *bn, const char *fn, const void *x, int64_t n, int64_t s,
+                            int refined) {
+  (void)refined; /* no refinement on the device: always the layer's pivot */
+  dev_state_t *d = dev_of(bn);
+  const int64_t C = bn->C;
+  const sn_syncbn_config_t *cfg = &bn->cfg;
+  if (n * s > 0) {
+    const sn_status_t st = sn_cuda_batchnorm_stats(d->red, d->red + C, x, arr(bn, D_PIVOT), n, C,
+                                                   s, cfg->layout, cfg->dtype, d->ws,
+                                                   d->ws_bytes, d->stream);
+    if (st != SN_OK) return sn__fail_prefix(st, "%s (%s)", fn, bn->label);
+  }
+  return sn__syncbn_cuda_count(d->red, C, n * s, d->stream);
+}
+
+/* The global count, read back after the all-reduce (a wait for the stream), so that a count of
+ * 1 is SN_ERR_INSUFFICIENT_COUNT as on the host; during graph capture the host cannot wait:
+ * -1, and the kernels handle counts of 0 and 1 on the device. */
+static sn_status_t dev_global_count(sn_syncbn_t *bn, const char *fn, int64_t *count) {
+  dev_state_t *d = dev_of(bn);
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (d->stream != (cudaStream_t)0 &&
+      (cudaStreamIsCapturing(d->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone)) {
+    (void)cudaGetLastError();
+    *count = -1;
+    return SN_OK;
+  }
+  SN_TRY(dev_wait(fn, bn));
+  double c = 0.0;
+  SN_TRY(copy(fn, bn, &c, d->red + 2 * bn->C, sizeof c, cudaMemcpyDeviceToHost));
+  *count = (int64_t)c;
+  return SN_OK;
+}
+
+static sn_status_t dev_finalize(sn_syncbn_t *bn, const char *fn, int64_t count, int refined) {
+  (void)fn, (void)count, (void)refined; /* the kernel reads the count on the device */
+  dev_state_t *d = dev_of(bn);
+  return sn__syncbn_cuda_finalize(d->mean, arr(bn, D_VAR), arr(bn, D_RSTD), d->count, d->red,
+                                  arr(bn, D_PIVOT), bn->C, bn->cfg.eps, d->stream);
+}
+
+static sn_status_t dev_apply(sn_syncbn_t *bn, const char *fn, void *y, const void *x, int64_t n,
+                             int64_t s) {
+  if (n * s == 0) return SN_OK;
+  dev_state_t *d = dev_of(bn);
+  const sn_syncbn_config_t *cfg = &bn->cfg;
+  const int aff = cfg->affine;
+  const sn_status_t st = sn_cuda_batchnorm_apply(y, x, d->mean, arr(bn, D_RSTD),
+                                                 aff ? arr(bn, D_WEIGHT) : NULL,
+                                                 aff ? arr(bn, D_BIAS) : NULL, n, bn->C, s,
+                                                 cfg->layout, cfg->dtype, d->stream);
+  return st == SN_OK ? SN_OK : sn__fail_prefix(st, "%s (%s)", fn, bn->label);
+}
+
+static sn_status_t dev_update(sn_syncbn_t *bn, const char *fn, int64_t count, int update,
+                              int set_pivot) {
+  (void)fn;
+  dev_state_t *d = dev_of(bn);
+  if (count == 0) /* an empty batch the host knows of: finalize did not run; 0.0 is all zeros */
+    SN_TRY(cuda_st(fn, bn, "cudaMemsetAsync (count)",
+                   cudaMemsetAsync(d->count, 0, sizeof *d->count, d->stream)));
+  return sn__syncbn_cuda_update(arr(bn, D_PIVOT), update ? arr(bn, D_RM) : NULL,
+                                update ? arr(bn, D_RV) : NULL, update ? d->nbt : NULL, d->mean,
+                                arr(bn, D_VAR), d->count, bn->C, bn->cfg.momentum, update,
+                                set_pivot, d->stream);
+}
+
+static sn_status_t dev_eval(sn_syncbn_t *bn, const char *fn, void *y, const void *x, int64_t n,
+                            int64_t s) {
   dev_state_t *d = dev_of(bn);
   const sn_syncbn_config_t *cfg = &bn->cfg;
   const int aff = cfg->affine;
@@ -288,152 +366,76 @@ sn_status_t sn__syncbn_dev_infer(sn_syncbn_t *bn, const char *fn, void *y, const
                                     bn->C, cfg->eps, d->stream);
 }
 
-sn_status_t sn__syncbn_dev_sums(sn_syncbn_t *bn, const char *fn, const void *x, int64_t n,
-                                int64_t s, int synced) {
-  dev_state_t *d = dev_of(bn);
-  const int64_t C = bn->C;
-  const sn_syncbn_config_t *cfg = &bn->cfg;
-  if (n * s > 0) {
-    SN_TRY(ensure_ws(fn, bn, n, s));
-    const sn_status_t st = sn_cuda_batchnorm_stats(d->red, d->red + C, x, arr(bn, D_PIVOT), n, C,
-                                                   s, cfg->layout, cfg->dtype, d->ws,
-                                                   d->ws_bytes, d->stream);
-    if (st != SN_OK) return sn__fail_prefix(st, "%s (%s)", fn, bn->label);
-  }
-  SN_TRY(sn__syncbn_cuda_count(d->red, C, n * s, d->stream));
-  if (!synced) return SN_OK;
-  bn->collectives++;
-  char where[sizeof bn->label + 64];
-  snprintf(where, sizeof where, "%s (%s)", fn, bn->label);
-  return sn__comm_allreduce(where, bn->comm, d->red, 2 * C + 1, SN_RED_F64, SN_RED_SUM);
-}
-
-sn_status_t sn__syncbn_dev_read_count(sn_syncbn_t *bn, int64_t *count) {
-  const char *fn = "sn_syncbn_forward";
-  SN_TRY(dev_wait(fn, bn));
-  double c = 0.0;
-  SN_TRY(copy(fn, bn, &c, dev_of(bn)->red + 2 * bn->C, sizeof c, cudaMemcpyDeviceToHost));
-  *count = (int64_t)c;
-  return SN_OK;
-}
-
-sn_status_t sn__syncbn_dev_finish(sn_syncbn_t *bn, const char *fn, void *y, const void *x,
-                                  int64_t n, int64_t s, int update, int set_pivot) {
-  dev_state_t *d = dev_of(bn);
-  const sn_syncbn_config_t *cfg = &bn->cfg;
-  const int aff = cfg->affine;
-  SN_TRY(sn__syncbn_cuda_finalize(d->mean, arr(bn, D_VAR), arr(bn, D_RSTD), arr(bn, D_PIVOT),
-                                  update ? arr(bn, D_RM) : NULL, update ? arr(bn, D_RV) : NULL,
-                                  update ? d->nbt : NULL, d->count, d->red, bn->C, cfg->eps,
-                                  cfg->momentum, update, set_pivot, d->stream));
-  if (n * s == 0) return SN_OK;
-  const sn_status_t st = sn_cuda_batchnorm_apply(y, x, d->mean, arr(bn, D_RSTD),
-                                                 aff ? arr(bn, D_WEIGHT) : NULL,
-                                                 aff ? arr(bn, D_BIAS) : NULL, n, bn->C, s,
-                                                 cfg->layout, cfg->dtype, d->stream);
-  return st == SN_OK ? SN_OK : sn__fail_prefix(st, "%s (%s)", fn, bn->label);
-}
-
-sn_status_t sn__syncbn_dev_backward(sn_syncbn_t *bn, const char *fn, void *dx, const void *dy,
-                                    const void *x, int64_t n, int64_t s, int batch_stats,
-                                    int synced) {
+static sn_status_t dev_bwd_sums(sn_syncbn_t *bn, const char *fn, const void *dy, const void *x,
+                                int64_t n, int64_t s) {
   dev_state_t *d = dev_of(bn);
   const int64_t C = bn->C;
   const sn_syncbn_config_t *cfg = &bn->cfg;
   const int aff = cfg->affine;
-  sn_status_t st = SN_OK;
   if (n * s > 0) {
-    SN_TRY(ensure_ws(fn, bn, n, s));
-    st = sn_cuda_batchnorm_bwd_reduce(d->local, d->local + C, dy, x, d->mean, arr(bn, D_RSTD), n,
-                                      C, s, cfg->layout, cfg->dtype, d->ws, d->ws_bytes,
-                                      d->stream);
+    const sn_status_t st = sn_cuda_batchnorm_bwd_reduce(
+        d->local, d->local + C, dy, x, d->mean, arr(bn, D_RSTD), n, C, s, cfg->layout,
+        cfg->dtype, d->ws, d->ws_bytes, d->stream);
     if (st != SN_OK) return sn__fail_prefix(st, "%s (%s)", fn, bn->label);
   }
-  SN_TRY(sn__syncbn_cuda_bwd_local(aff ? arr(bn, D_GW) : NULL, aff ? arr(bn, D_GB) : NULL, d->red,
-                                   d->local, C, n * s, d->stream));
-  if (batch_stats && synced) {
-    bn->collectives++;
-    char where[sizeof bn->label + 64];
-    snprintf(where, sizeof where, "%s (%s)", fn, bn->label);
-    SN_TRY(sn__comm_allreduce(where, bn->comm, d->red, 2 * C, SN_RED_F64, SN_RED_SUM));
-  }
+  return sn__syncbn_cuda_bwd_local(aff ? arr(bn, D_GW) : NULL, aff ? arr(bn, D_GB) : NULL, d->red,
+                                   d->local, C, n * s, d->stream);
+}
+
+static sn_status_t dev_bwd_apply(sn_syncbn_t *bn, const char *fn, void *dx, const void *dy,
+                                 const void *x, int64_t n, int64_t s, int batch_stats) {
+  dev_state_t *d = dev_of(bn);
+  const int64_t C = bn->C;
+  const sn_syncbn_config_t *cfg = &bn->cfg;
+  const int aff = cfg->affine;
   if (batch_stats) SN_TRY(sn__syncbn_cuda_bwd_scale(d->red, d->count, C, d->stream));
   if (n * s == 0) return SN_OK;
   /* count 2 with the sums already scaled by 2/N (bwd_scale): the kernel's Σ/count is Σ/N */
-  st = sn_cuda_batchnorm_bwd_apply(dx, dy, x, d->mean, arr(bn, D_RSTD),
-                                   aff ? arr(bn, D_WEIGHT) : NULL, batch_stats ? d->red : NULL,
-                                   batch_stats ? d->red + C : NULL, batch_stats ? 2 : 0, n, C, s,
-                                   cfg->layout, cfg->dtype, d->stream);
+  const sn_status_t st = sn_cuda_batchnorm_bwd_apply(
+      dx, dy, x, d->mean, arr(bn, D_RSTD), aff ? arr(bn, D_WEIGHT) : NULL,
+      batch_stats ? d->red : NULL, batch_stats ? d->red + C : NULL, batch_stats ? 2 : 0, n, C, s,
+      cfg->layout, cfg->dtype, d->stream);
   return st == SN_OK ? SN_OK : sn__fail_prefix(st, "%s (%s)", fn, bn->label);
 }
 
-sn_status_t sn__syncbn_dev_zero_grads(sn_syncbn_t *bn, const char *fn) {
+static sn_status_t dev_zero_grads(sn_syncbn_t *bn, const char *fn) {
   if (!bn->cfg.affine) return SN_OK;
   dev_state_t *d = dev_of(bn);
-  cudaError_t err = cudaMemsetAsync(arr(bn, D_GW), 0, 2 * (size_t)bn->C * sizeof(float),
-                                    d->stream); /* D_GW, D_GB are adjacent */
+  const cudaError_t err = cudaMemsetAsync(arr(bn, D_GW), 0, 2 * (size_t)bn->C * sizeof(float),
+                                          d->stream); /* D_GW, D_GB are adjacent */
   return cuda_st(fn, bn, "cudaMemsetAsync", err);
 }
 
-/* ---- the calls: syncbn.c's control flow for device layers ----------------------------------- */
+static const sn_syncbn_mem_t cuda_mem = {
+    .name = "cuda",
+    .pivot_slots = 0,
+    .check_finite = 0,
+    .usable = dev_usable,
+    .create = dev_create,
+    .destroy = dev_destroy,
+    .params = dev_params,
+    .spans = dev_spans,
+    .to_host = dev_to_host,
+    .from_host = dev_from_host,
+    .reduce_buf = dev_red,
+    .prepare = dev_prepare,
+    .sums = dev_sums,
+    .reset_pivot = NULL,
+    .global_count = dev_global_count,
+    .refine = NULL,
+    .finalize = dev_finalize,
+    .apply = dev_apply,
+    .update = dev_update,
+    .local_forward = NULL,
+    .eval = dev_eval,
+    .bwd_sums = dev_bwd_sums,
+    .bwd_apply = dev_bwd_apply,
+    .local_backward = NULL,
+    .zero_grads = dev_zero_grads,
+};
 
-/* The forward of a device_memory layer (from sn_syncbn_forward, after its checks): as
- * forward_batch / forward_eval, with the statistics' count on the device. With
- * check_consistency on a communicator of several ranks (a host round trip already: not
- * capturable) the host also reads the global count, so a count of 1 is SN_ERR_INSUFFICIENT_COUNT
- * as on the CPU path; without it the count stays on the device (graph-capturable), and a global
- * count of 1 gives NaN statistics and y, running statistics untouched. */
-sn_status_t sn__syncbn_dev_forward(sn_syncbn_t *bn, const char *fn, void *y, const void *x,
-                                   int64_t n, int64_t s, int training) {
-  const sn_syncbn_config_t *cfg = &bn->cfg;
-  bn->saved.valid = 0;
-  if (!training && cfg->track_running_stats) {
-    SN_TRY(sn__syncbn_dev_infer(bn, fn, y, x, n, s));
-    bn->saved = (sn_syncbn_saved_t){1, 0, 0, n, s, 0};
-    return SN_OK;
-  }
-  const int synced = training && !sn__syncbn_alone(bn);
-  const int update = training && cfg->track_running_stats;
-  int64_t count = n * s; /* the global count where the host knows it; -1: on the device only */
-  /* this rank's own failures before the first collective, where the peers can be told */
-  const sn_status_t own = ensure_ws(fn, bn, n, s);
-  if (own != SN_OK) return sn__syncbn_tell_peers(bn, fn, OP_FORWARD, own, synced);
-  if (synced && cfg->check_consistency) {
-    SN_TRY(sn__syncbn_dev_download(bn)); /* the running statistics, for their hash */
-    SN_TRY(sn__syncbn_consistency(bn, fn, OP_FORWARD));
-  }
-  if (!synced && count == 1)
-    return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
-                    "%s: %s: expected more than 1 value per channel when training, got a batch "
-                    "count of 1 (input [%lld, %lld, %lld])",
-                    fn, bn->label, (long long)n, (long long)bn->C, (long long)s);
-  SN_TRY(sn__syncbn_dev_sums(bn, fn, x, n, s, synced));
-  if (synced) count = -1;
-  if (synced && cfg->check_consistency) {
-    SN_TRY(sn__syncbn_dev_read_count(bn, &count));
-    if (count == 1)
-      return sn__fail(SN_ERR_INSUFFICIENT_COUNT,
-                      "%s: %s: expected more than 1 value per channel when training, got a global "
-                      "count of 1 (input [%lld, %lld, %lld] on this rank)",
-                      fn, bn->label, (long long)n, (long long)bn->C, (long long)s);
-  }
-  SN_TRY(sn__syncbn_dev_finish(bn, fn, y, x, n, s, update, synced || sn__syncbn_alone(bn)));
-  bn->saved = (sn_syncbn_saved_t){1, 1, synced, n, s, count};
-  return SN_OK;
-}
-
-/* The backward of a device_memory layer (from sn_syncbn_backward, after its checks), as its
- * host steps. */
-sn_status_t sn__syncbn_dev_backward_call(sn_syncbn_t *bn, const char *fn, void *dx,
-                                         const void *dy, const void *x, int64_t n, int64_t s) {
-  if (bn->saved.batch_stats && bn->saved.count == 0) /* empty global batch: zero gradients */
-    return sn__syncbn_dev_zero_grads(bn, fn);
-  const int synced = bn->saved.synced;
-  const sn_status_t own = ensure_ws(fn, bn, n, s); /* before the first collective, as forward */
-  if (own != SN_OK) return sn__syncbn_tell_peers(bn, fn, OP_BACKWARD, own, synced);
-  if (synced && bn->cfg.check_consistency) {
-    SN_TRY(sn__syncbn_dev_download(bn));
-    SN_TRY(sn__syncbn_consistency(bn, fn, OP_BACKWARD));
-  }
-  return sn__syncbn_dev_backward(bn, fn, dx, dy, x, n, s, bn->saved.batch_stats, synced);
+/* Loading libsyncnorm_cuda makes device_memory layers available (a static link keeps this
+ * object through the -u option its CMake target and pkg-config file add). */
+__attribute__((constructor)) void sn__cuda_syncbn_register(void) {
+  sn__syncbn_register_device(&cuda_mem);
 }

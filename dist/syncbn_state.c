@@ -8,9 +8,6 @@
 #include <string.h>
 
 #include "syncbn_internal.h"
-#if SN_HAVE_CUDA
-#include "syncbn_device.h"
-#endif
 
 #define SN_MAX_PREFIX 200
 
@@ -42,10 +39,8 @@ sn_status_t sn_syncbn_state_tensors(sn_syncbn_t *bn, sn_tensor_t out[5], int *co
   SN_TRY(check_prefix(fn, prefix));
   SN_TRY(sn__check_ptr(fn, "out", out));
   SN_TRY(sn__check_ptr(fn, "count", count));
-#if SN_HAVE_CUDA
   /* a device layer's state is copied to its host mirror (waits for the stream): a snapshot */
-  if (bn->dev != NULL) SN_TRY(sn__syncbn_dev_download(bn));
-#endif
+  SN_TRY(bn->mem->to_host(bn));
   const void *data[T_COUNT] = {bn->weight, bn->bias, bn->running_mean, bn->running_var,
                                &bn->num_batches_tracked};
   int n = 0;
@@ -104,9 +99,9 @@ static sn_status_t lookup_state(const char *fn, const sn_syncbn_t *bn, const sn_
   return SN_OK;
 }
 
-/* Copies validated tensors into the layer; the pivot restarts from the loaded running mean (CPU
- * path). A device layer's are then uploaded (its only failure: a CUDA error), its pivot set to 0
- * (sn__syncbn_dev_upload: never seeded from rank-local values). */
+/* Copies validated tensors into the layer; the pivot restarts from the loaded running mean. A
+ * device layer's are then uploaded (its only failure: a CUDA error), its pivot set to 0 (never
+ * seeded from rank-local values: see syncbn_device.c). */
 static sn_status_t commit_state(sn_syncbn_t *bn, const sn_tensor_t found[T_COUNT]) {
   float *dst[T_RVAR + 1] = {bn->weight, bn->bias, bn->running_mean, bn->running_var};
   for (int k = 0; k <= T_RVAR; k++)
@@ -114,10 +109,7 @@ static sn_status_t commit_state(sn_syncbn_t *bn, const sn_tensor_t found[T_COUNT
   if (has_tensor(bn, T_NBT)) memcpy(&bn->num_batches_tracked, found[T_NBT].data, sizeof(int64_t));
   if (bn->cfg.track_running_stats) memcpy(bn->pivot, bn->running_mean, (size_t)bn->C * sizeof(float));
   bn->saved.valid = 0;
-#if SN_HAVE_CUDA
-  if (bn->dev != NULL) return sn__syncbn_dev_upload(bn);
-#endif
-  return SN_OK;
+  return bn->mem->from_host(bn);
 }
 
 sn_status_t sn_syncbn_load_state(sn_syncbn_t *bn, const sn_safetensors_t *file,

@@ -28,7 +28,6 @@
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include <cblas.h>
 #include <math.h>
-#include <mpi.h>
 #include <omp.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -42,6 +41,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "options.h"
+#include "syncnorm_mpi.h"
 
 #define EXIT_USAGE 2
 #define EXIT_DIVERGED 3

@@ -21,11 +21,11 @@
 
 /* Activation sizes of BatchNorm and GroupNorm, in this order: c >= 1, n >= 0, s >= 0, c and
  * n·c·s addressable (SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW); *rows = n·s, the (n, s) positions. */
-SN_HIDDEN sn_status_t sn__check_ncs(const char *fn, int64_t n, int64_t c, int64_t s,
+SN_INTERNAL sn_status_t sn__check_ncs(const char *fn, int64_t n, int64_t c, int64_t s,
                                     int64_t *rows);
 /* BatchNorm training needs more than 1 value per channel (PyTorch's "Expected more than 1 value
  * per channel when training"): count > 1, else SN_ERR_INSUFFICIENT_COUNT. */
-SN_HIDDEN sn_status_t sn__check_train_count(const char *fn, int64_t count);
+SN_INTERNAL sn_status_t sn__check_train_count(const char *fn, int64_t count);
 
 /* ---- row norms (LayerNorm, RMSNorm, the fused residual adds) --------------------------------- */
 
@@ -33,13 +33,13 @@ SN_HIDDEN sn_status_t sn__check_train_count(const char *fn, int64_t count);
  * in this order: rows >= 0, d >= 1, d and rows·d fit (SN_ERR_OVERFLOW), eps, dtype, then y,
  * sum_out, x, residual non-NULL where the call has elements (sum_out and residual only where
  * fused). *n = rows·d; 0 is an empty batch (the pointers may then be NULL). */
-SN_HIDDEN sn_status_t sn__rownorm_fwd_check(const char *fn, const void *y, const void *sum_out,
+SN_INTERNAL sn_status_t sn__rownorm_fwd_check(const char *fn, const void *y, const void *sum_out,
                                             const void *x, const void *residual, int fused,
                                             int64_t rows, int64_t d, float eps, sn_dtype_t dtype,
                                             int64_t *n);
 /* The same for a row-norm backward (no eps): dx, dy, x, mean (LayerNorm only, rms == 0) and
  * rstd, the per-row statistics, non-NULL where the call has elements. */
-SN_HIDDEN sn_status_t sn__rownorm_bwd_check(const char *fn, const void *dx, const void *dy,
+SN_INTERNAL sn_status_t sn__rownorm_bwd_check(const char *fn, const void *dx, const void *dy,
                                             const void *x, const float *mean, const float *rstd,
                                             int rms, int64_t rows, int64_t d, sn_dtype_t dtype,
                                             int64_t *n);
@@ -47,7 +47,7 @@ SN_HIDDEN sn_status_t sn__rownorm_bwd_check(const char *fn, const void *dx, cons
  * the plain ones), x, residual (NULL likewise) [rows, d] of esize bytes each; mean, rstd [rows]
  * f32 and gamma, beta [d] f32, each NULL where not passed. y may equal x in the plain kernels and
  * overlaps nothing in the fused ones; sum_out may equal x or residual. */
-SN_HIDDEN sn_status_t sn__rownorm_fwd_spans(const char *fn, const void *y, const void *sum_out,
+SN_INTERNAL sn_status_t sn__rownorm_fwd_spans(const char *fn, const void *y, const void *sum_out,
                                             const float *mean, const float *rstd, const void *x,
                                             const void *residual, const float *gamma,
                                             const float *beta, int64_t rows, int64_t d,
@@ -55,7 +55,7 @@ SN_HIDDEN sn_status_t sn__rownorm_fwd_spans(const char *fn, const void *y, const
 /* The overlap check of a row-norm backward: dx, dy, x [rows, d] of esize bytes; dgamma, dbeta,
  * gamma [d] f32 and mean, rstd [rows] f32, each NULL where not passed (RMSNorm: dbeta and mean);
  * ws, ws_bytes: a CUDA twin's workspace (an output; NULL, 0 for none). dx may equal dy. */
-SN_HIDDEN sn_status_t sn__rownorm_bwd_spans(const char *fn, const void *dx, const float *dgamma,
+SN_INTERNAL sn_status_t sn__rownorm_bwd_spans(const char *fn, const void *dx, const float *dgamma,
                                             const float *dbeta, const void *dy, const void *x,
                                             const float *mean, const float *rstd,
                                             const float *gamma, const void *ws, int64_t ws_bytes,
@@ -78,77 +78,77 @@ typedef struct {
 
 /* A CUDA twin's workspace of `bytes` bytes, of which the call needs `need`: nothing to check
  * where need == 0; else SN_ERR_INVALID_ARGUMENT where ws is NULL or bytes < need. */
-SN_HIDDEN sn_status_t sn__check_workspace(const char *fn, const void *ws, size_t bytes,
+SN_INTERNAL sn_status_t sn__check_workspace(const char *fn, const void *ws, size_t bytes,
                                           size_t need);
 /* A CUDA twin's workspace, after the call's check: nothing where need == 0; else
  * SN_ERR_INVALID_ARGUMENT where ws is NULL, bytes < need, or its first need bytes (an output)
  * overlap one of a's buffers. */
-SN_HIDDEN sn_status_t sn__args_workspace(sn__args_t *a, const void *ws, size_t bytes,
+SN_INTERNAL sn_status_t sn__args_workspace(sn__args_t *a, const void *ws, size_t bytes,
                                          size_t need);
 
 /* The checks of the function of the same name in syncnorm.h (sn_batchnorm_stats: ...), with its
  * arguments, in the order that function's errors are listed; fn names the caller. */
-SN_HIDDEN sn_status_t sn__bn_stats_args(sn__args_t *a, const char *fn, const double *sum,
+SN_INTERNAL sn_status_t sn__bn_stats_args(sn__args_t *a, const char *fn, const double *sum,
                                         const double *sumsq, const void *x, const float *pivot,
                                         int64_t n, int64_t c, int64_t s, sn_layout_t layout,
                                         sn_dtype_t dtype);
-SN_HIDDEN sn_status_t sn__bn_finalize_args(sn__args_t *a, const char *fn, const double *mean,
+SN_INTERNAL sn_status_t sn__bn_finalize_args(sn__args_t *a, const char *fn, const double *mean,
                                            const float *var, const float *rstd,
                                            const double *sum, const double *sumsq,
                                            const float *pivot, int64_t count, int64_t c,
                                            float eps);
 /* Not the data check num_batches_tracked >= 0. count == 1 fails; count == 0 (an empty batch,
  * counted) passes with the pointers other than num_batches_tracked unchecked. */
-SN_HIDDEN sn_status_t sn__bn_update_running_args(sn__args_t *a, const char *fn,
+SN_INTERNAL sn_status_t sn__bn_update_running_args(sn__args_t *a, const char *fn,
                                                  const float *running_mean,
                                                  const float *running_var,
                                                  const int64_t *num_batches_tracked,
                                                  const double *mean, const float *var,
                                                  int64_t count, int64_t c, float momentum);
-SN_HIDDEN sn_status_t sn__bn_apply_args(sn__args_t *a, const char *fn, const void *y,
+SN_INTERNAL sn_status_t sn__bn_apply_args(sn__args_t *a, const char *fn, const void *y,
                                         const void *x, const double *mean, const float *rstd,
                                         const float *gamma, const float *beta, int64_t n,
                                         int64_t c, int64_t s, sn_layout_t layout,
                                         sn_dtype_t dtype);
-SN_HIDDEN sn_status_t sn__bn_fwd_args(sn__args_t *a, const char *fn, const void *y,
+SN_INTERNAL sn_status_t sn__bn_fwd_args(sn__args_t *a, const char *fn, const void *y,
                                       const double *mean, const float *var, const float *rstd,
                                       const void *x, const float *pivot, const float *gamma,
                                       const float *beta, int64_t n, int64_t c, int64_t s,
                                       float eps, sn_layout_t layout, sn_dtype_t dtype);
 /* Not the data check running_var >= 0. */
-SN_HIDDEN sn_status_t sn__bn_infer_args(sn__args_t *a, const char *fn, const void *y,
+SN_INTERNAL sn_status_t sn__bn_infer_args(sn__args_t *a, const char *fn, const void *y,
                                         const void *x, const float *running_mean,
                                         const float *running_var, const float *gamma,
                                         const float *beta, int64_t n, int64_t c, int64_t s,
                                         float eps, sn_layout_t layout, sn_dtype_t dtype);
-SN_HIDDEN sn_status_t sn__bn_bwd_reduce_args(sn__args_t *a, const char *fn, const double *sum_dy,
+SN_INTERNAL sn_status_t sn__bn_bwd_reduce_args(sn__args_t *a, const char *fn, const double *sum_dy,
                                              const double *sum_dy_xhat, const void *dy,
                                              const void *x, const double *mean,
                                              const float *rstd, int64_t n, int64_t c, int64_t s,
                                              sn_layout_t layout, sn_dtype_t dtype);
-SN_HIDDEN sn_status_t sn__bn_bwd_apply_args(sn__args_t *a, const char *fn, const void *dx,
+SN_INTERNAL sn_status_t sn__bn_bwd_apply_args(sn__args_t *a, const char *fn, const void *dx,
                                             const void *dy, const void *x, const double *mean,
                                             const float *rstd, const float *gamma,
                                             const double *sum_dy, const double *sum_dy_xhat,
                                             int64_t count, int64_t n, int64_t c, int64_t s,
                                             sn_layout_t layout, sn_dtype_t dtype);
-SN_HIDDEN sn_status_t sn__bn_bwd_args(sn__args_t *a, const char *fn, const void *dx,
+SN_INTERNAL sn_status_t sn__bn_bwd_args(sn__args_t *a, const char *fn, const void *dx,
                                       const float *dgamma, const float *dbeta, const void *dy,
                                       const void *x, const double *mean, const float *rstd,
                                       const float *gamma, int64_t n, int64_t c, int64_t s,
                                       sn_layout_t layout, sn_dtype_t dtype);
-SN_HIDDEN sn_status_t sn__gn_fwd_args(sn__args_t *a, const char *fn, const void *y,
+SN_INTERNAL sn_status_t sn__gn_fwd_args(sn__args_t *a, const char *fn, const void *y,
                                       const float *mean, const float *rstd, const void *x,
                                       const float *gamma, const float *beta, int64_t n, int64_t c,
                                       int64_t s, int64_t groups, float eps, sn_layout_t layout,
                                       sn_dtype_t dtype);
-SN_HIDDEN sn_status_t sn__gn_bwd_args(sn__args_t *a, const char *fn, const void *dx,
+SN_INTERNAL sn_status_t sn__gn_bwd_args(sn__args_t *a, const char *fn, const void *dx,
                                       const float *dgamma, const float *dbeta, const void *dy,
                                       const void *x, const float *mean, const float *rstd,
                                       const float *gamma, int64_t n, int64_t c, int64_t s,
                                       int64_t groups, sn_layout_t layout, sn_dtype_t dtype);
 /* Not the data check running_var >= 0. rows = c_out·per_out (the weights). */
-SN_HIDDEN sn_status_t sn__fold_args(sn__args_t *a, const char *fn, const float *w, const float *b,
+SN_INTERNAL sn_status_t sn__fold_args(sn__args_t *a, const char *fn, const float *w, const float *b,
                                     const float *gamma, const float *beta,
                                     const float *running_mean, const float *running_var,
                                     int64_t c_out, int64_t per_out, float eps);

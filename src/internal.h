@@ -10,24 +10,29 @@
 
 #include "syncnorm.h"
 
+/* SN_HIDDEN: internal to the library that defines it. SN_INTERNAL: defined in libsyncnorm and
+ * exported for syncnorm's own backend libraries (libsyncnorm_mpi, libsyncnorm_cuda) and tests;
+ * not API (no declaration in an installed header, no stability promise). */
 #if defined(__GNUC__)
 #define SN_PRINTF(a, b) __attribute__((format(printf, a, b)))
 #define SN_HIDDEN __attribute__((visibility("hidden")))
+#define SN_INTERNAL __attribute__((visibility("default")))
 #else
 #define SN_PRINTF(a, b)
 #define SN_HIDDEN
+#define SN_INTERNAL
 #endif
 
 /* Records "fmt..." as this thread's sn_last_error() message and returns `status`. */
-SN_HIDDEN sn_status_t sn__fail(sn_status_t status, const char *fmt, ...) SN_PRINTF(2, 3);
+SN_INTERNAL sn_status_t sn__fail(sn_status_t status, const char *fmt, ...) SN_PRINTF(2, 3);
 /* Puts "<formatted prefix>: " before the current sn_last_error() message (where it happened,
  * for an error passed up from a lower layer) and returns status. */
-SN_HIDDEN sn_status_t sn__fail_prefix(sn_status_t status, const char *fmt, ...) SN_PRINTF(2, 3);
+SN_INTERNAL sn_status_t sn__fail_prefix(sn_status_t status, const char *fmt, ...) SN_PRINTF(2, 3);
 
 /* Each check returns SN_OK, or records "<fn>: <what is wrong>" and returns the specific code. */
 
 /* p != NULL, else SN_ERR_NULL_POINTER naming the argument. */
-SN_HIDDEN sn_status_t sn__check_ptr(const char *fn, const char *name, const void *p);
+SN_INTERNAL sn_status_t sn__check_ptr(const char *fn, const char *name, const void *p);
 /* One buffer of a call for sn__check_spans: `bytes` long from p (absent where p is NULL or
  * bytes <= 0), written by the call (out) or only read. may_equal: bit j set where this buffer may
  * be buffer j of the list, listed after it, exactly (the same pointer and length: an in-place
@@ -47,27 +52,27 @@ typedef struct {
  * over an input changes values the call still reads (the rows or channels not yet done, or, in
  * place partly, the rest of the same buffer), and two outputs over each other leave whichever
  * was written last. syncnorm.h: "No other overlap is allowed". */
-SN_HIDDEN sn_status_t sn__check_spans(const char *fn, const sn__span_t *s, int count);
+SN_INTERNAL sn_status_t sn__check_spans(const char *fn, const sn__span_t *s, int count);
 #define SN_SPANS(s) ((int)(sizeof(s) / sizeof((s)[0])))
 /* SN_ERR_INVALID_ARGUMENT unless momentum is in [0, 1] or SN_MOMENTUM_CUMULATIVE. */
-SN_HIDDEN sn_status_t sn__check_momentum(const char *fn, float momentum);
+SN_INTERNAL sn_status_t sn__check_momentum(const char *fn, float momentum);
 /* v >= min (min is 0 for counts that may be empty, 1 for d/C/G), else SN_ERR_INVALID_SIZE. */
-SN_HIDDEN sn_status_t sn__check_size(const char *fn, const char *name, int64_t v, int64_t min);
+SN_INTERNAL sn_status_t sn__check_size(const char *fn, const char *name, int64_t v, int64_t min);
 /* *out = a·b (both >= 0) without int64 overflow, and a·b·8 bytes addressable; else
  * SN_ERR_OVERFLOW. */
-SN_HIDDEN sn_status_t sn__mul(const char *fn, int64_t *out, int64_t a, int64_t b);
+SN_INTERNAL sn_status_t sn__mul(const char *fn, int64_t *out, int64_t a, int64_t b);
 /* SN_ERR_OVERFLOW if v elements (a per-channel or per-feature array, which an empty batch still
  * has: gamma, dgamma, the channel sums) are beyond sn__mul's bound of INT64_MAX/8. */
-SN_HIDDEN sn_status_t sn__check_elems(const char *fn, const char *name, int64_t v);
+SN_INTERNAL sn_status_t sn__check_elems(const char *fn, const char *name, int64_t v);
 /* eps finite and > 0, else SN_ERR_INVALID_EPS. */
-SN_HIDDEN sn_status_t sn__check_eps(const char *fn, float eps);
+SN_INTERNAL sn_status_t sn__check_eps(const char *fn, float eps);
 /* dtype is an activation dtype (f32, bf16, f16), else SN_ERR_INVALID_DTYPE. */
-SN_HIDDEN sn_status_t sn__check_act_dtype(const char *fn, sn_dtype_t dtype);
+SN_INTERNAL sn_status_t sn__check_act_dtype(const char *fn, sn_dtype_t dtype);
 /* Every running_var[i], i < c, is >= 0 (NaN passes: it propagates, as in PyTorch), else
  * SN_ERR_INVALID_ARGUMENT naming the first negative one. */
-SN_HIDDEN sn_status_t sn__check_running_var(const char *fn, const float *running_var, int64_t c);
+SN_INTERNAL sn_status_t sn__check_running_var(const char *fn, const float *running_var, int64_t c);
 /* layout is NCHW or NHWC, else SN_ERR_INVALID_LAYOUT. */
-SN_HIDDEN sn_status_t sn__check_layout(const char *fn, sn_layout_t layout);
+SN_INTERNAL sn_status_t sn__check_layout(const char *fn, sn_layout_t layout);
 
 /* The pivot refinement of a BatchNorm training forward (sn_batchnorm_fwd, SyncBatchNorm): sums
  * shifted by `pivot` over `count` values lost more than 24 bits to cancellation where, with

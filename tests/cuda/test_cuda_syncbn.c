@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "cudatest.h"
-#include "syncnorm_dist.h"
+#include "syncnorm_nccl.h"
 
 /* The internal test hook (dist/syncbn_internal.h; hidden, in the static library). */
 void sn__syncbn_test_force_sync(sn_syncbn_t *bn, int on);
@@ -421,6 +421,32 @@ START_TEST(test_errors_and_state) {
   void *x_d = ct_upload(x, (size_t)total * 4), *y_d = ct_alloc_poison((size_t)total * 4);
   ck_assert_msg(sn_syncbn_forward(a, y_d, x_d, N, S, 1) == SN_OK, "%s", sn_last_error());
   ck_assert_int_eq(sn_syncbn_forward(a, y_d, x_d, 1, 1, 1), SN_ERR_INSUFFICIENT_COUNT);
+  /* a synchronized global count of 1, check_consistency off: the same error as on the host
+   * (the count is read back), y and the running statistics untouched */
+  {
+    sn_syncbn_config_t sc = cfg;
+    sc.check_consistency = 0;
+    sn_syncbn_t *one = NULL;
+    ck_assert_int_eq(sn_syncbn_create(&one, &sc, g_comm), SN_OK);
+    sn__syncbn_test_force_sync(one, 1);
+    void *y1 = ct_alloc_poison((size_t)C * 4);
+    unsigned char before[C * 4], after[C * 4];
+    ct_download(before, y1, sizeof before);
+    ck_assert_int_eq(sn_syncbn_forward(one, y1, x_d, 1, 1, 1), SN_ERR_INSUFFICIENT_COUNT);
+    ck_assert_msg(strstr(sn_last_error(), "global count of 1") != NULL, "%s", sn_last_error());
+    ct_download(after, y1, sizeof after);
+    tu_assert_bitwise(before, after, sizeof before, "y after a global count of 1");
+    sn_syncbn_params_t po;
+    ck_assert_int_eq(sn_syncbn_params(one, &po), SN_OK);
+    float rm[C];
+    int64_t nbt = -1;
+    ct_download(rm, po.running_mean, sizeof rm), ct_download(&nbt, po.num_batches_tracked, 8);
+    for (int k = 0; k < C; k++) ck_assert_float_eq(rm[k], 0.0f);
+    ck_assert_int_eq(nbt, 0);
+    sn__syncbn_test_force_sync(one, 0);
+    ct_free(y1);
+    sn_syncbn_destroy(one);
+  }
   char path[64];
   snprintf(path, sizeof path, "/tmp/test_cuda_syncbn.%d.safetensors", (int)getpid());
   sn_syncbn_t *layers[1] = {a};

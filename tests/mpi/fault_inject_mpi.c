@@ -37,7 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "syncnorm_dist.h"
+#include "syncnorm_mpi.h"
 
 /* A hung rank gives up after this long, so the program stops even if nobody kills it: longer
  * than any test's failure bound (30 s) plus the communicator timeouts used (≤ 20 s). */

@@ -7,7 +7,7 @@
 
 #include <mpi.h>
 
-#include "syncnorm_dist.h"
+#include "syncnorm_mpi.h"
 #include "testutil.h"
 
 extern int mt_rank, mt_size;

@@ -302,9 +302,11 @@ START_TEST(test_empty_rank) {
 }
 END_TEST
 
-/* Global count 1: every rank gets SN_ERR_INSUFFICIENT_COUNT, nothing changes. */
+/* Global count 1: every rank gets SN_ERR_INSUFFICIENT_COUNT, nothing changes; with and without
+ * check_consistency (_i = 1, 0), as on device memory (tests/cuda/test_cuda_syncbn.c). */
 START_TEST(test_global_count_one) {
   sn_syncbn_config_t cfg = sn_syncbn_default_config(2);
+  cfg.check_consistency = _i;
   sn_syncbn_t *bn = NULL;
   MT_OK(sn_syncbn_create(&bn, &cfg, mt_world));
   float x[2] = {1.0f, 2.0f}, y[2] = {-7.0f, -7.0f};
@@ -681,7 +683,7 @@ static Suite *make_suite(void) {
   tcase_set_timeout(two, 300);
   tcase_add_test(two, test_uneven_batches_issue_example);
   tcase_add_test(two, test_empty_rank);
-  tcase_add_test(two, test_global_count_one);
+  tcase_add_loop_test(two, test_global_count_one, 0, 2);
   tcase_add_test(two, test_mismatch_detected);
   tcase_add_test(two, test_nonfinite_everywhere);
   tcase_add_test(two, test_partial_load);
