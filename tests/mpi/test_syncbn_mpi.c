@@ -514,6 +514,28 @@ START_TEST(test_intercomm_rejected) {
 }
 END_TEST
 
+/* sn_comm_create_mpi_fortran: the communicator of a Fortran handle (as mpi4py's py2f hands it
+ * over) is that communicator; a value that is no MPI_Fint, or no communicator's handle, is
+ * SN_ERR_INVALID_ARGUMENT with nothing created (local checks, the same on every rank). */
+START_TEST(test_create_from_fortran_handle) {
+  sn_comm_t *c = (sn_comm_t *)0x1;
+  ck_assert_int_eq(sn_comm_create_mpi_fortran(&c, (int64_t)1 << 40), SN_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(sn_comm_create_mpi_fortran(&c, (int64_t)MPI_Comm_c2f(MPI_COMM_NULL)),
+                   SN_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_eq(c, (sn_comm_t *)0x1);
+  ck_assert_int_eq(sn_comm_create_mpi_fortran(NULL, 0), SN_ERR_NULL_POINTER);
+  MT_OK(sn_comm_create_mpi_fortran(&c, (int64_t)MPI_Comm_c2f(MPI_COMM_WORLD)));
+  int rank = -1, size = -1;
+  MT_OK(sn_comm_rank(c, &rank));
+  MT_OK(sn_comm_size(c, &size));
+  ck_assert(rank == mt_rank && size == mt_size);
+  double v = 1.0 + mt_rank;
+  MT_OK(sn_comm_allreduce_sum(c, &v, 1, SN_DTYPE_F64));
+  ck_assert(v == mt_size * (mt_size + 1) / 2.0);
+  sn_comm_destroy(c);
+}
+END_TEST
+
 /* A bad SN_COMM_TIMEOUT_S fails sn_comm_create_mpi on every rank before MPI_Comm_dup (no rank
  * is left inside it), also where only one rank has it (a review: the other rank waited in the
  * dup forever); a good one after it creates a working communicator. */
@@ -688,6 +710,7 @@ static Suite *make_suite(void) {
   tcase_add_test(two, test_nonfinite_everywhere);
   tcase_add_test(two, test_partial_load);
   tcase_add_test(two, test_intercomm_rejected);
+  tcase_add_test(two, test_create_from_fortran_handle);
   tcase_add_test(two, test_env_timeout_rejected);
   suite_add_tcase(s, two);
   TCase *many = tcase_create("mismatch_ranks");
