@@ -308,7 +308,7 @@ static sn_status_t tell_peers(sn_syncbn_t *bn, const char *fn, int op, sn_status
   sn_status_t told = SN_OK;
   if (bn->cfg.check_consistency) {
     (void)bn->mem->to_host(bn); /* the running statistics' hash, as the others send it */
-    told = sn__syncbn_consistency(bn, fn, op, st);
+    told = sn__syncbn_consistency(bn, fn, op, st, 1);
   } else { /* the communicator's call check, where it is on, meets the others' first all-reduce */
     char where[sizeof bn->label + 64];
     snprintf(where, sizeof where, "%s (%s)", fn, bn->label);
@@ -325,10 +325,12 @@ static sn_status_t tell_peers(sn_syncbn_t *bn, const char *fn, int op, sn_status
   return sn__fail(told, "%s; then telling the other ranks failed: %s", own, why);
 }
 
-/* The consistency check of a call whose own checks passed, on the layer's current state. */
-static sn_status_t consistency(sn_syncbn_t *bn, const char *fn, int op) {
+/* The consistency check of a call on [n, C, s] whose own checks passed, on the layer's current
+ * state. A batch that is empty or has one position per channel is laid out alike in NCHW and
+ * NHWC: its layout is not compared. */
+static sn_status_t consistency(sn_syncbn_t *bn, const char *fn, int op, int64_t n, int64_t s) {
   SN_TRY(bn->mem->to_host(bn)); /* the running statistics, for their hash */
-  return sn__syncbn_consistency(bn, fn, op, SN_OK);
+  return sn__syncbn_consistency(bn, fn, op, SN_OK, n > 0 && s > 1);
 }
 
 /* Whether this rank's backward would make its consistency all-reduce: after a synchronized
@@ -348,7 +350,7 @@ static sn_status_t forward_batch(sn_syncbn_t *bn, const char *fn, void *y, const
   const sn_status_t own = mem->prepare(bn, fn, 1, update, n, s);
   if (own != SN_OK) return tell_peers(bn, fn, OP_FORWARD, own, synced);
   bn->saved.valid = 0; /* a failure below leaves no saved forward (on every rank: tell_peers) */
-  if (synced && cfg->check_consistency) SN_TRY(consistency(bn, fn, OP_FORWARD));
+  if (synced && cfg->check_consistency) SN_TRY(consistency(bn, fn, OP_FORWARD, n, s));
   int64_t count = n * s;
   if (!synced && !cfg->check_finite && count > 1 && mem->local_forward != NULL) {
     /* nothing to all-reduce, nothing to check before y is written: the local forward, bitwise
@@ -407,7 +409,7 @@ sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy, const 
     /* nothing to all-reduce (no communicator or one of one rank, or eval mode without running
      * statistics): the local backward, bitwise the steps below */
     return mem->local_backward(bn, fn, dx, dy, x, n, s);
-  if (synced && cfg->check_consistency) SN_TRY(consistency(bn, fn, OP_BACKWARD));
+  if (synced && cfg->check_consistency) SN_TRY(consistency(bn, fn, OP_BACKWARD, n, s));
   /* local Σdy, Σdy·x̂: this rank's dβ, dγ — and, summed over ranks, what dx needs */
   SN_TRY(mem->bwd_sums(bn, fn, dy, x, n, s));
   if (batch_stats) SN_TRY(reduce(bn, fn, 2 * bn->C, synced));

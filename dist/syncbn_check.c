@@ -51,6 +51,9 @@ enum {
   F_RUNNING, K
 };
 enum { CALL_FIELDS = F_CHECKS + 1, CONFIG_FIELDS = F_RUNNING };
+/* The value of a field a rank does not compare (the layout of a batch that is laid out alike in
+ * NCHW and NHWC), in both halves of the max all-reduce: below every real value. */
+#define ABSTAIN (INT64_MIN + 1)
 
 /* The name of a value of field k of the signature (check_consistency), where it has one: the
  * operation, dtype and layout; NULL otherwise. */
@@ -59,6 +62,7 @@ static const char *field_name(int k, int64_t v) {
   static const char *const dtype_name[] = {"f32", "bf16", "f16", "f64"};
   static const char *const layout_name[] = {"NCHW", "NHWC"};
   if (k == F_CHECKS) return v == 0 ? "passed" : sn_status_string((sn_status_t)v);
+  if (k == F_LAYOUT && v == ABSTAIN) return "either (an empty batch, or one position)";
   const char *const *names = k == F_OP       ? op_name
                              : k == F_DTYPE  ? dtype_name
                              : k == F_LAYOUT ? layout_name
@@ -135,7 +139,8 @@ static int field_range(char *out, size_t size, int k, int64_t lo, int64_t hi, in
  * all-reduce of the lowest rank holding each field's extremes. The ranks are those of the
  * layer's communicator (of a split one, not the world's). Should that collective fail (a
  * timeout), its status is returned, with both messages: the communicator is then broken. */
-static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op, sn_status_t checks) {
+static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op, sn_status_t checks,
+                                     int layout_matters) {
   /* check_finite is configuration too: a rank with it returns SN_ERR_NONFINITE before the
    * statistics' second all-reduce (the pivot refinement) that a rank without it makes, so ranks
    * that differ in it would go on out of step (a review: MPI_ERR_TRUNCATE ended the job) */
@@ -151,13 +156,16 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op, sn
                     running_hash(bn)};
   int64_t v[2 * K];
   for (int k = 0; k < K; k++) v[k] = sig[k], v[K + k] = -sig[k];
+  /* a rank whose layout does not matter abstains: the lowest value in both halves leaves the
+   * maxima to the others (and to all abstaining, ABSTAIN in both) */
+  if (!layout_matters) sig[F_LAYOUT] = v[F_LAYOUT] = v[K + F_LAYOUT] = ABSTAIN;
   bn->collectives++;
   char where[sizeof bn->label + 64];
   snprintf(where, sizeof where, "%s (%s, consistency check)", fn, bn->label);
   SN_TRY(sn__comm_allreduce_host(where, bn->comm, v, 2 * K, SN_RED_I64, SN_RED_MAX));
   int last = K, differs = 0;
   for (int k = K - 1; k >= 0; k--) { /* the tier of the first field that differs */
-    if (v[k] == -v[K + k]) continue;
+    if (v[k] == -v[K + k] || v[k] == ABSTAIN) continue;
     differs = 1;
     last = k < CALL_FIELDS ? CALL_FIELDS : k < CONFIG_FIELDS ? CONFIG_FIELDS : K;
   }
@@ -186,7 +194,7 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op, sn
   char msg[640];
   int len = 0;
   for (int k = 0; k < last && len < (int)sizeof msg; k++) {
-    if (v[k] == -v[K + k]) continue;
+    if (v[k] == -v[K + k] || v[k] == ABSTAIN) continue;
     len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%s differs across ranks", len ? "; " : "",
                     field[k]);
     if (len >= (int)sizeof msg) break;
@@ -208,8 +216,8 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op, sn
 }
 
 sn_status_t sn__syncbn_consistency(sn_syncbn_t *bn, const char *fn, int op,
-                                   sn_status_t checks) {
-  return check_consistency(bn, fn, op, checks);
+                                   sn_status_t checks, int layout_matters) {
+  return check_consistency(bn, fn, op, checks, layout_matters);
 }
 
 /* The pivot slots of a forward's all-reduce: two 16-bit hashes h1, h2 of the pivot [C] and

@@ -154,9 +154,11 @@ SN_HIDDEN int sn__syncbn_alone(const sn_syncbn_t *bn);
 SN_INTERNAL void sn__syncbn_test_force_sync(sn_syncbn_t *bn, int on);
 /* check_consistency (syncbn_check.c): one max all-reduce of the call's signature (checks: this
  * rank's own checks' status, SN_OK where they passed) in host memory; the running statistics'
- * hash is read from the host arrays (mem->to_host first). */
+ * hash is read from the host arrays (mem->to_host first). layout_matters 0: this rank's batch
+ * is laid out alike in NCHW and NHWC (empty, or one spatial position), and its layout is not
+ * compared with the others'. */
 SN_HIDDEN sn_status_t sn__syncbn_consistency(sn_syncbn_t *bn, const char *fn, int op,
-                                             sn_status_t checks);
+                                             sn_status_t checks, int layout_matters);
 /* The pivot slots of a forward's all-reduce, and whether their sums over `ranks` ranks say
  * every rank summed around the same pivot (syncbn_check.c). */
 enum { SN_PIVOT_SLOTS = 4 };

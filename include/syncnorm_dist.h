@@ -177,7 +177,9 @@ typedef struct {
   sn_layout_t layout;      /* NCHW ([N, C, S]) or NHWC ([N, S, C]); default NCHW */
   sn_dtype_t dtype;        /* x, y, dy, dx: f32, bf16 or f16; parameters stay f32; default f32 */
   int check_consistency;   /* before each collective, check all ranks call the same layer id,
-                              C, operation, dtype, layout, momentum, eps, track_running_stats,
+                              C, operation, dtype, layout (where this rank's batch is nonempty
+                              with s > 1: elsewhere NCHW and NHWC are the same memory),
+                              momentum, eps, track_running_stats,
                               affine and check_finite with the same running statistics, and
                               tell the other ranks where this rank's own checks of the call
                               failed (see sn_syncbn_forward) (one extra

@@ -514,6 +514,31 @@ START_TEST(test_intercomm_rejected) {
 }
 END_TEST
 
+/* The layout is compared only where it matters: a rank whose batch is empty, or has one
+ * position per channel (s = 1), is laid out alike in NCHW and NHWC, and may use a layer of
+ * either layout while the others use NHWC (a PyTorch tensor of such a shape is both contiguous
+ * and channels_last); its statistics still join in. */
+START_TEST(test_layout_of_empty_or_single_position) {
+  enum { C = 3 };
+  for (int k = 0; k < 2; k++) {
+    sn_syncbn_config_t cfg = sn_syncbn_default_config(C);
+    cfg.layout = mt_rank == 0 ? SN_LAYOUT_NHWC : SN_LAYOUT_NCHW;
+    cfg.layer_id = 40 + k;
+    sn_syncbn_t *bn = NULL;
+    MT_OK(sn_syncbn_create(&bn, &cfg, mt_world));
+    const int64_t n = mt_rank == 0 ? 2 : (k == 0 ? 0 : 2), s = mt_rank == 0 ? 3 : 1;
+    float x[2 * C * 3], y[2 * C * 3], dx[2 * C * 3];
+    for (int i = 0; i < 2 * C * 3; i++) x[i] = (float)(i % 7) - 2.0f * (float)mt_rank;
+    MT_OK(sn_syncbn_forward(bn, y, x, n, s, 1));
+    MT_OK(sn_syncbn_backward(bn, dx, x, x, n, s));
+    sn_syncbn_params_t p;
+    MT_OK(sn_syncbn_params(bn, &p));
+    ck_assert_int_eq(*p.num_batches_tracked, 1);
+    sn_syncbn_destroy(bn);
+  }
+}
+END_TEST
+
 /* sn_comm_create_mpi_fortran: the communicator of a Fortran handle (as mpi4py's py2f hands it
  * over) is that communicator; a value that is no MPI_Fint, or no communicator's handle, is
  * SN_ERR_INVALID_ARGUMENT with nothing created (local checks, the same on every rank). */
@@ -711,6 +736,7 @@ static Suite *make_suite(void) {
   tcase_add_test(two, test_partial_load);
   tcase_add_test(two, test_intercomm_rejected);
   tcase_add_test(two, test_create_from_fortran_handle);
+  tcase_add_test(two, test_layout_of_empty_or_single_position);
   tcase_add_test(two, test_env_timeout_rejected);
   suite_add_tcase(s, two);
   TCase *many = tcase_create("mismatch_ranks");
