@@ -11,7 +11,8 @@ packages=(
   libjansson-dev                          # JSON header of safetensors checkpoints
   zlib1g-dev libopenblas-dev              # training program: gz IDX files, sgemm
   dataset-fashion-mnist                   # the main job's data
-  python3-torch python3-numpy             # PyTorch reference values in tests
+  python3-torch python3-numpy             # PyTorch reference values in tests, syncnorm.torch
+  python3-mpi4py python3-pytest           # the Python package's tests (mpi4py communicators)
   libdnnl-dev                             # oneDNN, the benchmark's peer (optional for the library)
   gnuplot-nox                             # training curves picture
   clang libclang-rt-14-dev valgrind       # fuzzing, sanitizers, memcheck

@@ -10,7 +10,8 @@
 #   libsyncnorm_cuda  consumer_cuda: COMPONENTS cuda and pkg-config syncnorm-cuda, compiled and
 #                     linked; run where a GPU is (exit 77 without one)
 # and checks with readelf -d that libsyncnorm.so needs no libmpi, libcudart or libnccl, and
-# libsyncnorm_mpi.so no CUDA library.
+# libsyncnorm_mpi.so no CUDA library; and that the Python package, installed where an install to
+# /usr/local is on /usr/bin/python3's sys.path, finds the installed libraries by itself.
 #   check_install.sh BUILD_DIR WORK_DIR
 # CTest test install_consumers (label install). Exits non-zero on the first failure.
 set -euo pipefail
@@ -111,5 +112,27 @@ if [ $have_cuda = 1 ]; then
   pc --cflags --libs syncnorm-cuda
   "$cc" -o "$work/pc_cuda" "$here/consumer_cuda/main.c" "${words[@]}" -lm
   (cd "$work" && LD_LIBRARY_PATH=$libdir run "$work/pc_cuda")
+fi
+pyinit=$(find "$prefix" -path '*/syncnorm/_install.py' | head -n 1)
+if [ -n "$pyinit" ] && [ -x /usr/bin/python3 ]; then
+  pydir=$(dirname "$(dirname "$pyinit")")
+  rel=${pydir#"$prefix"/}
+  step "the Python package in $rel: found by /usr/bin/python3 under /usr/local, loads the libraries"
+  /usr/bin/python3 -c "import sys; sys.exit(0 if '/usr/local/$rel' in sys.path else
+    'an install to /usr/local puts the package in /usr/local/$rel, not on sys.path')"
+  (cd "$work" && env -u SYNCNORM_LIBRARY_DIR PYTHONPATH="$pydir" /usr/bin/python3 -c "
+import os, syncnorm
+assert os.path.samefile(syncnorm.library_dir(), '$libdir'), syncnorm.library_dir()
+c = syncnorm.Comm.self_()
+print('python: syncnorm', syncnorm.version(), 'from', syncnorm.library_dir(), c)
+try:
+    import torch, syncnorm.torch as st
+    bn = st.SyncBatchNorm(3)
+    bn(torch.randn(4, 3, 2, 2))
+    assert int(bn.num_batches_tracked) == 1
+    print('python: syncnorm.torch ok')
+except ImportError:
+    print('python: no torch here; syncnorm.torch not tried')
+")
 fi
 step "ok"
