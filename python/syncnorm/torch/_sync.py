@@ -103,8 +103,26 @@ class _Layer:
         else:
             L.check(st)
 
+    @staticmethod
+    def _stamp(tensors):
+        """What identifies the values of these tensors: any in-place change bumps _version, a
+        new .data changes the pointer."""
+        return tuple((id(t), t.data_ptr(), t._version) if t is not None else None
+                     for t in tensors)
+
+    def _sources(self, weight, bias, state):
+        if self.running_mean is None:
+            return (weight, bias)
+        return (weight, bias, state.running_mean, state.running_var, state.num_batches_tracked)
+
     def load(self, weight, bias, state):
-        """The module's parameters and running statistics into the layer (f32 copies)."""
+        """The module's parameters and running statistics into the layer (f32 copies), unless
+        the layer holds them already (nothing changed them since the last load or store)."""
+        src = self._sources(weight, bias, state)
+        stamp = self._stamp(src)
+        if stamp == self.__dict__.get("_loaded"):
+            return
+        self._loaded = None  # until the copies are done
         with torch.no_grad():
             if self.weight is not None:
                 self.weight.copy_(weight.detach() if weight is not None else 1.0)
@@ -113,14 +131,16 @@ class _Layer:
                 self.running_mean.copy_(state.running_mean)
                 self.running_var.copy_(state.running_var)
                 self.nbt.copy_(state.num_batches_tracked.reshape(1))
+        self._loaded = stamp
 
-    def store(self, state):
+    def store(self, weight, bias, state):
         """The layer's running statistics back into the module's buffers."""
         if self.running_mean is not None:
             with torch.no_grad():
                 state.running_mean.copy_(self.running_mean)
                 state.running_var.copy_(self.running_var)
                 state.num_batches_tracked.copy_(self.nbt.reshape(state.num_batches_tracked.shape))
+        self._loaded = self._stamp(self._sources(weight, bias, state))
 
     def collectives(self):
         v = ctypes.c_int64()
@@ -151,8 +171,12 @@ class _BatchNormFn(torch.autograd.Function):
         y = torch.empty_like(x)
         layer.load(weight, bias, state)
         layer.seq += 1
-        layer.check(L.lib().sn_syncbn_forward(layer._h, ptr(y), ptr(x), n, s, int(training)))
-        layer.store(state)
+        st = L.lib().sn_syncbn_forward(layer._h, ptr(y), ptr(x), n, s, int(training))
+        if st != L.SN_OK:
+            layer._loaded = None
+        layer.check(st)
+        if training:
+            layer.store(weight, bias, state)
         ctx.save_for_backward(x)
         ctx.layer, ctx.seq, ctx.ns, ctx.nhwc = layer, layer.seq, (n, s), nhwc
         ctx.needs = (weight is not None and weight.requires_grad,
