@@ -99,7 +99,7 @@ static sn_status_t mpi_split(sn_comm_t *c, int color, int key, sn_comm_t **sub) 
    * timeout, so that a missing rank fails here instead of hanging in the split. Two barriers:
    * ranks that time out in the first have posted it, so a rank arriving after they gave up
    * still completes it; the second, which they never post, makes that rank time out too,
-   * instead of entering the split alone and waiting there for ever (a review found it). What
+   * instead of entering the split alone and waiting there for ever. What
    * remains: a rank stalled for a whole timeout between its two barriers (a few instructions
    * apart) still enters the split alone once the others have timed out in the second. */
   int rc = MPI_SUCCESS;
@@ -242,8 +242,8 @@ static sn_status_t create_mpi(const char *fn, sn_comm_t **comm, MPI_Comm mpi_com
    * that never arrives makes the others fail with SN_ERR_TIMEOUT here too. A rank arriving after
    * the others gave up completes their abandoned agreement, then times out in the barrier,
    * which they never post: it must not post the dup, since a pending MPI_Comm_idup holds up
-   * every later communicator creation in the process in Open MPI 4.1 (a review found even
-   * MPI_Comm_dup(MPI_COMM_SELF) hanging behind one). What remains, as in sn_comm_split: a rank
+   * every later communicator creation in the process in Open MPI 4.1 (even
+   * MPI_Comm_dup(MPI_COMM_SELF) hangs behind one). What remains, as in sn_comm_split: a rank
    * stalled for a whole timeout between the barrier and the dup. The agreement and the dup
    * write into heap buffers: after a timeout MPI may still write them, so they are abandoned,
    * as the communicators' staging buffers are. */

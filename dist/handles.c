@@ -2,15 +2,13 @@
  * handles.c — the set of live communicator and SyncBatchNorm handles.
  *
  * A handle is checked against this set before the library reads through it: a destroyed handle
- * then gives SN_ERR_INVALID_HANDLE instead of a read of freed memory (an API-misuse audit found
- * sn_syncbn_forward on a destroyed layer reading its magic number, which the set replaces). A
- * handle whose address a later create reuses is that new object again, as with free() and
+ * then gives SN_ERR_INVALID_HANDLE instead of a read of freed memory. A handle whose address a later create reuses is that new object again, as with free() and
  * malloc(): the set cannot tell them apart.
  *
  * Each entry has its kind (SN_HANDLE_COMM, SN_HANDLE_SYNCBN), so that a layer passed as a
  * communicator is not one. A destroy takes its handle out of the set and frees it only if it was
  * there, in one step under the lock: two threads destroying the same handle free it once (a
- * review found a double free when the check and the removal were two steps).
+ * check and a removal in two steps could free it twice).
  *
  * An unsorted array under a mutex: programs hold tens of handles (a layer per BatchNorm of a
  * network), and each check is one scan, small next to any collective or kernel.

@@ -154,8 +154,8 @@ static int parse(int argc, char **argv, options_t *o) {
 }
 
 /* Whether the buffers of a run fit: rank 0 holds six batches of max_batch samples from each of
- * `ranks` ranks, C·S elements each, and every byte count must fit int64 and size_t (a review
- * found --max-batch 9223372036854775807 overflowing into a wrong message). */
+ * `ranks` ranks, C·S elements each, and every byte count must fit int64 and size_t (such as
+ * --max-batch 9223372036854775807 would overflow them). */
 static int sizes_fit(const options_t *o, int ranks) {
   int64_t per, bytes, cap, all;
   return !__builtin_mul_overflow(o->C, o->S, &per) &&

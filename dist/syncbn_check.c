@@ -143,13 +143,13 @@ static sn_status_t check_consistency(sn_syncbn_t *bn, const char *fn, int op, sn
                                      int layout_matters) {
   /* check_finite is configuration too: a rank with it returns SN_ERR_NONFINITE before the
    * statistics' second all-reduce (the pivot refinement) that a rank without it makes, so ranks
-   * that differ in it would go on out of step (a review: MPI_ERR_TRUNCATE ended the job) */
+   * that differ in it would go on out of step (Open MPI ends the job with MPI_ERR_TRUNCATE) */
   static const char *const field[K] = {
       "layer id", "C (num_features)", "operation", "dtype", "layout",
       "the call's own checks (a rank whose arguments or state failed them returned that error)",
       "momentum", "eps", "track_running_stats", "affine", "check_finite",
       "running statistics (load or set them on every rank, or broadcast them from one)"};
-  /* momentum + 0.0f: -0 and 0 are the same momentum (a review: they were reported as differing) */
+  /* momentum + 0.0f: -0 and 0 are the same momentum, with the same bits here */
   int64_t sig[K] = {bn->id, bn->C, op, (int64_t)bn->cfg.dtype, (int64_t)bn->cfg.layout,
                     (int64_t)checks, float_bits(bn->cfg.momentum + 0.0f), float_bits(bn->cfg.eps),
                     bn->cfg.track_running_stats, bn->cfg.affine, bn->cfg.check_finite != 0,

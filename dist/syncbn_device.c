@@ -142,8 +142,8 @@ static void dev_destroy(sn_syncbn_t *bn) {
   dev_state_t *d = dev_of(bn);
   if (d == NULL) return;
   /* work still queued may use the buffers: wait for it, under the communicator's timeout but
-   * without the communicator's wait, which aborts the NCCL communicator on a failure (a review:
-   * destroy returns nothing, and the caller would then ncclCommDestroy an aborted one). A failed
+   * without the communicator's wait, which aborts the NCCL communicator on a failure (destroy
+   * returns nothing, and the caller would then ncclCommDestroy an aborted one). A failed
    * or timed-out wait, or a communicator already destroyed (its stream may be too) or broken
    * (aborted work may still write them): the device buffers are abandoned, never freed */
   const int live = bn->comm == NULL || (SN_COMM_LIVE(bn->comm) && !bn->comm->broken);

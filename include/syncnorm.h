@@ -21,9 +21,10 @@
  *    from the mean) or in two passes, never E[x²]−E[x]² in fp32; the output is rounded to
  *    `dtype` once, round-to-nearest-even. eps is added to the variance (PyTorch convention).
  *    Backward sums: see each function.
- *  - Accuracy: an f32 forward output errs by a few f32 roundings of |x̂·gamma| + |beta| (where
- *    beta cancels x̂·gamma, that is more than of y itself); bf16/f16 outputs are checked to 1 ulp
- *    of y as each function states. An f32 output whose x̂·gamma overflows f32 is ±inf even where
+ *  - Accuracy (docs/SEMANTICS.md): an f32 forward output errs by a few f32 roundings of
+ *    |x̂·gamma| + |beta| (where beta cancels x̂·gamma, that is more than of y itself); a bf16/f16
+ *    forward output y is within max(1 ulp of y_exact, 2^-16·(|x̂·gamma| + |beta|)) of the exact
+ *    value. An f32 output whose x̂·gamma overflows f32 is ±inf even where
  *    beta would bring y back into range. dx of a backward is accurate relative to the size of
  *    its terms, ‖rstd·dy·gamma‖, not to dx itself, which can cancel to ~0 (dy proportional to
  *    x̂); dgamma/dbeta relative to their own size, except LayerNorm's dgamma, whose x̂ errs by
@@ -280,9 +281,9 @@ SN_API sn_status_t sn_batchnorm_update_running(float *running_mean, float *runni
  * (1 / 0). Computed in f32 with the mean as two floats (exact when |mean| ≫ σ); in fp64 for a
  * channel whose mean is 2^103 or more (there x − mean can overflow f32) or whose factor
  * gamma·rstd is subnormal in f32 (σ near the f32 range), and, for bf16/f16 y with beta, for the
- * elements where beta cancels x̂·gamma: each bf16/f16 output is within 1 ulp of the formula
- * applied exactly to the given mean and rstd (while |y| ≥ ~2^-44·|x̂·gamma|; a mean below ~2^-102
- * is mapped in fp64 too). The same holds for sn_batchnorm_infer,
+ * elements where beta cancels x̂·gamma (a mean below ~2^-102 is mapped in fp64 too): each
+ * bf16/f16 output is within the bf16/f16 bound above of the formula applied exactly to the
+ * given mean and rstd. The same holds for sn_batchnorm_infer,
  * sn_batchnorm_bwd_apply (also in fp64 where its O(rstd²) factor underflows f32, σ beyond
  * about 2^63) and GroupNorm. y may equal x. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE,
  * SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y
@@ -407,9 +408,8 @@ SN_API sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const
  * from its mean or a value is not finite (bf16 NCHW, and f16 NCHW groups of up to 2^18 values,
  * widened once into per-thread scratch: the same bits as f32 on the widened x); larger f16 NCHW
  * groups always two passes. y in f32 from them,
- * in fp64 where f32 is not exact enough: bf16/f16 outputs where beta cancels x̂·gamma (each
- * output within 1 ulp of the exactly rounded value while |y| ≥ ~2^-30·|x̂·gamma|, the fp64
- * statistics' accuracy), groups whose mean is 2^103 or more, factors f32 cannot hold (as in
+ * in fp64 where f32 is not exact enough: bf16/f16 outputs where beta cancels x̂·gamma (within
+ * the bf16/f16 bound above), groups whose mean is 2^103 or more, factors f32 cannot hold (as in
  * sn_batchnorm_apply).
  * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C, G <= 0, N, S < 0),
  * SN_ERR_INVALID_GROUPS (C % G != 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,

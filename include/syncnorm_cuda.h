@@ -31,9 +31,10 @@
  *    backwards use theirs only for dgamma/dbeta: with both NULL, or an empty batch, it is not
  *    used or checked and may be NULL.
  *  - Accuracy: statistics in fp64 (row or channel sums two-pass or shifted as the CPU code);
- *    outputs within the CPU function's stated bounds of the exact result (bf16/f16: 1 ulp),
- *    so a CUDA result and the CPU one differ by at most 2 ulp of the output dtype, and f32 ones
- *    by a few f32 roundings of the terms. Not bitwise equal to the CPU results.
+ *    outputs within the CPU function's stated bounds of the exact result (bf16/f16:
+ *    max(1 ulp, 2^-16·(|x̂·gamma| + |beta|))), so a CUDA result and the CPU one differ by at
+ *    most twice that, and f32 ones by a few f32 roundings of the terms. Not bitwise equal to
+ *    the CPU results.
  *  - sizes, dtypes and layouts are as syncnorm.h; rows·d and n·c·s may exceed 2^31.
  */
 #ifndef SYNCNORM_CUDA_H

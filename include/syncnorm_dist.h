@@ -13,23 +13,11 @@
  * then the new object, as with free and malloc.
  *
  * Collectives: every function documented as "collective" must be called by every rank of the
- * communicator, in the same order. Misuse is detected where possible (see check_consistency) and
- * bounded in time by the communicator's timeout, never left to hang silently. A SyncBatchNorm
- * training forward, or a backward after a synchronized forward, whose own checks (its
- * arguments, the layer's state) fail on some ranks only still makes its consistency all-reduce
- * on a layer with check_consistency (the default): every rank returns an error at once, and all
- * stay in step (see sn_syncbn_forward). Any other error from a call's own arguments
- * (check_consistency off, a NULL or destroyed handle, a backward without a saved forward, the
- * sn_comm_* functions) is returned before any communication, on that rank only: the other ranks
- * go on, and that rank is a call behind until it repeats the call (treat any error as fatal to
- * the step on every rank); with the call check (SN_COMM_CHECK=1, see sn_comm_allreduce_sum)
- * those of the sn_comm_* functions and of such a layer call with check_consistency off are told
- * to the other ranks too. A rank in eval mode makes no collective (as in PyTorch), so training
- * and eval mixed across ranks is not detected: the training ranks' collectives wait for the eval
- * rank's next training call, the ranks' k-th training calls pair up (their statistics combine
- * batches of different steps, and check_consistency cannot see it: an eval forward changes no
- * state it compares), and only where a rank makes fewer training calls in all do the others
- * reach the timeout.
+ * communicator, in the same order. Misuse is detected where possible (check_consistency,
+ * SN_COMM_CHECK) and bounded in time by the communicator's timeout, never left to hang
+ * silently; treat any error as fatal to the step on every rank. What each rank sees on a
+ * mismatch, a timeout or an error of one rank's own arguments, and train/eval across ranks:
+ * docs/SEMANTICS.md.
  */
 #ifndef SYNCNORM_DIST_H
 #define SYNCNORM_DIST_H
@@ -250,50 +238,27 @@ SN_API sn_status_t sn_syncbn_create(sn_syncbn_t **bn, const sn_syncbn_config_t *
                                     sn_comm_t *comm);
 
 /* Forward of x [n, C, s] (NCHW) or [n, s, C] (NHWC) into y (same shape, cfg.dtype); y may equal x.
- * training != 0: batch statistics over all ranks —
- * one all-reduce of 2C+5 fp64 values (count, Σ(x−p), Σ(x−p)² with a pivot p, and 4 values that
- * check p is the same on every rank; one more only in the rare step where p was so far from a
- * channel's mean that fp64 lost more than 24 bits (such channels are summed again around their
- * mean, the others around p; where p was nowhere near the data, beyond ~2^65·σ of it, and that is
- * not enough, once more around 0 and then around the mean: up to 3 more, as sn_batchnorm_fwd), and
- * one more before that where p differed across ranks — a checkpoint loaded on some ranks only:
- * then every rank redoes the sums around 0) — normalized with the biased variance; then, tracking,
- * num_batches_tracked += 1 and running_x = (1−f)·running_x + f·batch_x with f = momentum (or
- * 1/num_batches_tracked), batch_var unbiased by the global count N: var·N/(N−1). Collective
- * (training) — a rank with n·s == 0 still calls it. training == 0: y from the running stats,
- * local, no communication; without running stats (track_running_stats 0) from this rank's own
- * batch statistics, local too (as torch.nn.SyncBatchNorm, which synchronizes only in training mode
- * and only with more than one rank). With nothing to all-reduce (comm == NULL or of one rank in
- * training mode, or eval mode without running statistics) and check_finite off, the batch
- * statistics and y are sn_batchnorm_fwd's (fused in NCHW where a channel's x fits in L2), with the
- * same bits as the steps above. Formulas: Ioffe & Szegedy 2015 (arXiv:1502.03167), running stats
- * as torch.nn.BatchNorm; the shifted sums: Chan, Golub & LeVeque 1983. Errors (y, parameters and
- * running stats untouched, the same on every rank for the collective ones; bad arguments, a
- * running_var < 0 in eval mode included, change nothing, not even the saved forward, except
- * where they are sent to the other ranks (below); any later failure, a mismatch included, drops
- * the saved forward, so a backward needs a new successful forward):
- * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
+ * training != 0: y from the batch statistics of all ranks (biased variance), then, with running
+ * statistics, num_batches_tracked += 1 and running_x = (1−f)·running_x + f·batch_x with
+ * f = momentum (or 1/num_batches_tracked for SN_MOMENTUM_CUMULATIVE), the variance unbiased by
+ * the global count N: var·N/(N−1). Collective: one all-reduce of 2C+5 f64 (2C+1 on device
+ * memory): the shifted sums Σ(x−p), Σ(x−p)² around a pivot p identical on every rank, the count
+ * and the pivot's hashes; up to 4 more in a rare step where p was far from the data; plus one
+ * for check_consistency. A rank with n·s == 0 still calls it. training == 0: y from the running
+ * statistics, local; without running statistics from this rank's own batch statistics, local.
+ * With no communicator, or one of one rank, nothing is all-reduced (sn_batchnorm_fwd's bits).
+ * A global count of 0 is an empty batch: SN_OK, y and the running statistics untouched,
+ * num_batches_tracked += 1 (as PyTorch). Memory: host, or device with cfg.device_memory (on the
+ * communicator's stream; what differs there is below). Formulas: Ioffe & Szegedy 2015
+ * (arXiv:1502.03167), running statistics as torch.nn.BatchNorm; shifted sums: Chan, Golub &
+ * LeVeque 1983. Errors (nothing written; the saved forward kept for argument errors, dropped by
+ * any later failure): SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW,
  * SN_ERR_INSUFFICIENT_COUNT (global count 1), SN_ERR_MISMATCH, SN_ERR_NONFINITE, SN_ERR_COMM,
- * SN_ERR_TIMEOUT, SN_ERR_INVALID_HANDLE, SN_ERR_ALLOC, SN_ERR_INVALID_ARGUMENT (eval mode with a
- * running_var < 0, or training with a num_batches_tracked < 0, written through sn_syncbn_params;
- * y overlapping x partly; backward: dx overlapping dy partly, or x at all; an activation over
- * the layer's own arrays, those sn_syncbn_params hands out included — all checked before the
- * statistics' collective). In training mode on a layer with check_consistency and a
- * communicator of two or more ranks, a rank whose own checks fail (the errors before
- * SN_ERR_INSUFFICIENT_COUNT above, and SN_ERR_INVALID_ARGUMENT) still makes the consistency
- * all-reduce, with its error in place of "passed": it returns that error (the message then
- * says it was sent to the other ranks), and the ranks whose checks passed return SN_ERR_MISMATCH
- * naming it ("the call's own checks (...) differs across ranks (passed on ranks 0, 1;
- * SN_ERR_NULL_POINTER on rank 2)"), at once instead of after the timeout. Nothing is written; the
- * saved forward is dropped on every rank, so a backward then fails everywhere, at once. Where
- * every rank fails alike, each returns its own error. Should that all-reduce itself fail (a
- * timeout), its SN_ERR_TIMEOUT or SN_ERR_COMM is returned, with both messages. With
- * check_consistency off the same is done in the communicator's call check where SN_COMM_CHECK=1
- * (see sn_comm_allreduce_sum), and not at all otherwise. A global count
- * of 0 is an empty batch: SN_OK, y and the running statistics
- * untouched, num_batches_tracked += 1 when tracking (as
- * torch.nn.BatchNorm's forward, which counts the batch before normalizing it; with momentum
- * None the next factor is then 1/num_batches_tracked as there). */
+ * SN_ERR_TIMEOUT, SN_ERR_INVALID_HANDLE, SN_ERR_ALLOC, SN_ERR_INVALID_ARGUMENT (eval with a
+ * running_var < 0, training with a num_batches_tracked < 0, both written through
+ * sn_syncbn_params; y overlapping x partly; x or y over the layer's own arrays). With
+ * check_consistency, a rank whose own checks fail still makes the consistency all-reduce, so
+ * that the other ranks return SN_ERR_MISMATCH naming it at once (docs/SEMANTICS.md). */
 /* With cfg.device_memory (x, y device pointers; statistics on the device) the steps are the
  * same, enqueued on the communicator's stream (the legacy stream 0 without a communicator):
  * sn_cuda_batchnorm_stats around the device-held pivot, ONE all-reduce of 2C + 1 f64 (the sums
