@@ -518,7 +518,7 @@ int main(int argc, char **argv) {
              "%lld training images are fewer than one global batch of %d ranks × %lld",
              (long long)t.train_n, t.size, (long long)t.o.batch);
     exit_if_any_failed(&t, t.steps_per_epoch == 0, msg);
-    /* a review: --epochs 2^63-1 overflowed here into a negative schedule */
+    /* --epochs 2^63-1 would overflow the step count into a negative schedule */
     snprintf(msg, sizeof msg, "--epochs %lld × %lld steps per epoch is beyond 2^63 steps",
              (long long)t.o.epochs, (long long)t.steps_per_epoch);
     exit_if_any_failed(&t, __builtin_mul_overflow(t.o.epochs, t.steps_per_epoch, &t.total_steps),
@@ -527,8 +527,8 @@ int main(int argc, char **argv) {
   char err[4096] = "";
   /* the model's buffers hold the larger of a training batch and an evaluation chunk, which
    * never needs to exceed a rank's shard of the test set (the largest: ceil(test_n / size));
-   * a review: --eval-batch 65536 sized them for 65536 images, 53 GB per rank, for a test set of
-   * 10, and the kernel's OOM killer ended the job */
+   * sized by --eval-batch alone, 65536 would take 53 GB per rank for a test set of 10, and the
+   * kernel's OOM killer would end the job */
   const int64_t shard = (t.test_n + t.size - 1) / t.size;
   t.eval_chunk = t.o.eval_batch < shard ? t.o.eval_batch : shard > 0 ? shard : 1;
   const int64_t cap = t.o.batch > t.eval_chunk ? t.o.batch : t.eval_chunk;

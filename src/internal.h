@@ -82,8 +82,8 @@ SN_INTERNAL sn_status_t sn__check_layout(const char *fn, sn_layout_t layout);
  *   round 1: (float)(pivot + m), within fp64 reach of the mean (at least 29 of 53 bits kept)
  *            unless the pivot was so far from the data that the sums held nothing of it;
  *   round 2: then 0 (or (float)m where the pivot already is 0): sums around 0 carry the mean to
- *            2^-53 of itself, whatever the previous pivot (a review: a pivot of 3e38 for data at
- *            8e6 left the refined pivot at a rounding residue, and the variance 11 % off);
+ *            2^-53 of itself, whatever the previous pivot (a pivot far from the data, 3e38 for
+ *            data at 8e6, leaves round 1's pivot at a rounding residue, the variance 11 % off);
  *   round 3: (float)(pivot + m) again; round 4 and on: 0 returned, no more sums (the fourth
  *            sums are around the mean rounded to f32, whose error leaves f32 data's variance
  *            to at least 2^-23).

@@ -76,8 +76,7 @@ SN_CLONES static void stats_run_bf16(double *acc, const uint16_t *x, int64_t n, 
  * pf_l2: prefetch into L2 only (prefetcht1) rather than L1 too (prefetcht0). The fused backward
  * (sn_batchnorm_bwd), which reads the run again from L2 for dx, sets it where sn__pf_l2 does
  * (cpu.h): on the AMD EPYC host 0.81-0.90x the time ([32,64,56,56], [64,256,28,28], cold); the
- * sums alone, read once, were 1.11x slower with it (docs/BENCHMARKS.md, 2026-12-02 fifth
- * sitting). */
+ * sums alone, read once, are 1.11x slower with it (docs/BENCHMARKS.md). */
 SN_INLINE void bwd_run_impl(double *acc, const void *dy, const void *x, int64_t n, int lane,
                             double m, int pf_l2, int bf16) {
   const uintptr_t es = bf16 ? 2 : 4;
@@ -203,11 +202,11 @@ SN_CLONES static int bwd_rows_bf16(double *restrict l1, double *restrict l2, int
  * starting at lane 0: lane l gets rows l, l + 8, ..., l + 8·(GROUP_K − 1) of the group in that
  * order, so the sums and their order are those of stats_rows/bwd_rows, with one load and store
  * of each accumulator (an sn__vd of 8 channels) per GROUP_K rows. GROUP_K 8 against 4: statistics
- * 0.79-0.85x, backward sums 0.91-1.06x at 128 and 256 channels; 16 was slower.
+ * 0.79-0.85x, backward sums 0.91-1.06x at 128 and 256 channels; 16 is slower.
  * Each lane walks its GROUP_K rows with one pointer per input advanced by `step` (SN_LANES
- * rows): indexed from the group's start, GCC kept a pointer per row (16 for the backward, some
+ * rows): indexed from the group's start, GCC keeps a pointer per row (16 for the backward, some
  * spilled to the stack). The fused NHWC backward at [64,256,28,28] f32: 0.965-0.97x the time
- * (docs/BENCHMARKS.md, 2026-12-03 seventh sitting); the same bits. */
+ * (docs/BENCHMARKS.md); the same bits. */
 #define GROUP_K 8
 #define GROUP_ROWS (GROUP_K * SN_LANES)
 

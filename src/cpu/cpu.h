@@ -36,19 +36,19 @@
 
 /* Streaming (non-temporal) stores for large outputs. An ordinary store of a line not in the cache
  * first reads it (read for ownership): a kernel that reads one tensor and writes another moves
- * three tensors' bytes, a streaming store two. On the Intel Xeon VM of docs/BENCHMARKS.md (its
- * latest bench_cpu table) a copy loop with ordinary stores ran at 19-23 GB/s, memcpy (streaming
- * above 127 MiB) at 32-41, and the NHWC BatchNorm map took 0.76x the time with streaming
- * stores. On the AMD EPYC VM of the earlier tables ordinary stores copied as fast as memcpy
- * (66 GB/s) and streaming stores made the maps 1.1-1.6x slower; on an AMD EPYC (Zen 5, CPU
- * family 0x1A) VM (2026-12-03) a store loop ran at 86-88 GB/s against memcpy's 96-99, and
- * streaming took 0.60-0.96x the time of the f32 LayerNorm/RMSNorm, BatchNorm and GroupNorm
- * kernels of 25 MB and more (bench_ab, cold), but 1.06-1.14x of the bf16 LayerNorm forward,
- * which is bound by its arithmetic there. So by default Intel CPUs and AMD's from family 0x1A
- * stream, the bf16 LayerNorm forward's rows on Intel only (sn__stream_out_ln_bf16). A streamed
- * output is no longer in the cache for whoever reads it next, so only outputs of at least
- * SN_STREAM_MIN_BYTES are streamed: more than the L2 and the L3 share of a core on common server
- * parts (oneDNN streams every f32 BatchNorm output, its bf16 ones above L2 + L3 per core).
+ * three tensors' bytes, a streaming store two. On an Intel Xeon VM (docs/BENCHMARKS.md) a copy
+ * loop with ordinary stores runs at 19-23 GB/s, memcpy (streaming above 127 MiB) at 32-41, and
+ * the NHWC BatchNorm map takes 0.76x the time with streaming stores. On AMD EPYC (Zen 5, CPU
+ * family 0x1A) VMs it depends on the VM's state: in one, ordinary stores copied as fast as
+ * memcpy (66 GB/s) and streaming made the maps 1.1-1.6x slower; in another, a store loop ran at
+ * 86-88 GB/s against memcpy's 96-99, and streaming took 0.60-0.96x the time of the f32
+ * LayerNorm/RMSNorm, BatchNorm and GroupNorm kernels of 25 MB and more (bench_ab, cold), but
+ * 1.06-1.14x of the bf16 LayerNorm forward, which is bound by its arithmetic there. So by
+ * default Intel CPUs and AMD's from family 0x1A stream, the bf16 LayerNorm forward's rows on
+ * Intel only (sn__stream_out_ln_bf16). A streamed output is not in the cache for whoever reads
+ * it next, so only outputs of at least SN_STREAM_MIN_BYTES are streamed: more than the L2 and
+ * the L3 share of a core on common server parts (oneDNN streams every f32 BatchNorm output, its
+ * bf16 ones above L2 + L3 per core).
  * The environment variable SN_STREAM_MIN_BYTES (a byte count; 0 = every output, on any x86-64
  * CPU) overrides it; read once per process (sn__stream_out). Only whole 64-byte lines are
  * streamed, with the values an ordinary store would write, so the bits are the same either way:
@@ -66,20 +66,18 @@ SN_HIDDEN int sn__stream_out_ln_bf16(int64_t out_bytes);
  * loaded, 1 on x86-64 CPUs other than Intel's, 0 on Intel's and off x86-64. Measured on an AMD
  * EPYC (Zen 4) VM, the L2 hint took 0.70-0.98x the time of the row forwards and 0.74-0.94x of
  * the row backwards, 0.81-0.90x of the fused BatchNorm backward, 0.98-1.03x (noise) of the
- * GroupNorm forward (docs/BENCHMARKS.md, 2026-12-02 fifth sitting); the Intel host of the
- * earlier tables was not available to measure it, so Intel CPUs keep the prefetcht0 measured
- * there. */
+ * GroupNorm forward (docs/BENCHMARKS.md). On Intel CPUs the L2 hint is unmeasured, so they use
+ * prefetcht0, the hint measured on the Intel Xeon host. */
 SN_HIDDEN extern int sn__pf_l2;
 
 /* Whether sn_batchnorm_fwd and sn_batchnorm_bwd take their fused NCHW paths (a block of
  * channels summed, then mapped while it is in L2: batchnorm.c, fused_block) for tensors larger
  * than the threads' L2s: set when the library is loaded, 1 on Intel x86-64 CPUs and off x86-64, 0
  * on other x86-64 CPUs, which fuse only tensors whose inputs fit in the L2s of the threads. On the Intel Xeon host
- * of docs/BENCHMARKS.md the fused paths were measured faster than the two passes; on an AMD
- * EPYC (Zen 5) VM (two threads, 1 MiB of L2 each) the two passes took 0.47-0.78x the time of
+ * of docs/BENCHMARKS.md the fused paths measure faster than the two passes; on an AMD
+ * EPYC (Zen 5) VM (two threads, 1 MiB of L2 each) the two passes take 0.47-0.78x the time of
  * the fused paths from 3 MB of input up (cold and warm, f32 and bf16), 0.98-1.12x at 1.6 MB,
- * 1.05-1.38x below (a parallel region more, in a few microseconds; docs/BENCHMARKS.md,
- * 2026-12-03). The
+ * 1.05-1.38x below (a parallel region more, in a few microseconds; docs/BENCHMARKS.md). The
  * results are bitwise the same either way. */
 SN_HIDDEN extern int sn__bn_fuse_large;
 
@@ -195,8 +193,8 @@ SN_HIDDEN int sn__max_threads(void);
 /* The team for `units` pieces of work (rows, chunks) that each go to one thread: at most
  * sn__max_threads() and at most units (at least 1). Per-thread scratch is sized by it and the
  * parallel region made with it (num_threads), so that a batch of fewer rows than threads does
- * not allocate rows of scratch no thread uses (a review: a single f16 row of 30M took 2·d
- * floats per thread). */
+ * not allocate rows of scratch no thread uses (a single f16 row of 30M would otherwise take
+ * 2·d floats per thread). */
 SN_HIDDEN int sn__team_for(int64_t units);
 /* Threads that can run at the same time: sn__max_threads(), at most the processors this process
  * may run on (omp_get_num_procs); 1 without OpenMP. */

@@ -759,7 +759,7 @@ static int64_t gn_bwd_nhwc_scratch(int64_t C, int64_t G) { return per_thread(7 *
 /* Whether the NHWC backward shares each sample between the threads: fewer samples than nt (the
  * threads that can run at once). Unlike the forward (gn_fwd_split), a sample larger than L2
  * stays with one thread, its dx pass prefetching x and dy (gn_bwd_nhwc); sharing it is
- * untried (the forward gained 4-6 % from it where a thread's share fits its L2, and lost 7-10 %
+ * untried (the forward gains 4-6 % from it where a thread's share fits its L2, and loses 7-10 %
  * where it does not, docs/BENCHMARKS.md). */
 static int gn_bwd_split(int64_t N, int nt) { return nt > 1 && N < nt; }
 

@@ -60,9 +60,9 @@ SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const fl
  * beyond the limit, so a few per cent of the blocks take the recomputation. Its error is that
  * of the fp64 mean and rstd (rownorm.h: about 2^-45 of |p| at d = 4096), so it holds the 1-ulp
  * bound for cancellations down to about |y| = 2^-35·|p|; deeper ones (beta = −round_f32(x̂·gamma)
- * reaches ~2^-24·7/d·|p| at the worst element of a row) can miss it at large d: a review at
- * d = 65536 found up to hundreds of ulp with the two-pass statistics on two-valued rows, and up
- * to ~20 ulp with the one-pass ones on heavy-tailed rows with |mean| ≪ σ (3 with two passes). */
+ * reaches ~2^-24·7/d·|p| at the worst element of a row) can miss it at large d: at d = 65536,
+ * up to hundreds of ulp with the two-pass statistics on two-valued rows, and up to ~20 ulp
+ * with the one-pass ones on heavy-tailed rows with |mean| ≪ σ (3 with two passes). */
 #define LN_MAP_BLOCK 128
 /* bf16: 2^-21·2^10 + 2^-24 < 2^-10, a quarter of the half ulp; f16: 2^-21·2^8 + 2^-24 < 2^-12. */
 #define LN_CANCEL_LIM_BF16 0x1p10f
@@ -72,8 +72,8 @@ SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const fl
  * float: |lo| ≤ 2^-24·|mean| must stay ≥ 2^-126. Below LN_SPLIT_MIN (nonzero) hi + lo can be
  * off by ~2^-150 absolute, a large part of x − mean when the row's values are that small, so
  * such rows take the checked map with limit 0: every block in fp64 (not only those with a
- * nonzero f32 term: below 2^-150 hi and lo are both 0, and a block of zeros had y = 0 where
- * y = −mean·rstd, a normal float; a review). Rows of wide mean take it too. */
+ * nonzero f32 term: below 2^-150 hi and lo are both 0, and a block of zeros would map to
+ * y = 0 where y = −mean·rstd, a normal float). Rows of wide mean take it too. */
 #define LN_SPLIT_MIN 0x1p-100
 
 static inline int ln_tiny_mean(double mean) { return mean != 0.0 && fabs(mean) < LN_SPLIT_MIN; }
@@ -219,11 +219,11 @@ SN_INLINE void ln_map_beta_pairs(uint16_t *y, const uint16_t *xb, const float *g
        * on the bits of the absolute values, which order as the values: a NaN |p| has bits
        * above any number's; lim·|v| is NaN only where v is, which the second test takes.
        * (Under DAZ without FTZ, a subnormal |p| counts as itself here, as 0 in the float
-       * test: its block is recomputed in fp64, which the bound allows. A review measured it.)
+       * test: its block is recomputed in fp64, which the bound allows.)
        * |p| > lim·|v| where bits(lim·|v|) − bits(|p|) is negative (no overflow: both bits
        * below 2^31), |v| > FLT_MAX where 0x7f7fffff − bits(|v|) is: their sign bits or-ed over
        * the block and tested once (sn__any_sign). Subtractions and ors stay vector operations
-       * in every clone; a comparison per vector cost three instructions (mask, vector, count),
+       * in every clone; a comparison per vector costs three instructions (mask, vector, count),
        * and in target_clones functions GCC 12 scalarizes float and unsigned comparisons. */
       const sn__pi ue = (sn__pi)ve[q] & 0x7fffffff, uo = (sn__pi)vo[q] & 0x7fffffff;
       const sn__pi pe_ = (sn__pi)e & 0x7fffffff, po_ = (sn__pi)o & 0x7fffffff;

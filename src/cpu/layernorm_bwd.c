@@ -100,9 +100,9 @@ SN_INLINE void ln_bwd_sums(double sum[3], double big[3], const float *dy, const 
 /* Bound on the f32 intermediates of the backward's dx = s·((g − mean(g)) − x̂'·mean(g·x̂')):
  * with G = max|dy|·max|gamma| and X = max|x̂|, |g − mean(g)| ≤ 2G, |x̂'| ≤ 2X and
  * |x̂'·mean(g·x̂')| ≤ 4G·X² (|mean(g·x̂')| ≤ 2G·X). A row where G·(2 + 4X²) or X exceeds it is
- * computed in fp64 (ln_bwd_row_f64): a review found dx = inf for dy near 3e38 and for a large
- * gamma, where dx itself is finite; a later one found dx = NaN where it is 0, with dy = 0 and
- * saved statistics that put x̂ near FLT_MAX (then x̂' overflows, and inf·mean(g·x̂') = inf·0).
+ * computed in fp64 (ln_bwd_row_f64): in f32, dy near 3e38 or a large gamma would give dx = inf
+ * where dx itself is finite, and dy = 0 with saved statistics that put x̂ near FLT_MAX would
+ * give dx = NaN where it is 0 (x̂' overflows, and inf·mean(g·x̂') = inf·0).
  * Half of 2^127 leaves room for the roundings. */
 #define LN_DX_F32_MAX 0x1p126
 

@@ -315,7 +315,7 @@ SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const f
 
 /* ---- the constants, and fp64 maps for channels the f32 ones cannot serve ---------------------- */
 
-/* Not covered (a review): f32 terms that overflow while the output does not, such as dy·a of
+/* Not covered: f32 terms that overflow while the output does not, such as dy·a of
  * the backward beyond FLT_MAX brought back by − b (gradients near the f32 range), give ±inf; the
  * checked map recomputes them for bf16/f16 forwards with beta only.
  *
@@ -325,10 +325,10 @@ SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const f
  * e = O(rstd²) of the backward beyond σ ≈ 2^63, which even underflows to 0, is not held. */
 
 /* Whether a channel must be mapped in fp64: its centre from SN_CENTRE_F32_MAX on, its low part
- * lo = m − hi not held by an f32 (a mean below ~2^-102, where lo is subnormal: hi + lo no
- * longer carries the 48 bits the maps rely on; a review found 128 ulp at mean 2^-100 + 2^-152),
- * or a factor its f32 rounding does not hold. Only data near the ends of the f32 range gets
- * there; the f32 maps of every other channel are unchanged. */
+ * lo = m − hi not held by an f32 (a mean below ~2^-102, where lo is subnormal: hi + lo does
+ * not carry the 48 bits the maps rely on, 128 ulp off at mean 2^-100 + 2^-152), or a factor
+ * its f32 rounding does not hold. Only data near the ends of the f32 range gets there; every
+ * other channel takes the f32 maps. */
 static inline int sn__needs_f64(double m, float hi, double a, double b, double e) {
   return !(fabsf(hi) < SN_CENTRE_F32_MAX) || !sn__f32_holds(m - (double)hi) ||
          !sn__f32_holds(a) || !sn__f32_holds(b) || !sn__f32_holds(e);
@@ -505,7 +505,7 @@ static inline int64_t sn__rows_per_block(int64_t rows, int64_t ld, int64_t ct, s
  * accuracy of md and ad and of the recomputation's own two fp64 roundings (2^-52·|p|):
  * BatchNorm's md and ad are its inputs, so its bound holds down to about |y| = 2^-44·|p|;
  * GroupNorm's are its fp64 statistics, whose mean errs by ~2^-53·|mean| (f16 data can hold
- * |mean|/σ ~ 2^11), so down to about |y| = 2^-30·|p| (a review: 4-15 ulp for f16 at 2^-34 to
+ * |mean|/σ ~ 2^11), so down to about |y| = 2^-30·|p| (deeper: 4-15 ulp for f16 at 2^-34 to
  * 2^-36; 63 ulp for BatchNorm at 2^-52).
  * With gamma and beta unrelated about 2^-9 (bf16) of the elements are recomputed. (A subnormal thr rounds by at most 2^-150, far below the outputs' resolution.)
  * LayerNorm's check (layernorm.c, ln_map_beta) is the same bound with |p| tested directly, its

@@ -25,8 +25,8 @@
  * x̂ is O(1) (|x̂| ≤ √d) and e of the size of the terms s·g, so no f32 factor or intermediate
  * leaves the f32 range unless dx's own terms do: b = s³·mean(g·x), the factor of x in the same
  * gradient written as s·g − b·x, is subnormal from an RMS of ~2^63 on and overflows for a
- * subnormal eps; s·(g − x̂·mean(g·x̂)) overflows in the parentheses for g near FLT_MAX (a
- * review). Rows whose sum or e is not held by an f32 (g beyond FLT_MAX, inf/NaN in the row, dx
+ * subnormal eps; s·(g − x̂·mean(g·x̂)) overflows in the parentheses for g near FLT_MAX.
+ * Rows whose sum or e is not held by an f32 (g beyond FLT_MAX, inf/NaN in the row, dx
  * terms at the ends of the range) are computed in fp64 (rms_bwd_row_f64).
  * dgamma = Σ_rows dy·x·rstd is summed per fixed chunk of rows (cpu.h), in f32 over runs of
  * SN_PART_ROWS rows added in fp64 (rownorm.h), and the chunk partials are added in chunk order
@@ -282,17 +282,17 @@ static void rms_bwd_row_f64(float *dx, double *dgp64, const float *dy, const flo
 
 /* Bounds on a row's dgamma terms |dy·x̂| ≤ max|dy|·max|x|·s for the f32 partials
  * (SN_PART_ROWS): above SN_PART_F32_MAX they could overflow them; below RMS_PART_F32_MIN some
- * are subnormal in f32 and lose bits (x near the subnormal range with eps dominating rstd: a
- * review measured 4e-6 relative in dgamma). Such rows add their terms, exact in fp64, into the
+ * are subnormal in f32 and lose bits (x near the subnormal range with eps dominating rstd: up
+ * to 4e-6 relative in dgamma). Such rows add their terms, exact in fp64, into the
  * chunk's fp64 partial dgp64 instead; the choice depends on the row's data only. */
 #define RMS_PART_F32_MIN 0x1p-100
 
 /* Whether a row's dx can be mapped in f32: its terms s·g and x̂·e, and x̂ = x·s, bounded with the
  * row's max|dy|, max|x| (mdy, mx) and max|gamma| over the call (gmax; 1 without gamma) by
  * |s|·mdy·gmax + |s|·mx·|e| and |s|·mx, stay below RMS_TERM_F32_MAX, so that no f32 product or
- * difference of the map overflows. Otherwise a term beyond FLT_MAX made dx ±inf where the
- * difference was finite (x ≈ 0.5, g ≈ 3e38 on half of the row: s·g ≈ 6e38, dx ≈ ±3e38;
- * test_bwd_term_overflow), and such rows go to rms_bwd_row_f64. False for NaN bounds. The
+ * difference of the map overflows. Otherwise a term beyond FLT_MAX would make dx ±inf where
+ * the difference is finite (x ≈ 0.5, g ≈ 3e38 on half of the row: s·g ≈ 6e38, dx ≈ ±3e38;
+ * test_bwd_term_overflow), so such rows go to rms_bwd_row_f64. False for NaN bounds. The
  * decision depends on the row's data and gamma only, and is the same in the pairs path. */
 #define RMS_TERM_F32_MAX 0x1p127
 static inline int rms_terms_f32(double sd, float mdy, float mx, float gmax, double ed) {
@@ -390,7 +390,7 @@ SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const fl
 
 /* acc[k] += (double)g[k] · (double)x[k] for the 16 floats of the vectors g and x: through
  * arrays, in the loop form GCC 12 vectorizes to one vcvtps2pd per 8 (its
- * __builtin_convertvector took two and a shuffle; a 16-double vector was kept in memory). */
+ * __builtin_convertvector takes two and a shuffle; a 16-double vector is kept in memory). */
 #define RMS_DOT16(acc, g, x)                                                                  \
   do {                                                                                        \
     float gb_[16], xb_[16];                                                                   \

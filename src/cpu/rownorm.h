@@ -307,8 +307,8 @@ typedef struct {
  * the next row then reads it. Measured on an AMD EPYC host against prefetcht0 (bench_ab, 2
  * threads, cold caches; docs/BENCHMARKS.md): LayerNorm f32 forward [8192,1024] 0.70x the time,
  * RMSNorm / fused add + LayerNorm [16384,4096] 0.90-0.92x; backwards 0.74-0.94x, and 0.85x in
- * cache. Locality 1 (prefetcht2) measured the same as 2. Whether fewer L1 fill buffers held by
- * prefetches or less of this row evicted from L1 explains it was not measured (no PMU there). */
+ * cache. Locality 1 (prefetcht2) measures the same as 2. Whether fewer L1 fill buffers held by
+ * prefetches or less of this row evicted from L1 explains it is unknown (no PMU there). */
 #define SN_PF_ROW_READ(p) SN_PF_READ((p), sn__pf_l2)
 
 /* The prefetches of the bf16 pair block at element i: one line of each stream. */
@@ -407,7 +407,7 @@ SN_INLINE void sn__row_prefetch(const char *next, char *out, int64_t i, int esiz
  * the cancellation factor is at most 2.4) or with anything not finite take the two fp64 passes
  * instead (sn__row_sum, then sn__row_sumsq around the mean). The two passes' mean errs in
  * proportion to |mean| rather than σ, so where |mean| ≪ σ and the values are heavy-tailed the
- * one-pass statistics measured 2-3 bits less accurate (a review, lognormal rows of 65536):
+ * one-pass statistics measure 2-3 bits less accurate (lognormal rows of 65536):
  * invisible in every output but bf16/f16 under a beta that cancels x̂·gamma deeper than the
  * bound stated at ln_map_beta (layernorm.c). With K the mean of 32 values of a
  * shuffled row, ρ > 1/4 needs those 32 to sit 2.8 of their standard errors off: about 0.5 % of
@@ -465,7 +465,7 @@ SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, void *sum_out, cons
 
 /* a[k] += t, b[k] += t² with t = (double)v[k] − K for the 32 floats of the vectors e and o
  * (e's 16, then o's): through an array, in the loop form GCC 12 vectorizes to one vcvtps2pd per
- * 8 (its __builtin_convertvector took two and a shuffle; two such loops of 16, one per vector,
+ * 8 (its __builtin_convertvector takes two and a shuffle; two such loops of 16, one per vector,
  * left the second partly in scalar code in the x86-64-v4 clone: 1.4x the time of the LayerNorm
  * bf16 forward, bench_ab). */
 #define SN_SHIFTED32(a, b, e, o, K)                                                           \

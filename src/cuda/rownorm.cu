@@ -14,7 +14,7 @@
  * it from global memory in each pass (L2 keeps it between passes).
  *
  * Per row (LayerNorm): pass 1 sums each thread's values in f32 with TwoSum compensation (its
- * partial exact to ~2^-44), the partials in fp64 (block sum): mean = Σx/d. Pass 2, as before,
+ * partial exact to ~2^-44), the partials in fp64 (block sum): mean = Σx/d. Pass 2
  * sums (x − mean)² in fp64 (one f32→f64 conversion and two fp64 operations per element; the
  * statistics stay accurate to fp64 rounding, which the per-element fallback below relies on);
  * rstd = 1/√(var + eps) in fp64; mean, rstd are stored rounded to f32. y is mapped in f32 with
@@ -25,7 +25,7 @@
  * y is not finite, is recomputed in fp64 from the fp64 mean and rstd, ((x − mean)·rstd·gamma +
  * beta), and rounded once, so every bf16/f16 output is within a fraction of an ulp (before its
  * rounding) of the exact value; f32 outputs are not checked for cancellation (as the CPU).
- * A row whose mean is not finite or is 2^103 or more takes the previous all-fp64 method (a
+ * A row whose mean is not finite or is 2^103 or more takes an all-fp64 path (a
  * block-uniform decision: every thread holds the same block sums): two fp64 passes over the
  * held values and every element in fp64, rounded once.
  * RMSNorm: Σx² per thread in f32 FMA runs of 4 squares added in fp64 (a thread with a run
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
       cf = (float)(mu - (double)m);
       /* f32 only where the mean is finite and far from the f32 range (NaN fails) */
       fast = fabs(mu) < 0x1p103;
-      if (!fast) { /* the fp64 two-pass statistics of the held row, as before */
+      if (!fast) { /* two-pass fp64 statistics of the held row */
         double s2 = 0.0;
 #pragma unroll
         for (int j = 0; j < VPT; j++) s2 += (double)v[j]; /* 0 past d */

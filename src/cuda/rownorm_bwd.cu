@@ -12,7 +12,7 @@
  *   RMSNorm    x̂ = x·rstd, dx = rstd·g − x̂·e, e = rstd·Σ(g·x̂)/d
  * The elementwise work is f32: x̂, g and each thread's partial sums in f32, the partials summed
  * over the block in fp64 (fixed order), the row constants (Σx̂/d, Σg/d, ..., e) computed in fp64
- * and rounded to f32, dx in f32 and rounded once to the dtype. A row is computed as before, all
+ * and rounded to f32, dx in f32 and rounded once to the dtype. A row is computed all
  * in fp64 (sums, dx, and its dgamma/dbeta terms added to the fp64 partials directly), where any
  * thread's |x̂|, |g| or |rstd·g| exceeds 2^40 or is not finite (its partial is made NaN), where a
  * block sum is not finite, where |mean| >= 2^103, or (RMSNorm) where e is outside [2^-100,
