@@ -166,6 +166,22 @@ sn_status_t sn_syncbn_params(sn_syncbn_t *bn, sn_syncbn_params_t *p) {
   return SN_OK;
 }
 
+sn_status_t sn_syncbn_batch_stats(sn_syncbn_t *bn, int64_t *count, double *mean, double *var) {
+  const char *fn = "sn_syncbn_batch_stats";
+  SN_TRY(sn__syncbn_check(fn, bn));
+  SN_TRY(sn__check_ptr(fn, "count", count));
+  if (!bn->saved.valid || !bn->saved.batch_stats)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                    "%s: %s: the last forward %s", fn, bn->label,
+                    bn->saved.valid ? "used the running statistics (eval mode)"
+                                    : "did not succeed, or there was none");
+  int64_t c = bn->saved.count;
+  if (c < 0) SN_TRY(bn->mem->saved_count(bn, fn, &c)); /* known on the device only */
+  if (c > 1 && (mean != NULL || var != NULL)) SN_TRY(bn->mem->batch_stats(bn, fn, mean, var));
+  *count = c;
+  return SN_OK;
+}
+
 sn_status_t sn_syncbn_collective_count(const sn_syncbn_t *bn, int64_t *count) {
   SN_TRY(sn__check_ptr("sn_syncbn_collective_count", "count", count));
   SN_TRY(sn__syncbn_check("sn_syncbn_collective_count", bn));

@@ -406,6 +406,27 @@ static sn_status_t dev_zero_grads(sn_syncbn_t *bn, const char *fn) {
   return cuda_st(fn, bn, "cudaMemsetAsync", err);
 }
 
+/* The last forward's statistics to host memory (waits for the stream). */
+static sn_status_t dev_batch_stats(sn_syncbn_t *bn, const char *fn, double *mean, double *var) {
+  dev_state_t *d = dev_of(bn);
+  const size_t C = (size_t)bn->C;
+  SN_TRY(dev_wait(fn, bn));
+  if (mean != NULL) SN_TRY(copy(fn, bn, mean, d->mean, C * sizeof(double), cudaMemcpyDeviceToHost));
+  if (var != NULL) {
+    SN_TRY(copy(fn, bn, bn->var, arr(bn, D_VAR), C * sizeof(float), cudaMemcpyDeviceToHost));
+    for (size_t c = 0; c < C; c++) var[c] = bn->var[c];
+  }
+  return SN_OK;
+}
+
+static sn_status_t dev_saved_count(sn_syncbn_t *bn, const char *fn, int64_t *count) {
+  SN_TRY(dev_wait(fn, bn));
+  double c = 0.0;
+  SN_TRY(copy(fn, bn, &c, dev_of(bn)->count, sizeof c, cudaMemcpyDeviceToHost));
+  *count = (int64_t)c;
+  return SN_OK;
+}
+
 static const sn_syncbn_mem_t cuda_mem = {
     .name = "cuda",
     .pivot_slots = 0,
@@ -432,6 +453,8 @@ static const sn_syncbn_mem_t cuda_mem = {
     .bwd_apply = dev_bwd_apply,
     .local_backward = NULL,
     .zero_grads = dev_zero_grads,
+    .batch_stats = dev_batch_stats,
+    .saved_count = dev_saved_count,
 };
 
 /* Loading libsyncnorm_cuda makes device_memory layers available (a static link keeps this

@@ -179,6 +179,21 @@ static sn_status_t host_zero_grads(sn_syncbn_t *bn, const char *fn) {
   return SN_OK;
 }
 
+static sn_status_t host_batch_stats(sn_syncbn_t *bn, const char *fn, double *mean, double *var) {
+  (void)fn;
+  for (int64_t c = 0; c < bn->C; c++) {
+    if (mean != NULL) mean[c] = bn->mean[c];
+    if (var != NULL) var[c] = bn->var[c];
+  }
+  return SN_OK;
+}
+
+static sn_status_t host_saved_count(sn_syncbn_t *bn, const char *fn, int64_t *count) {
+  (void)fn;
+  *count = bn->saved.count; /* the host always knows it */
+  return SN_OK;
+}
+
 const sn_syncbn_mem_t sn__syncbn_host_mem = {
     .name = "host",
     .pivot_slots = SN_PIVOT_SLOTS,
@@ -205,4 +220,6 @@ const sn_syncbn_mem_t sn__syncbn_host_mem = {
     .bwd_apply = host_bwd_apply,
     .local_backward = host_local_backward,
     .zero_grads = host_zero_grads,
+    .batch_stats = host_batch_stats,
+    .saved_count = host_saved_count,
 };

@@ -129,6 +129,10 @@ struct sn_syncbn_mem {
                                 const void *x, int64_t n, int64_t s);
   /* grad_weight = grad_bias = 0 (an empty global batch) */
   sn_status_t (*zero_grads)(sn_syncbn_t *bn, const char *fn);
+  /* the last forward's mean [C] and biased variance [C] into host arrays (NULL: not wanted) */
+  sn_status_t (*batch_stats)(sn_syncbn_t *bn, const char *fn, double *mean, double *var);
+  /* the last forward's global count, where the host did not read it (saved.count < 0) */
+  sn_status_t (*saved_count)(sn_syncbn_t *bn, const char *fn, int64_t *count);
 };
 
 /* The host-memory kernels (syncbn_host.c). */

@@ -314,6 +314,19 @@ SN_API sn_status_t sn_syncbn_params(sn_syncbn_t *bn, sn_syncbn_params_t *params)
  * SN_ERR_INVALID_HANDLE. */
 SN_API sn_status_t sn_syncbn_collective_count(const sn_syncbn_t *bn, int64_t *count);
 
+/* What the layer's last forward normalized with, when that was a training forward on batch
+ * statistics: *count = its global count of values per channel (over all ranks where
+ * synchronized), and, where count > 1, mean [C] (=) the batch mean and var [C] (=) the biased
+ * batch variance (host memory; a device_memory layer's are copied from the device after waiting
+ * for its stream, under the communicator's timeout). Identical on every rank of a synchronized
+ * layer: for checking statistics across ranks against a reference. mean or var may be NULL (not
+ * wanted). A count of 0 (an empty global batch) writes only *count. Local, not collective.
+ * Errors: SN_ERR_NULL_POINTER (bn, count), SN_ERR_INVALID_HANDLE, SN_ERR_INVALID_ARGUMENT (no
+ * forward has succeeded since the layer was created or loaded, or the last one used the running
+ * statistics), and for a device_memory layer SN_ERR_CUDA, SN_ERR_TIMEOUT, SN_ERR_COMM. */
+SN_API sn_status_t sn_syncbn_batch_stats(sn_syncbn_t *bn, int64_t *count, double *mean,
+                                         double *var);
+
 /* Frees the layer. NULL is a no-op. A device layer (device_memory) first waits for its stream
  * (work still queued may use its buffers), up to the communicator's timeout, without aborting
  * anything; where that wait fails or times out, the communicator is broken or already destroyed,

@@ -122,6 +122,10 @@ START_TEST(test_callback_syncbn_equals_repeated_batch) {
   ck_assert_int_eq(sn_syncbn_create(&bn, &cfg, c), SN_OK);
   sn_syncbn_params_t p;
   ck_assert_int_eq(sn_syncbn_params(bn, &p), SN_OK);
+  int64_t bcount = -5;
+  double bmean[C], bvar[C];
+  ck_assert_int_eq(sn_syncbn_batch_stats(bn, &bcount, bmean, bvar), SN_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(bcount, -5); /* before any forward: nothing written */
   tu_rng_t r;
   tu_rng_seed(&r, 11);
   for (int c_ = 0; c_ < C; c_++) p.weight[c_] = 0.5f + (float)c_, p.bias[c_] = -0.25f * (float)c_;
@@ -135,6 +139,8 @@ START_TEST(test_callback_syncbn_equals_repeated_batch) {
     }
     ck_assert_int_eq(sn_syncbn_forward(bn, y, x, N, S, 1), SN_OK);
     ck_assert_int_eq(sn_syncbn_backward(bn, dx, dy, x, N, S), SN_OK);
+    ck_assert_int_eq(sn_syncbn_batch_stats(bn, &bcount, bmean, bvar), SN_OK);
+    ck_assert_int_eq(bcount, (int64_t)P * N * S); /* the global count */
     for (int c_ = 0; c_ < C; c_++) {
       /* the repeated batch has the same mean and biased variance; its count is P·N·S */
       double sum = 0.0, sq = 0.0, sdy = 0.0, sdyx = 0.0;
@@ -147,6 +153,9 @@ START_TEST(test_callback_syncbn_equals_repeated_batch) {
           sq += d * d;
         }
       const double var = sq / cnt, rstd = 1.0 / sqrt(var + 1e-5);
+      ck_assert_msg(fabs(bmean[c_] - mean) <= 1e-6 * (1.0 + fabs(mean)), "batch mean[%d]", c_);
+      ck_assert_msg(fabs(bvar[c_] - var) <= 1e-6 * var, "batch var[%d] %g vs %g", c_, bvar[c_],
+                    var);
       for (int n = 0; n < N; n++)
         for (int s = 0; s < S; s++) {
           const int64_t i = tu_at((sn_layout_t)layout, n, c_, s, C, S);
@@ -180,6 +189,16 @@ START_TEST(test_callback_syncbn_equals_repeated_batch) {
   int64_t collectives = 0;
   ck_assert_int_eq(sn_syncbn_collective_count(bn, &collectives), SN_OK);
   ck_assert_int_eq(collectives, 4 * STEPS); /* forward, backward, and a check before each */
+  /* an empty global batch: the count 0 only; eval mode: no batch statistics */
+  ck_assert_int_eq(sn_syncbn_forward(bn, NULL, NULL, 0, S, 1), SN_OK);
+  bmean[0] = -7.0;
+  ck_assert_int_eq(sn_syncbn_batch_stats(bn, &bcount, bmean, NULL), SN_OK);
+  ck_assert(bcount == 0 && bmean[0] == -7.0);
+  float xe[N * C * S] = {0}, ye[N * C * S];
+  ck_assert_int_eq(sn_syncbn_forward(bn, ye, xe, N, S, 0), SN_OK);
+  ck_assert_int_eq(sn_syncbn_batch_stats(bn, &bcount, bmean, bvar), SN_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(sn_last_error(), "running statistics") != NULL, "%s", sn_last_error());
+  ck_assert_int_eq(sn_syncbn_batch_stats(bn, NULL, bmean, bvar), SN_ERR_NULL_POINTER);
   sn_syncbn_destroy(bn);
   sn_comm_destroy(c);
 }

@@ -73,6 +73,19 @@ static void assert_stats(const float *got, const float *ref, int64_t C, int exac
   free(r);
 }
 
+/* The same for f64 arrays (sn_syncbn_batch_stats). */
+static void assert_stats_f64(const double *got, const double *ref, int64_t C, int exact,
+                             const char *what) {
+  if (exact) {
+    tu_assert_bitwise(got, ref, (size_t)C * sizeof(double), what);
+    return;
+  }
+  for (int64_t c = 0; c < C; c++)
+    ck_assert_msg(fabs(got[c] - ref[c]) <= RTOL_SPLIT_F32 * (fabs(ref[c]) + 1e-30),
+                  "rank %d: %s[%lld] %.17g vs %.17g", mt_rank, what, (long long)c, got[c],
+                  ref[c]);
+}
+
 /* Runs `steps` training steps (forward+backward) and one eval forward on a split batch and on
  * the whole batch, comparing everything after each. */
 static void run_equivalence(const eq_case_t *k, sn_comm_t *comm, uint64_t seed) {
@@ -114,6 +127,21 @@ static void run_equivalence(const eq_case_t *k, sn_comm_t *comm, uint64_t seed) 
     MT_OK(sn_syncbn_forward(ref, y, x, N, k->S, training));
     void *yref = slice(y, n0, n, per, k->dtype);
     assert_matches(ys, yref, n * per, k, "y");
+    if (training) { /* the statistics the layer used: the whole batch's, the same bits on every rank */
+      int64_t cs = 0, cr = 0;
+      double *ms = malloc((size_t)(4 * k->C) * sizeof *ms), *vs = ms + k->C, *mr = vs + k->C,
+             *vr = mr + k->C;
+      MT_OK(sn_syncbn_batch_stats(sync, &cs, ms, vs));
+      MT_OK(sn_syncbn_batch_stats(ref, &cr, mr, vr));
+      ck_assert_int_eq(cs, cr);
+      ck_assert_int_eq(cs, N * k->S);
+      assert_stats_f64(ms, mr, k->C, k->exact, "batch mean");
+      assert_stats_f64(vs, vr, k->C, k->exact, "batch var");
+      int same = 0;
+      MT_OK(sn_comm_all_identical(comm, &same, ms, 2 * k->C * 8));
+      ck_assert_msg(same, "the batch statistics differ bitwise across ranks");
+      free(ms);
+    }
     if (training) {
       MT_OK(sn_syncbn_backward(sync, dxs, dys, xs, n, k->S));
       MT_OK(sn_syncbn_backward(ref, dx, dy, x, N, k->S));
