@@ -156,13 +156,16 @@ def main():
         train_time = time.time() - t_epoch
         # evaluation in eval mode (running statistics): each rank a shard, counts all-reduced
         ddp.eval()
+        counts = torch.zeros(3, dtype=torch.float64)  # correct, loss sum, images
         with torch.no_grad():
-            shard = slice(rank * len(xte) // size, (rank + 1) * len(xte) // size)
-            logits = net(xte[shard])
-            counts = torch.tensor([float((logits.argmax(1) == yte[shard]).sum()),
-                                   float(torch.nn.functional.cross_entropy(
-                                       logits, yte[shard], reduction="sum")), float(len(logits))],
-                                  dtype=torch.float64)
+            lo, hi = rank * len(xte) // size, (rank + 1) * len(xte) // size
+            for start in range(lo, hi, 500):  # in chunks: the activations of 2500 images at once
+                part = slice(start, min(start + 500, hi))  # are hundreds of MB
+                logits = net(xte[part])
+                counts += torch.tensor([
+                    float((logits.argmax(1) == yte[part]).sum()),
+                    float(torch.nn.functional.cross_entropy(logits, yte[part], reduction="sum")),
+                    float(len(logits))], dtype=torch.float64)
         dist.all_reduce(counts)
         acc = 100.0 * counts[0].item() / counts[2].item()
         say(f"epoch {epoch}/{args.epochs} done: test accuracy {acc:.2f}% (loss "
