@@ -176,7 +176,40 @@ def mismatch():
     fail("no error")
 
 
-{"equivalence": equivalence, "ddp": ddp, "mismatch": mismatch}[case]()
+def check():
+    """syncnorm.torch.check_equivalence over the process group: identical after SyncBatchNorm
+    training; one ulp in one channel of rank 1's running_var, rank 0's num_batches_tracked, and a
+    layer only rank 2 has are found and named, on every rank."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Conv2d(2, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+              torch.nn.Conv2d(4, 4, 1), torch.nn.BatchNorm2d(4)]
+    model = st.convert_sync_batchnorm(torch.nn.Sequential(*layers))
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(2):
+        model(torch.randn(3, 2, 6, 6, generator=g)).sum().backward()
+    r = st.check_equivalence(model, verbose=rank == 0)
+    if not r["ok"] or not r["4"]["running_var"]["identical"]:
+        fail(f"not identical after training: {r}")
+    with torch.no_grad():
+        if rank == 1:
+            v = model[4].running_var
+            v[2] = torch.nextafter(v[2], torch.tensor(float("inf")))
+        if rank == 0:
+            model[1].num_batches_tracked += 1
+    r = st.check_equivalence(model, verbose=rank == 0)
+    rv, nbt = r["4"]["running_var"], r["1"]["num_batches_tracked"]
+    if r["ok"] or rv["ranks_differ"] != [1] or rv["worst_channel"] != 2 or rv["max_abs"] <= 0:
+        fail(f"one ulp on rank 1 not found: {rv}")
+    if nbt["ranks_differ"] != [0] or not r["4"]["running_mean"]["identical"]:
+        fail(f"num_batches_tracked of rank 0 not found: {r}")
+    if rank == 2:
+        model.add_module("5", torch.nn.BatchNorm1d(3))
+    r = st.check_equivalence(model, verbose=False)
+    if r["5"]["missing_on"] != [0, 1] or r["ok"]:
+        fail(f"a layer of rank 2 only not found: {r.get('5')}")
+
+
+{"equivalence": equivalence, "ddp": ddp, "mismatch": mismatch, "check": check}[case]()
 print(f"rank {rank}: {case} {backend}: ok", flush=True)
 if backend == "gloo":
     dist.barrier()

@@ -47,3 +47,7 @@ def test_mismatch_raises_everywhere(backend):
 @pytest.mark.parametrize("np_", [2, 3])
 def test_ddp_equals_one_process(np_):
     mpirun(np_, "ddp", "gloo")
+
+
+def test_check_equivalence():
+    mpirun(3, "check", "gloo")

@@ -5,8 +5,8 @@ Modules (constructors, parameters, buffers and state_dict as torch.nn's):
   SyncBatchNorm(num_features, eps, momentum, affine, track_running_stats, process_group,
                 device, dtype, *, comm=None, check_consistency=True)
   BatchNorm1d, BatchNorm2d, BatchNorm3d (local), LayerNorm, RMSNorm, GroupNorm
-Functions: convert_sync_batchnorm, revert_sync_batchnorm, fold_batchnorm, and
-syncnorm.torch.functional (layer_norm, rms_norm, group_norm, batch_norm, add_layer_norm,
+Functions: convert_sync_batchnorm, revert_sync_batchnorm, fold_batchnorm, check_equivalence and
+save_state_dict (statistics across ranks), and syncnorm.torch.functional (layer_norm, rms_norm, group_norm, batch_norm, add_layer_norm,
 add_rms_norm).
 CPU tensors in float32, bfloat16 and float16, contiguous or channels_last; a CUDA tensor raises
 ValueError (torch.nn.SyncBatchNorm is the GPU layer).
@@ -21,10 +21,12 @@ from .. import _lib as L
 from .._comm import Comm
 from . import functional
 from ._sync import _SNBatchNorm, comm_for_group, comm_for_mpi4py
+from .equivalence import check_equivalence, save_state_dict
 
 __all__ = ["SyncBatchNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "RMSNorm",
            "GroupNorm", "convert_sync_batchnorm", "revert_sync_batchnorm", "fold_batchnorm",
-           "functional", "comm_for_group", "comm_for_mpi4py"]
+           "functional", "comm_for_group", "comm_for_mpi4py", "check_equivalence",
+           "save_state_dict"]
 
 
 class SyncBatchNorm(_SNBatchNorm, _BatchNorm):
