@@ -241,6 +241,21 @@ static sn_status_t reduce(sn_syncbn_t *bn, const char *fn, int64_t count, int sy
                             SN_RED_SUM);
 }
 
+/* A step whose local sums failed (st, its message set) after the ranks agreed to make it: where
+ * the memory's collectives have no timeout (NCCL), the others would wait for this rank's
+ * all-reduce for ever, so it is made all the same over NaN sums (the others' statistics are NaN,
+ * not silently wrong); st is returned with its message. */
+static sn_status_t reduce_anyway(sn_syncbn_t *bn, const char *fn, int64_t count, int synced,
+                                 sn_status_t st) {
+  if (!synced || bn->mem->fill_nan == NULL) return st;
+  char own[1024];
+  snprintf(own, sizeof own, "%s", sn_last_error());
+  bn->mem->fill_nan(bn, count);
+  (void)reduce(bn, fn, count, synced);
+  return sn__fail(st, "%s (the all-reduce was made over NaN sums, so that the other ranks do not "
+                      "wait for it)", own);
+}
+
 static int all_finite(const double *v, int64_t count) {
   for (int64_t i = 0; i < count; i++)
     if (!isfinite(v[i])) return 0;
@@ -251,8 +266,9 @@ static int all_finite(const double *v, int64_t count) {
  * all-reduce of 2C sums, the count and the memory's pivot slots. */
 static sn_status_t batch_sums(sn_syncbn_t *bn, const char *fn, const void *x, int64_t n,
                               int64_t s, int synced, int refined) {
-  SN_TRY(bn->mem->sums(bn, fn, x, n, s, refined));
-  return reduce(bn, fn, 2 * bn->C + 1 + bn->mem->pivot_slots, synced);
+  const int64_t count = 2 * bn->C + 1 + bn->mem->pivot_slots;
+  const sn_status_t st = bn->mem->sums(bn, fn, x, n, s, refined);
+  return st == SN_OK ? reduce(bn, fn, count, synced) : reduce_anyway(bn, fn, count, synced, st);
 }
 
 /* The batch statistics (mean, var, rstd) of x, summed over comm when `synced`, and y; *count:
@@ -427,7 +443,8 @@ sn_status_t sn_syncbn_backward(sn_syncbn_t *bn, void *dx, const void *dy, const 
     return mem->local_backward(bn, fn, dx, dy, x, n, s);
   if (synced && cfg->check_consistency) SN_TRY(consistency(bn, fn, OP_BACKWARD, n, s));
   /* local Σdy, Σdy·x̂: this rank's dβ, dγ — and, summed over ranks, what dx needs */
-  SN_TRY(mem->bwd_sums(bn, fn, dy, x, n, s));
+  st = mem->bwd_sums(bn, fn, dy, x, n, s);
+  if (st != SN_OK) return batch_stats ? reduce_anyway(bn, fn, 2 * bn->C, synced, st) : st;
   if (batch_stats) SN_TRY(reduce(bn, fn, 2 * bn->C, synced));
   if (cfg->check_finite && !all_finite(mem->reduce_buf(bn), 2 * bn->C)) /* host memory */
     return sn__fail(SN_ERR_NONFINITE, "%s: %s: dy holds NaN or Inf on %s; nothing was written", fn,

@@ -278,10 +278,36 @@ static sn_status_t ensure_ws(const char *fn, sn_syncbn_t *bn, int64_t n, int64_t
 
 static double *dev_red(const sn_syncbn_t *bn) { return dev_of(bn)->red; }
 
+/* This rank's own failures before the call's first collective, which the flow tells the other
+ * ranks: a CUDA error the program left pending (every later launch check would report it), a
+ * current device other than the communicator's (the layer's buffers are on that one), and the
+ * workspace. */
 static sn_status_t dev_prepare(sn_syncbn_t *bn, const char *fn, int forward, int update,
                                int64_t n, int64_t s) {
   (void)forward, (void)update;
+  const cudaError_t pending = cudaPeekAtLastError();
+  if (pending != cudaSuccess)
+    return sn__fail(SN_ERR_CUDA,
+                    "%s: %s: a CUDA error was pending before this call, from earlier work of "
+                    "the program: %s (%s); nothing was enqueued, the error is left pending", fn,
+                    bn->label, cudaGetErrorName(pending), cudaGetErrorString(pending));
+  if (bn->comm != NULL && bn->comm->device >= 0) {
+    int current = -1;
+    const cudaError_t e = cudaGetDevice(&current);
+    if (e != cudaSuccess) return cuda_st(fn, bn, "cudaGetDevice", e);
+    if (current != bn->comm->device)
+      return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                      "%s: %s: the current CUDA device is %d, the communicator's is %d: one "
+                      "process (or thread) per GPU, with cudaSetDevice(%d) current", fn,
+                      bn->label, current, bn->comm->device, bn->comm->device);
+  }
   return ensure_ws(fn, bn, n, s);
+}
+
+static void dev_fill_nan(sn_syncbn_t *bn, int64_t count) {
+  /* all ones: a NaN double; enqueued before the all-reduce on the same stream */
+  (void)cudaMemsetAsync(dev_of(bn)->red, 0xff, (size_t)count * sizeof(double),
+                        dev_of(bn)->stream);
 }
 
 static sn_status_t dev_sums(sn_syncbn_t *bn, const char *fn, const void *x, int64_t n, int64_t s,
@@ -455,6 +481,7 @@ static const sn_syncbn_mem_t cuda_mem = {
     .zero_grads = dev_zero_grads,
     .batch_stats = dev_batch_stats,
     .saved_count = dev_saved_count,
+    .fill_nan = dev_fill_nan,
 };
 
 /* Loading libsyncnorm_cuda makes device_memory layers available (a static link keeps this

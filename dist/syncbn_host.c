@@ -222,4 +222,5 @@ const sn_syncbn_mem_t sn__syncbn_host_mem = {
     .zero_grads = host_zero_grads,
     .batch_stats = host_batch_stats,
     .saved_count = host_saved_count,
+    .fill_nan = NULL, /* MPI's and the callback's collectives wait at most the timeout */
 };

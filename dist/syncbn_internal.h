@@ -133,6 +133,9 @@ struct sn_syncbn_mem {
   sn_status_t (*batch_stats)(sn_syncbn_t *bn, const char *fn, double *mean, double *var);
   /* the last forward's global count, where the host did not read it (saved.count < 0) */
   sn_status_t (*saved_count)(sn_syncbn_t *bn, const char *fn, int64_t *count);
+  /* reduce_buf [count] = NaN, for an all-reduce made after this rank's sums failed, where the
+   * memory's collectives have no timeout to end the others' wait (NULL: not needed) */
+  void (*fill_nan)(sn_syncbn_t *bn, int64_t count);
 };
 
 /* The host-memory kernels (syncbn_host.c). */

@@ -27,7 +27,8 @@
  *    order (a tensor one element off a 16-byte boundary can differ in the last bits). The partial
  *    sums live in a caller-provided workspace of at least the bytes the matching *_workspace
  *    query returns (device memory, 256-byte aligned, contents ignored and overwritten); too small
- *    or NULL with a size > 0 is SN_ERR_INVALID_ARGUMENT. The LayerNorm, RMSNorm and GroupNorm
+ *    or NULL with a size > 0, or not 256-byte aligned, is SN_ERR_INVALID_ARGUMENT. The LayerNorm,
+ *    RMSNorm and GroupNorm
  *    backwards use theirs only for dgamma/dbeta: with both NULL, or an empty batch, it is not
  *    used or checked and may be NULL.
  *  - Accuracy: statistics in fp64 (row or channel sums two-pass or shifted as the CPU code);

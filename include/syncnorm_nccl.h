@@ -21,7 +21,11 @@ extern "C" {
  * from a collective is treated as a failure): buffers are CUDA device memory and every all-reduce
  * (ncclAllReduce, in place) is enqueued on `stream` and returns at once, without waiting on the
  * host, so a step can be captured in a CUDA graph (cudaStreamBeginCapture on stream). Local,
- * not collective; nccl (from ncclCommInitRank or ncclCommInitAll) is NOT owned: the caller
+ * not collective. One process (or one thread) per GPU, with the communicator's device current
+ * in every call: each layer call makes its own ncclAllReduce outside any NCCL group, so one
+ * thread driving several GPUs (ncclCommInitAll's communicators in one thread) would deadlock
+ * in the first synchronized forward; a call made with another device current is
+ * SN_ERR_INVALID_ARGUMENT. nccl (from ncclCommInitRank) is NOT owned: the caller
  * destroys it after sn_comm_destroy, and keeps it and stream alive until then. A communicator
  * from sn_comm_split on this one owns its ncclComm_t (ncclCommSplit) and destroys it.
  * Before each collective ncclCommGetAsyncError is asked; an asynchronous error aborts nccl

@@ -4,6 +4,7 @@
  */
 #include "args.h"
 
+#include <stdint.h>
 #include <string.h>
 
 /* ---- sizes ----------------------------------------------------------------------------------- */
@@ -127,6 +128,12 @@ sn_status_t sn__check_workspace(const char *fn, const void *ws, size_t bytes, si
     return sn__fail(SN_ERR_INVALID_ARGUMENT,
                     "%s: workspace_bytes is %zu, %zu are needed (see the *_workspace query)", fn,
                     bytes, need);
+  /* the kernels read and write it as double and 16-byte vectors: a misaligned one would fault
+   * on the device, which ends the CUDA context */
+  if (((uintptr_t)ws & (SN_WORKSPACE_ALIGN - 1)) != 0)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                    "%s: workspace %p is not %d-byte aligned (cudaMalloc's memory is)", fn, ws,
+                    SN_WORKSPACE_ALIGN);
   return SN_OK;
 }
 

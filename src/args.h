@@ -77,7 +77,9 @@ typedef struct {
 } sn__args_t;
 
 /* A CUDA twin's workspace of `bytes` bytes, of which the call needs `need`: nothing to check
- * where need == 0; else SN_ERR_INVALID_ARGUMENT where ws is NULL or bytes < need. */
+ * where need == 0; else SN_ERR_INVALID_ARGUMENT where ws is NULL, bytes < need, or ws is not
+ * SN_WORKSPACE_ALIGN-byte aligned (syncnorm_cuda.h). */
+#define SN_WORKSPACE_ALIGN 256
 SN_INTERNAL sn_status_t sn__check_workspace(const char *fn, const void *ws, size_t bytes,
                                           size_t need);
 /* A CUDA twin's workspace, after the call's check: nothing where need == 0; else

@@ -740,6 +740,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_stats(double *sum, double *sumsq, const
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
   SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
   const int64_t rows = args.rows;
+  SN_TRY(sn__cuda_pending(fn));
   if (rows == 0) return bn_zero_sums(fn, sum, sumsq, c, stream);
   BnWs w = {}; /* set by bn_ws_layout; {} for -O3, which cannot see that P > 0 here */
   bn_ws_layout(P, c, workspace, &w);
@@ -755,6 +756,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_finalize(double *mean, float *var, floa
   static const char fn[] = "sn_cuda_batchnorm_finalize";
   sn__args_t args;
   SN_TRY(sn__bn_finalize_args(&args, fn, mean, var, rstd, sum, sumsq, pivot, count, c, eps));
+  SN_TRY(sn__cuda_pending(fn));
   bn_finalize<<<grid_for(c, kMapThreads, 4096), kMapThreads, 0, stream>>>(
       mean, var, rstd, sum, sumsq, pivot, 1.0 / (double)count, eps, c);
   return sn__cuda_launched(fn);
@@ -770,6 +772,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_update_running(float *running_mean, flo
   /* the CPU's num_batches_tracked < 0 check needs the device value: see bn_update_running */
   SN_TRY(sn__bn_update_running_args(&args, fn, running_mean, running_var, num_batches_tracked, mean,
                                     var, count, c, momentum));
+  SN_TRY(sn__cuda_pending(fn));
   const int cumulative = momentum == SN_MOMENTUM_CUMULATIVE;
   if (count > 1) {
     const double unbias = (double)count / (double)(count - 1);
@@ -792,6 +795,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_apply(void *y, const void *x, const dou
   SN_TRY(sn__bn_apply_args(&args, fn, y, x, mean, rstd, gamma, beta, n, c, s, layout, dtype));
   const int64_t rows = args.rows;
   if (rows == 0) return SN_OK;
+  SN_TRY(sn__cuda_pending(fn));
   MapArgs m = {};
   m.out = y, m.in = x, m.mean = mean, m.rstd = rstd, m.gamma = gamma, m.beta = beta;
   bn_map_run(MAP_APPLY, m, rows, c, s, layout, dtype, stream);
@@ -819,6 +823,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_fwd(void *y, double *mean, float *var, 
                          dtype));
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
   SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
+  SN_TRY(sn__cuda_pending(fn));
   const int64_t rows = args.rows;
   BnWs w = {}; /* set by bn_ws_layout; {} for -O3, which cannot see that P > 0 here */
   bn_ws_layout(P, c, workspace, &w);
@@ -857,6 +862,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_infer(void *y, const void *x, const flo
                            layout, dtype));
   const int64_t rows = args.rows;
   if (rows == 0) return SN_OK;
+  SN_TRY(sn__cuda_pending(fn));
   MapArgs m = {};
   m.out = y, m.in = x, m.rmean = running_mean, m.rvar = running_var, m.gamma = gamma;
   m.beta = beta, m.eps = (double)eps;
@@ -880,6 +886,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_bwd_reduce(double *sum_dy, double *sum_
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
   SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
   const int64_t rows = args.rows;
+  SN_TRY(sn__cuda_pending(fn));
   if (rows == 0) return bn_zero_sums(fn, sum_dy, sum_dy_xhat, c, stream);
   BnWs w = {}; /* set by bn_ws_layout; {} for -O3, which cannot see that P > 0 here */
   bn_ws_layout(P, c, workspace, &w);
@@ -902,6 +909,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_bwd_apply(void *dx, const void *dy, con
                                count, n, c, s, layout, dtype));
   const int64_t rows = args.rows;
   if (rows == 0) return SN_OK;
+  SN_TRY(sn__cuda_pending(fn));
   const int eval = sum_dy == NULL && sum_dy_xhat == NULL;
   MapArgs m = {};
   m.out = dx, m.in = dy, m.x = x, m.mean = mean, m.rstd = rstd, m.gamma = gamma;
@@ -924,6 +932,7 @@ extern "C" sn_status_t sn_cuda_batchnorm_bwd(void *dx, float *dgamma, float *dbe
                          dtype));
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
   SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
+  SN_TRY(sn__cuda_pending(fn));
   const int64_t rows = args.rows;
   BnWs w = {}; /* set by bn_ws_layout; {} for -O3, which cannot see that P > 0 here */
   bn_ws_layout(P, c, workspace, &w);

@@ -11,6 +11,16 @@ sn_status_t sn__cuda_status(const char *fn, cudaError_t err) {
 
 sn_status_t sn__cuda_launched(const char *fn) { return sn__cuda_status(fn, cudaGetLastError()); }
 
+sn_status_t sn__cuda_pending(const char *fn) {
+  const cudaError_t err = cudaPeekAtLastError();
+  if (err == cudaSuccess) return SN_OK;
+  return sn__fail(SN_ERR_CUDA,
+                  "%s: a CUDA error was pending before this call, from earlier work of the "
+                  "program: %s (%s); nothing was enqueued, and the error is left pending (clear "
+                  "it with cudaGetLastError)",
+                  fn, cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
 extern "C" sn_status_t sn_cuda_device_count(int *count) {
   SN_TRY(sn__check_ptr("sn_cuda_device_count", "count", count));
   int n = 0;

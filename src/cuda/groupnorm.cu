@@ -273,6 +273,7 @@ extern "C" sn_status_t sn_cuda_groupnorm_fwd(void *y, float *mean, float *rstd, 
                          dtype));
   const int64_t rows = args.rows;
   if (rows == 0) return SN_OK;
+  SN_TRY(sn__cuda_pending(fn));
   GnArgs a = {};
   a.out = y, a.in = x, a.mean_out = mean, a.rstd_out = rstd, a.gamma = gamma, a.beta = beta;
   a.eps = (double)eps, a.n = n, a.c = c, a.s = s, a.g = groups;
@@ -312,6 +313,7 @@ extern "C" sn_status_t sn_cuda_groupnorm_bwd(void *dx, float *dgamma, float *dbe
     SN_TRY(gn_ws_bytes(fn, n, c, &need));
     SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
   }
+  SN_TRY(sn__cuda_pending(fn));
   if (rows == 0) { /* empty batch: zero parameter gradients, nothing else written */
     if (dgamma) SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dgamma, 0, (size_t)c * 4, stream)));
     if (dbeta) SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dbeta, 0, (size_t)c * 4, stream)));
@@ -340,6 +342,7 @@ extern "C" sn_status_t sn_cuda_fold_batchnorm(float *w, float *b, const float *g
   SN_TRY(sn__fold_args(&args, fn, w, b, gamma, beta, running_mean, running_var, c_out, per_out,
                        eps));
   const int64_t total = args.rows; /* c_out·per_out weights */
+  SN_TRY(sn__cuda_pending(fn));
   fold_bn<<<grid_for(total, kThreads, 8192), kThreads, 0, stream>>>(
       w, b, gamma, beta, running_mean, running_var, total, per_out, (double)eps);
   return sn__cuda_launched(fn);

@@ -349,6 +349,7 @@ sn_status_t rn_fwd(const char *fn, const rn_fwd_args &a, sn_dtype_t dtype, cudaS
   if (n == 0) return SN_OK;
   SN_TRY(sn__rownorm_fwd_spans(fn, a.y, a.sum_out, a.mean, a.rstd, a.x, a.res, a.gamma, a.beta,
                                a.rows, a.d, sn_dtype_size(dtype)));
+  SN_TRY(sn__cuda_pending(fn));
   SN_CUDA_DISPATCH(dtype, rn_fwd_launch<T>::run(a, stream));
   return sn__cuda_launched(fn);
 }

@@ -395,6 +395,7 @@ sn_status_t rn_bwd(const char *fn, void *dx, float *dgamma, float *dbeta, const 
    * as the BatchNorm and GroupNorm kernels order their checks */
   SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0, rows, d,
                                esize));
+  SN_TRY(sn__cuda_pending(fn));
   if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
     if (dgamma != NULL)
       SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dgamma, 0, (size_t)d * sizeof(float), stream)));

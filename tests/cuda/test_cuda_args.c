@@ -634,6 +634,11 @@ static void mutate_workspace(const api_t *f, const base_t *b) {
   check_workspace(f, b, g_ws, need - 1, what);
   snprintf(what, sizeof what, "[%.96s] workspace_bytes 0", b->name);
   check_workspace(f, b, g_ws, 0, what);
+  for (int off = 4; off <= 128; off *= 2) { /* misaligned: a device fault, were it launched */
+    snprintf(what, sizeof what, "[%.96s] workspace at +%d bytes", b->name, off);
+    check_workspace(f, b, g_ws + off, need, what);
+    ck_assert_msg(strstr(sn_last_error(), "aligned") != NULL, "%s: %s", what, sn_last_error());
+  }
   for (int j = 0; j < f->n_ptr; j++) { /* the workspace laid over an argument's slot */
     if (is_null(b, j)) continue;
     snprintf(what, sizeof what, "[%.96s] workspace over %s", b->name, f->ptr[j]);
@@ -723,7 +728,7 @@ START_TEST(test_counts) {
 END_TEST
 
 int main(void) {
-  g_pool = aligned_alloc(64, POOL_BYTES);
+  g_pool = aligned_alloc(256, POOL_BYTES); /* its slots are workspaces too: 256-byte aligned */
   g_pool_ref = malloc(POOL_BYTES);
   g_ws = aligned_alloc(256, WS_CAP);
   g_ws_ref = malloc(WS_CAP);

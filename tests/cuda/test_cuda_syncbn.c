@@ -465,6 +465,18 @@ START_TEST(test_errors_and_state) {
   int64_t nb = -1;
   ct_download(&nb, pb.num_batches_tracked, sizeof nb);
   ck_assert_int_eq(nb, 1);
+  /* a CUDA error the program left pending (a failed cudaMalloc records one): the step says so
+   * before enqueueing anything, and leaves it; once cleared, the step runs */
+  {
+    void *huge = NULL;
+    ck_assert_int_ne(cudaMalloc(&huge, (size_t)1 << 62), cudaSuccess);
+    ck_assert_int_eq(sn_syncbn_forward(a, y_d, x_d, N, S, 1), SN_ERR_CUDA);
+    ck_assert_msg(strstr(sn_last_error(), "pending before this call") != NULL, "%s",
+                  sn_last_error());
+    ck_assert_int_ne(cudaPeekAtLastError(), cudaSuccess); /* left for the program */
+    (void)cudaGetLastError();
+    ck_assert_msg(sn_syncbn_forward(a, y_d, x_d, N, S, 1) == SN_OK, "%s", sn_last_error());
+  }
   free(x);
   ct_free(x_d), ct_free(y_d);
   sn_syncbn_destroy(a);
