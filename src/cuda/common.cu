@@ -14,6 +14,10 @@ sn_status_t sn__cuda_launched(const char *fn) { return sn__cuda_status(fn, cudaG
 sn_status_t sn__cuda_pending(const char *fn) {
   const cudaError_t err = cudaPeekAtLastError();
   if (err == cudaSuccess) return SN_OK;
+  if (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice ||
+      err == cudaErrorInitializationError || err == cudaErrorStubLibrary)
+    return sn__fail(SN_ERR_CUDA, "%s: no usable CUDA device or driver: %s (%s)", fn,
+                    cudaGetErrorName(err), cudaGetErrorString(err));
   return sn__fail(SN_ERR_CUDA,
                   "%s: a CUDA error was pending before this call, from earlier work of the "
                   "program: %s (%s); nothing was enqueued, and the error is left pending (clear "

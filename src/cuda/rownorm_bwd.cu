@@ -395,8 +395,8 @@ sn_status_t rn_bwd(const char *fn, void *dx, float *dgamma, float *dbeta, const 
    * as the BatchNorm and GroupNorm kernels order their checks */
   SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0, rows, d,
                                esize));
-  SN_TRY(sn__cuda_pending(fn));
   if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
+    SN_TRY(sn__cuda_pending(fn));
     if (dgamma != NULL)
       SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dgamma, 0, (size_t)d * sizeof(float), stream)));
     if (dbeta != NULL)
@@ -413,6 +413,7 @@ sn_status_t rn_bwd(const char *fn, void *dx, float *dgamma, float *dbeta, const 
   double *part_g = params ? (double *)workspace : NULL;
   double *part_b = params && !rms ? (double *)((char *)workspace + part) : NULL;
   const rn_bwd_args a = {dx, part_g, part_b, dy, x, rms ? NULL : mean, rstd, gamma, rows, d, rms};
+  SN_TRY(sn__cuda_pending(fn));
   SN_CUDA_DISPATCH(dtype, rn_bwd_launch<T>::run(a, stream));
   if (params) {
     const int threads = 256;
