@@ -194,7 +194,8 @@ static int compare_tensor(int kind, const sn_tensor_t *t, int nfiles, const strs
   for (int i = 0; i < nfiles; i++) {
     mark[i] = t[i].data != NULL && group[i] != group[best];
     if (!mark[i]) continue;
-    if (numel(&t[i]) != numel(ref) || t[i].ndim != ref->ndim) {
+    if (numel(&t[i]) != numel(ref) || t[i].ndim != ref->ndim || t[i].is_i64 != ref->is_i64 ||
+        (!ref->is_i64 && t[i].dtype != ref->dtype)) {
       shape_differs = 1;
       continue;
     }
@@ -208,9 +209,11 @@ static int compare_tensor(int kind, const sn_tensor_t *t, int nfiles, const strs
     }
   }
   name_files(who, sizeof who, files, mark);
-  const int within = !shape_differs && max_rel <= tol;
+  /* bitwise (tol 0): any other bytes differ, also another dtype of equal values, or -0 and 0 */
+  const int within = !shape_differs && tol > 0 && max_rel <= tol;
   if (shape_differs)
-    printf("  %-20s DIFFERS: another dtype or shape in file(s) %s\n", kind_name[kind], who);
+    printf("  %-20s DIFFERS: another dtype or shape in file(s) %s than in the other %d\n",
+           kind_name[kind], who, best_size);
   else
     printf("  %-20s %s: max abs %.3e, max rel %.3e, worst at %s %lld; file(s) %s differ from "
            "the other %d\n",
@@ -280,12 +283,15 @@ int statcheck_compare(int argc, char **argv) {
            files.n, layers.n, tol > 0 ? "relative" : "0 (bitwise)");
     if (tol > 0) printf("  (relative tolerance %.3e)\n", tol);
     for (int i = 0; i < files.n; i++) printf("  file %d: %s\n", i, files.v[i]);
-    if (layers.n == 0) printf("no BatchNorm layer (no tensor named *running_mean) in any file\n");
+  }
+  if (rc == 0 && layers.n == 0) {
+    fprintf(stderr, "syncnorm-statcheck --compare: no BatchNorm layer (no tensor named "
+                    "*running_mean) in any of the files\n");
+    rc = 2;
   }
   sn_tensor_t *t = calloc((size_t)files.n, sizeof *t);
   for (int l = 0; l < layers.n && rc == 0; l++) {
-    printf("layer '%s':\n", layers.v[l]);
-    int ok = 1;
+    int ok = 1, headed = 0;
     for (int kind = 0; kind < (params ? KINDS : K_WEIGHT); kind++) {
       char name[600];
       snprintf(name, sizeof name, "%s%s%s", layers.v[l], layers.v[l][0] ? "." : "",
@@ -299,7 +305,9 @@ int statcheck_compare(int argc, char **argv) {
         }
         if (st != SN_OK) t[i].data = NULL;
       }
-      if (rc == 0) ok &= compare_tensor(kind, t, files.n, &files, tol);
+      if (rc != 0) break;
+      if (!headed) printf("layer '%s':\n", layers.v[l]), headed = 1;
+      ok &= compare_tensor(kind, t, files.n, &files, tol);
     }
     differ += !ok;
   }

@@ -111,3 +111,15 @@ def test_bad_files_refused(tmp_path):
     assert rc == 2 and "at least two" in out, out
     rc, out = statcheck("--tol", "-1", *paths)
     assert rc == 2 and "invalid value" in out, out
+
+
+def test_no_batchnorm_and_signed_zero(tmp_path):
+    for r in range(2):
+        st.save_state_dict({"fc.weight": torch.ones(3)}, tmp_path / f"plain{r}.safetensors")
+    rc, out = statcheck(tmp_path / "plain0.safetensors", tmp_path / "plain1.safetensors")
+    assert rc == 2 and "no BatchNorm layer" in out, out
+    for r, z in enumerate((0.0, -0.0)):  # equal values, other bits: not bitwise identical
+        st.save_state_dict({"bn.running_mean": torch.tensor([z, 1.0]),
+                            "bn.running_var": torch.ones(2)}, tmp_path / f"z{r}.safetensors")
+    rc, out = statcheck(tmp_path / "z0.safetensors", tmp_path / "z1.safetensors")
+    assert rc == 1 and "running_mean         DIFFERS" in out, out

@@ -43,7 +43,9 @@ class SyncBatchNorm(_SNBatchNorm, _BatchNorm):
     bitwise identical on every rank), plus, with check_consistency (default), one small
     all-reduce each that makes ranks calling mismatched layers (another num_features, dtype,
     momentum, ...) raise SyncnormError (SN_ERR_MISMATCH) on every rank instead of hanging.
-    Without a process group or comm (one process) nothing is synchronized.
+    Without a process group or comm (one process) nothing is synchronized. momentum must be in
+    [0, 1] or None (checked at the first call). A module built with an mpi4py comm cannot be
+    pickled or deep-copied (as torch's with a process group of its own).
     """
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
@@ -54,6 +56,7 @@ class SyncBatchNorm(_SNBatchNorm, _BatchNorm):
         self.process_group = process_group
         self.comm = comm
         self.check_consistency = check_consistency
+        self._sn_new_id()
 
     def _check_input_dim(self, input):
         if input.dim() < 2 or input.dim() > 5:
@@ -179,8 +182,9 @@ def revert_sync_batchnorm(module):
 
 def fold_batchnorm(layer, bn):
     """A copy of `layer` (torch.nn.Linear or Conv1d/2d/3d) with the eval-mode BatchNorm `bn`
-    that follows it folded in: folded(x) == bn.eval()(layer(x)), computed per output channel in
-    fp64 (sn_fold_batchnorm). bn must track running statistics. The copy has a bias."""
+    that follows it folded in: folded(x) == bn.eval()(layer(x)), per output channel with the
+    factor in fp64 (sn_fold_batchnorm, f32 parameters; a float64 layer in fp64 throughout). bn
+    must track running statistics. The copy has a bias."""
     if not isinstance(layer, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d,
                               torch.nn.Conv3d)):
         raise TypeError(f"fold_batchnorm: torch.nn.Linear or Conv1d/2d/3d expected, got "
@@ -192,6 +196,19 @@ def fold_batchnorm(layer, bn):
         raise ValueError(f"fold_batchnorm: the layer has {c_out} outputs, bn {bn.num_features} "
                          "channels")
     out = copy.deepcopy(layer)
+    if layer.weight.dtype == torch.float64:  # the same algebra in fp64, beyond the C function's f32
+        with torch.no_grad():
+            k = (bn.weight.double() if bn.weight is not None else 1.0) / torch.sqrt(
+                bn.running_var.double() + bn.eps)
+            b0 = layer.bias if layer.bias is not None else torch.zeros(c_out, dtype=torch.float64)
+            beta = bn.bias.double() if bn.bias is not None else 0.0
+            out.weight.copy_(layer.weight * k.reshape([c_out] + [1] * (layer.weight.dim() - 1)))
+            bias = (b0 - bn.running_mean.double()) * k + beta
+            if out.bias is None:
+                out.bias = torch.nn.Parameter(bias)
+            else:
+                out.bias.copy_(bias)
+        return out
     # copies: sn_fold_batchnorm writes w and b in place
     w = layer.weight.detach().to(torch.float32).reshape(c_out, -1).clone()
     b = (layer.bias.detach().to(torch.float32).clone() if layer.bias is not None

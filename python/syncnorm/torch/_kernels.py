@@ -2,6 +2,7 @@
 residual adds), GroupNorm. Forward and backward each call one C kernel; statistics are fp64
 (include/syncnorm.h states each kernel's bound)."""
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import _lib as L
 from ._util import channels_last, dense, f32_param, ncs, ptr, sn_dtype
@@ -47,6 +48,7 @@ class LayerNormFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy, dh=None):
         h, mean, rstd, g = ctx.saved_tensors
         weight, bias = ctx.params
@@ -92,6 +94,7 @@ class RMSNormFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy, dh=None):
         h, rstd, g = ctx.saved_tensors
         dy = dense(dy.to(h.dtype))
@@ -127,6 +130,7 @@ class GroupNormFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         x, mean, rstd, g = ctx.saved_tensors
         n, c, s, groups, layout, dt, nhwc = ctx.shape

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import once_differentiable
 
 from .. import _lib as L
 from .._comm import Comm, _close_all, _live
@@ -103,26 +104,9 @@ class _Layer:
         else:
             L.check(st)
 
-    @staticmethod
-    def _stamp(tensors):
-        """What identifies the values of these tensors: any in-place change bumps _version, a
-        new .data changes the pointer."""
-        return tuple((id(t), t.data_ptr(), t._version) if t is not None else None
-                     for t in tensors)
-
-    def _sources(self, weight, bias, state):
-        if self.running_mean is None:
-            return (weight, bias)
-        return (weight, bias, state.running_mean, state.running_var, state.num_batches_tracked)
-
     def load(self, weight, bias, state):
-        """The module's parameters and running statistics into the layer (f32 copies), unless
-        the layer holds them already (nothing changed them since the last load or store)."""
-        src = self._sources(weight, bias, state)
-        stamp = self._stamp(src)
-        if stamp == self.__dict__.get("_loaded"):
-            return
-        self._loaded = None  # until the copies are done
+        """The module's parameters and running statistics into the layer (f32 copies, every
+        call: a broadcast or a write through .data changes them without a trace)."""
         with torch.no_grad():
             if self.weight is not None:
                 self.weight.copy_(weight.detach() if weight is not None else 1.0)
@@ -131,16 +115,21 @@ class _Layer:
                 self.running_mean.copy_(state.running_mean)
                 self.running_var.copy_(state.running_var)
                 self.nbt.copy_(state.num_batches_tracked.reshape(1))
-        self._loaded = stamp
 
-    def store(self, weight, bias, state):
+    def store(self, state):
         """The layer's running statistics back into the module's buffers."""
         if self.running_mean is not None:
             with torch.no_grad():
                 state.running_mean.copy_(self.running_mean)
                 state.running_var.copy_(self.running_var)
                 state.num_batches_tracked.copy_(self.nbt.reshape(state.num_batches_tracked.shape))
-        self._loaded = self._stamp(self._sources(weight, bias, state))
+
+    def tell(self):
+        """A forward that this rank cannot make (its input failed a check in Python), where the
+        others are in its collectives: a forward with a size the library refuses, so that its
+        consistency check tells them (SN_ERR_MISMATCH naming this rank) instead of leaving them
+        to wait for the timeout. Its own error is dropped: the caller raises the Python one."""
+        L.lib().sn_syncbn_forward(self._h, None, None, -1, 1, 1)
 
     def collectives(self):
         v = ctypes.c_int64()
@@ -160,7 +149,7 @@ class _Layer:
             pass
 
 
-class _BatchNormFn(torch.autograd.Function):
+class _BatchNormFn(torch.autograd.Function):  # noqa: D101
     """y = BatchNorm(x) through a _Layer: forward and backward are sn_syncbn_forward/backward
     (one collective each when synchronized), so the layer's last forward is what a backward
     differentiates."""
@@ -171,12 +160,9 @@ class _BatchNormFn(torch.autograd.Function):
         y = torch.empty_like(x)
         layer.load(weight, bias, state)
         layer.seq += 1
-        st = L.lib().sn_syncbn_forward(layer._h, ptr(y), ptr(x), n, s, int(training))
-        if st != L.SN_OK:
-            layer._loaded = None
-        layer.check(st)
+        layer.check(L.lib().sn_syncbn_forward(layer._h, ptr(y), ptr(x), n, s, int(training)))
         if training:
-            layer.store(weight, bias, state)
+            layer.store(state)
         ctx.save_for_backward(x)
         ctx.layer, ctx.seq, ctx.ns, ctx.nhwc = layer, layer.seq, (n, s), nhwc
         ctx.needs = (weight is not None and weight.requires_grad,
@@ -186,6 +172,7 @@ class _BatchNormFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         layer = ctx.layer
@@ -220,43 +207,57 @@ class _SNBatchNorm:
             return comm_for_group(self.process_group or dist.group.WORLD)
         return None  # one process without a process group: nothing to synchronize
 
-    def _sn_layer(self, x, nhwc):
+    def _sn_layer(self, dtype, nhwc):
         comm = self._sn_comm()
-        dtype = sn_dtype(x)
         check = getattr(self, "check_consistency", True)
-        key = (dtype, nhwc, float(self.eps), self.momentum, self.affine,
-               self.track_running_stats, check, id(comm))
+        # running statistics set to None after construction: batch statistics, no update (as
+        # torch.nn's BatchNorm)
+        track = (self.track_running_stats and self.running_mean is not None and
+                 self.running_var is not None)
+        key = (dtype, nhwc, float(self.eps), self.momentum, self.affine, track, check, id(comm))
         layers = self.__dict__.setdefault("_sn_layers", {})
         layer = layers.get(key)
         if layer is None or layer._h is None:
             layout = L.LAYOUT_NHWC if nhwc else L.LAYOUT_NCHW
             layer = _Layer(comm, self.num_features, float(self.eps), self.momentum, self.affine,
-                           self.track_running_stats, layout, dtype, check, self._sn_layer_id())
+                           track, layout, dtype, check, self.__dict__.get("_sn_id", -1))
             layers[key] = layer
         return layer
 
-    def _sn_layer_id(self):
-        """The module's layer id, the same for each of its C layers (one per dtype and layout):
-        modules are numbered in construction order, alike on every rank that builds the same
-        model."""
-        if "_sn_id" not in self.__dict__:
-            _SNBatchNorm._next_id += 1
-            self._sn_id = _SNBatchNorm._next_id
-        return self._sn_id
+    def _sn_new_id(self):
+        """Numbers the module (constructors call it): its C layers (one per dtype and layout)
+        share the id, which the consistency check compares across ranks, so a model built alike
+        on every rank has the same ids whatever its modules run first."""
+        _SNBatchNorm._next_id += 1
+        self._sn_id = _SNBatchNorm._next_id
+
+    def _sn_would_sync(self):
+        if self._local or not self.training:
+            return False
+        comm = getattr(self, "comm", None)
+        if comm is not None:
+            return True
+        return (dist.is_available() and dist.is_initialized() and
+                dist.get_world_size(self.process_group or dist.group.WORLD) > 1)
 
     def forward(self, input):
-        self._check_input_dim(input)
-        sn_dtype(input)
-        if input.shape[1] != self.num_features:
-            raise ValueError(f"{type(self).__name__}: input has {input.shape[1]} channels, the "
-                             f"module {self.num_features}")
+        try:
+            self._check_input_dim(input)
+            dtype = sn_dtype(input)
+            if input.shape[1] != self.num_features:
+                raise ValueError(f"{type(self).__name__}: input has {input.shape[1]} channels, "
+                                 f"the module {self.num_features}")
+        except (ValueError, TypeError):
+            if self._sn_would_sync():  # the other ranks are in this call's collectives
+                self._sn_layer(L.DTYPE_F32, self.__dict__.get("_sn_nhwc", False)).tell()
+            raise
         self._sn_last_ndim = input.dim()
         nhwc = layout_of(input)
         if nhwc is None:  # either layout reads it alike: keep the module's (one C layer)
             nhwc = self.__dict__.get("_sn_nhwc", False)
         self._sn_nhwc = nhwc
         x = dense(input, nhwc)
-        layer = self._sn_layer(x, nhwc)
+        layer = self._sn_layer(dtype, nhwc)
         return _BatchNormFn.apply(x, self.weight, self.bias, self, layer, self.training, nhwc)
 
     def __getstate__(self):
