@@ -209,7 +209,39 @@ def check():
         fail(f"a layer of rank 2 only not found: {r.get('5')}")
 
 
-{"equivalence": equivalence, "ddp": ddp, "mismatch": mismatch, "check": check}[case]()
+def python_checks():
+    """A rank whose input fails the module's checks in Python (channels, dtype) raises that
+    error; the others raise SN_ERR_MISMATCH naming it at once, not after the timeout. A module
+    only one rank runs first (in eval mode: no collective) keeps the layer ids aligned."""
+    import time
+    for bad in ("channels", "dtype"):
+        bn = st.SyncBatchNorm(4, **KW)
+        x = torch.randn(3, 4, 2, 2)
+        if rank == 1:
+            x = torch.randn(3, 5, 2, 2) if bad == "channels" else x.double()
+        t0 = time.time()
+        try:
+            bn(x)
+            fail(f"{bad}: no error")
+        except syncnorm.SyncnormError as e:
+            if rank == 1 or e.status_name != "SN_ERR_MISMATCH" or "rank 1" not in e.message:
+                fail(f"{bad}: {e}")
+        except (ValueError, TypeError) as e:
+            if rank != 1:
+                fail(f"{bad}: {e}")
+        if time.time() - t0 > 20:
+            fail(f"{bad}: the error took {time.time() - t0:.0f} s")
+    a, b = st.SyncBatchNorm(4, **KW), st.SyncBatchNorm(4, **KW)
+    if rank == 0:  # b first, alone, in eval mode
+        b.eval()
+        b(torch.randn(2, 4, 3, 3))
+        b.train()
+    x = torch.randn(2, 4, 3, 3)
+    b(a(x)).sum().backward()
+
+
+{"equivalence": equivalence, "ddp": ddp, "mismatch": mismatch, "check": check,
+ "python_checks": python_checks}[case]()
 print(f"rank {rank}: {case} {backend}: ok", flush=True)
 if backend == "gloo":
     dist.barrier()

@@ -51,3 +51,8 @@ def test_ddp_equals_one_process(np_):
 
 def test_check_equivalence():
     mpirun(3, "check", "gloo")
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi4py"])
+def test_python_checks_told_to_the_others(backend):
+    mpirun(3, "python_checks", backend)

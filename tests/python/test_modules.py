@@ -341,3 +341,41 @@ def test_errors():
     m(x)
     with pytest.raises(RuntimeError, match="called again before the backward"):
         y1.sum().backward()
+
+
+def test_state_written_without_a_version_bump_and_none_buffers():
+    m, ref = bn_pair(st.SyncBatchNorm, 3, ndim=3)
+    ref = ref.float()
+    x = rand(4, 3, 5)
+    m(x)
+    ref(x)
+    with torch.no_grad():  # .data writes (as a broadcast makes them) leave _version alone
+        m.weight.data.fill_(2.0), ref.weight.data.fill_(2.0)
+        m.running_var.numpy()[:] = 3.0
+        ref.running_var.numpy()[:] = 3.0
+    check_rel(m(x).detach().numpy(), ref(x).detach().numpy(), RTOL_F32, "y after .data writes")
+    m.eval(), ref.eval()
+    check_rel(m(x).detach().numpy(), ref(x).detach().numpy(), RTOL_F32, "eval after writes")
+    m.train(), ref.train()
+    m.running_mean = m.running_var = None  # torch: batch statistics, no update
+    ref.running_mean = ref.running_var = None
+    for mode in (True, False):
+        m.train(mode), ref.train(mode)
+        check_rel(m(x).detach().numpy(), ref(x).detach().numpy(), RTOL_F32, f"None stats {mode}")
+
+
+def test_parameter_shapes_and_double_backward():
+    x = rand(2, 5)
+    with pytest.raises(ValueError, match="weight of shape"):
+        st.functional.layer_norm(x, (5,), torch.ones(4))
+    with pytest.raises(ValueError, match="weight of shape"):
+        st.functional.rms_norm(x, (5,), torch.ones(2))
+    with pytest.raises(ValueError, match="weight of shape"):
+        st.functional.group_norm(rand(2, 6, 3), 3, torch.ones(1))
+    with pytest.raises(ValueError, match="bias of shape"):
+        st.functional.layer_norm(x, (5,), torch.ones(5), torch.ones(0))
+    xr = x.clone().requires_grad_(True)
+    y = st.SyncBatchNorm(5)(xr)
+    (g,) = torch.autograd.grad(y.square().sum(), xr, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.sum().backward()
