@@ -13,7 +13,7 @@
 #  3. runs, 4 ranks = 2 per host, Open MPI over TCP only (--mca btl tcp,self, btl_tcp_if_include
 #     and oob_tcp_if_include 10.77.0.0/24):
 #       - test_syncbn_mpi's "equivalence" case (SyncBatchNorm on the split batch = BatchNorm on
-#         the whole batch) and syncnorm-statcheck --exact (bitwise);
+#         the whole batch) and syncnorm-statcheck --exact (its fp64 reference);
 #       - syncnorm-train --max-steps 100 (needs the Fashion-MNIST files), whose model.safetensors
 #         must be byte-identical to the same run on one host (shared memory): the result does
 #         not depend on the transport.
