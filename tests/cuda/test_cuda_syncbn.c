@@ -477,6 +477,23 @@ START_TEST(test_errors_and_state) {
     (void)cudaGetLastError();
     ck_assert_msg(sn_syncbn_forward(a, y_d, x_d, N, S, 1) == SN_OK, "%s", sn_last_error());
   }
+  /* another device current than the communicator's (two GPUs or more): refused before
+   * anything is enqueued; with one GPU there is no other device to make current */
+  int devices = 0;
+  ck_assert_int_eq(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices >= 2) {
+    sn_syncbn_t *on_comm = NULL;
+    sn_syncbn_config_t oc = cfg;
+    ck_assert_int_eq(sn_syncbn_create(&on_comm, &oc, g_comm), SN_OK);
+    ck_assert_int_eq(cudaSetDevice(1), cudaSuccess);
+    ck_assert_int_eq(sn_syncbn_forward(on_comm, y_d, x_d, N, S, 1), SN_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(sn_last_error(), "current CUDA device is 1") != NULL, "%s",
+                  sn_last_error());
+    ck_assert_int_eq(cudaSetDevice(0), cudaSuccess);
+    sn_syncbn_destroy(on_comm);
+  } else {
+    printf("test_cuda_syncbn: one GPU: the wrong-device case needs two, not run\n");
+  }
   free(x);
   ct_free(x_d), ct_free(y_d);
   sn_syncbn_destroy(a);
