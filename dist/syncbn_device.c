@@ -69,19 +69,37 @@ static sn_status_t dev_usable(const char *fn) {
                   "(%s)", fn, err != cudaSuccess ? cudaGetErrorName(err) : "no device found");
 }
 
+/* SN_OK where the current CUDA device is the communicator's (its ncclComm_t's: the layer's
+ * buffers live there), or there is no such communicator; else SN_ERR_INVALID_ARGUMENT. */
+static sn_status_t check_device(const char *fn, const sn_syncbn_t *bn) {
+  if (bn->comm == NULL || bn->comm->device < 0) return SN_OK;
+  int current = -1;
+  const cudaError_t e = cudaGetDevice(&current);
+  if (e != cudaSuccess) return cuda_st(fn, bn, "cudaGetDevice", e);
+  if (current != bn->comm->device)
+    return sn__fail(SN_ERR_INVALID_ARGUMENT,
+                    "%s: %s: the current CUDA device is %d, the communicator's (its "
+                    "ncclComm_t's) is %d: one process (or thread) per GPU, with "
+                    "cudaSetDevice(%d) current",
+                    fn, bn->label, current, bn->comm->device, bn->comm->device);
+  return SN_OK;
+}
+
+/* Whether the layer's stream is being captured into a CUDA graph (or cannot be asked: taken
+ * as captured, the safe side), where the host must not wait. */
+static int capturing(const dev_state_t *d) {
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (d->stream == (cudaStream_t)0) return 0; /* the legacy stream is never captured */
+  if (cudaStreamIsCapturing(d->stream, &cs) == cudaSuccess)
+    return cs != cudaStreamCaptureStatusNone;
+  (void)cudaGetLastError();
+  return 1;
+}
+
 static sn_status_t dev_create(sn_syncbn_t *bn) {
   const char *fn = "sn_syncbn_create";
   const size_t C = (size_t)bn->C;
-  if (bn->comm != NULL && bn->comm->device >= 0) { /* the layer's device is the current one */
-    int current = -1;
-    const cudaError_t e = cudaGetDevice(&current);
-    if (e != cudaSuccess) return cuda_st(fn, bn, "cudaGetDevice", e);
-    if (current != bn->comm->device)
-      return sn__fail(SN_ERR_INVALID_ARGUMENT,
-                      "%s: %s: the current CUDA device is %d, the communicator's (its "
-                      "ncclComm_t's) is %d: create the layer with cudaSetDevice(%d) current",
-                      fn, bn->label, current, bn->comm->device, bn->comm->device);
-  }
+  SN_TRY(check_device(fn, bn));
   dev_state_t *d = calloc(1, sizeof *d);
   if (d == NULL) return sn__fail(SN_ERR_ALLOC, "%s: out of memory", fn);
   d->stream = bn->comm != NULL ? (cudaStream_t)bn->comm->stream : (cudaStream_t)0;
@@ -255,15 +273,11 @@ static sn_status_t ensure_ws(const char *fn, sn_syncbn_t *bn, int64_t n, int64_t
   if (n * s == 0) return SN_OK;
   SN_TRY(sn_cuda_batchnorm_workspace(&need, n, bn->C, s, bn->cfg.layout));
   if (need <= d->ws_bytes) return SN_OK;
-  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (d->stream != (cudaStream_t)0 &&
-      (cudaStreamIsCapturing(d->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone)) {
-    (void)cudaGetLastError();
+  if (capturing(d))
     return sn__fail(SN_ERR_UNSUPPORTED,
                     "%s: %s: growing the workspace (a new, larger shape) cannot run while the "
                     "stream is being captured: warm up the shape first (one eager call)",
                     fn, bn->label);
-  }
   SN_TRY(dev_wait(fn, bn));
   void *p = NULL;
   const cudaError_t err = cudaMalloc(&p, need);
@@ -285,22 +299,10 @@ static double *dev_red(const sn_syncbn_t *bn) { return dev_of(bn)->red; }
 static sn_status_t dev_prepare(sn_syncbn_t *bn, const char *fn, int forward, int update,
                                int64_t n, int64_t s) {
   (void)forward, (void)update;
-  const cudaError_t pending = cudaPeekAtLastError();
-  if (pending != cudaSuccess)
-    return sn__fail(SN_ERR_CUDA,
-                    "%s: %s: a CUDA error was pending before this call, from earlier work of "
-                    "the program: %s (%s); nothing was enqueued, the error is left pending", fn,
-                    bn->label, cudaGetErrorName(pending), cudaGetErrorString(pending));
-  if (bn->comm != NULL && bn->comm->device >= 0) {
-    int current = -1;
-    const cudaError_t e = cudaGetDevice(&current);
-    if (e != cudaSuccess) return cuda_st(fn, bn, "cudaGetDevice", e);
-    if (current != bn->comm->device)
-      return sn__fail(SN_ERR_INVALID_ARGUMENT,
-                      "%s: %s: the current CUDA device is %d, the communicator's is %d: one "
-                      "process (or thread) per GPU, with cudaSetDevice(%d) current", fn,
-                      bn->label, current, bn->comm->device, bn->comm->device);
-  }
+  char where[sizeof bn->label + 64];
+  snprintf(where, sizeof where, "%s (%s)", fn, bn->label);
+  SN_TRY(sn__cuda_pending(where));
+  SN_TRY(check_device(fn, bn));
   return ensure_ws(fn, bn, n, s);
 }
 
@@ -330,10 +332,7 @@ static sn_status_t dev_sums(sn_syncbn_t *bn, const char *fn, const void *x, int6
  * -1, and the kernels handle counts of 0 and 1 on the device. */
 static sn_status_t dev_global_count(sn_syncbn_t *bn, const char *fn, int64_t *count) {
   dev_state_t *d = dev_of(bn);
-  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (d->stream != (cudaStream_t)0 &&
-      (cudaStreamIsCapturing(d->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone)) {
-    (void)cudaGetLastError();
+  if (capturing(d)) {
     *count = -1;
     return SN_OK;
   }

@@ -14,6 +14,10 @@
 extern "C" {
 #endif
 
+/* src/cuda/common.cu: SN_OK, or SN_ERR_CUDA naming fn where a CUDA error of the program is
+ * pending (left pending). */
+SN_HIDDEN sn_status_t sn__cuda_pending(const char *fn);
+
 /* red[2c] = count (the local n·s, as a double); where count == 0 also red[0 .. 2c) = 0 (the
  * stats kernel is not called for an empty local batch). */
 SN_HIDDEN sn_status_t sn__syncbn_cuda_count(double *red, int64_t c, int64_t count,

@@ -11,7 +11,7 @@ sn_status_t sn__cuda_status(const char *fn, cudaError_t err) {
 
 sn_status_t sn__cuda_launched(const char *fn) { return sn__cuda_status(fn, cudaGetLastError()); }
 
-sn_status_t sn__cuda_pending(const char *fn) {
+extern "C" sn_status_t sn__cuda_pending(const char *fn) {
   const cudaError_t err = cudaPeekAtLastError();
   if (err == cudaSuccess) return SN_OK;
   if (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice ||

@@ -24,7 +24,7 @@ sn_status_t sn__cuda_launched(const char *fn);
 /* SN_OK unless a CUDA error is pending (cudaPeekAtLastError) before an entry point enqueues
  * anything: then SN_ERR_CUDA saying so, the error left for the program, so that the check after
  * the launches (sn__cuda_launched) reports only the call's own. */
-sn_status_t sn__cuda_pending(const char *fn);
+extern "C" sn_status_t sn__cuda_pending(const char *fn);
 /* SN_ERR_CUDA with fn and err's name, or SN_OK for cudaSuccess. */
 sn_status_t sn__cuda_status(const char *fn, cudaError_t err);
 /* Rounds bytes up to a multiple of 256 (each array carved from a workspace starts aligned). */

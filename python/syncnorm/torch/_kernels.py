@@ -15,6 +15,15 @@ def _grad_like(g, p):
     return g.reshape(p.shape).to(p.dtype)
 
 
+def _residual(x, residual, what):
+    """The residual of a fused add, dense, after checking it matches x."""
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(f"{what}: x and residual must have the same shape and dtype, got "
+                         f"{tuple(x.shape)} {x.dtype} and {tuple(residual.shape)} "
+                         f"{residual.dtype}")
+    return dense(residual)
+
+
 class LayerNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, d, eps, residual):
@@ -31,11 +40,7 @@ class LayerNormFn(torch.autograd.Function):
                                          rows, d, eps, dt))
             h = x
         else:
-            residual = dense(residual)
-            if residual.shape != x.shape or residual.dtype != x.dtype:
-                raise ValueError("add_layer_norm: x and residual must have the same shape and "
-                                 f"dtype, got {tuple(x.shape)} {x.dtype} and "
-                                 f"{tuple(residual.shape)} {residual.dtype}")
+            residual = _residual(x, residual, "add_layer_norm")
             h = torch.empty_like(x)
             L.check(lib.sn_add_layernorm_fwd(ptr(y), ptr(h), ptr(mean), ptr(rstd), ptr(x),
                                              ptr(residual), ptr(g), ptr(b), rows, d, eps, dt))
@@ -78,11 +83,7 @@ class RMSNormFn(torch.autograd.Function):
             L.check(lib.sn_rmsnorm_fwd(ptr(y), ptr(rstd), ptr(x), ptr(g), rows, d, eps, dt))
             h = x
         else:
-            residual = dense(residual)
-            if residual.shape != x.shape or residual.dtype != x.dtype:
-                raise ValueError("add_rms_norm: x and residual must have the same shape and "
-                                 f"dtype, got {tuple(x.shape)} {x.dtype} and "
-                                 f"{tuple(residual.shape)} {residual.dtype}")
+            residual = _residual(x, residual, "add_rms_norm")
             h = torch.empty_like(x)
             L.check(lib.sn_add_rmsnorm_fwd(ptr(y), ptr(h), ptr(rstd), ptr(x), ptr(residual),
                                            ptr(g), rows, d, eps, dt))
