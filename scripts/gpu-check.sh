@@ -59,9 +59,21 @@ say() { echo "gpu-check: $*"; }
 fail() { echo "gpu-check: FAILED: $*" >&2; exit 1; }
 
 # ---- what this machine has -------------------------------------------------------------------
-nvcc=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-[ -x "$nvcc" ] || fail "no nvcc (set CUDACXX)"
-cuda_root=$(cd "$(dirname "$nvcc")/.." && pwd)
+# nvcc as CMake finds it: CUDACXX, else the toolkit at /usr/local/cuda, else PATH. The toolkit's
+# root is the first of CUDA_HOME, CUDA_PATH, nvcc's own directory (links resolved) and
+# /usr/local/cuda that holds cuda_runtime.h: an nvcc on PATH may be a wrapper script elsewhere.
+if [ -n "${CUDACXX:-}" ]; then nvcc=$CUDACXX
+elif [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc
+else nvcc=$(command -v nvcc || true)
+fi
+[ -n "$nvcc" ] && [ -x "$nvcc" ] || fail "no nvcc (set CUDACXX)"
+cuda_root=""
+for r in "${CUDA_HOME:-}" "${CUDA_PATH:-}" "$(dirname "$(dirname "$(readlink -f "$nvcc")")")" \
+         /usr/local/cuda; do
+  [ -n "$r" ] && [ -f "$r/include/cuda_runtime.h" ] && { cuda_root=$(cd "$r" && pwd); break; }
+done
+[ -n "$cuda_root" ] || fail "no CUDA toolkit beside $nvcc (set CUDA_HOME)"
+export CUDACXX=$nvcc
 if command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1; then
   say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)"
 else
@@ -70,7 +82,7 @@ else
 fi
 say "CUDA: $("$nvcc" --version | grep -o 'release [0-9.]*' | head -n 1) ($cuda_root)"
 nccl_header=""
-for inc in "$cuda_root/include" "${NCCL_HOME:-/nonexistent}/include"; do
+for inc in "$cuda_root/include" "${NCCL_HOME:-/nonexistent}/include" /usr/include; do
   [ -f "$inc/nccl.h" ] && { nccl_header=$inc/nccl.h; break; }
 done
 if [ -z "$nccl_header" ]; then # NCCL inside the Python environment (PyTorch's wheels)
