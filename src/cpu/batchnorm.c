@@ -1,13 +1,14 @@
 /*
- * batchnorm.c — BatchNorm building blocks (Ioffe and Szegedy 2015; torch.nn.BatchNorm2d) for one
- * rank's batch: shifted per-channel sums, finalize, apply, inference, backward sums and dx.
- * SyncBatchNorm (dist/syncbn.c) all-reduces the sums between the steps.
+ * batchnorm.c — BatchNorm (Ioffe and Szegedy 2015; torch.nn.BatchNorm2d) statistics and forward
+ * for one rank's batch: shifted per-channel sums, finalize, running statistics, apply, the local
+ * training forward and inference; and the reduction and elementwise drivers that the backward
+ * (batchnorm_bwd.c) shares. SyncBatchNorm (dist/syncbn.c) all-reduces the sums between steps.
  *
  * x is [N, C, S] (NCHW) or [N, S, C] (NHWC), S = H·W. A "row" is one (n, s) position: there are
  * rows = N·S values per channel.
  *
  * Reduction order (sn_batchnorm_stats, sn_batchnorm_bwd_reduce). The rows are cut into fixed
- * chunks that never straddle a sample unless a chunk holds whole samples (see red_chunks): up
+ * chunks that never straddle a sample unless a chunk holds whole samples (see sn__bn_chunks): up
  * to 64 chunks of whole samples, or with fewer samples each sample in a few pieces. In a
  * chunk with rows [b, e) the value of row r goes to lane (r − b) mod SN_LANES of its channel, each
  * lane summing in row order from 0; the lanes are added in lane order, then the chunk partials
@@ -32,33 +33,22 @@
 #include <math.h>
 #include <string.h>
 
+#include "batchnorm.h"
 #include "bn_kernels.h"
 #include "cpu.h"
 #include "norm_kernels.h"
 
 /* ---- reduction driver ------------------------------------------------------------------------- */
 
-typedef enum { RED_STATS, RED_BWD } red_kind_t;
-
-/* What to sum: RED_STATS: out1 = Σ (a − p_c), out2 = Σ (a − p_c)² with p = pivot (NULL = 0);
- * RED_BWD: out1 = Σ a, out2 = rstd_c·Σ a·(b − mean_c) with a = dy, b = x. */
-typedef struct {
-  red_kind_t kind;
-  const void *a, *b;   /* [N, C, S] or [N, S, C], dtype */
-  const float *pivot;  /* [C] or NULL (stats) */
-  const double *mean;  /* [C] (bwd) */
-  const float *rstd;   /* [C] (bwd) */
-  int pf_l2;           /* bwd: prefetch into L2 only (bwd_run), for the fused backward */
-} red_t;
-
-static inline double red_shift(const red_t *op, int64_t c) {
+/* The shift of channel c's sums: its pivot (statistics; none: 0) or its mean (backward). */
+static inline double red_shift(const bn_red_t *op, int64_t c) {
   if (op->kind == RED_BWD) return op->mean[c];
   return op->pivot ? (double)op->pivot[c] : 0.0;
 }
 
 /* Elements [off, off+n) of one channel's run into acc, lane of the first element `lane`. */
-static void red_span(const red_t *op, double *acc, int64_t off, int64_t n, int lane, double shift,
-                     sn_dtype_t dtype) {
+static void red_span(const bn_red_t *op, double *acc, int64_t off, int64_t n, int lane,
+                     double shift, sn_dtype_t dtype) {
   if (dtype == SN_DTYPE_BF16) { /* read as is (bn_kernels.h): the same sums as on f32 tiles */
     if (op->kind == RED_STATS)
       stats_run_bf16(acc, (const uint16_t *)op->a + off, n, lane, shift);
@@ -85,19 +75,10 @@ static void red_span(const red_t *op, double *acc, int64_t off, int64_t n, int l
 /* Rows per reduction chunk at least (so that small batches are not cut into tiny tasks). */
 #define RED_MIN_ROWS 128
 
-/* The fixed reduction chunks of N samples of S rows, a function of N and S only:
- * Kmax = clamp(N·S / RED_MIN_ROWS, 1, SN_RED_CHUNKS); N >= Kmax: Kmax chunks of whole samples;
- * else each sample in P = min(S, ⌈Kmax/N⌉) pieces. */
-typedef struct {
-  int64_t N, S;
-  int64_t per;   /* pieces per sample, or 0: chunks of whole samples */
-  int64_t K;     /* number of chunks */
-} red_chunks_t;
-
-static red_chunks_t red_chunks(int64_t N, int64_t S) {
+bn_chunks_t sn__bn_chunks(int64_t N, int64_t S) {
   int64_t kmax = N * S / RED_MIN_ROWS;
   kmax = kmax < 1 ? 1 : kmax > SN_RED_CHUNKS ? SN_RED_CHUNKS : kmax;
-  red_chunks_t ch = {N, S, 0, kmax};
+  bn_chunks_t ch = {N, S, 0, kmax};
   if (N < kmax) {
     const int64_t want = (kmax + N - 1) / N;
     ch.per = want < S ? want : S;
@@ -107,7 +88,7 @@ static red_chunks_t red_chunks(int64_t N, int64_t S) {
 }
 
 /* First row of chunk k (k == K gives N·S). */
-static int64_t red_begin(const red_chunks_t *ch, int64_t k) {
+static int64_t red_begin(const bn_chunks_t *ch, int64_t k) {
   if (ch->per == 0) return sn__chunk_begin(k, ch->N, ch->K) * ch->S;
   const int64_t n = k / ch->per, j = k % ch->per;
   return n * ch->S + sn__chunk_begin(j, ch->S, ch->per);
@@ -116,7 +97,7 @@ static int64_t red_begin(const red_chunks_t *ch, int64_t k) {
 /* The two sums of chunk k of channel c in the NCHW layout, shifted by `shift` (the statistics'
  * pivot, or the backward's mean): its rows, one plane segment at a time, into SN_LANES lanes,
  * then the lanes in lane order. */
-static void red_nchw_chunk_at(const red_t *op, const red_chunks_t *ch, int64_t C, int64_t c,
+static void red_nchw_chunk_at(const bn_red_t *op, const bn_chunks_t *ch, int64_t C, int64_t c,
                               int64_t k, double shift, sn_dtype_t dtype, double out[2]) {
   const int64_t S = ch->S, b = red_begin(ch, k), e = red_begin(ch, k + 1);
   double acc[2 * SN_LANES] = {0};
@@ -131,13 +112,13 @@ static void red_nchw_chunk_at(const red_t *op, const red_chunks_t *ch, int64_t C
 }
 
 /* red_nchw_chunk_at with channel c's own shift (red_shift). */
-static void red_nchw_chunk(const red_t *op, const red_chunks_t *ch, int64_t C, int64_t c,
+static void red_nchw_chunk(const bn_red_t *op, const bn_chunks_t *ch, int64_t C, int64_t c,
                            int64_t k, sn_dtype_t dtype, double out[2]) {
   red_nchw_chunk_at(op, ch, C, c, k, red_shift(op, c), dtype, out);
 }
 
 /* Chunk partials of the NCHW layout. part: [K][C][2]. */
-static void reduce_nchw(const red_t *op, double *part, const red_chunks_t *ch, int64_t C,
+static void reduce_nchw(const bn_red_t *op, double *part, const bn_chunks_t *ch, int64_t C,
                         sn_dtype_t dtype) {
   const int64_t S = ch->S, K = ch->K, P = ch->per;
 #pragma omp parallel for schedule(static) if (ch->N * S * C >= SN_PAR_MIN)
@@ -154,8 +135,8 @@ static int64_t lane_stride(int64_t C) { return (sn__min64(C, SN_TILE_C) + 7) & ~
 
 /* Chunk partials of the NHWC layout. part: [K][C][2]; scratch (64-byte aligned): per thread
  * (2·SN_LANES + 1)·lane_stride(C) doubles. */
-static void reduce_nhwc(const red_t *op, double *part, double *scratch, int nt,
-                        const red_chunks_t *ch, int64_t C, sn_dtype_t dtype) {
+static void reduce_nhwc(const bn_red_t *op, double *part, double *scratch, int nt,
+                        const bn_chunks_t *ch, int64_t C, sn_dtype_t dtype) {
   const int64_t rows = ch->N * ch->S, K = ch->K;
   const int64_t ls = lane_stride(C), tiles = (C + SN_TILE_C - 1) / SN_TILE_C;
 #pragma omp parallel num_threads(nt) if (rows * C >= SN_PAR_MIN)
@@ -169,9 +150,7 @@ static void reduce_nhwc(const red_t *op, double *part, double *scratch, int nt,
       const int64_t b = red_begin(ch, k), e = red_begin(ch, k + 1);
       memset(l1, 0, (size_t)(2 * SN_LANES * ls) * sizeof(double)); /* l1 and l2 */
       for (int64_t j = 0; j < ct; j++) shift[j] = red_shift(op, c0 + j);
-      /* grouped kernels from 128 channels on (A/B in one process, f32, against the row
-       * kernels: at 128 channels statistics 0.81-0.90x, backward sums 0.73-0.76x; at 64 warm
-       * statistics 0.90x but cold 1.2-1.4x, backward sums 1.7x) */
+      /* grouped kernels from 128 channels on: faster than the row kernels there, slower at 64 */
       const int grouped = ls >= 128;
       if (dtype == SN_DTYPE_BF16) { /* the rows as they are (bn_kernels.h), as f32 in one block */
         const int64_t ng = grouped ? (e - b) / GROUP_ROWS : 0, done = ng * GROUP_ROWS;
@@ -215,19 +194,13 @@ static void reduce_nhwc(const red_t *op, double *part, double *scratch, int nt,
   }
 }
 
-/* Σ dy·x̂ = rstd·Σ dy·(x − mean), for bn_reduce and the fused backward alike: one function, not
- * inlined, so both give the same bits even for NaN operands (which of two NaNs a multiply
- * returns depends on the operand order the compiler picks at each site). */
-static __attribute__((noinline)) double bwd_scale(double sum, float rstd) {
+__attribute__((noinline)) double sn__bn_bwd_scale(double sum, float rstd) {
   return sum * (double)rstd;
 }
 
-/* out1, out2: [C] f64 (=), as described at red_t; rows = N·S > 0. Allocates the chunk partials
- * (and NHWC lane scratch) first, so SN_ERR_ALLOC leaves the outputs untouched. */
-static sn_status_t bn_reduce(const char *fn, double *out1, double *out2, const red_t *op,
-                             int64_t N, int64_t C, int64_t S, sn_layout_t layout,
-                             sn_dtype_t dtype) {
-  const red_chunks_t ch = red_chunks(N, S);
+sn_status_t sn__bn_reduce(const char *fn, double *out1, double *out2, const bn_red_t *op,
+                          int64_t N, int64_t C, int64_t S, sn_layout_t layout, sn_dtype_t dtype) {
+  const bn_chunks_t ch = sn__bn_chunks(N, S);
   const int64_t K = ch.K;
   const int nt = sn__max_threads();
   const int nhwc = layout == SN_LAYOUT_NHWC || S == 1;
@@ -249,7 +222,7 @@ static sn_status_t bn_reduce(const char *fn, double *out1, double *out2, const r
     double s1 = 0.0, s2 = 0.0;
     for (int64_t k = 0; k < K; k++) s1 += part[(k * C + c) * 2 + 0], s2 += part[(k * C + c) * 2 + 1];
     out1[c] = sn__nan_canon(s1); /* NaN sums as one NaN, as the fused passes' (sn__nan_canon) */
-    out2[c] = sn__nan_canon(op->kind == RED_BWD ? bwd_scale(s2, op->rstd[c]) : s2);
+    out2[c] = sn__nan_canon(op->kind == RED_BWD ? sn__bn_bwd_scale(s2, op->rstd[c]) : s2);
   }
   sn__free(scratch);
   sn__free(part);
@@ -258,22 +231,7 @@ static sn_status_t bn_reduce(const char *fn, double *out1, double *out2, const r
 
 /* ---- elementwise driver ------------------------------------------------------------------------ */
 
-typedef enum { EW_APPLY, EW_INFER, EW_BWD, EW_BWD_EVAL } ew_kind_t;
-
-/* One elementwise pass: out = map(in) (or map(in, x) for EW_BWD) with per-channel constants. */
-typedef struct {
-  ew_kind_t kind;
-  const double *mean;                /* [C] f64 batch mean (apply, bwd) */
-  const float *rstd;                 /* [C] (apply, bwd, bwd eval) */
-  const float *rmean, *rvar;         /* [C] running statistics (infer) */
-  const float *gamma, *beta;         /* [C] or NULL */
-  const double *sum_dy, *sum_dy_xhat; /* [C] global backward sums (bwd) */
-  double eps, count;
-} ew_t;
-
-/* The backward map's constants of one channel (ew_consts' bwd, below) from its mean, rstd,
- * gamma g and the global sums over count values: the fused backward calls it too. */
-static void bwd_consts(double mean, float rstd, double g, double sum_dy, double sum_dy_xhat,
+void sn__bn_bwd_consts(double mean, float rstd, double g, double sum_dy, double sum_dy_xhat,
                        double count, double k4[4]) {
   const double k = g * (double)rstd;
   k4[0] = mean;
@@ -288,7 +246,7 @@ static void bwd_consts(double mean, float rstd, double g, double sum_dy, double 
  *   infer:    m = running_mean, a = gamma/√(running_var + eps), b = beta
  *   bwd:      k = gamma·rstd: a = k, b = k·Σdy/count, e = k·rstd·Σdy·x̂/count, m = mean
  *   bwd eval: dx = dy·gamma·rstd, run as the forward map of dy with m = b = 0. */
-static void ew_consts(const ew_t *op, int64_t c, double k4[4]) {
+static void ew_consts(const bn_ew_t *op, int64_t c, double k4[4]) {
   const double g = op->gamma ? (double)op->gamma[c] : 1.0;
   double m = 0.0, a = 0.0, b = 0.0, e = 0.0;
   switch (op->kind) {
@@ -303,20 +261,13 @@ static void ew_consts(const ew_t *op, int64_t c, double k4[4]) {
       b = op->beta ? op->beta[c] : 0.0;
       break;
     case EW_BWD:
-      bwd_consts(op->mean[c], op->rstd[c], g, op->sum_dy[c], op->sum_dy_xhat[c], op->count, k4);
+      sn__bn_bwd_consts(op->mean[c], op->rstd[c], g, op->sum_dy[c], op->sum_dy_xhat[c], op->count, k4);
       return;
     case EW_BWD_EVAL:
       a = g * (double)op->rstd[c];
       break;
   }
   k4[0] = m, k4[1] = a, k4[2] = b, k4[3] = e;
-}
-
-/* Whether the forward map of op must be checked: bf16/f16 outputs with beta, where beta can
- * cancel x̂·gamma deeper than an f32 map keeps within 1 ulp (SN_CANCEL_LOG2_BF16). */
-static int ew_checked(const ew_t *op, sn_dtype_t dtype) {
-  return (op->kind == EW_APPLY || op->kind == EW_INFER) && op->beta != NULL &&
-         dtype != SN_DTYPE_F32;
 }
 
 /* The maps' nt for an elementwise pass writing out_bytes: streamed and, as its inputs come from
@@ -327,7 +278,7 @@ static int ew_stream(int64_t out_bytes) {
 
 /* NCHW: tasks are planes (n, c), cut into pieces when there are fewer than 4 per thread (any
  * split gives the same bits: the map is elementwise). */
-static void ew_nchw(const ew_t *op, void *out, const void *in, const void *x, int64_t N,
+static void ew_nchw(const bn_ew_t *op, void *out, const void *in, const void *x, int64_t N,
                     int64_t C, int64_t S, sn_dtype_t dtype) {
   const int64_t planes = N * C, want = 4 * (int64_t)sn__max_threads();
   int64_t pieces = 1;
@@ -335,7 +286,6 @@ static void ew_nchw(const ew_t *op, void *out, const void *in, const void *x, in
     const int64_t most = S / 4096 > 1 ? S / 4096 : 1; /* pieces of at least 4096 elements */
     pieces = sn__min64((want + planes - 1) / planes, most);
   }
-  const int checked = ew_checked(op, dtype);
   const int stream = ew_stream(planes * S * (int64_t)sn_dtype_size(dtype));
 #pragma omp parallel if (planes * S >= SN_PAR_MIN)
   {
@@ -349,7 +299,6 @@ static void ew_nchw(const ew_t *op, void *out, const void *in, const void *x, in
       ew_consts(op, plane % C, k4);
       sn__chan_k_set(&k, k4[0], k4[1], k4[2], k4[3]);
       if (op->kind == EW_BWD) sn__affbwd_span(out, in, x, plane * S + b, e - b, &k, dtype, stream);
-      else if (checked) sn__aff_span_chk(out, in, plane * S + b, e - b, &k, dtype);
       else sn__aff_span(out, in, plane * S + b, e - b, &k, dtype, stream);
     }
     sn__stream_fence(stream);
@@ -358,7 +307,7 @@ static void ew_nchw(const ew_t *op, void *out, const void *in, const void *x, in
 
 /* NHWC (and S == 1): for each channel tile every thread builds the constants, then the rows are
  * shared out in blocks of about 16K elements. */
-static void ew_nhwc(const ew_t *op, void *out, const void *in, const void *x, int64_t rows,
+static void ew_nhwc(const bn_ew_t *op, void *out, const void *in, const void *x, int64_t rows,
                     int64_t C, sn_dtype_t dtype) {
   const int64_t rb = sn__min64(C, SN_TILE_C) >= 16384 ? 1 : 16384 / sn__min64(C, SN_TILE_C);
   const int64_t blocks = (rows + rb - 1) / rb;
@@ -366,7 +315,6 @@ static void ew_nhwc(const ew_t *op, void *out, const void *in, const void *x, in
 #pragma omp parallel if (rows * C >= SN_PAR_MIN)
   {
     sn__chan_tile_t p;
-    const int checked = ew_checked(op, dtype);
     for (int64_t c0 = 0; c0 < C; c0 += SN_TILE_C) {
       const int64_t ct = sn__min64(SN_TILE_C, C - c0);
       for (int64_t j = 0; j < ct; j++) {
@@ -379,8 +327,6 @@ static void ew_nhwc(const ew_t *op, void *out, const void *in, const void *x, in
         const int64_t r0 = blk * rb, r1 = sn__min64(rows, r0 + rb);
         if (op->kind == EW_BWD)
           sn__affbwd_rowspan(out, in, x, r0, r1, C, c0, ct, &p, dtype, stream);
-        else if (checked)
-          sn__aff_rowspan_chk(out, in, r0, r1, C, c0, ct, &p, dtype);
         else
           sn__aff_rowspan(out, in, r0, r1, C, c0, ct, &p, dtype, stream);
       }
@@ -389,37 +335,30 @@ static void ew_nhwc(const ew_t *op, void *out, const void *in, const void *x, in
   }
 }
 
-static void ew_run(const ew_t *op, void *out, const void *in, const void *x, int64_t N, int64_t C,
-                   int64_t S, sn_layout_t layout, sn_dtype_t dtype) {
+void sn__bn_ew_run(const bn_ew_t *op, void *out, const void *in, const void *x, int64_t N,
+                   int64_t C, int64_t S, sn_layout_t layout, sn_dtype_t dtype) {
   if (layout == SN_LAYOUT_NHWC || S == 1)
     ew_nhwc(op, out, in, x, N * S, C, dtype);
   else
     ew_nchw(op, out, in, x, N, C, S, dtype);
 }
 
-/* ---- fused local forward and backward ---------------------------------------------- */
+/* ---- fused NCHW passes ----------------------------------------------------------------------- */
 
 /* Bytes of one sample's run of a block of channels that the fused passes aim for (fewer where
- * FUSED_MAX_BLOCK planes are shorter, or the block would not fit in L2): with one channel per
- * task a 28×28 f32 plane is a 3 KiB run, too short for the hardware prefetcher (bench_ab cold,
- * two threads, [64,256,28,28]: blocks of 4 channels 0.85x the time of blocks of 1). */
+ * FUSED_MAX_BLOCK planes are shorter, or the block would not fit in L2): a single 28×28 f32 plane
+ * is a 3 KiB run, too short for the hardware prefetcher. */
 #define FUSED_RUN_BYTES 12288
-/* Most channels in a fused block (the sums of a block are on the stack). */
-#define FUSED_MAX_BLOCK 8
 
-/* Channels per task of a fused NCHW pass, or 0 where it does not fuse: NHWC (and S == 1) never,
- * nor where the channels do not share evenly enough between the threads, nor where one
- * channel's inputs (`inputs` tensors: x for the forward, x and dy for the backward) exceed a
- * core's L2 (then the second read could not come from there), nor, on CPUs where the two
- * passes measured faster (x86-64 CPUs other than Intel's: sn__bn_fuse_large), where all the
- * inputs together exceed the threads' L2s. */
-static int64_t fused_block(int64_t N, int64_t C, int64_t S, sn_layout_t layout, sn_dtype_t dtype,
+/* NHWC (and S == 1) never fuses; NCHW fuses where all the inputs fit in the threads' L2s and one
+ * channel's in a core's L2, so that the map reads them again from there (cpu.h), and where the
+ * blocks share evenly enough between the threads. */
+int64_t sn__bn_fused_block(int64_t N, int64_t C, int64_t S, sn_layout_t layout, sn_dtype_t dtype,
                            int64_t inputs) {
   if (layout == SN_LAYOUT_NHWC || S == 1) return 0;
   const int64_t nt = sn__max_threads(), es = sn_dtype_size(dtype), l2 = sn__l2_bytes();
   const int64_t chan = inputs * N * S * es; /* the inputs of one channel */
-  if (chan > l2) return 0;
-  if (!sn__bn_fuse_large && chan > l2 * nt / C) return 0; /* inputs above the threads' L2s */
+  if (chan > l2 || chan > l2 * nt / C) return 0;
   int64_t cb = (FUSED_RUN_BYTES + S * es - 1) / (S * es);
   cb = sn__min64(sn__min64(cb, FUSED_MAX_BLOCK), l2 / chan);
   const int64_t tasks = (C + cb - 1) / cb;
@@ -427,12 +366,11 @@ static int64_t fused_block(int64_t N, int64_t C, int64_t S, sn_layout_t layout, 
   return cb;
 }
 
-/* The two sums of channels [c0, c0 + nc) of an NCHW reduction into s1, s2 [nc] (=), in the
- * order of bn_reduce (each chunk's lanes, then the chunks in chunk order); chunk by chunk, the
- * block's channels one after another, so where a chunk is one sample the block's part of it is
- * one run. shift: [nc] the channels' shifts, or NULL for their own (red_shift). */
-static void block_sums(const red_t *op, const red_chunks_t *ch, int64_t C, int64_t c0, int64_t nc,
-                       const double *shift, sn_dtype_t dtype, double *s1, double *s2) {
+/* Chunk by chunk, the block's channels one after another, so where a chunk is one sample the
+ * block's part of it is one run; each chunk's lanes, then the chunks in chunk order, as
+ * sn__bn_reduce adds them. */
+void sn__bn_block_sums(const bn_red_t *op, const bn_chunks_t *ch, int64_t C, int64_t c0,
+                       int64_t nc, const double *shift, sn_dtype_t dtype, double *s1, double *s2) {
   for (int64_t j = 0; j < nc; j++) s1[j] = 0.0, s2[j] = 0.0;
   for (int64_t k = 0; k < ch->K; k++)
     for (int64_t j = 0; j < nc; j++) {
@@ -443,42 +381,7 @@ static void block_sums(const red_t *op, const red_chunks_t *ch, int64_t C, int64
     }
 }
 
-/* NCHW, a task per block of cb channels: their backward sums (block_sums), dgamma and dbeta,
- * then dx over the block, while x and dy are still in the cache. Bitwise the same as
- * sn_batchnorm_bwd_reduce then sn_batchnorm_bwd_apply. */
-static void bwd_fused_nchw(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
-                           const double *mean, const float *rstd, const float *gamma, int64_t N,
-                           int64_t C, int64_t S, int64_t cb, sn_dtype_t dtype) {
-  const red_chunks_t ch = red_chunks(N, S);
-  const red_t red = {RED_BWD, dy, x, NULL, mean, rstd, sn__pf_l2}; /* read again below */
-  const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
-#pragma omp parallel if (N * C * S >= SN_PAR_MIN)
-  {
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t c0 = 0; c0 < C; c0 += cb) {
-      const int64_t nc = sn__min64(cb, C - c0);
-      double s1[FUSED_MAX_BLOCK], s2[FUSED_MAX_BLOCK];
-      block_sums(&red, &ch, C, c0, nc, NULL, dtype, s1, s2);
-      sn__chan_k_t kc[FUSED_MAX_BLOCK];
-      for (int64_t j = 0; j < nc; j++) { /* every input read before dgamma, dbeta are written */
-        const int64_t c = c0 + j;
-        s2[j] = bwd_scale(s2[j], rstd[c]);
-        double k4[4];
-        bwd_consts(mean[c], rstd[c], gamma ? (double)gamma[c] : 1.0, s1[j], s2[j],
-                   (double)(N * S), k4);
-        sn__chan_k_set(&kc[j], k4[0], k4[1], k4[2], k4[3]);
-      }
-      for (int64_t j = 0; j < nc; j++) {
-        if (dgamma) dgamma[c0 + j] = (float)sn__nan_canon(s2[j]);
-        if (dbeta) dbeta[c0 + j] = (float)sn__nan_canon(s1[j]);
-      }
-      for (int64_t n = 0; n < N; n++)
-        for (int64_t j = 0; j < nc; j++)
-          sn__affbwd_span(dx, dy, x, (n * C + c0 + j) * S, S, &kc[j], dtype, stream);
-    }
-    sn__stream_fence(stream);
-  }
-}
+/* ---- forward ---------------------------------------------------------------------------------- */
 
 /* Channel c's statistics from its shifted sums over count values, p its pivot, into mean[c],
  * var[c] (unless var is NULL) and rstd[c]: mean = p + d, var = sumsq/count − d² (biased,
@@ -517,46 +420,56 @@ int sn__bn_refine_pivots(float *out, const double *sum, const double *sumsq, con
   return any;
 }
 
-/* NCHW, a task per block of cb channels: their shifted sums (block_sums), the channels whose
- * sums lost too much to cancellation summed again around their refined pivot (sn__bn_refine),
- * the statistics (finalize_channel), then y over the block, while x is still in the cache.
- * Bitwise sn_batchnorm_fwd's unfused path. pv: [C] the pivot (NULL = 0). */
-static void fwd_fused_nchw(void *y, double *mean, float *var, float *rstd, const void *x,
-                           const float *pv, const float *gamma, const float *beta, int64_t N,
-                           int64_t C, int64_t S, float eps, int64_t cb, sn_dtype_t dtype) {
-  const red_chunks_t ch = red_chunks(N, S);
-  const red_t red = {RED_STATS, x, NULL, pv, NULL, NULL, 0};
+/* The arguments of sn_batchnorm_fwd: x, y [N, C, S] (NCHW); pivot, gamma, beta [C] or NULL;
+ * mean, var, rstd [C] outputs. */
+typedef struct {
+  void *y;
+  double *mean;
+  float *var, *rstd;
+  const void *x;
+  const float *pivot, *gamma, *beta;
+  int64_t N, C, S;
+  float eps;
+  sn_dtype_t dtype;
+} bn_fwd_t;
+
+/* NCHW, a task per block of cb channels: their shifted sums (sn__bn_block_sums), the channels
+ * whose sums lost too much to cancellation summed again around their refined pivot
+ * (sn__bn_refine), the statistics (finalize_channel), then y over the block, while x is still in
+ * the cache. Bitwise sn_batchnorm_fwd's unfused path. */
+static void fwd_fused_nchw(const bn_fwd_t *f, int64_t cb) {
+  const int64_t N = f->N, C = f->C, S = f->S;
+  const float *pv = f->pivot;
+  const bn_chunks_t ch = sn__bn_chunks(N, S);
+  const bn_red_t red = {RED_STATS, f->x, NULL, pv, NULL, NULL, 0};
   const double count = (double)(N * S), inv = 1.0 / count;
-  const int checked = beta != NULL && dtype != SN_DTYPE_F32; /* as ew_checked's apply */
-  const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(dtype));
+  const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(f->dtype));
 #pragma omp parallel if (N * C * S >= SN_PAR_MIN)
   {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t c0 = 0; c0 < C; c0 += cb) {
       const int64_t nc = sn__min64(cb, C - c0);
       double s1[FUSED_MAX_BLOCK], s2[FUSED_MAX_BLOCK], p[FUSED_MAX_BLOCK];
-      block_sums(&red, &ch, C, c0, nc, NULL, dtype, s1, s2);
+      sn__bn_block_sums(&red, &ch, C, c0, nc, NULL, f->dtype, s1, s2);
       for (int64_t j = 0; j < nc; j++) {
         float rp = pv ? pv[c0 + j] : 0.0f;
         p[j] = (double)rp;
         for (int round = 1; sn__bn_refine(s1[j], s2[j], count, rp, round, &rp); round++) {
           p[j] = (double)rp; /* this channel summed again around it */
-          block_sums(&red, &ch, C, c0 + j, 1, &p[j], dtype, &s1[j], &s2[j]);
+          sn__bn_block_sums(&red, &ch, C, c0 + j, 1, &p[j], f->dtype, &s1[j], &s2[j]);
         }
       }
       sn__chan_k_t kc[FUSED_MAX_BLOCK];
       for (int64_t j = 0; j < nc; j++) {
         const int64_t c = c0 + j;
-        finalize_channel(s1[j], s2[j], p[j], inv, eps, c, mean, var, rstd);
-        const double g = gamma ? (double)gamma[c] : 1.0, b = beta ? (double)beta[c] : 0.0;
-        sn__chan_k_set(&kc[j], mean[c], g * (double)rstd[c], b, 0.0); /* ew_consts' apply */
+        finalize_channel(s1[j], s2[j], p[j], inv, f->eps, c, f->mean, f->var, f->rstd);
+        const double g = f->gamma ? (double)f->gamma[c] : 1.0;
+        const double b = f->beta ? (double)f->beta[c] : 0.0;
+        sn__chan_k_set(&kc[j], f->mean[c], g * (double)f->rstd[c], b, 0.0); /* ew_consts' apply */
       }
       for (int64_t n = 0; n < N; n++)
-        for (int64_t j = 0; j < nc; j++) {
-          const int64_t off = (n * C + c0 + j) * S;
-          if (checked) sn__aff_span_chk(y, x, off, S, &kc[j], dtype);
-          else sn__aff_span(y, x, off, S, &kc[j], dtype, stream);
-        }
+        for (int64_t j = 0; j < nc; j++)
+          sn__aff_span(f->y, f->x, (n * C + c0 + j) * S, S, &kc[j], f->dtype, stream);
     }
     sn__stream_fence(stream);
   }
@@ -575,8 +488,8 @@ sn_status_t sn_batchnorm_stats(double *sum, double *sumsq, const void *x, const 
     for (int64_t ch = 0; ch < c; ch++) sum[ch] = 0.0, sumsq[ch] = 0.0;
     return SN_OK;
   }
-  const red_t op = {RED_STATS, x, NULL, pivot, NULL, NULL, 0};
-  return bn_reduce(fn, sum, sumsq, &op, n, c, s, layout, dtype);
+  const bn_red_t op = {RED_STATS, x, NULL, pivot, NULL, NULL, 0};
+  return sn__bn_reduce(fn, sum, sumsq, &op, n, c, s, layout, dtype);
 }
 
 sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, const double *sum,
@@ -623,8 +536,8 @@ sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean, const
   sn__args_t args;
   SN_TRY(sn__bn_apply_args(&args, fn, y, x, mean, rstd, gamma, beta, n, c, s, layout, dtype));
   if (args.rows == 0) return SN_OK;
-  const ew_t op = {.kind = EW_APPLY, .mean = mean, .rstd = rstd, .gamma = gamma, .beta = beta};
-  ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
+  const bn_ew_t op = {.kind = EW_APPLY, .mean = mean, .rstd = rstd, .gamma = gamma, .beta = beta};
+  sn__bn_ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
   return SN_OK;
 }
 
@@ -637,9 +550,10 @@ sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, con
   SN_TRY(sn__bn_fwd_args(&args, fn, y, mean, var, rstd, x, pivot, gamma, beta, n, c, s, eps, layout,
                          dtype));
   const int64_t rows = args.rows;
-  const int64_t cb = fused_block(n, c, s, layout, dtype, 1);
+  const int64_t cb = sn__bn_fused_block(n, c, s, layout, dtype, 1);
   if (cb > 0) {
-    fwd_fused_nchw(y, mean, var, rstd, x, pivot, gamma, beta, n, c, s, eps, cb, dtype);
+    const bn_fwd_t f = {y, mean, var, rstd, x, pivot, gamma, beta, n, c, s, eps, dtype};
+    fwd_fused_nchw(&f, cb);
     return SN_OK;
   }
   /* stats, the refinement, finalize and apply: SyncBatchNorm's steps with no all-reduce */
@@ -650,19 +564,19 @@ sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, con
     sn__free(sums);
     return st;
   }
-  const red_t first = {RED_STATS, x, NULL, pivot, NULL, NULL, 0};
-  const red_t again = {RED_STATS, x, NULL, pv, NULL, NULL, 0}; /* around the refined pivots */
-  st = bn_reduce(fn, sums, sums + c, &first, n, c, s, layout, dtype);
+  const bn_red_t first = {RED_STATS, x, NULL, pivot, NULL, NULL, 0};
+  const bn_red_t again = {RED_STATS, x, NULL, pv, NULL, NULL, 0}; /* around the refined pivots */
+  st = sn__bn_reduce(fn, sums, sums + c, &first, n, c, s, layout, dtype);
   for (int round = 1; st == SN_OK && sn__bn_refine_pivots(pv, sums, sums + c,
                                                           round == 1 ? pivot : pv, c,
                                                           (double)rows, round);
        round++)
-    st = bn_reduce(fn, sums, sums + c, &again, n, c, s, layout, dtype);
+    st = sn__bn_reduce(fn, sums, sums + c, &again, n, c, s, layout, dtype);
   /* cannot fail: count > 1, eps and the pointers were checked */
   if (st == SN_OK) st = sn_batchnorm_finalize(mean, var, rstd, sums, sums + c, pv, rows, c, eps);
   if (st == SN_OK) {
-    const ew_t op = {.kind = EW_APPLY, .mean = mean, .rstd = rstd, .gamma = gamma, .beta = beta};
-    ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
+    const bn_ew_t op = {.kind = EW_APPLY, .mean = mean, .rstd = rstd, .gamma = gamma, .beta = beta};
+    sn__bn_ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
   }
   sn__free(pv);
   sn__free(sums);
@@ -679,75 +593,8 @@ sn_status_t sn_batchnorm_infer(void *y, const void *x, const float *running_mean
                            layout, dtype));
   if (args.rows == 0) return SN_OK;
   SN_TRY(sn__check_running_var(fn, running_var, c));
-  const ew_t op = {.kind = EW_INFER, .rmean = running_mean, .rvar = running_var,
+  const bn_ew_t op = {.kind = EW_INFER, .rmean = running_mean, .rvar = running_var,
                    .gamma = gamma, .beta = beta, .eps = (double)eps};
-  ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
+  sn__bn_ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
   return SN_OK;
-}
-
-sn_status_t sn_batchnorm_bwd_reduce(double *sum_dy, double *sum_dy_xhat, const void *dy,
-                                    const void *x, const double *mean, const float *rstd,
-                                    int64_t n, int64_t c, int64_t s, sn_layout_t layout,
-                                    sn_dtype_t dtype) {
-  static const char fn[] = "sn_batchnorm_bwd_reduce";
-  sn__args_t args;
-  SN_TRY(sn__bn_bwd_reduce_args(&args, fn, sum_dy, sum_dy_xhat, dy, x, mean, rstd, n, c, s, layout,
-                                dtype));
-  const int64_t rows = args.rows;
-  if (rows == 0) {
-    for (int64_t ch = 0; ch < c; ch++) sum_dy[ch] = 0.0, sum_dy_xhat[ch] = 0.0;
-    return SN_OK;
-  }
-  /* Σ dy·x̂ = rstd·Σ dy·(x − mean): one multiply per channel instead of per element. */
-  const red_t op = {RED_BWD, dy, x, NULL, mean, rstd, 0};
-  return bn_reduce(fn, sum_dy, sum_dy_xhat, &op, n, c, s, layout, dtype);
-}
-
-sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *x, const double *mean,
-                                   const float *rstd, const float *gamma, const double *sum_dy,
-                                   const double *sum_dy_xhat, int64_t count, int64_t n, int64_t c,
-                                   int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
-  static const char fn[] = "sn_batchnorm_bwd_apply";
-  sn__args_t args;
-  SN_TRY(sn__bn_bwd_apply_args(&args, fn, dx, dy, x, mean, rstd, gamma, sum_dy, sum_dy_xhat,
-                               count, n, c, s, layout, dtype));
-  if (args.rows == 0) return SN_OK;
-  const int eval = sum_dy == NULL && sum_dy_xhat == NULL;
-  const ew_t op = {.kind = eval ? EW_BWD_EVAL : EW_BWD, .mean = mean, .rstd = rstd,
-                   .gamma = gamma, .sum_dy = sum_dy, .sum_dy_xhat = sum_dy_xhat,
-                   .count = (double)count};
-  ew_run(&op, dx, dy, x, n, c, s, layout, dtype);
-  return SN_OK;
-}
-
-sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
-                             const double *mean, const float *rstd, const float *gamma, int64_t n,
-                             int64_t c, int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
-  static const char fn[] = "sn_batchnorm_bwd";
-  sn__args_t args;
-  SN_TRY(sn__bn_bwd_args(&args, fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, layout,
-                         dtype));
-  const int64_t rows = args.rows;
-  const int64_t cb = fused_block(n, c, s, layout, dtype, 2);
-  if (cb > 0) {
-    bwd_fused_nchw(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, cb, dtype);
-    return SN_OK;
-  }
-  /* the two passes of SyncBatchNorm with nothing to all-reduce between them */
-  sn_status_t st;
-  double *sums = sn__alloc(fn, 2, c, (int64_t)sizeof(double), &st); /* Σdy, Σdy·x̂ */
-  if (sums == NULL) return st;
-  const red_t red = {RED_BWD, dy, x, NULL, mean, rstd, 0};
-  st = bn_reduce(fn, sums, sums + c, &red, n, c, s, layout, dtype);
-  if (st == SN_OK) {
-    const ew_t op = {.kind = EW_BWD, .mean = mean, .rstd = rstd, .gamma = gamma,
-                     .sum_dy = sums, .sum_dy_xhat = sums + c, .count = (double)rows};
-    ew_run(&op, dx, dy, x, n, c, s, layout, dtype);
-    for (int64_t ch = 0; ch < c; ch++) {
-      if (dgamma) dgamma[ch] = (float)sums[c + ch]; /* bn_reduce's: NaN as NAN */
-      if (dbeta) dbeta[ch] = (float)sums[ch];
-    }
-  }
-  sn__free(sums);
-  return st;
 }

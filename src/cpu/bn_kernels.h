@@ -3,13 +3,13 @@
  * runs of one channel (stats_run, bwd_run; bf16 runs too, widened in registers) and the NHWC
  * rows vectorized across channels (stats_rows, bwd_rows and their grouped forms). The order of every sum is described at the
  * top of batchnorm.c, which alone includes this file. Not installed; everything here is static
- * (target clones per including file, as norm_kernels.h).
+ * (target clones per including file).
  */
 #ifndef SN_BN_KERNELS_H
 #define SN_BN_KERNELS_H
 
 #include "cpu.h"
-#include "norm_kernels.h"
+#include "norm_vec.h"
 
 #define LANE_MASK (SN_LANES - 1)
 _Static_assert((SN_LANES & (SN_LANES - 1)) == 0, "SN_LANES must be a power of two");
@@ -73,10 +73,9 @@ SN_CLONES static void stats_run_bf16(double *acc, const uint16_t *x, int64_t n, 
 
 /* NCHW run of the backward sums, dy, x: [n] f32 or (bf16) bf16:  acc[0][l] += dy,
  * acc[1][l] += dy·(x − m).
- * pf_l2: prefetch into L2 only (prefetcht1) rather than L1 too (prefetcht0). The fused backward
- * (sn_batchnorm_bwd), which reads the run again from L2 for dx, sets it where sn__pf_l2 does
- * (cpu.h): on the AMD EPYC host 0.81-0.90x the time ([32,64,56,56], [64,256,28,28], cold); the
- * sums alone, read once, are 1.11x slower with it (docs/BENCHMARKS.md). */
+ * pf_l2: prefetch into L2 only (SN_PF_READ, prefetcht1) rather than into L1 too (prefetcht0):
+ * set by the fused backward, which reads the run again from L2 for dx and is faster so; the sums
+ * alone (sn_batchnorm_bwd_reduce), read once, are faster with prefetcht0. */
 SN_INLINE void bwd_run_impl(double *acc, const void *dy, const void *x, int64_t n, int lane,
                             double m, int pf_l2, int bf16) {
   const uintptr_t es = bf16 ? 2 : 4;
@@ -91,8 +90,13 @@ SN_INLINE void bwd_run_impl(double *acc, const void *dy, const void *x, int64_t 
     SN_VLOAD(s1, acc);
     SN_VLOAD(s2, acc + SN_LANES);
     for (; i + 2 * SN_LANES <= n; i += 2 * SN_LANES) { /* one cache line of each per step */
-      SN_PF_READ(RED_PF_AT(dy, i, es), pf_l2);
-      SN_PF_READ(RED_PF_AT(x, i, es), pf_l2);
+      if (pf_l2) {
+        SN_PF_READ(RED_PF_AT(dy, i, es));
+        SN_PF_READ(RED_PF_AT(x, i, es));
+      } else {
+        __builtin_prefetch(RED_PF_AT(dy, i, es), 0);
+        __builtin_prefetch(RED_PF_AT(x, i, es), 0);
+      }
       for (int h = 0; h < 2; h++) {
         SN_VLOAD_WIDEN_W(g, dy, i + h * SN_LANES, bf16);
         SN_VLOAD_WIDEN_W(v, x, i + h * SN_LANES, bf16);
@@ -124,10 +128,9 @@ SN_CLONES static void bwd_run_bf16(double *acc, const uint16_t *dy, const uint16
   bwd_run_impl(acc, dy, x, n, lane, m, pf_l2, 1);
 }
 
-/* The NHWC row kernels hold 8 channels' accumulators as one sn__vd (norm_kernels.h), loaded
- * and stored whole: left to the auto-vectorizer, GCC split the stores of a lane row into 32-,
- * 16- and 8-byte pieces, which the next full-width loads of that lane row (8 rows later) could
- * not take from the store buffer, a stall per load. */
+/* The NHWC row kernels hold 8 channels' accumulators as one sn__vd (norm_vec.h), loaded and
+ * stored whole, so that the next full-width loads of that lane row (8 rows later) can take them
+ * from the store buffer. */
 /* NHWC rows, x: [nr, ld] f32 or (bf16) bf16, first ct channels; row r goes to lane
  * (lane + r) mod SN_LANES. l1, l2: [SN_LANES][ls] accumulators (ls >= ct); p: [ct] shifts.
  * Returns the next row's lane. */
@@ -201,12 +204,9 @@ SN_CLONES static int bwd_rows_bf16(double *restrict l1, double *restrict l2, int
  * L1 next to the streamed rows. The grouped kernels below take GROUP_ROWS rows at a time,
  * starting at lane 0: lane l gets rows l, l + 8, ..., l + 8·(GROUP_K − 1) of the group in that
  * order, so the sums and their order are those of stats_rows/bwd_rows, with one load and store
- * of each accumulator (an sn__vd of 8 channels) per GROUP_K rows. GROUP_K 8 against 4: statistics
- * 0.79-0.85x, backward sums 0.91-1.06x at 128 and 256 channels; 16 is slower.
- * Each lane walks its GROUP_K rows with one pointer per input advanced by `step` (SN_LANES
- * rows): indexed from the group's start, GCC keeps a pointer per row (16 for the backward, some
- * spilled to the stack). The fused NHWC backward at [64,256,28,28] f32: 0.965-0.97x the time
- * (docs/BENCHMARKS.md); the same bits. */
+ * of each accumulator (an sn__vd of 8 channels) per GROUP_K rows (8 measured faster than 4 and
+ * 16). Each lane walks its GROUP_K rows with one pointer per input advanced by `step` (SN_LANES
+ * rows), which keeps the pointers in registers. */
 #define GROUP_K 8
 #define GROUP_ROWS (GROUP_K * SN_LANES)
 

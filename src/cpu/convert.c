@@ -195,32 +195,14 @@ SN_CLONES double sn__sumsq_shifted_f64(const float *src, int64_t n, double shift
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
-
 static int64_t stream_min = INT64_MAX;
-static int stream_env = 0, stream_ln_bf16 = 0;
 static pthread_once_t stream_once = PTHREAD_ONCE_INIT;
 
-/* Whether this CPU streams by default (cpu.h, SN_STREAM_MIN_BYTES): Intel's, and AMD's from CPU
- * family 0x1A (Zen 5) on. */
-static int stream_by_default(void) {
-  if (__builtin_cpu_is("intel")) return 1;
-  unsigned a, b, c, d;
-  if (!__builtin_cpu_is("amd") || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
-  unsigned family = (a >> 8) & 0xfu;
-  if (family == 0xfu) family += (a >> 20) & 0xffu;
-  return family >= 0x1au;
-}
-
 /* The threshold, once per process: SN_STREAM_MIN_BYTES when it holds a whole decimal number
- * (digits only; beyond INT64_MAX: never), then on any x86-64 CPU, every kernel; else 16 MiB on the
- * CPUs of stream_by_default and never on others; the bf16 LayerNorm forward's rows by default on
- * Intel CPUs only (see cpu.h). Another value ("16M", "-1", " 5") is ignored with one line on
- * stderr, as libgomp and NCCL do for their variables: a kernel cannot fail over a speed setting,
- * and ignoring it silently left a typo unnoticed. */
+ * (digits only; beyond INT64_MAX: never), else never (cpu.h). Another value ("16M", "-1", " 5")
+ * is ignored with one line on stderr, as libgomp and NCCL do for their variables: a kernel
+ * cannot fail over a speed setting, and ignoring it silently would leave a typo unnoticed. */
 static void stream_init(void) {
-  stream_min = stream_by_default() ? SN_STREAM_MIN_BYTES : INT64_MAX;
-  stream_ln_bf16 = __builtin_cpu_is("intel");
   const char *env = getenv("SN_STREAM_MIN_BYTES");
   if (env == NULL || *env == '\0') return;
   if (strspn(env, "0123456789") != strlen(env)) {
@@ -238,40 +220,14 @@ static void stream_init(void) {
   errno = 0;
   const long long v = strtoll(env, NULL, 10);
   stream_min = errno == ERANGE ? INT64_MAX : v;
-  stream_env = 1;
 }
 
 int sn__stream_out(int64_t out_bytes) {
   pthread_once(&stream_once, stream_init);
   return out_bytes >= stream_min;
 }
-
-int sn__stream_out_ln_bf16(int64_t out_bytes) {
-  pthread_once(&stream_once, stream_init);
-  return out_bytes >= stream_min && (stream_env || stream_ln_bf16);
-}
-
-int sn__pf_l2 = 0;
-int sn__bn_fuse_large = 1;
-
-/* At load, before any kernel: the kernels read sn__pf_l2 in their loops, and sn__bn_fuse_large.
- * __builtin_cpu_init first, as GCC asks of code that may run before the constructors that
- * initialize it. */
-__attribute__((constructor)) static void pf_init(void) {
-  __builtin_cpu_init();
-  sn__pf_l2 = !__builtin_cpu_is("intel");
-  sn__bn_fuse_large = __builtin_cpu_is("intel");
-}
 #else
-int sn__pf_l2 = 0;
-int sn__bn_fuse_large = 1;
-
 int sn__stream_out(int64_t out_bytes) { /* streaming stores are x86-64 only (sn__store64) */
-  (void)out_bytes;
-  return 0;
-}
-
-int sn__stream_out_ln_bf16(int64_t out_bytes) {
   (void)out_bytes;
   return 0;
 }

@@ -34,63 +34,23 @@
  * vector width the compiler picks. */
 #define SN_LANES 8
 
-/* Streaming (non-temporal) stores for large outputs. An ordinary store of a line not in the cache
- * first reads it (read for ownership): a kernel that reads one tensor and writes another moves
- * three tensors' bytes, a streaming store two. On an Intel Xeon VM (docs/BENCHMARKS.md) a copy
- * loop with ordinary stores runs at 19-23 GB/s, memcpy (streaming above 127 MiB) at 32-41, and
- * the NHWC BatchNorm map takes 0.76x the time with streaming stores. On AMD EPYC (Zen 5, CPU
- * family 0x1A) VMs it depends on the VM's state: in one, ordinary stores copied as fast as
- * memcpy (66 GB/s) and streaming made the maps 1.1-1.6x slower; in another, a store loop ran at
- * 86-88 GB/s against memcpy's 96-99, and streaming took 0.60-0.96x the time of the f32
- * LayerNorm/RMSNorm, BatchNorm and GroupNorm kernels of 25 MB and more (bench_ab, cold), but
- * 1.06-1.14x of the bf16 LayerNorm forward, which is bound by its arithmetic there. So by
- * default Intel CPUs and AMD's from family 0x1A stream, the bf16 LayerNorm forward's rows on
- * Intel only (sn__stream_out_ln_bf16). A streamed output is not in the cache for whoever reads
- * it next, so only outputs of at least SN_STREAM_MIN_BYTES are streamed: more than the L2 and
- * the L3 share of a core on common server parts (oneDNN streams every f32 BatchNorm output, its
- * bf16 ones above L2 + L3 per core).
- * The environment variable SN_STREAM_MIN_BYTES (a byte count; 0 = every output, on any x86-64
- * CPU) overrides it; read once per process (sn__stream_out). Only whole 64-byte lines are
- * streamed, with the values an ordinary store would write, so the bits are the same either way:
- * the f32 loops store a head up to the first line boundary ordinarily (sn__head64), the bf16 pair
- * loops stream the rows that start on a line (sn__aligned64). */
-#define SN_STREAM_MIN_BYTES ((int64_t)16 << 20)
+/* Hardware policy: one rule for every x86-64 CPU (measurements: docs/BENCHMARKS.md).
+ *  - Streaming (non-temporal) stores: off by default. They save the read-for-ownership of each
+ *    output line, but made some kernels slower on some of the hosts measured. SN_STREAM_MIN_BYTES=N
+ *    (a byte count, read once per process by sn__stream_out) streams every output of at least N
+ *    bytes, in every kernel. Only whole 64-byte lines are streamed, with the values an ordinary
+ *    store writes, so the bits are the same either way: the f32 loops store a head up to the
+ *    first line boundary ordinarily (sn__head64), the bf16 pair loops stream the rows that start
+ *    on a line (sn__aligned64).
+ *  - The row kernels' prefetches of the next row, and the fused BatchNorm backward's of its
+ *    sums' inputs, go into L2 only (SN_PF_READ, prefetcht1): faster there than prefetcht0.
+ *  - BatchNorm NCHW fuses the sums and the map (batchnorm.c, fused_block) only where the inputs
+ *    fit in the threads' L2s; beyond that the two passes are faster. Both give the same bits. */
 /* Whether a kernel call writing out_bytes of output streams its stores. */
 SN_HIDDEN int sn__stream_out(int64_t out_bytes);
-/* The same for the bf16 rows of sn_layernorm_fwd (see above). */
-SN_HIDDEN int sn__stream_out_ln_bf16(int64_t out_bytes);
 
-/* Whether the LayerNorm/RMSNorm row kernels (and the GroupNorm NCHW f32 forward's group sums,
- * which use the same row sums, and the fused NCHW BatchNorm backward's sums) prefetch ahead
- * into L2 only (prefetcht1) rather than into L1 as well (prefetcht0): set when the library is
- * loaded, 1 on x86-64 CPUs other than Intel's, 0 on Intel's and off x86-64. Measured on an AMD
- * EPYC (Zen 4) VM, the L2 hint took 0.70-0.98x the time of the row forwards and 0.74-0.94x of
- * the row backwards, 0.81-0.90x of the fused BatchNorm backward, 0.98-1.03x (noise) of the
- * GroupNorm forward (docs/BENCHMARKS.md). On Intel CPUs the L2 hint is unmeasured, so they use
- * prefetcht0, the hint measured on the Intel Xeon host. */
-SN_HIDDEN extern int sn__pf_l2;
-
-/* Whether sn_batchnorm_fwd and sn_batchnorm_bwd take their fused NCHW paths (a block of
- * channels summed, then mapped while it is in L2: batchnorm.c, fused_block) for tensors larger
- * than the threads' L2s: set when the library is loaded, 1 on Intel x86-64 CPUs and off x86-64, 0
- * on other x86-64 CPUs, which fuse only tensors whose inputs fit in the L2s of the threads. On the Intel Xeon host
- * of docs/BENCHMARKS.md the fused paths measure faster than the two passes; on an AMD
- * EPYC (Zen 5) VM (two threads, 1 MiB of L2 each) the two passes take 0.47-0.78x the time of
- * the fused paths from 3 MB of input up (cold and warm, f32 and bf16), 0.98-1.12x at 1.6 MB,
- * 1.05-1.38x below (a parallel region more, in a few microseconds; docs/BENCHMARKS.md). The
- * results are bitwise the same either way. */
-SN_HIDDEN extern int sn__bn_fuse_large;
-
-/* A software prefetch of the line at p for reading: into L2 only (prefetcht1, locality 2)
- * when l2, else into L1 as well (prefetcht0, GCC's default). The hint must be a constant,
- * hence the branch; l2 is set once (sn__pf_l2) and the branch is predicted. */
-#define SN_PF_READ(p, l2)            \
-  do {                               \
-    if (l2)                          \
-      __builtin_prefetch((p), 0, 2); \
-    else                             \
-      __builtin_prefetch((p), 0, 3); \
-  } while (0)
+/* A software prefetch of the line at p for reading, into L2 only (prefetcht1, locality 2). */
+#define SN_PF_READ(p) __builtin_prefetch((p), 0, 2)
 
 /* Makes this thread's streaming stores visible to the others (sfence) when nt: each thread that
  * streamed calls it once at the end of its share of the work, before the parallel region's end.

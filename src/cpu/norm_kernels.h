@@ -1,7 +1,7 @@
 /*
  * norm_kernels.h — f32 inner loops shared by batchnorm.c and groupnorm.c: the per-channel
  * affine map of the forward and backward pass, applied to one contiguous run of a channel
- * (NCHW plane) or to blocks of rows of a channel slice (NHWC), plus size validation.
+ * (NCHW plane) or to blocks of rows of a channel slice (NHWC).
  * Not installed. Everything here is static (each including file gets its own target clones).
  *
  * Both maps centre x with an fp64 mean split into two f32, hi = (float)mean and
@@ -12,13 +12,13 @@
  * The constants are computed in fp64 (sn__chan_k_set, sn__tile_set); a channel whose centre is
  * 2^103 or more (values near the f32 range, where x − hi itself can overflow) or whose factors
  * f32 cannot hold (subnormal) is mapped in fp64 with the fp64 constants (sn__needs_f64).
- * bf16/f16 forwards with beta take the checked map, which recomputes in fp64 the elements where
- * beta cancels xc·a too deeply for the 1-ulp bound (SN_CANCEL_LOG2_BF16).
+ * For bf16/f16 the f32 forward map meets the bound |y − y_exact| ≤ max(1 ulp of y_exact,
+ * 2^-16·(|x̂·γ| + |β|)); an element whose f32 value is not finite (xc·a beyond FLT_MAX, which β
+ * may bring back into range) is recomputed in fp64 (the guarded map, SN_NONFINITE).
  *
  * Loops run over blocks of SN_VB elements held in one GCC vector value (sn__vf): each block is
- * loaded whole, computed, then stored whole. That makes y == x (in place) well defined without
- * restrict, vectorizes at -O2 too, and stores a block with one full-width store (GCC had turned
- * the former local-array blocks into 32-, 16-, 8- and 4-byte stores); the tail is scalar.
+ * loaded whole, computed, then stored whole with one full-width store. That makes y == x (in
+ * place) well defined without restrict and vectorizes at -O2 too; the tail is scalar.
  * f16 activations go through f32 stack tiles (sn__to_f32, sn__from_f32); bf16 ones are read
  * and written in pairs (rownorm.h's sn__pair_widen, sn__pair_narrow) with the same bits: NCHW
  * runs by sn__aff_run_bf16 and sn__affbwd_run_bf16, NHWC rows by sn__aff_rows_bf16 and
@@ -33,128 +33,8 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "norm_vec.h"
 #include "rownorm.h"
-
-/* Elements per vector block of the loops below (one AVX-512 register of f32). */
-#define SN_VB 16
-/* Floats in one per-thread conversion tile for bf16/f16 (8 KiB, on the stack). */
-#define SN_TILE 2048
-/* Channels per NHWC channel tile: bounds the per-channel scratch (parameters, lanes) so it stays
- * in L1, and guarantees a tile row fits a conversion tile (SN_TILE_C <= SN_TILE). */
-#define SN_TILE_C 256
-/* Below this many elements a kernel runs on the calling thread only (no parallel region). */
-#define SN_PAR_MIN 32768
-
-/* GCC/Clang vector values: SN_VB floats, or SN_VD doubles, operated on as a whole. Every
- * operation is the IEEE operation of each element (-ffp-contract=off; a scalar operand is
- * broadcast), so the results are those of the scalar loops, in registers of whatever width the
- * target clone has (one AVX-512 register, two AVX2, four SSE2). Loaded and stored with memcpy
- * (unaligned); macros rather than functions, since a function taking or returning a 64-byte
- * vector has a target-dependent ABI. */
-#define SN_VD 8
-typedef float sn__vf __attribute__((vector_size(SN_VB * sizeof(float))));
-typedef double sn__vd __attribute__((vector_size(SN_VD * sizeof(double))));
-_Static_assert(SN_VD == SN_LANES, "the contiguous-run reductions hold a lane group in one sn__vd");
-#define SN_VLOAD(dst, p) memcpy(&(dst), (p), sizeof(dst))
-#define SN_VSTORE(p, v) memcpy((p), &(v), sizeof(v))
-/* dst (sn__vd) = SN_VD floats from p, widened. */
-#define SN_VLOAD_WIDEN(dst, p)                                                                \
-  do {                                                                                        \
-    const float *p_ = (p);                                                                    \
-    (dst) = (sn__vd){(double)p_[0], (double)p_[1], (double)p_[2], (double)p_[3],              \
-                     (double)p_[4], (double)p_[5], (double)p_[6], (double)p_[7]};             \
-  } while (0)
-
-/* dst (sn__vd) = the SN_VD elements of x from element i, f32 or (bf16) bf16, widened: the same
- * values either way, so the same sums (bf16 runs need no f32 tile). */
-#define SN_VLOAD_WIDEN_W(dst, x, i, bf16)                                                     \
-  do {                                                                                        \
-    if (bf16) {                                                                               \
-      const uint16_t *q_ = (const uint16_t *)(x) + (i);                                       \
-      (dst) = (sn__vd){(double)sn__bf16_to_f32(q_[0]), (double)sn__bf16_to_f32(q_[1]),        \
-                       (double)sn__bf16_to_f32(q_[2]), (double)sn__bf16_to_f32(q_[3]),        \
-                       (double)sn__bf16_to_f32(q_[4]), (double)sn__bf16_to_f32(q_[5]),        \
-                       (double)sn__bf16_to_f32(q_[6]), (double)sn__bf16_to_f32(q_[7])};       \
-    } else {                                                                                  \
-      SN_VLOAD_WIDEN(dst, (const float *)(x) + (i));                                          \
-    }                                                                                         \
-  } while (0)
-
-/* How far ahead the NHWC row reductions prefetch their input: 2 KiB, or one row if rows are
- * longer. The hardware prefetcher restarts at every 4 KiB page; as for the NCHW runs
- * (batchnorm.c, RED_PF_FLOATS), the reductions' add chains leave it behind. */
-#define SN_ROW_PF_FLOATS 512
-
-/* Elements from a row to the row `floats` / ld rows (at least one) after it, in a tensor of rows
- * ld elements apart (ld = 1: a contiguous run, `floats` on): how far the prefetches below reach. */
-static inline uintptr_t sn__rows_ahead_elems(int64_t ld, int64_t floats) {
-  const int64_t ahead = ld >= floats ? 1 : floats / ld;
-  return (uintptr_t)(ahead * ld);
-}
-/* The same distance in bytes of f32 rows. */
-static inline uintptr_t sn__rows_ahead_bytes(int64_t ld, int64_t floats) {
-  return sn__rows_ahead_elems(ld, floats) * sizeof(float);
-}
-
-/* The address `bytes` past element i of p (elements of es bytes), for a prefetch: computed as an
- * integer, as it may lie past the array (a pointer there would be undefined behaviour;
- * prefetches never fault). */
-static inline const void *sn__pf_addr(const void *p, int64_t i, uintptr_t es, uintptr_t bytes) {
-  return (const void *)((uintptr_t)p + (uintptr_t)i * es + bytes);
-}
-
-/* Bytes from a row to the row SN_ROW_PF_FLOATS / ld rows (at least one) after it, in a tensor
- * of rows ld elements of es bytes apart (f32: es = 4; bf16: 2): the distance of the NHWC row
- * reductions' prefetches. Computed once per call, outside the row loop: GCC left the division
- * of sn__rows_ahead_elems in the loop, a 64-bit idiv per row (bench_ab: 0.94-0.98x the time
- * for some NHWC backward reductions at C = 64, 1.00 elsewhere). */
-static inline uintptr_t sn__row_pf_ahead(int64_t ld, uintptr_t es) {
-  return sn__rows_ahead_elems(ld, SN_ROW_PF_FLOATS) * es;
-}
-
-/* Prefetches for reading the first ct elements (es bytes each) of the row `ahead` bytes after
- * `row` (sn__row_pf_ahead): a line per 64 bytes. Prefetches never fault, so rows past the end
- * cost nothing but the hint; their addresses are computed as integers (a pointer past its array
- * would be undefined behaviour). */
-static inline __attribute__((always_inline)) void sn__prefetch_at(const void *row,
-                                                                  uintptr_t ahead, int64_t ct,
-                                                                  uintptr_t es) {
-  const uintptr_t q = (uintptr_t)row + ahead;
-  for (int64_t c = 0; c < ct; c += (int64_t)(64 / es))
-    __builtin_prefetch((const void *)(q + (uintptr_t)c * es), 0);
-}
-
-/* Per-channel shifted sums of the rows xr[0..B), in row order: s1[c] += x[c] − k[c],
- * s2[c] += (x[c] − k[c])² (fp64), c < ct, x f32 or (bf16) bf16; the accumulators an sn__vd at a
- * time, loaded once, added the B rows in registers and stored once, whole. B is a constant after
- * inlining: 1 for the BatchNorm NHWC statistics (one lane row per input row), up to
- * GN_ROW_BLOCK (groupnorm.c) for the GroupNorm NHWC one-pass sums. Always inlined, so it
- * vectorizes for the target clone that calls it. */
-static inline __attribute__((always_inline)) void sn__shifted_rows_w(
-    double *restrict s1, double *restrict s2, const void *const *xr, int B, int64_t ct,
-    const double *restrict k, int bf16) {
-  int64_t c = 0;
-  for (; c + SN_VD <= ct; c += SN_VD) {
-    sn__vd v, kc, a1, a2;
-    SN_VLOAD(kc, k + c);
-    SN_VLOAD(a1, s1 + c);
-    SN_VLOAD(a2, s2 + c);
-    for (int j = 0; j < B; j++) {
-      SN_VLOAD_WIDEN_W(v, xr[j], c, bf16);
-      v -= kc;
-      a1 += v;
-      a2 += v * v;
-    }
-    SN_VSTORE(s1 + c, a1);
-    SN_VSTORE(s2 + c, a2);
-  }
-  for (; c < ct; c++)
-    for (int j = 0; j < B; j++) {
-      const double v = (double)sn__load_w(xr[j], bf16, c) - k[c];
-      s1[c] += v;
-      s2[c] += v * v;
-    }
-}
 
 /* Per-channel constants of one NHWC channel tile (channel c0 + j at index j), each array
  * 64-byte aligned: the rows kernels load a vector of each per 16 elements, and misaligned
@@ -188,20 +68,17 @@ static inline int64_t sn__min64(int64_t a, int64_t b) { return a < b ? a : b; }
 /* ---- f32 kernels ------------------------------------------------------------------------------ */
 
 /* The nt argument of the f32 maps below: 0 for ordinary stores; SN_NT_STREAM for streaming
- * stores (sn__stream_out: outputs of SN_STREAM_MIN_BYTES or more); with SN_NT_PREFETCH too, the
- * maps also prefetch their inputs SN_MAP_PF_FLOATS ahead (only where they stream: the flags
- * cannot say prefetch without streaming). That is for the passes whose inputs come from memory
- * (batchnorm.c's apply, inference and backward apply; the GroupNorm NHWC forward's map and
- * backward's dx pass where a thread's rows of a sample exceed its L2), not for the maps that
- * follow a reduction over the same data still in the cache (bench_ab, cold, two threads: the
- * fused NCHW BatchNorm forward and backward took 1.08-1.11x the time with it). */
+ * stores (sn__stream_out); with SN_NT_PREFETCH too, the maps also prefetch their inputs
+ * SN_MAP_PF_FLOATS ahead (only where they stream: the flags cannot say prefetch without
+ * streaming). That is for the passes whose inputs come from memory (batchnorm.c's apply,
+ * inference and backward apply; the GroupNorm NHWC forward's map and backward's dx pass where a
+ * thread's rows of a sample exceed its L2), not for the maps that follow a reduction over the
+ * same data still in the cache, where it measured slower. */
 #define SN_NT_STREAM 1
 #define SN_NT_PREFETCH 2
 
 /* How far ahead the maps prefetch with SN_NT_PREFETCH (8 KiB; in rows, the row at least that
- * far on, or the next): the hardware prefetcher alone left a map of [32,64,56,56] NHWC f32
- * (cold, two threads) at 1.74-1.77 ms in a standalone loop, 1.42-1.45 ms with this, 1.49-1.66
- * with 2 KiB. In the library (bench_ab, apply and backward apply) 4 and 16 KiB did no better. */
+ * far on, or the next). */
 #define SN_MAP_PF_FLOATS 2048
 
 /* Bytes ahead the maps prefetch in rows ld floats apart (ld = 1 for runs), or 0 when nt lacks
@@ -315,13 +192,10 @@ SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const f
 
 /* ---- the constants, and fp64 maps for channels the f32 ones cannot serve ---------------------- */
 
-/* Not covered: f32 terms that overflow while the output does not, such as dy·a of
- * the backward beyond FLT_MAX brought back by − b (gradients near the f32 range), give ±inf; the
- * checked map recomputes them for bf16/f16 forwards with beta only.
- *
- * A centre from SN_CENTRE_F32_MAX (cpu.h) on can make x − hi overflow f32. */
-
-/* sn__f32_holds (cpu.h) of a constant: a = gamma·rstd for σ near 2^127 with a small gamma, or
+/* f32 terms that overflow while the output does not give ±inf: dy·a of the backward beyond
+ * FLT_MAX brought back by − b (gradients near the f32 range), and xc·a + b of an f32 forward;
+ * the guarded map recomputes such forward elements for bf16/f16 outputs.
+ * sn__f32_holds (cpu.h) of a constant: a = gamma·rstd for σ near 2^127 with a small gamma, or
  * e = O(rstd²) of the backward beyond σ ≈ 2^63, which even underflows to 0, is not held. */
 
 /* Whether a channel must be mapped in fp64: its centre from SN_CENTRE_F32_MAX on, its low part
@@ -402,6 +276,88 @@ static inline int64_t sn__f64_run_end(const sn__chan_tile_t *p, int64_t j, int64
   return e;
 }
 
+/* ---- guarded forward map for bf16/f16 outputs ------------------------------------------------ */
+
+/* Whether an f32 value of the forward map is recomputed in fp64: not finite (NaN included). */
+#define SN_NONFINITE(v) (!(fabsf(v) <= FLT_MAX))
+
+/* Elements per block of the guarded map: the f32 map runs over a block with one flag; a block
+ * with a non-finite value is gone over again. Which elements are recomputed depends on each
+ * element's value only, so NCHW and NHWC and any thread count give the same bits. */
+#define SN_GUARD_BLOCK 128
+
+/* One block of m ≤ SN_GUARD_BLOCK elements of the guarded map into y [m] (f32, not aliasing x):
+ * v = ((x − hi) − lo)·a + b in f32, or (float)((x − md)·ad + bd) in fp64 where v is not finite.
+ * Always inlined into its target clone caller. */
+static inline __attribute__((always_inline)) void sn__aff_block_guarded(
+    float *restrict y, const float *restrict x, int64_t m, float hi, float lo, float a, float b,
+    double md, double ad, double bd) {
+  int bad = 0;
+  for (int64_t k = 0; k < m; k++) {
+    const float v = ((x[k] - hi) - lo) * a + b;
+    y[k] = v;
+    bad |= SN_NONFINITE(v);
+  }
+  if (bad)
+    for (int64_t k = 0; k < m; k++)
+      if (SN_NONFINITE(y[k])) y[k] = (float)(((double)x[k] - md) * ad + bd);
+}
+
+/* The guarded map of one channel's run x [n] into y [n] (f32, not aliasing). */
+SN_CLONES static inline void sn__aff_run_guarded(float *restrict y, const float *restrict x,
+                                                 int64_t n, const sn__chan_k_t *k) {
+  int64_t i = 0;
+  for (; i + SN_GUARD_BLOCK <= n; i += SN_GUARD_BLOCK) /* a constant trip count to vectorize */
+    sn__aff_block_guarded(y + i, x + i, SN_GUARD_BLOCK, k->hi, k->lo, k->a, k->b, k->m, k->ad,
+                          k->bd);
+  if (i < n)
+    sn__aff_block_guarded(y + i, x + i, n - i, k->hi, k->lo, k->a, k->b, k->m, k->ad, k->bd);
+}
+
+/* The guarded map of rows of a channel slice: y, x [nr, ld] (not aliasing), ct channels of p
+ * (channel c at index j0 + c), each row's slice in blocks of SN_GUARD_BLOCK channels. */
+SN_CLONES static inline void sn__aff_rows_guarded(float *restrict y, const float *restrict x,
+                                                  int64_t nr, int64_t ld, int64_t ct,
+                                                  const sn__chan_tile_t *p, int64_t j0) {
+  for (int64_t r = 0; r < nr; r++)
+    for (int64_t c0 = 0; c0 < ct; c0 += SN_GUARD_BLOCK) {
+      const int64_t m = sn__min64(SN_GUARD_BLOCK, ct - c0), k0 = j0 + c0;
+      const float *hi = p->hi + k0, *lo = p->lo + k0, *a = p->a + k0, *b = p->b + k0;
+      const double *md = p->m + k0, *ad = p->ad + k0, *bd = p->bd + k0;
+      float *restrict yr = y + r * ld + c0;
+      const float *restrict xr = x + r * ld + c0;
+      int bad = 0;
+      for (int64_t c = 0; c < m; c++) {
+        const float v = ((xr[c] - hi[c]) - lo[c]) * a[c] + b[c];
+        yr[c] = v;
+        bad |= SN_NONFINITE(v);
+      }
+      if (bad)
+        for (int64_t c = 0; c < m; c++)
+          if (SN_NONFINITE(yr[c])) yr[c] = (float)(((double)xr[c] - md[c]) * ad[c] + bd[c]);
+    }
+}
+
+/* The guarded map of one bf16 value xb with its channel's constants, narrowed as sn__from_f32:
+ * the element-by-element path of the bf16 pair maps below. */
+static inline uint16_t sn__aff_val_bf16(uint16_t xb, float hi, float lo, float a, float b,
+                                        double md, double ad, double bd) {
+  const float xv = sn__bf16_to_f32(xb);
+  float v = ((xv - hi) - lo) * a + b;
+  if (SN_NONFINITE(v)) v = (float)(((double)xv - md) * ad + bd);
+  return sn__f32_to_bf16(v);
+}
+
+/* Whether any of the 32 values e, o is not finite, on the bits of |v| (above FLT_MAX's, which
+ * order as the values): the test of the bf16 pair maps, the same as SN_NONFINITE's. */
+SN_INLINE int sn__pair_nonfinite(const sn__pf *e, const sn__pf *o) {
+  const sn__pi ue = (sn__pi)*e & 0x7fffffff, uo = (sn__pi)*o & 0x7fffffff;
+  const sn__pi neg = (0x7f7fffff - ue) | (0x7f7fffff - uo);
+  return sn__any_sign(&neg);
+}
+
+/* ---- bf16 runs in pairs (NCHW) --------------------------------------------------------------- */
+
 /* The backward map of one channel's bf16 run (dx may equal dy): sn__affbwd_span's f32 values
  * narrowed as sn__from_f32, with dy and x read in pairs (sn__pair_widen) and dx narrowed the
  * same way instead of through f32 tiles: the same bits. */
@@ -422,19 +378,45 @@ SN_CLONES SN_UNUSED static void sn__affbwd_run_bf16(uint16_t *dx, const uint16_t
                             ((sn__bf16_to_f32(x[i]) - hi) - lo) * e);
 }
 
-/* sn__aff_run_bf16, below the checked map's definitions. */
+/* The guarded forward map of one channel's bf16 run x [n] into y [n] (y may equal x): bitwise
+ * sn__aff_run_guarded through f32 tiles narrowed as sn__from_f32, read 32 values at a time in
+ * pairs (sn__pair_widen) and narrowed the same way. */
 SN_CLONES SN_UNUSED static void sn__aff_run_bf16(uint16_t *y, const uint16_t *x, int64_t n,
-                                                 float hi, float lo, float a, float b, float thr,
-                                                 double md, double ad, int chk);
+                                                 const sn__chan_k_t *k) {
+  const float hi = k->hi, lo = k->lo, a = k->a, b = k->b;
+  int64_t i = 0;
+  for (; i + SN_PAIR <= n; i += SN_PAIR) {
+    sn__pf e, o;
+    sn__pair_widen(&e, &o, x + i);
+    e = ((e - hi) - lo) * a + b;
+    o = ((o - hi) - lo) * a + b;
+    if (!sn__pair_nonfinite(&e, &o))
+      sn__pair_narrow_finite(y + i, &e, &o, 0);
+    else
+      for (int64_t j = i; j < i + SN_PAIR; j++)
+        y[j] = sn__aff_val_bf16(x[j], hi, lo, a, b, k->m, k->ad, k->bd);
+  }
+  for (; i < n; i++) y[i] = sn__aff_val_bf16(x[i], hi, lo, a, b, k->m, k->ad, k->bd);
+}
 
-/* sn__aff_span_from_f32, below the checked map's definitions. */
+/* ---- any activation dtype: f32 in place, bf16 in pairs, f16 through stack tiles ------------- */
+
+/* The forward map of one channel's run [off, off + n) of x into a bf16/f16 y from the run
+ * already widened, xf [n] f32, through one f32 tile for y (guarded; k->f64: in fp64): the tile
+ * step of sn__aff_span, and the GroupNorm f16 groups widened once. */
 static inline void sn__aff_span_from_f32(void *y, int64_t off, const float *xf, int64_t n,
-                                         const sn__chan_k_t *k, sn_dtype_t dtype, int chk);
+                                         const sn__chan_k_t *k, sn_dtype_t dtype) {
+  float t[SN_TILE];
+  for (int64_t i = 0; i < n; i += SN_TILE) {
+    const int64_t m = sn__min64(SN_TILE, n - i);
+    if (k->f64) sn__aff_run_f64(t, xf + i, m, k->m, k->ad, k->bd);
+    else sn__aff_run_guarded(t, xf + i, m, k);
+    sn__from_f32(y, off + i, t, m, dtype);
+  }
+}
 
-/* ---- any activation dtype: f32 in place, bf16/f16 through stack tiles ------------------------ */
-
-/* Elements [off, off+n) of one channel's run: y = ((x − hi) − lo)·a + b (k->f64: in fp64).
- * y may equal x. */
+/* Elements [off, off+n) of one channel's run: y = ((x − hi) − lo)·a + b (k->f64: in fp64;
+ * bf16/f16: guarded). y may equal x. */
 static inline void sn__aff_span(void *y, const void *x, int64_t off, int64_t n,
                                 const sn__chan_k_t *k, sn_dtype_t dtype, int nt) {
   if (dtype == SN_DTYPE_F32) {
@@ -443,15 +425,14 @@ static inline void sn__aff_span(void *y, const void *x, int64_t off, int64_t n,
     return;
   }
   if (dtype == SN_DTYPE_BF16 && !k->f64) { /* in pairs, no tile: bitwise the same */
-    sn__aff_run_bf16((uint16_t *)y + off, (const uint16_t *)x + off, n, k->hi, k->lo, k->a,
-                     k->b, 0.0f, 0.0, 0.0, 0);
+    sn__aff_run_bf16((uint16_t *)y + off, (const uint16_t *)x + off, n, k);
     return;
   }
   float t[SN_TILE];
   for (int64_t i = 0; i < n; i += SN_TILE) {
     const int64_t m = sn__min64(SN_TILE, n - i);
     sn__to_f32(t, x, off + i, m, dtype);
-    sn__aff_span_from_f32(y, off + i, t, m, k, dtype, 0);
+    sn__aff_span_from_f32(y, off + i, t, m, k, dtype);
   }
 }
 
@@ -491,200 +472,42 @@ static inline int64_t sn__rows_per_block(int64_t rows, int64_t ld, int64_t ct, s
 }
 
 
-/* ---- checked forward map for bf16/f16 outputs ------------------------------------------------ */
-
-/* With beta, y = p + b (p = xc·a) can cancel to any depth, while a bf16/f16 output must round to
- * within 1 ulp of the exactly rounded value. The f32 p carries 4 roundings (x − hi, − lo, a
- * rounded to f32, · a): |p̂ − p| < 2^-22·|p|, and v = p̂ + b one more, 2^-24·|v|. b is the
- * channel's constant, so the test is on v alone: where |v| ≥ thr = 2^-k·|b|,
- * |p| ≤ |v| + |b| ≤ (1 + 2^k)·|v| and the error is < (2^-22·(1 + 2^k) + 2^-24)·|v|: for bf16
- * (k = SN_CANCEL_LOG2_BF16 = 10) < 2^-11.9·|v|, for f16 (k = 8) < 2^-13.9·|v|, under a quarter
- * of half an ulp of the output (2^-9·|v|, normal f16 2^-12·|v|), so v narrows to within 1 ulp.
- * Any other element (|v| < thr, or v not finite) is recomputed in fp64 from the exact
- * constants: the fp64 mean md and ad = gamma·rstd in fp64, y = (x − md)·ad + b, good to the
- * accuracy of md and ad and of the recomputation's own two fp64 roundings (2^-52·|p|):
- * BatchNorm's md and ad are its inputs, so its bound holds down to about |y| = 2^-44·|p|;
- * GroupNorm's are its fp64 statistics, whose mean errs by ~2^-53·|mean| (f16 data can hold
- * |mean|/σ ~ 2^11), so down to about |y| = 2^-30·|p| (deeper: 4-15 ulp for f16 at 2^-34 to
- * 2^-36; 63 ulp for BatchNorm at 2^-52).
- * With gamma and beta unrelated about 2^-9 (bf16) of the elements are recomputed. (A subnormal thr rounds by at most 2^-150, far below the outputs' resolution.)
- * LayerNorm's check (layernorm.c, ln_map_beta) is the same bound with |p| tested directly, its
- * beta being per element. */
-#define SN_CANCEL_LOG2_BF16 10
-#define SN_CANCEL_LOG2_F16 8
-
-/* thr of a channel with beta b (see above). */
-static inline float sn__cancel_thr(float b, sn_dtype_t dtype) {
-  return ldexpf(fabsf(b), dtype == SN_DTYPE_BF16 ? -SN_CANCEL_LOG2_BF16 : -SN_CANCEL_LOG2_F16);
-}
-
-/* Elements per block of the checked map: the f32 map runs over a block with one flag; a block
- * where some element fails is gone over again, each failing element recomputed in fp64. Which
- * elements are recomputed depends on each element's values only, never on where the blocks
- * start: the same bits for NCHW and NHWC and for any thread count (the NCHW planes are cut
- * into pieces by thread count). */
-#define SN_CHK_BLOCK 128
-
-/* Whether an element v of the checked map fails: not thr ≤ |v| ≤ FLT_MAX (NaN fails). */
-#define SN_CHK_FAILS(v, thr) ((int)!(fabsf(v) >= (thr)) | (int)!(fabsf(v) <= FLT_MAX))
-
-/* One block of m ≤ SN_CHK_BLOCK elements of the checked map into y [m] (f32, not aliasing x):
- * v = ((x − hi) − lo)·a + b in f32, or (float)((x − md)·ad + b) in fp64 where v fails
- * (SN_CHK_FAILS). Always inlined into its target clone caller. */
-static inline __attribute__((always_inline)) void sn__aff_chk_block(
-    float *restrict y, const float *restrict x, int64_t m, float hi, float lo, float a, float b,
-    float thr, double md, double ad) {
-  int bad = 0;
-  for (int64_t k = 0; k < m; k++) {
-    const float v = ((x[k] - hi) - lo) * a + b;
-    y[k] = v;
-    bad |= SN_CHK_FAILS(v, thr);
-  }
-  if (bad)
-    for (int64_t k = 0; k < m; k++) {
-      const float v = y[k], e = (float)(((double)x[k] - md) * ad + (double)b);
-      y[k] = SN_CHK_FAILS(v, thr) ? e : v;
-    }
-}
-
-/* The checked map of one channel's run x [n] into y [n] (f32, not aliasing). */
-SN_CLONES static inline void sn__aff_run_chk(float *restrict y, const float *restrict x, int64_t n,
-                                             float hi, float lo, float a, float b, float thr,
-                                             double md, double ad) {
-  int64_t i = 0;
-  for (; i + SN_CHK_BLOCK <= n; i += SN_CHK_BLOCK) /* a constant trip count to vectorize */
-    sn__aff_chk_block(y + i, x + i, SN_CHK_BLOCK, hi, lo, a, b, thr, md, ad);
-  if (i < n) sn__aff_chk_block(y + i, x + i, n - i, hi, lo, a, b, thr, md, ad);
-}
-
-/* The checked map of rows of a channel slice: y, x [nr, ld] (not aliasing), ct channels of p
- * and thr (channel c at index j0 + c), each row's slice in blocks of SN_CHK_BLOCK channels. */
-SN_CLONES static inline void sn__aff_rows_chk(float *restrict y, const float *restrict x,
-                                              int64_t nr, int64_t ld, int64_t ct,
-                                              const sn__chan_tile_t *p, const float *thr,
-                                              int64_t j0) {
-  for (int64_t r = 0; r < nr; r++)
-    for (int64_t c0 = 0; c0 < ct; c0 += SN_CHK_BLOCK) {
-      const int64_t m = sn__min64(SN_CHK_BLOCK, ct - c0), k0 = j0 + c0;
-      const float *hi = p->hi + k0, *lo = p->lo + k0, *a = p->a + k0, *b = p->b + k0;
-      const float *th = thr + k0;
-      const double *md = p->m + k0, *ad = p->ad + k0;
-      float *restrict yr = y + r * ld + c0;
-      const float *restrict xr = x + r * ld + c0;
-      int bad = 0;
-      for (int64_t c = 0; c < m; c++) {
-        const float v = ((xr[c] - hi[c]) - lo[c]) * a[c] + b[c];
-        yr[c] = v;
-        bad |= SN_CHK_FAILS(v, th[c]);
-      }
-      if (bad)
-        for (int64_t c = 0; c < m; c++) {
-          const float v = yr[c], e = (float)(((double)xr[c] - md[c]) * ad[c] + (double)b[c]);
-          yr[c] = SN_CHK_FAILS(v, th[c]) ? e : v;
-        }
-    }
-}
-
-/* The forward map of one bf16 value xb with its channel's constants, as sn__aff_run and, with
- * chk, the checked map compute it (SN_CHK_FAILS against thr: (float)((x − md)·ad + b) in fp64),
- * narrowed as sn__from_f32: the element-by-element path of the bf16 maps below. */
-static inline uint16_t sn__aff_val_bf16(uint16_t xb, float hi, float lo, float a, float b,
-                                        float thr, double md, double ad, int chk) {
-  const float xv = sn__bf16_to_f32(xb);
-  float v = ((xv - hi) - lo) * a + b;
-  if (chk && SN_CHK_FAILS(v, thr)) v = (float)(((double)xv - md) * ad + (double)b);
-  return sn__f32_to_bf16(v);
-}
-
-/* Whether any of the 32 values e, o of the checked bf16 maps may fail SN_CHK_FAILS: |v| below
- * its lane's lim (the bits of max(thr, FLT_MIN), which order as the values) or above FLT_MAX
- * (NaN included), on the bits of |v| (see sn__aff_run_bf16). */
-SN_INLINE int sn__pair_chk_flag(const sn__pf *e, const sn__pf *o, const sn__pi *lime,
-                                const sn__pi *limo) {
-  const sn__pi ue = (sn__pi)*e & 0x7fffffff, uo = (sn__pi)*o & 0x7fffffff;
-  const sn__pi neg = (ue - *lime) | (uo - *limo) | (0x7f7fffff - ue) | (0x7f7fffff - uo);
-  return sn__any_sign(&neg);
-}
-
-/* One channel's bf16 run x [n] into y [n] (bf16; y may equal x): v = ((x − hi) − lo)·a + b in
- * f32 narrowed as sn__from_f32, and with chk the checked map's failing elements (SN_CHK_FAILS
- * against thr) recomputed as (float)((x − md)·ad + b) in fp64: bitwise sn__aff_span and
- * sn__aff_span_chk through f32 tiles, without the tiles. The run is read 32 values at a time
- * in pairs (sn__pair_widen) and narrowed the same way. With chk, a block of 32 is first tested
- * on the bits of |v|, which order as the values: below max(thr, FLT_MIN) or above FLT_MAX (NaN
- * included) flags it, and a flagged block is gone over element by element with SN_CHK_FAILS
- * itself, so the choice of each element is the float test's in any floating-point mode (under
- * DAZ a subnormal v compares as 0; such a v, or a zero one, only costs the slower pass). */
-SN_CLONES SN_UNUSED static void sn__aff_run_bf16(uint16_t *y, const uint16_t *x, int64_t n,
-                                                 float hi, float lo, float a, float b, float thr,
-                                                 double md, double ad, int chk) {
-  const float tmin = thr > FLT_MIN ? thr : FLT_MIN;
-  int32_t lim1;
-  memcpy(&lim1, &tmin, sizeof lim1);
-  const sn__pi lim = (sn__pi){0} + lim1;
-  int64_t i = 0;
-  for (; i + SN_PAIR <= n; i += SN_PAIR) {
-    sn__pf e, o;
-    sn__pair_widen(&e, &o, x + i);
-    e = ((e - hi) - lo) * a + b;
-    o = ((o - hi) - lo) * a + b;
-    if (!chk) {
-      sn__pair_narrow(y + i, &e, &o, 0);
-    } else if (!sn__pair_chk_flag(&e, &o, &lim, &lim)) { /* every v normal, >= thr, finite */
-      sn__pair_narrow_finite(y + i, &e, &o, 0);
-    } else {
-      for (int64_t k = i; k < i + SN_PAIR; k++)
-        y[k] = sn__aff_val_bf16(x[k], hi, lo, a, b, thr, md, ad, 1);
-    }
-  }
-  for (; i < n; i++) y[i] = sn__aff_val_bf16(x[i], hi, lo, a, b, thr, md, ad, chk);
-}
-
 /* ---- bf16 NHWC rows in pairs ------------------------------------------------------------- */
 
 /* A tile's f32 constants in pair order over its ct channels (sn__to_pairs: each full block of 32
- * channels its even ones, then its odd ones; the tail as is), and for the checked map
- * max(thr, FLT_MIN) likewise: what bf16 rows read in pairs take (sn__tile_pairs_set). */
+ * channels its even ones, then its odd ones; the tail as is): what bf16 rows read in pairs take
+ * (sn__tile_pairs_set). */
 typedef struct {
   _Alignas(64) float hi[SN_TILE_C];
   _Alignas(64) float lo[SN_TILE_C];
   _Alignas(64) float a[SN_TILE_C];
   _Alignas(64) float b[SN_TILE_C];
-  _Alignas(64) float e[SN_TILE_C];   /* backward only */
-  _Alignas(64) float lim[SN_TILE_C]; /* checked forward only */
+  _Alignas(64) float e[SN_TILE_C]; /* backward only */
 } sn__tile_pairs_t;
 
-/* q from the first ct channels of p; thr: [ct] the checked map's thresholds, or NULL; bwd: e. */
+/* q from the first ct channels of p; bwd: e too. */
 static inline void sn__tile_pairs_set(sn__tile_pairs_t *q, const sn__chan_tile_t *p, int64_t ct,
-                                      const float *thr, int bwd) {
+                                      int bwd) {
   sn__to_pairs(q->hi, p->hi, ct);
   sn__to_pairs(q->lo, p->lo, ct);
   sn__to_pairs(q->a, p->a, ct);
   sn__to_pairs(q->b, p->b, ct);
   if (bwd) sn__to_pairs(q->e, p->e, ct);
-  if (thr != NULL) {
-    float t[SN_TILE_C];
-    for (int64_t j = 0; j < ct; j++) t[j] = thr[j] > FLT_MIN ? thr[j] : FLT_MIN;
-    sn__to_pairs(q->lim, t, ct);
-  }
 }
 
-/* Channel k of a bf16 row element xb, the forward map as sn__aff_rows / sn__aff_rows_chk
- * compute it (thr NULL: unchecked), narrowed as sn__from_f32. */
-static inline uint16_t sn__aff_elem_bf16(uint16_t xb, const sn__chan_tile_t *p, const float *thr,
-                                         int64_t k) {
-  return sn__aff_val_bf16(xb, p->hi[k], p->lo[k], p->a[k], p->b[k], thr != NULL ? thr[k] : 0.0f,
-                          p->m[k], p->ad[k], thr != NULL);
+/* Channel k of a bf16 row element xb, the guarded forward map as sn__aff_rows_guarded computes
+ * it, narrowed as sn__from_f32. */
+static inline uint16_t sn__aff_elem_bf16(uint16_t xb, const sn__chan_tile_t *p, int64_t k) {
+  return sn__aff_val_bf16(xb, p->hi[k], p->lo[k], p->a[k], p->b[k], p->m[k], p->ad[k], p->bd[k]);
 }
 
-/* The forward map of bf16 rows y, x [nr, ld] (first ct channels of each row; y may equal x)
- * with the tile's constants p (q: in pair order), bitwise sn__aff_rowspan / sn__aff_rowspan_chk
- * through f32 tiles (thr [ct]: checked, as sn__aff_run_bf16; NULL: not), each row read and
- * written in pairs. */
+/* The guarded forward map of bf16 rows y, x [nr, ld] (first ct channels of each row; y may
+ * equal x) with the tile's constants p (q: in pair order), bitwise sn__aff_rowspan through f32
+ * tiles, each row read and written in pairs. */
 SN_CLONES SN_UNUSED static void sn__aff_rows_bf16(uint16_t *y, const uint16_t *x, int64_t nr,
                                                   int64_t ld, int64_t ct,
                                                   const sn__chan_tile_t *p,
-                                                  const sn__tile_pairs_t *q, const float *thr) {
+                                                  const sn__tile_pairs_t *q) {
   for (int64_t r = 0; r < nr; r++) {
     uint16_t *yr = y + r * ld;
     const uint16_t *xr = x + r * ld;
@@ -698,19 +521,12 @@ SN_CLONES SN_UNUSED static void sn__aff_rows_bf16(uint16_t *y, const uint16_t *x
       sn__pair_load(&be, &bo, q->b + j);
       e = ((e - he) - le) * ae + be;
       o = ((o - ho) - lo) * ao + bo;
-      if (thr == NULL) {
-        sn__pair_narrow(yr + j, &e, &o, 0);
-        continue;
-      }
-      sn__pf me, mo; /* max(thr, FLT_MIN): its bits, as sn__aff_run_bf16's lim */
-      sn__pair_load(&me, &mo, q->lim + j);
-      const sn__pi lime = (sn__pi)me, limo = (sn__pi)mo;
-      if (!sn__pair_chk_flag(&e, &o, &lime, &limo))
+      if (!sn__pair_nonfinite(&e, &o))
         sn__pair_narrow_finite(yr + j, &e, &o, 0);
       else
-        for (int64_t k = j; k < j + SN_PAIR; k++) yr[k] = sn__aff_elem_bf16(xr[k], p, thr, k);
+        for (int64_t k = j; k < j + SN_PAIR; k++) yr[k] = sn__aff_elem_bf16(xr[k], p, k);
     }
-    for (; j < ct; j++) yr[j] = sn__aff_elem_bf16(xr[j], p, thr, j);
+    for (; j < ct; j++) yr[j] = sn__aff_elem_bf16(xr[j], p, j);
   }
 }
 
@@ -743,99 +559,35 @@ SN_CLONES SN_UNUSED static void sn__affbwd_rows_bf16(uint16_t *dx, const uint16_
   }
 }
 
-/* sn__aff_span for bf16/f16 outputs, checked (see SN_CANCEL_LOG2_BF16; the fp64 values from
- * k->m and k->ad). A channel mapped in fp64 (k->f64) is so whole. y may equal x. */
-static inline void sn__aff_span_chk(void *y, const void *x, int64_t off, int64_t n,
-                                    const sn__chan_k_t *k, sn_dtype_t dtype) {
-  if (k->f64) {
-    sn__aff_span(y, x, off, n, k, dtype, 0);
-    return;
-  }
-  if (dtype == SN_DTYPE_BF16) {
-    sn__aff_run_bf16((uint16_t *)y + off, (const uint16_t *)x + off, n, k->hi, k->lo, k->a,
-                     k->b, sn__cancel_thr(k->b, dtype), k->m, k->ad, 1);
-    return;
-  }
-  float t[SN_TILE];
-  for (int64_t i = 0; i < n; i += SN_TILE) {
-    const int64_t m = sn__min64(SN_TILE, n - i);
-    sn__to_f32(t, x, off + i, m, dtype);
-    sn__aff_span_from_f32(y, off + i, t, m, k, dtype, 1);
-  }
-}
+/* ---- rows of any dtype (NHWC): f32 in place, bf16 in pairs, f16 through stack tiles ------- */
 
-/* The forward map of one channel's run [off, off + n) of x into a bf16/f16 y from the run
- * already widened, xf [n] f32, through one f32 tile for y: the tile step of sn__aff_span
- * (chk = 0) and of sn__aff_span_chk (chk = 1), and the GroupNorm f16 groups widened once. */
-static inline void sn__aff_span_from_f32(void *y, int64_t off, const float *xf, int64_t n,
-                                         const sn__chan_k_t *k, sn_dtype_t dtype, int chk) {
-  const float thr = chk ? sn__cancel_thr(k->b, dtype) : 0.0f;
-  float t[SN_TILE];
-  for (int64_t i = 0; i < n; i += SN_TILE) {
-    const int64_t m = sn__min64(SN_TILE, n - i);
-    if (k->f64) sn__aff_run_f64(t, xf + i, m, k->m, k->ad, k->bd);
-    else if (chk) sn__aff_run_chk(t, xf + i, m, k->hi, k->lo, k->a, k->b, thr, k->m, k->ad);
-    else sn__aff_run(t, xf + i, m, k->hi, k->lo, k->a, k->b, 0);
-    sn__from_f32(y, off + i, t, m, dtype);
-  }
-}
-
-/* sn__aff_rowspan for bf16/f16 outputs, checked (a tile with channels mapped in fp64: those
- * channels so, run by run, the others checked). */
-static inline void sn__aff_rowspan_chk(void *y, const void *x, int64_t r0, int64_t r1, int64_t ld,
-                                       int64_t c0, int64_t ct, const sn__chan_tile_t *p,
-                                       sn_dtype_t dtype) {
-  float tx[SN_TILE], ty[SN_TILE], thr[SN_TILE_C];
-  for (int64_t j = 0; j < ct; j++) thr[j] = sn__cancel_thr(p->b[j], dtype);
-  const int wide = sn__tile_any_f64(p, ct);
-  if (dtype == SN_DTYPE_BF16 && !wide) { /* in pairs, no tiles: the same bits */
-    sn__tile_pairs_t q;
-    sn__tile_pairs_set(&q, p, ct, thr, 0);
-    sn__aff_rows_bf16((uint16_t *)y + r0 * ld + c0, (const uint16_t *)x + r0 * ld + c0, r1 - r0,
-                      ld, ct, p, &q, thr);
-    return;
-  }
-  int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
-  for (int64_t r = r0; r < r1; r += per) {
-    int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
-    sn__to_f32(tx, x, off, span, dtype);
-    for (int64_t j = 0, e; j < ct; j = e) {
-      e = wide ? sn__f64_run_end(p, j, ct) : ct;
-      if (!p->f64[j] || !wide) sn__aff_rows_chk(ty + j, tx + j, nr, ld, e - j, p, thr, j);
-      else
-        for (int64_t k = j; k < e; k++) sn__aff_col_f64(ty + k, tx + k, nr, ld, p, k);
-    }
-    sn__from_f32(y, off, ty, span, dtype);
-  }
-}
-
-/* ---- rows of any dtype (NHWC): f32 in place, bf16 in pairs, f16 through stack tiles ---- */
-
-/* Rows [r0, r1) × channels [c0, c0+ct) of y, x: [rows, ld]; p: the tile's constants;
- * ct <= SN_TILE_C. y may equal x. */
+/* The forward map of rows [r0, r1) × channels [c0, c0+ct) of y, x: [rows, ld]; p: the tile's
+ * constants; ct <= SN_TILE_C (bf16/f16: guarded). y may equal x. nt: f32 only. */
 static inline void sn__aff_rowspan(void *y, const void *x, int64_t r0, int64_t r1, int64_t ld,
                                    int64_t c0, int64_t ct, const sn__chan_tile_t *p,
                                    sn_dtype_t dtype, int nt) {
-  nt = dtype == SN_DTYPE_F32 ? nt : 0; /* bf16/f16 rows go through the stack tile */
   const int wide = sn__tile_any_f64(p, ct);
   if (dtype == SN_DTYPE_BF16 && !wide) { /* in pairs, no tile: the same bits */
     sn__tile_pairs_t q;
-    sn__tile_pairs_set(&q, p, ct, NULL, 0);
+    sn__tile_pairs_set(&q, p, ct, 0);
     sn__aff_rows_bf16((uint16_t *)y + r0 * ld + c0, (const uint16_t *)x + r0 * ld + c0, r1 - r0,
-                      ld, ct, p, &q, NULL);
+                      ld, ct, p, &q);
     return;
   }
-  float t[SN_TILE];
-  int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
+  float tx[SN_TILE], ty[SN_TILE];
+  const int64_t per = sn__rows_per_block(r1 - r0, ld, ct, dtype);
   for (int64_t r = r0; r < r1; r += per) {
-    int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
-    const float *xb = sn__in_row(x, off, span, dtype, t);
-    float *yb = sn__out_row(y, off, dtype, t);
+    const int64_t nr = sn__min64(per, r1 - r), off = r * ld + c0, span = (nr - 1) * ld + ct;
+    const float *xb = sn__in_row(x, off, span, dtype, tx);
+    float *yb = sn__out_row(y, off, dtype, ty); /* bf16/f16: ty, apart from tx (guarded) */
     for (int64_t j = 0, e; j < ct; j = e) { /* one run if no channel is mapped in fp64 */
       e = wide ? sn__f64_run_end(p, j, ct) : ct;
-      if (!p->f64[j] || !wide) sn__aff_rows(yb + j, xb + j, nr, ld, e - j, p, j, nt);
-      else
+      if (wide && p->f64[j])
         for (int64_t k = j; k < e; k++) sn__aff_col_f64(yb + k, xb + k, nr, ld, p, k);
+      else if (dtype == SN_DTYPE_F32)
+        sn__aff_rows(yb + j, xb + j, nr, ld, e - j, p, j, nt);
+      else
+        sn__aff_rows_guarded(yb + j, xb + j, nr, ld, e - j, p, j);
     }
     sn__out_done(y, off, span, dtype, yb);
   }
@@ -850,7 +602,7 @@ static inline void sn__affbwd_rowspan(void *dx, const void *dy, const void *x, i
   const int wide = sn__tile_any_f64(p, ct);
   if (dtype == SN_DTYPE_BF16 && !wide) { /* in pairs, no tiles: the same bits */
     sn__tile_pairs_t q;
-    sn__tile_pairs_set(&q, p, ct, NULL, 1);
+    sn__tile_pairs_set(&q, p, ct, 1);
     const int64_t off = r0 * ld + c0;
     sn__affbwd_rows_bf16((uint16_t *)dx + off, (const uint16_t *)dy + off,
                          (const uint16_t *)x + off, r1 - r0, ld, ct, p, &q);
