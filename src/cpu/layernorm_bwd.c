@@ -22,7 +22,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "rownorm.h"
+#include "longrow.h"
+#include "rownorm_bwd.h"
 
 /* Pass A for element i: x̂ = (x − m)·s and g = dy·gamma in f32, added to the lane sums. */
 SN_INLINE void ln_bwd_acc(double *a_xh, double *a_g, double *a_gxh, float x, float dy,
@@ -421,6 +422,9 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
     if (dbeta != NULL) memset(dbeta, 0, (size_t)d * sizeof *dbeta);
     return SN_OK;
   }
+  if (sn__long_row(d))
+    return sn__long_rows_bwd(fn, &(sn__long_bwd_t){dx, dgamma, dbeta, dy, x, mean, rstd, gamma,
+                                                    rows, d, dtype, 0});
 
   /* work: [threads + 1, work_cols] fp64, rows of 2·d rounded up to whole lines: each thread's
    * partials of its current chunk (dgamma, then dbeta), and last the running total. scratch,

@@ -42,7 +42,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "rownorm.h"
+#include "longrow.h"
+#include "rownorm_bwd.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* forward                                                                                     */
@@ -100,13 +101,13 @@ SN_CLONES static double rms_rstd_bf16(const uint16_t *x, const uint16_t *res, ui
  * bits, sn__map_pairs's finite). */
 SN_CLONES static void rms_map_bf16(uint16_t *y, const uint16_t *xm, const float *gamma,
                                    const float *gs, int64_t d, double rstd, int gfin, int nt) {
-  const float s = (float)rstd;
+  const sn__pair_map_t m = {gs, gamma, NULL, NULL, 0.0f, 0.0f, (float)rstd};
   if (gfin && rstd > 0.0 && isfinite(rstd)) {
-    if (gamma != NULL) sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, s, 1, 0, nt, 1);
-    else sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, s, 0, 0, nt, 1);
+    if (gamma != NULL) sn__map_pairs(y, xm, d, &m, 1, 0, 0, nt, 1);
+    else sn__map_pairs(y, xm, d, &m, 0, 0, 0, nt, 1);
   } else {
-    if (gamma != NULL) sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, s, 1, 0, nt, 0);
-    else sn__map_pairs(y, xm, gs, gamma, d, 0.0f, 0.0f, s, 0, 0, nt, 0);
+    if (gamma != NULL) sn__map_pairs(y, xm, d, &m, 1, 0, 0, nt, 0);
+    else sn__map_pairs(y, xm, d, &m, 0, 0, 0, nt, 0);
   }
 }
 
@@ -185,6 +186,9 @@ static sn_status_t rms_fwd(const char *fn, int fused, void *y, void *sum_out, fl
   int64_t n;
   SN_TRY(sn__rownorm_fwd_check(fn, y, sum_out, x, residual, fused, rows, d, eps, dtype, &n));
   if (n == 0) return SN_OK;
+  if (sn__long_row(d))
+    return sn__long_rows_fwd(fn, &(sn__long_fwd_t){y, sum_out, NULL, rstd, x, residual, gamma,
+                                                    NULL, rows, d, eps, dtype, 1});
 
   /* scratch: [threads, row_stride] f32 rows (d rounded up to whole lines) for f16 (the x row,
    * or the widened sum row; y is computed there); for bf16 one row, gamma in pairs
@@ -533,6 +537,9 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
     if (dgamma != NULL) memset(dgamma, 0, (size_t)d * sizeof *dgamma);
     return SN_OK;
   }
+  if (sn__long_row(d))
+    return sn__long_rows_bwd(fn, &(sn__long_bwd_t){dx, dgamma, NULL, dy, x, NULL, rstd, gamma,
+                                                    rows, d, dtype, 1});
 
   /* work: [threads + 1, work_cols] fp64, rows of d rounded up to whole lines: each thread's
    * dgamma partial of its current chunk, and last the running total. scratch, per_thread f32

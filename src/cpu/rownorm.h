@@ -191,48 +191,22 @@ SN_UNUSED static void sn__to_pairs(float *dst, const float *src, int64_t d) {
   for (; i < d; i++) dst[i] = src[i];
 }
 
-/* The row backwards' buffers, all taken before anything is written: *work [threads + 1,
- * work_cols] fp64 when work_cols > 0 (the chunk partials of dgamma/dbeta and their total),
- * *scratch [threads, per_thread] f32 when per_thread > 0, and, for bf16 rows with gamma, *gs
- * [d] = gamma in pair order (sn__to_pairs); then the overlap check of the call's buffers
- * (sn__rownorm_bwd_spans; after the allocations: the allocation-failure tests pass sizes no
- * buffer has). dgamma, dbeta, dy, x, mean, rstd, gamma, rows, esize: the call's, for that
- * check. SN_ERR_ALLOC or SN_ERR_INVALID_ARGUMENT with every pointer left NULL (nothing held). */
-SN_UNUSED static sn_status_t sn__bwd_buffers(const char *fn, double **work, float **scratch,
-                                             float **gs, int threads, int64_t work_cols,
-                                             int64_t per_thread, const void *dx,
-                                             const float *dgamma, const float *dbeta,
-                                             const void *dy, const void *x, const float *mean,
-                                             const float *rstd, const float *gamma,
-                                             int64_t rows, int64_t d, sn_dtype_t dtype) {
-  sn_status_t st = SN_OK;
-  *work = NULL, *scratch = NULL, *gs = NULL;
-  if ((work_cols > 0 &&
-       (*work = sn__alloc(fn, threads + 1, work_cols, sizeof(double), &st)) == NULL) ||
-      (per_thread > 0 &&
-       (*scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) ||
-      (dtype == SN_DTYPE_BF16 && gamma != NULL &&
-       (*gs = sn__alloc(fn, 1, d, sizeof(float), &st)) == NULL) ||
-      (st = sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0,
-                                  rows, d, sn_dtype_size(dtype))) != SN_OK) {
-    sn__free(*work), sn__free(*scratch), sn__free(*gs);
-    *work = NULL, *scratch = NULL, *gs = NULL;
-    return st;
-  }
-  if (*gs != NULL) sn__to_pairs(*gs, gamma, d);
-  return SN_OK;
-}
+/* What sn__map_pairs maps with: gamma and beta in pair order (sn__to_pairs) and as they are
+ * (for the tail after the last pair block), NULL where not given; mean = hi + lo; scale s. */
+typedef struct {
+  const float *gs, *gamma, *bs, *beta;
+  float hi, lo, s;
+} sn__pair_map_t;
 
-/* y [d] = t·gamma narrowed to bf16 as it is stored, t = ((x − hi) − lo)·s (centre: LayerNorm,
- * mean = hi + lo) or x·s (RMSNorm), in f32, for a bf16 row xb [d] read in pairs: bitwise the
- * same f32 operations on the widened row followed by sn__f32_to_bf16. gs: gamma in pair order
- * (sn__to_pairs; unused without has_g), gamma as is for the tail. has_g, centre: constants after
- * inlining. y may equal xb (each block is loaded before it is stored). nt: y streamed
- * (sn__store64). finite (a constant after inlining): the caller knows no t·gamma is NaN, so y is
+/* y [d] = t·gamma + beta narrowed to bf16 as it is stored, t = ((x − hi) − lo)·s (centre:
+ * LayerNorm) or x·s (RMSNorm), in f32, for a bf16 row xb [d] read in pairs: bitwise the same f32
+ * operations on the widened row followed by sn__f32_to_bf16. has_g, has_b, centre: constants
+ * after inlining. y may equal xb (each block is loaded before it is stored). nt: y streamed
+ * (sn__store64). finite (a constant after inlining): the caller knows no value is NaN, so y is
  * narrowed as sn__f32_to_bf16_finite, which gives the same bits for every non-NaN value. */
-SN_INLINE void sn__map_pairs(uint16_t *y, const uint16_t *xb, const float *gs, const float *gamma,
-                             int64_t d, float hi, float lo, float s, int has_g, int centre,
-                             int nt, int finite) {
+SN_INLINE void sn__map_pairs(uint16_t *y, const uint16_t *xb, int64_t d, const sn__pair_map_t *m,
+                             int has_g, int has_b, int centre, int nt, int finite) {
+  const float hi = m->hi, lo = m->lo, s = m->s;
   int64_t i = 0;
   for (; i + SN_PAIR <= d; i += SN_PAIR) {
     sn__pf e, o, ge, go;
@@ -244,9 +218,14 @@ SN_INLINE void sn__map_pairs(uint16_t *y, const uint16_t *xb, const float *gs, c
     e = e * s;
     o = o * s;
     if (has_g) {
-      sn__pair_load(&ge, &go, gs + i);
+      sn__pair_load(&ge, &go, m->gs + i);
       e = e * ge;
       o = o * go;
+    }
+    if (has_b) {
+      sn__pair_load(&ge, &go, m->bs + i);
+      e = e + ge;
+      o = o + go;
     }
     if (finite) sn__pair_narrow_finite(y + i, &e, &o, nt);
     else sn__pair_narrow(y + i, &e, &o, nt);
@@ -255,7 +234,8 @@ SN_INLINE void sn__map_pairs(uint16_t *y, const uint16_t *xb, const float *gs, c
     float t = sn__bf16_to_f32(xb[i]);
     if (centre) t = (t - hi) - lo;
     t = t * s;
-    if (has_g) t = t * gamma[i];
+    if (has_g) t = t * m->gamma[i];
+    if (has_b) t = t + m->beta[i];
     y[i] = finite ? sn__f32_to_bf16_finite(t) : sn__f32_to_bf16(t);
   }
 }
@@ -291,49 +271,10 @@ SN_INLINE void sn__map_f32(float *y, const float *x, const float *gamma, const f
 #undef SN_MAP_EL
 }
 
-/* Memory a backward row function prefetches during its first pass (see sn__row_shifted_sums):
- * the next row's x and dy for reading, this row's dx for writing (esize bytes per element; NULL
- * for none). */
-typedef struct {
-  const char *x, *dy;
-  char *dx;
-  int esize;
-  int nt; /* dx streamed (sn__store64) where the f32 or bf16 pair loops write it; dx NULL then */
-} sn__bwd_prefetch_t;
-
-/* A software prefetch of a line of the next row's input, for reading: into L2 only
- * (prefetcht1, locality 2) where sn__pf_l2 says so (x86-64 but Intel: cpu.h), else into L1 as
- * well (prefetcht0, GCC's default). The row arrives while this one is worked on, and pass 1 of
- * the next row then reads it. Measured on an AMD EPYC host against prefetcht0 (bench_ab, 2
- * threads, cold caches; docs/BENCHMARKS.md): LayerNorm f32 forward [8192,1024] 0.70x the time,
- * RMSNorm / fused add + LayerNorm [16384,4096] 0.90-0.92x; backwards 0.74-0.94x, and 0.85x in
- * cache. Locality 1 (prefetcht2) measures the same as 2. Whether fewer L1 fill buffers held by
- * prefetches or less of this row evicted from L1 explains it is unknown (no PMU there). */
-#define SN_PF_ROW_READ(p) SN_PF_READ((p), sn__pf_l2)
-
-/* The prefetches of the bf16 pair block at element i: one line of each stream. */
-SN_INLINE void sn__pair_prefetch(const sn__bwd_prefetch_t *pf, int64_t i) {
-  if (pf->x != NULL) SN_PF_ROW_READ(pf->x + i * 2);
-  if (pf->dy != NULL) SN_PF_ROW_READ(pf->dy + i * 2);
-  if (pf->dx != NULL) __builtin_prefetch(pf->dx + i * 2, 1);
-}
-
-/* m[k] = max(m[k], |p[k]|) on the bits, for the 32 bf16 values at p: nonnegative values order
- * as their bits, so the largest is max|p| (NaN bits lie above inf's). In the loop form GCC 12
- * vectorizes (vpmaxuw). */
-SN_INLINE void sn__pair_absmax(uint16_t m[SN_PAIR], const uint16_t *p) {
-  for (int k = 0; k < SN_PAIR; k++) {
-    const uint16_t a = p[k] & 0x7fffu;
-    m[k] = a > m[k] ? a : m[k];
-  }
-}
-
-/* The largest of the 32 maxima m of sn__pair_absmax, as f32 (a bf16 value). */
-SN_INLINE float sn__pair_absmax_total(const uint16_t m[SN_PAIR]) {
-  uint16_t h = 0;
-  for (int k = 0; k < SN_PAIR; k++) h = m[k] > h ? m[k] : h;
-  return sn__bf16_to_f32(h);
-}
+/* A software prefetch of a line of the next row's input, for reading, into L2 only
+ * (SN_PF_READ, cpu.h): the row arrives while this one is worked on, without evicting this row
+ * from L1. */
+#define SN_PF_ROW_READ(p) SN_PF_READ(p)
 
 /* acc [SN_ROW_LANES] = fp64 lanes kept in pair order put back in element order: lane 2m is
  * e[m] (the even elements' lane m), lane 2m + 1 is o[m]. */
@@ -715,66 +656,6 @@ static inline const float *sn__residual_sum_row(void *sum_out, const void *x,
     sn__to_f32(tmp + i, sum_out, off + i, m, dtype); /* normalize the rounded values */
   }
   return tmp;
-}
-
-/* dgamma/dbeta partials of the row-norm backwards: a row adds its terms (dy·x̂', dy; RMSNorm
- * dy·x·rstd) into per-thread f32 partials [d]; every SN_PART_ROWS rows of a chunk, and at its
- * end, sn__flush_partial adds those into the chunk's fp64 partials and clears them. f32 then
- * sums at most 8 terms per element: < 2^-21 of their magnitudes (dgamma is checked to 2^-19),
- * and the row pass moves 8 bytes of partials per element instead of 16, so the partials stay
- * in L1 beside the rows up to d = 4096. The runs are fixed by the row index: the same sums for
- * any thread count. */
-#define SN_PART_ROWS 8
-/* Largest term a row may add to the f32 partials: SN_PART_ROWS of them sum to at most 2^126,
- * below FLT_MAX (~2^128). A row with a larger (or non-finite) term adds into the fp64 partials
- * directly instead; the choice depends on the row's data only. */
-#define SN_PART_F32_MAX 0x1p123
-
-/* max(m, |v|) as a plain vector max (a NaN v leaves m). */
-SN_INLINE float sn__max_abs(float m, float v) {
-  const float a = fabsf(v);
-  return a > m ? a : m;
-}
-
-/* p[j] += p32[j] (fp64) and p32[j] = 0, for j < n. Cloned per ISA in each including file. */
-SN_CLONES SN_UNUSED static void sn__flush_partial(double *p, float *p32, int64_t n) {
-  for (int64_t j = 0; j < n; j++) {
-    p[j] += (double)p32[j];
-    p32[j] = 0.0f;
-  }
-}
-
-/* sn__flush_partial for a bf16 row kernel's partials q [d] kept in pair order (each full block
- * of SN_PAIR: its even elements, then its odd ones; the tail as is): p[j] += q[j'] in element
- * order, and q = 0. */
-SN_CLONES SN_UNUSED static void sn__flush_pairs(double *p, float *q, int64_t d) {
-  int64_t i = 0;
-  for (; i + SN_PAIR <= d; i += SN_PAIR)
-    for (int m = 0; m < SN_PAIR / 2; m++) {
-      p[i + 2 * m] += (double)q[i + m];
-      p[i + 2 * m + 1] += (double)q[i + SN_PAIR / 2 + m];
-    }
-  for (; i < d; i++) p[i] += (double)q[i];
-  memset(q, 0, (size_t)d * sizeof *q);
-}
-
-/* acc[k] += (double)v[k] for the 16 floats of the vector v (double acc[16]), in the loop form
- * GCC 12 vectorizes to one vcvtps2pd per 8. */
-#define SN_ADD16_F64(acc, v)                                                                  \
-  do {                                                                                        \
-    float vb_[16];                                                                            \
-    memcpy(vb_, &(v), sizeof vb_);                                                            \
-    for (int k_ = 0; k_ < 16; k_++) (acc)[k_] += (double)vb_[k_];                             \
-  } while (0)
-
-/* total[j] += part[j] for j < n (fp64): one chunk's partials added to the running total. */
-SN_INLINE void sn__add_partial(double *total, const double *part, int64_t n) {
-  for (int64_t j = 0; j < n; j++) total[j] += part[j];
-}
-
-/* out[j] = (float)total[j] for j < n. */
-static inline void sn__store_f32(float *out, const double *total, int64_t n) {
-  for (int64_t j = 0; j < n; j++) out[j] = (float)total[j];
 }
 
 /* x − mean of an f32 map cannot overflow while |mean| (rounded to f32) < SN_CENTRE_F32_MAX
