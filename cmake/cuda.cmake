@@ -40,10 +40,16 @@ if(SN_HAVE_CUDA)
       --expt-relaxed-constexpr -lineinfo)
   set(SN_CUDA_SOURCES
     src/cuda/common.cu
-    src/cuda/rownorm.cu
+    src/cuda/rownorm_fwd.cu
     src/cuda/rownorm_bwd.cu
+    src/cuda/layernorm.cu
+    src/cuda/layernorm_bwd.cu
+    src/cuda/rmsnorm.cu
     src/cuda/batchnorm.cu
+    src/cuda/batchnorm_bwd.cu
     src/cuda/groupnorm.cu
+    src/cuda/groupnorm_bwd.cu
+    src/cuda/fold.cu
     dist/syncbn_device.c
     dist/syncbn_cuda.cu)
 endif()

@@ -29,6 +29,12 @@ extern "C" sn_status_t sn__cuda_pending(const char *fn);
 sn_status_t sn__cuda_status(const char *fn, cudaError_t err);
 /* Rounds bytes up to a multiple of 256 (each array carved from a workspace starts aligned). */
 static inline size_t sn__cuda_align(size_t bytes) { return (bytes + 255u) & ~(size_t)255u; }
+/* Blocks of `threads` for `work` items, at least 1 and at most cap (the kernels loop beyond). */
+static inline unsigned sn__cuda_grid(int64_t work, int threads, int64_t cap) {
+  int64_t b = (work + threads - 1) / threads;
+  if (b < 1) b = 1;
+  return (unsigned)(b < cap ? b : cap);
+}
 
 /* ---- device side: dtype traits ------------------------------------------------------------- */
 

@@ -1,8 +1,9 @@
 /*
- * rownorm.cuh — what the LayerNorm/RMSNorm forwards (rownorm.cu) and backwards (rownorm_bwd.cu)
- * share: the vector-path alignment test and the per-thread slice of a row held in registers (the
- * argument checks are the CPU functions', src/args.h).
- * Internal, not installed; each file gets its own copy (an unnamed namespace).
+ * rownorm.cuh — what the LayerNorm/RMSNorm forward (rownorm_fwd.cu) and backward
+ * (rownorm_bwd.cu) kernels share: the vector-path alignment test and the per-thread slice of a
+ * row held in registers (the argument checks are the CPU functions', src/args.h); and the
+ * launchers the entry points (layernorm.cu, layernorm_bwd.cu, rmsnorm.cu) call. Internal, not
+ * installed.
  */
 #ifndef SN_CUDA_ROWNORM_CUH
 #define SN_CUDA_ROWNORM_CUH
@@ -87,5 +88,38 @@ template <typename T, int VPT, bool VEC> struct rn_row {
 };
 
 }  // namespace
+
+/* One LayerNorm or RMSNorm forward call as its entry point (layernorm.cu, rmsnorm.cu)
+ * receives it. */
+struct rn_fwd_args {
+  void *y, *sum_out;
+  float *mean, *rstd;
+  const void *x, *res;
+  const float *gamma, *beta;
+  int64_t rows, d;
+  float eps;
+  bool rms, fused; /* RMSNorm; the fused residual add (sum_out, res are checked) */
+};
+
+/* Validates a as the CPU function fn and launches (rownorm_fwd.cu); res/sum_out NULL for the
+ * plain kernels. */
+sn_status_t sn__cuda_rn_fwd(const char *fn, const rn_fwd_args &a, sn_dtype_t dtype,
+                            cudaStream_t stream);
+
+/* One LayerNorm or RMSNorm backward call as its entry point receives it. */
+struct rn_bwd_call {
+  void *dx;
+  float *dgamma, *dbeta; /* dbeta NULL for RMSNorm */
+  const void *dy, *x;
+  const float *mean, *rstd, *gamma; /* mean NULL (and not checked) for RMSNorm */
+  int64_t rows, d;
+  sn_dtype_t dtype;
+  void *workspace;
+  size_t workspace_bytes;
+  bool rms;
+};
+
+/* Validates q as the CPU function fn and launches (rownorm_bwd.cu). */
+sn_status_t sn__cuda_rn_bwd(const char *fn, const rn_bwd_call &q, cudaStream_t stream);
 
 #endif /* SN_CUDA_ROWNORM_CUH */

@@ -1,7 +1,9 @@
 /*
- * rownorm_bwd.cu — LayerNorm and RMSNorm backwards on the device (the forwards: rownorm.cu).
- * Every tensor is row-major [rows, d]. The CPU twins (src/cpu/layernorm_bwd.c, rmsnorm.c) are
- * the reference.
+ * rownorm_bwd.cu — the one backward kernel of LayerNorm and RMSNorm, its launcher
+ * sn__cuda_rn_bwd (argument checks as the CPU functions', then the launches) and the workspace
+ * query sn_cuda_rownorm_bwd_workspace; the entry points are in layernorm_bwd.cu and rmsnorm.cu,
+ * the forward in rownorm_fwd.cu. Every tensor is row-major [rows, d]. The CPU twins
+ * (src/cpu/layernorm_bwd.c, rmsnorm.c) are the reference.
  *
  * The rows are cut into P = min(rows, RN_BWD_CHUNKS) fixed chunks (P depends on rows only, so the
  * workspace query needs only the shape); block b takes rows [⌊b·rows/P⌋, ⌊(b+1)·rows/P⌋) in order.
@@ -382,49 +384,46 @@ template <typename T> struct rn_bwd_launch {
   }
 };
 
-/* Validates as the CPU function fn (mean NULL and not checked for RMSNorm; dbeta NULL there)
- * and launches. */
-sn_status_t rn_bwd(const char *fn, void *dx, float *dgamma, float *dbeta, const void *dy,
-                   const void *x, const float *mean, const float *rstd, const float *gamma,
-                   int64_t rows, int64_t d, sn_dtype_t dtype, void *workspace,
-                   size_t workspace_bytes, bool rms, cudaStream_t stream) {
+}  // namespace
+
+sn_status_t sn__cuda_rn_bwd(const char *fn, const rn_bwd_call &q, cudaStream_t stream) {
   int64_t n;
-  SN_TRY(sn__rownorm_bwd_check(fn, dx, dy, x, mean, rstd, rms, rows, d, dtype, &n));
-  const int64_t esize = sn_dtype_size(dtype);
+  SN_TRY(sn__rownorm_bwd_check(fn, q.dx, q.dy, q.x, q.mean, q.rstd, q.rms, q.rows, q.d, q.dtype,
+                               &n));
+  const int64_t esize = sn_dtype_size(q.dtype);
   /* the call's buffers as the CPU function checks them, then (below) the workspace against them,
    * as the BatchNorm and GroupNorm kernels order their checks */
-  SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0, rows, d,
-                               esize));
+  SN_TRY(sn__rownorm_bwd_spans(fn, q.dx, q.dgamma, q.dbeta, q.dy, q.x, q.mean, q.rstd, q.gamma,
+                               NULL, 0, q.rows, q.d, esize));
   if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
     SN_TRY(sn__cuda_pending(fn));
-    if (dgamma != NULL)
-      SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dgamma, 0, (size_t)d * sizeof(float), stream)));
-    if (dbeta != NULL)
-      SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(dbeta, 0, (size_t)d * sizeof(float), stream)));
+    const size_t bytes = (size_t)q.d * sizeof(float);
+    if (q.dgamma != NULL)
+      SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(q.dgamma, 0, bytes, stream)));
+    if (q.dbeta != NULL) SN_TRY(sn__cuda_status(fn, cudaMemsetAsync(q.dbeta, 0, bytes, stream)));
     return SN_OK;
   }
-  const bool params = dgamma != NULL || dbeta != NULL;
-  const size_t part = rn_part_bytes(rows, d);
+  const bool params = q.dgamma != NULL || q.dbeta != NULL;
+  const size_t part = rn_part_bytes(q.rows, q.d);
   const size_t need = params ? 2 * part : 0; /* = sn_cuda_rownorm_bwd_workspace's */
-  SN_TRY(sn__check_workspace(fn, workspace, workspace_bytes, need));
+  SN_TRY(sn__check_workspace(fn, q.workspace, q.workspace_bytes, need));
   if (params)
-    SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, workspace,
-                                 (int64_t)need, rows, d, esize));
-  double *part_g = params ? (double *)workspace : NULL;
-  double *part_b = params && !rms ? (double *)((char *)workspace + part) : NULL;
-  const rn_bwd_args a = {dx, part_g, part_b, dy, x, rms ? NULL : mean, rstd, gamma, rows, d, rms};
+    SN_TRY(sn__rownorm_bwd_spans(fn, q.dx, q.dgamma, q.dbeta, q.dy, q.x, q.mean, q.rstd, q.gamma,
+                                 q.workspace, (int64_t)need, q.rows, q.d, esize));
+  double *part_g = params ? (double *)q.workspace : NULL;
+  double *part_b = params && !q.rms ? (double *)((char *)q.workspace + part) : NULL;
+  const rn_bwd_args a = {q.dx,   part_g,  part_b, q.dy, q.x, q.rms ? NULL : q.mean,
+                         q.rstd, q.gamma, q.rows, q.d,  q.rms};
   SN_TRY(sn__cuda_pending(fn));
-  SN_CUDA_DISPATCH(dtype, rn_bwd_launch<T>::run(a, stream));
+  SN_CUDA_DISPATCH(q.dtype, rn_bwd_launch<T>::run(a, stream));
   if (params) {
     const int threads = 256;
-    const int64_t blocks = (d + threads - 1) / threads;
+    const int64_t blocks = (q.d + threads - 1) / threads;
     rn_bwd_finalize<<<(unsigned)(blocks < 65535 ? blocks : 65535), threads, 0, stream>>>(
-        dgamma, dbeta, part_g, part_b, rn_chunks(rows), d);
+        q.dgamma, q.dbeta, part_g, part_b, rn_chunks(q.rows), q.d);
   }
   return sn__cuda_launched(fn);
 }
-
-}  // namespace
 
 extern "C" sn_status_t sn_cuda_rownorm_bwd_workspace(size_t *bytes, int64_t rows, int64_t d) {
   static const char fn[] = "sn_cuda_rownorm_bwd_workspace";
@@ -442,22 +441,4 @@ extern "C" sn_status_t sn_cuda_rownorm_bwd_workspace(size_t *bytes, int64_t rows
                     (long long)rows, (long long)d);
   *bytes = rows == 0 ? 0 : 2 * rn_part_bytes(rows, d);
   return SN_OK;
-}
-
-extern "C" sn_status_t sn_cuda_layernorm_bwd(void *dx, float *dgamma, float *dbeta,
-                                             const void *dy, const void *x, const float *mean,
-                                             const float *rstd, const float *gamma, int64_t rows,
-                                             int64_t d, sn_dtype_t dtype, void *workspace,
-                                             size_t workspace_bytes, cudaStream_t stream) {
-  return rn_bwd("sn_cuda_layernorm_bwd", dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, d,
-                dtype, workspace, workspace_bytes, false, stream);
-}
-
-extern "C" sn_status_t sn_cuda_rmsnorm_bwd(void *dx, float *dgamma, const void *dy,
-                                           const void *x, const float *rstd, const float *gamma,
-                                           int64_t rows, int64_t d, sn_dtype_t dtype,
-                                           void *workspace, size_t workspace_bytes,
-                                           cudaStream_t stream) {
-  return rn_bwd("sn_cuda_rmsnorm_bwd", dx, dgamma, NULL, dy, x, NULL, rstd, gamma, rows, d, dtype,
-                workspace, workspace_bytes, true, stream);
 }

@@ -1,7 +1,9 @@
 /*
- * rownorm.cu — LayerNorm, RMSNorm and the fused residual add forwards on the device (the
- * backwards: rownorm_bwd.cu). Every tensor is row-major [rows, d]; one row is normalized over its
- * d elements. The CPU twins (src/cpu/layernorm.c, rmsnorm.c) are the reference.
+ * rownorm_fwd.cu — the one forward kernel of LayerNorm, RMSNorm and the fused residual add
+ * forms, and its launcher sn__cuda_rn_fwd (argument checks as the CPU functions', then the launch); the
+ * entry points are in layernorm.cu and rmsnorm.cu, the backward in rownorm_bwd.cu. Every tensor
+ * is row-major [rows, d]; one row is normalized over its d elements. The CPU twins
+ * (src/cpu/layernorm.c, rmsnorm.c) are the reference.
  *
  * One thread block per row (grid-stride over rows). The row is held on chip, in registers: each
  * thread holds VPT elements (VPT in {1, 2, 4, 8, 16}, a template parameter; the smallest whose
@@ -287,16 +289,6 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
   }
 }
 
-struct rn_fwd_args {
-  void *y, *sum_out;
-  float *mean, *rstd;
-  const void *x, *res;
-  const float *gamma, *beta;
-  int64_t rows, d;
-  float eps;
-  bool rms, fused; /* RMSNorm; the fused residual add (sum_out, res are checked) */
-};
-
 template <typename T> struct rn_fwd_launch {
   static constexpr int W = (int)(16 / sizeof(T));
 
@@ -341,8 +333,10 @@ template <typename T> struct rn_fwd_launch {
   }
 };
 
-/* Validates as the CPU function fn and launches; res/sum_out NULL for the plain kernels. */
-sn_status_t rn_fwd(const char *fn, const rn_fwd_args &a, sn_dtype_t dtype, cudaStream_t stream) {
+}  // namespace
+
+sn_status_t sn__cuda_rn_fwd(const char *fn, const rn_fwd_args &a, sn_dtype_t dtype,
+                            cudaStream_t stream) {
   int64_t n;
   SN_TRY(sn__rownorm_fwd_check(fn, a.y, a.sum_out, a.x, a.res, a.fused, a.rows, a.d, a.eps, dtype,
                                &n));
@@ -352,42 +346,4 @@ sn_status_t rn_fwd(const char *fn, const rn_fwd_args &a, sn_dtype_t dtype, cudaS
   SN_TRY(sn__cuda_pending(fn));
   SN_CUDA_DISPATCH(dtype, rn_fwd_launch<T>::run(a, stream));
   return sn__cuda_launched(fn);
-}
-
-}  // namespace
-
-extern "C" sn_status_t sn_cuda_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
-                                             const float *gamma, const float *beta, int64_t rows,
-                                             int64_t d, float eps, sn_dtype_t dtype,
-                                             cudaStream_t stream) {
-  const rn_fwd_args a = {y, NULL, mean, rstd, x, NULL, gamma, beta, rows, d, eps, false, false};
-  return rn_fwd("sn_cuda_layernorm_fwd", a, dtype, stream);
-}
-
-extern "C" sn_status_t sn_cuda_add_layernorm_fwd(void *y, void *sum_out, float *mean,
-                                                 float *rstd, const void *x,
-                                                 const void *residual, const float *gamma,
-                                                 const float *beta, int64_t rows, int64_t d,
-                                                 float eps, sn_dtype_t dtype,
-                                                 cudaStream_t stream) {
-  const rn_fwd_args a = {y,    sum_out, mean, rstd, x,    residual,
-                        gamma, beta,   rows, d,    eps, false, true};
-  return rn_fwd("sn_cuda_add_layernorm_fwd", a, dtype, stream);
-}
-
-extern "C" sn_status_t sn_cuda_rmsnorm_fwd(void *y, float *rstd, const void *x,
-                                           const float *gamma, int64_t rows, int64_t d,
-                                           float eps, sn_dtype_t dtype, cudaStream_t stream) {
-  const rn_fwd_args a = {y, NULL, NULL, rstd, x, NULL, gamma, NULL, rows, d, eps, true, false};
-  return rn_fwd("sn_cuda_rmsnorm_fwd", a, dtype, stream);
-}
-
-extern "C" sn_status_t sn_cuda_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd,
-                                               const void *x, const void *residual,
-                                               const float *gamma, int64_t rows, int64_t d,
-                                               float eps, sn_dtype_t dtype,
-                                               cudaStream_t stream) {
-  const rn_fwd_args a = {y,    sum_out, NULL, rstd, x,    residual,
-                        gamma, NULL,   rows, d,    eps, true, true};
-  return rn_fwd("sn_cuda_add_rmsnorm_fwd", a, dtype, stream);
 }
