@@ -73,17 +73,30 @@ static void ref_stats(double *mean, double *var, const double *x, int64_t N, int
   }
 }
 
-/* Training forward in fp64: y = (x − mean)/√(var + eps)·gamma + beta (batch statistics). */
-static void ref_train_fwd(double *y, const double *x, const double *gamma, const double *beta,
-                          int64_t N, int64_t C, int64_t S, sn_layout_t lay, double eps) {
+/* The affine map of one element in fp64: returns x̂·gamma + beta for x̂ = (x − mean)·rstd, and
+ * stores |x̂·gamma| + |beta| (the bf16/f16 bound's scale, tu_check_lowp_mixed) at scale. */
+static double ref_map(double *scale, double x, double mean, double rstd, double gamma,
+                      double beta) {
+  const double xg = (x - mean) * rstd * gamma;
+  *scale = fabs(xg) + fabs(beta);
+  return xg + beta;
+}
+
+/* Training forward in fp64: y = (x − mean)/√(var + eps)·gamma + beta (batch statistics); scale
+ * (may be NULL) as ref_map's. */
+static void ref_train_fwd(double *y, double *scale, const double *x, const double *gamma,
+                          const double *beta, int64_t N, int64_t C, int64_t S, sn_layout_t lay,
+                          double eps) {
   double *mean = tu_dalloc(C), *var = tu_dalloc(C);
   ref_stats(mean, var, x, N, C, S, lay);
   for (int64_t c = 0; c < C; c++) {
     double rs = 1.0 / sqrt(var[c] + eps), g = gamma ? gamma[c] : 1.0, b = beta ? beta[c] : 0.0;
     for (int64_t n = 0; n < N; n++)
       for (int64_t s = 0; s < S; s++) {
-        int64_t i = tu_at(lay, n, c, s, C, S);
-        y[i] = (x[i] - mean[c]) * rs * g + b;
+        const int64_t i = tu_at(lay, n, c, s, C, S);
+        double sc;
+        y[i] = ref_map(&sc, x[i], mean[c], rs, g, b);
+        if (scale) scale[i] = sc;
       }
   }
   free(mean);
@@ -335,21 +348,22 @@ START_TEST(test_train_fwd_vs_ref) {
             float *gamma = tu_falloc(C), *beta = tu_falloc(C), *var = tu_falloc(C),
                 *rstd = tu_falloc(C);
             double *mean = tu_dalloc(C), *g64 = tu_dalloc(C), *b64 = tu_dalloc(C),
-                *yr = tu_dalloc(T);
+                *yr = tu_dalloc(T), *sc = tu_dalloc(T);
             fill_bn(x, N, C, S, lay, dt, 1.5, 2.0, &r);
             tu_fill_params(gamma, beta, C, &r);
             for (int64_t c = 0; c < C; c++) g64[c] = gamma[c], b64[c] = beta[c];
             double *xd = tu_to_f64(x, T, dt);
             lib_train_fwd(y, mean, var, rstd, x, NULL, affine ? gamma : NULL,
                           affine ? beta : NULL, N, C, S, lay, dt);
-            ref_train_fwd(yr, xd, affine ? g64 : NULL, affine ? b64 : NULL, N, C, S, lay, EPS);
+            ref_train_fwd(yr, sc, xd, affine ? g64 : NULL, affine ? b64 : NULL, N, C, S, lay,
+                          EPS);
             char what[128];
             snprintf(what, sizeof what, "train fwd N=%lld C=%lld S=%lld %s %s affine=%d",
                      (long long)N, (long long)C, (long long)S, LNAME[il], tu_dtype_name[dt], affine);
             check_stats(mean, var, rstd, xd, N, C, S, lay, what);
-            tu_assert_fwd(y, dt, yr, T, what);
+            tu_assert_fwd(y, dt, yr, sc, T, what);
             free(x), free(y), free(gamma), free(beta), free(var), free(rstd);
-            free(mean), free(g64), free(b64), free(yr), free(xd);
+            free(mean), free(g64), free(b64), free(yr), free(xd), free(sc);
           }
 }
 END_TEST
@@ -426,7 +440,7 @@ START_TEST(test_infer_vs_ref) {
             void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
             float *gamma = tu_falloc(C), *beta = tu_falloc(C), *rm = tu_falloc(C),
                 *rv = tu_falloc(C);
-            double *yr = tu_dalloc(T);
+            double *yr = tu_dalloc(T), *sc = tu_dalloc(T);
             fill_bn(x, N, C, S, lay, dt, 1.0, 3.0, &r);
             tu_fill_params(gamma, beta, C, &r);
             for (int64_t c = 0; c < C; c++) {
@@ -438,14 +452,15 @@ START_TEST(test_infer_vs_ref) {
                 for (int64_t s = 0; s < S; s++) {
                   int64_t i = tu_at(lay, n, c, s, C, S);
                   double g = affine ? gamma[c] : 1.0, b = affine ? beta[c] : 0.0;
-                  yr[i] = (tu_get(x, i, dt) - rm[c]) / sqrt((double)rv[c] + (double)EPS) * g + b;
+                  yr[i] = ref_map(&sc[i], tu_get(x, i, dt), rm[c],
+                                  1.0 / sqrt((double)rv[c] + (double)EPS), g, b);
                 }
             tu_poison(y, T, dt);
             ck_assert_int_eq(sn_batchnorm_infer(y, x, rm, rv, affine ? gamma : NULL,
                                                 affine ? beta : NULL, N, C, S, EPS, lay, dt),
                              SN_OK);
-            tu_assert_fwd(y, dt, yr, T, "infer");
-            free(x), free(y), free(gamma), free(beta), free(rm), free(rv), free(yr);
+            tu_assert_fwd(y, dt, yr, sc, T, "infer");
+            free(x), free(y), free(gamma), free(beta), free(rm), free(rv), free(yr), free(sc);
           }
 }
 END_TEST
@@ -463,15 +478,15 @@ START_TEST(test_infer_nan_var) {
       void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
       float *gamma = tu_falloc(C), *beta = tu_falloc(C), rm[3] = {0.5f, -1.0f, 2.0f};
       const float rv[3] = {1.5f, NAN, 0.25f};
-      double *yr = tu_dalloc(T);
+      double *yr = tu_dalloc(T), *sc = tu_dalloc(T);
       fill_bn(x, N, C, S, lay, dt, 1.0, 3.0, &r);
       tu_fill_params(gamma, beta, C, &r);
       for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++)
           for (int64_t s = 0; s < S; s++) {
             const int64_t i = tu_at(lay, n, c, s, C, S);
-            yr[i] = (tu_get(x, i, dt) - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c] +
-                    beta[c];
+            yr[i] = ref_map(&sc[i], tu_get(x, i, dt), rm[c],
+                            1.0 / sqrt((double)rv[c] + (double)EPS), gamma[c], beta[c]);
           }
       tu_poison(y, T, dt);
       ck_assert_int_eq(sn_batchnorm_infer(y, x, rm, rv, gamma, beta, N, C, S, EPS, lay, dt),
@@ -481,20 +496,22 @@ START_TEST(test_infer_nan_var) {
           const int64_t i = tu_at(lay, n, 1, s, C, S);
           TU_CHECK(isnan(tu_get(y, i, dt)), "y[%lld, 1, %lld] not NaN", (long long)n,
                    (long long)s);
-          tu_set(y, i, 0.0, dt), yr[i] = 0.0;
+          tu_set(y, i, 0.0, dt), yr[i] = 0.0, sc[i] = 0.0;
         }
-      tu_assert_fwd(y, dt, yr, T, "infer with a NaN running_var: the other channels");
-      free(x), free(y), free(gamma), free(beta), free(yr);
+      tu_assert_fwd(y, dt, yr, sc, T, "infer with a NaN running_var: the other channels");
+      free(x), free(y), free(gamma), free(beta), free(yr), free(sc);
     }
 }
 END_TEST
 
-/* bf16/f16 outputs where beta cancels x̂·gamma: beta_c = −round_f32(x̂·gamma_c) of one element
- * of each channel, so that y is ~2^-24 of its terms there (and wherever x repeats that value; an
- * f32 map was 254 ulp off). apply against y = (x − mean)·rstd·gamma + beta in fp64 with the
- * statistics it was given (the f32 rstd: the bound is relative to its inputs), infer against
- * the fp64 formula of the running statistics; each element within 1 ulp, both layouts, C = 3
- * and 65. */
+/* bf16/f16 outputs where beta cancels x̂·gamma: beta_c = −round_f32(x̂·gamma_c) of one element of
+ * each channel, so that y is ~2^-24 of its terms there (and wherever x repeats that value): an
+ * f32 map errs by roundings of x̂·gamma, far more than 1 ulp of y. apply against
+ * y = (x − mean)·rstd·gamma + beta in fp64 with the statistics it was given (the f32 rstd: the
+ * bound is relative to its inputs); the training forward (stats → finalize → apply, and
+ * sn_batchnorm_fwd bitwise the same: lib_train_fwd) against the fp64 batch statistics; infer
+ * against the fp64 formula of the running statistics. Each element at the mixed bound
+ * (tu_check_lowp_mixed), both layouts, C = 3 and 65. */
 START_TEST(test_beta_cancels) {
   const int64_t N = 4, S = 250;
   static const int64_t CC[] = {3, 65};
@@ -508,8 +525,9 @@ START_TEST(test_beta_cancels) {
         const sn_dtype_t dt = DTYPES[id];
         void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
         float *gamma = tu_falloc(C), *beta = tu_falloc(C), *rstd = tu_falloc(C), *rm = tu_falloc(C);
-        float *rv = tu_falloc(C);
-        double *mean = tu_dalloc(C), *yr = tu_dalloc(T);
+        float *rv = tu_falloc(C), *rstd2 = tu_falloc(C);
+        double *mean = tu_dalloc(C), *mean2 = tu_dalloc(C), *yr = tu_dalloc(T), *sc = tu_dalloc(T);
+        double *g64 = tu_dalloc(C), *b64 = tu_dalloc(C);
         fill_bn(x, N, C, S, lay, dt, 0.5, 2.0, &r);
         tu_fill_params(gamma, beta, C, &r);
         double *xd = tu_to_f64(x, T, dt);
@@ -521,17 +539,20 @@ START_TEST(test_beta_cancels) {
           const int64_t i = tu_at(lay, 1, c, 5 * c + 2, C, S);
           beta[c] = -(float)((xd[i] - mean[c]) * (double)rstd[c] * gamma[c]);
         }
-        for (int64_t i = 0; i < T; i++) yr[i] = NAN;
         for (int64_t n = 0; n < N; n++)
           for (int64_t c = 0; c < C; c++)
             for (int64_t ss = 0; ss < S; ss++) {
               const int64_t i = tu_at(lay, n, c, ss, C, S);
-              yr[i] = (xd[i] - mean[c]) * (double)rstd[c] * gamma[c] + beta[c];
+              yr[i] = ref_map(&sc[i], xd[i], mean[c], (double)rstd[c], gamma[c], beta[c]);
             }
         tu_poison(y, T, dt);
         ck_assert_int_eq(sn_batchnorm_apply(y, x, mean, rstd, gamma, beta, N, C, S, lay, dt),
                          SN_OK);
-        tu_assert_fwd(y, dt, yr, T, what);
+        tu_assert_fwd(y, dt, yr, sc, T, what);
+        for (int64_t c = 0; c < C; c++) g64[c] = gamma[c], b64[c] = beta[c];
+        lib_train_fwd(y, mean2, NULL, rstd2, x, NULL, gamma, beta, N, C, S, lay, dt);
+        ref_train_fwd(yr, sc, xd, g64, b64, N, C, S, lay, EPS);
+        tu_assert_fwd(y, dt, yr, sc, T, what);
         for (int64_t c = 0; c < C; c++) { /* running statistics near the batch's */
           rm[c] = (float)mean[c];
           rv[c] = (float)(1.0 / ((double)rstd[c] * rstd[c]));
@@ -542,22 +563,23 @@ START_TEST(test_beta_cancels) {
           for (int64_t c = 0; c < C; c++)
             for (int64_t ss = 0; ss < S; ss++) {
               const int64_t i = tu_at(lay, n, c, ss, C, S);
-              yr[i] = (xd[i] - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c] + beta[c];
+              yr[i] = ref_map(&sc[i], xd[i], rm[c], 1.0 / sqrt((double)rv[c] + (double)EPS),
+                              gamma[c], beta[c]);
             }
         tu_poison(y, T, dt);
         ck_assert_int_eq(sn_batchnorm_infer(y, x, rm, rv, gamma, beta, N, C, S, EPS, lay, dt),
                          SN_OK);
-        tu_assert_fwd(y, dt, yr, T, what);
-        free(x), free(y), free(gamma), free(beta), free(rstd), free(rm), free(rv), free(mean);
-        free(yr), free(xd);
+        tu_assert_fwd(y, dt, yr, sc, T, what);
+        free(x), free(y), free(gamma), free(beta), free(rstd), free(rm), free(rv), free(rstd2);
+        free(mean), free(mean2), free(yr), free(sc), free(g64), free(b64), free(xd);
       }
 }
 END_TEST
 
 /* A mean so small that lo = mean − (float)mean is a subnormal f32 (mean 2^-100 + 2^-152): the
- * maps' two-float mean loses its low part and x − mean its value (a review found 128 ulp: 0 for
+ * maps' two-float mean loses its low part and x − mean its value (128 ulp off in f32: 0 for
  * −2^-78), so such a channel is mapped in fp64. apply against the formula in fp64 with the given
- * statistics, f32 (normwise bound) and bf16 (1 ulp), with and without beta, both layouts; the
+ * statistics, f32 (normwise bound) and bf16 (the mixed bound), with and without beta, both layouts; the
  * other channels ordinary. */
 START_TEST(test_tiny_mean) {
   const int64_t N = 2, C = 3, S = 40, T = N * C * S;
@@ -570,7 +592,7 @@ START_TEST(test_tiny_mean) {
         const sn_dtype_t dt = DTYPES[id];
         void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt);
         float *gamma = tu_falloc(C), *beta = tu_falloc(C), rstd[3];
-        double mean[3], *yr = tu_dalloc(T);
+        double mean[3], *yr = tu_dalloc(T), *sc = tu_dalloc(T);
         fill_bn(x, N, C, S, lay, dt, 0.0, 1.0, &r);
         tu_fill_params(gamma, beta, C, &r);
         mean[0] = 0x1p-100 + 0x1p-152, rstd[0] = 0x1p74f;
@@ -588,7 +610,8 @@ START_TEST(test_tiny_mean) {
           for (int64_t c = 0; c < C; c++)
             for (int64_t ss = 0; ss < S; ss++) {
               const int64_t i = tu_at(lay, n, c, ss, C, S);
-              yr[i] = (xd[i] - mean[c]) * (double)rstd[c] * gamma[c] + (with_b ? beta[c] : 0.0);
+              yr[i] = ref_map(&sc[i], xd[i], mean[c], (double)rstd[c], gamma[c],
+                              with_b ? beta[c] : 0.0);
             }
         char what[96];
         snprintf(what, sizeof what, "tiny mean %s %s beta=%d", LNAME[il], tu_dtype_name[dt],
@@ -610,25 +633,25 @@ START_TEST(test_tiny_mean) {
                           (long long)c, sqrt(num) / sqrt(den));
           }
         } else {
-          tu_assert_fwd(y, dt, yr, T, what);
+          tu_assert_fwd(y, dt, yr, sc, T, what);
         }
-        free(x), free(y), free(gamma), free(beta), free(yr), free(xd);
+        free(x), free(y), free(gamma), free(beta), free(yr), free(xd), free(sc);
       }
 }
 END_TEST
 
 /* bf16 y with beta where the f32 product x̂·gamma overflows but y = x̂·gamma + beta is finite:
- * the checked map must recompute those elements in fp64 (the runs of NCHW bf16 channels, read in
- * pairs, flag them by the bits of |v| above FLT_MAX; NHWC by SN_CHK_FAILS). mean 0, rstd 1,
+ * the map must recompute those elements in fp64 (an f32 value that is not finite is redone).
+ * mean 0, rstd 1,
  * gamma 4 and x ~ 1e38: x·4 ~ 4e38 > FLT_MAX, beta −3e38, y ~ 1e38. Every other element is
- * ordinary (small x); runs of S = 1, 31, 32, 33, 100 (whole pair blocks and tails). Each y
- * within 1 ulp of the fp64 formula (tu_assert_fwd), and both layouts the same bits. */
+ * ordinary (small x); runs of S = 1, 31, 32, 33, 100 (whole pair blocks and tails). Each y at
+ * the forward bound against the fp64 formula (tu_assert_fwd), and both layouts the same bits. */
 START_TEST(test_apply_overflow_cancelled) {
   static const int64_t SS[] = {1, 31, 32, 33, 100};
   const sn_dtype_t dt = SN_DTYPE_BF16;
   for (size_t is = 0; is < sizeof SS / sizeof SS[0]; is++) {
     const int64_t N = 2, C = 3, S = SS[is], T = N * C * S;
-    double mean[3] = {0.0, 0.0, 0.0}, *yr = tu_dalloc(T);
+    double mean[3] = {0.0, 0.0, 0.0}, *yr = tu_dalloc(T), *sc = tu_dalloc(T);
     float rstd[3] = {1.0f, 1.0f, 1.0f}, gamma[3] = {4.0f, 4.0f, 1.0f};
     float beta[3] = {-3e38f, -2.5e38f, 0.5f};
     void *x = tu_alloc(T, dt), *y[2] = {tu_alloc(T, dt), tu_alloc(T, dt)}, *xt = tu_alloc(T, dt);
@@ -643,7 +666,7 @@ START_TEST(test_apply_overflow_cancelled) {
       for (int64_t c = 0; c < C; c++)
         for (int64_t ss = 0; ss < S; ss++) {
           const int64_t i = tu_at(SN_LAYOUT_NCHW, n, c, ss, C, S);
-          yr[i] = tu_get(x, i, dt) * (double)gamma[c] + (double)beta[c];
+          yr[i] = ref_map(&sc[i], tu_get(x, i, dt), 0.0, 1.0, gamma[c], beta[c]);
         }
     tu_transpose(xt, SN_LAYOUT_NHWC, x, SN_LAYOUT_NCHW, N, C, S, dt);
     for (int l = 0; l < 2; l++) tu_poison(y[l], T, dt);
@@ -651,24 +674,24 @@ START_TEST(test_apply_overflow_cancelled) {
                                         SN_LAYOUT_NCHW, dt), SN_OK);
     ck_assert_int_eq(sn_batchnorm_apply(y[1], xt, mean, rstd, gamma, beta, N, C, S,
                                         SN_LAYOUT_NHWC, dt), SN_OK);
-    tu_assert_fwd(y[0], dt, yr, T, "bf16 y where x̂·gamma overflows f32 and beta cancels it");
+    tu_assert_fwd(y[0], dt, yr, sc, T, "bf16 y where x̂·gamma overflows f32 and beta cancels it");
     tu_transpose(yt, SN_LAYOUT_NCHW, y[1], SN_LAYOUT_NHWC, N, C, S, dt);
     tu_assert_bitwise(y[0], yt, (size_t)(T * sn_dtype_size(dt)), "NCHW vs NHWC y");
-    free(yr), free(x), free(y[0]), free(y[1]), free(xt), free(yt);
+    free(yr), free(sc), free(x), free(y[0]), free(y[1]), free(xt), free(yt);
   }
 }
 END_TEST
 
 /* Channels of values of both signs near the f32 range (tu_fill_near_max; a channel's mean is
- * beyond 2^103): x − mean exceeds FLT_MAX for some elements although y is O(1) (a review found
- * ±inf in y and NaN in dx: the maps took x − mean in f32). Training forward and backward and
- * inference (running_mean 1e38 and running_var FLT_MAX/2: y ~ 1e19, finite), f32 and bf16, both
- * layouts, C = 3 and 65 (NHWC tiles with and without such channels: every other channel is
- * ordinary; C = 300: two tiles), and the other layout bitwise the same (a review found the
- * ordinary channels of a tile changed by its fp64 ones). var (~1e76) overflows its f32 output to
+ * beyond 2^103): x − mean exceeds FLT_MAX for some elements although y is O(1) (x − mean taken
+ * in f32 would give ±inf in y and NaN in dx). Training forward and backward and inference
+ * (running_mean 1e38 and running_var FLT_MAX/2: y ~ 1e19, finite), f32 and bf16, both layouts,
+ * C = 3 and 65 (NHWC tiles with and without such channels: every other channel is ordinary;
+ * C = 300: two tiles), and the other layout bitwise the same (the ordinary channels of a tile
+ * must not change with the fp64 ones beside them). var (~1e76) overflows its f32 output to
  * +inf, as the f32 value of a variance that large must; it is not checked. rstd (~2^-127) is a
  * subnormal f32; every fourth channel has gamma 2^-16, so that gamma·rstd is a subnormal f32
- * with a few bits left (a review found 1e5 ulp: the map must take it in fp64). dy is scaled by
+ * with a few bits left (1e5 ulp off in f32: the map must take it in fp64). dy is scaled by
  * 2^100 so that dx is a normal number. */
 START_TEST(test_near_f32_max) {
   static const int64_t NSS[][2] = {{8, 125}, {1, 3}};
@@ -688,6 +711,7 @@ START_TEST(test_near_f32_max) {
               *rstd = tu_falloc(C);
           float *rm = tu_falloc(C), *rv = tu_falloc(C);
           double *mean = tu_dalloc(C), *g64 = tu_dalloc(C), *b64 = tu_dalloc(C), *yr = tu_dalloc(T);
+          double *sc = tu_dalloc(T);
           double *sdy = tu_dalloc(C), *sdx = tu_dalloc(C), *dxr = tu_dalloc(T), *dgr = tu_dalloc(C);
           double *dbr = tu_dalloc(C);
           fill_bn(x, N, C, S, lay, dt, 0.0, 1.0, &r);
@@ -707,8 +731,8 @@ START_TEST(test_near_f32_max) {
           snprintf(what, sizeof what, "near FLT_MAX N=%lld C=%lld S=%lld %s %s", (long long)N,
                    (long long)C, (long long)S, LNAME[il], tu_dtype_name[dt]);
           lib_train_fwd(y, mean, var, rstd, x, NULL, gamma, beta, N, C, S, lay, dt);
-          ref_train_fwd(yr, xd, g64, b64, N, C, S, lay, EPS);
-          tu_assert_fwd(y, dt, yr, T, what);
+          ref_train_fwd(yr, sc, xd, g64, b64, N, C, S, lay, EPS);
+          tu_assert_fwd(y, dt, yr, sc, T, what);
           lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, lay, dt);
           ref_train_bwd(dxr, dgr, dbr, dyd, xd, g64, N, C, S, lay, EPS);
           assert_dx_each_channel(dx, dt, dxr, dyd, gamma, rstd, N, C, S, lay,
@@ -739,16 +763,17 @@ START_TEST(test_near_f32_max) {
           for (int64_t n = 0; n < N; n++)
             for (int64_t c = 0; c < C; c++)
               for (int64_t ss = 0; ss < S; ss++) {
-                int64_t i = tu_at(lay, n, c, ss, C, S);
-                yr[i] = (xd[i] - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c] + beta[c];
+                const int64_t i = tu_at(lay, n, c, ss, C, S);
+                yr[i] = ref_map(&sc[i], xd[i], rm[c], 1.0 / sqrt((double)rv[c] + (double)EPS),
+                                gamma[c], beta[c]);
               }
           tu_poison(y, T, dt);
           ck_assert_int_eq(sn_batchnorm_infer(y, x, rm, rv, gamma, beta, N, C, S, EPS, lay, dt),
                            SN_OK);
-          tu_assert_fwd(y, dt, yr, T, what);
+          tu_assert_fwd(y, dt, yr, sc, T, what);
           free(x), free(y), free(dy), free(dx), free(gamma), free(beta), free(var), free(rstd);
           free(rm), free(rv), free(mean), free(g64), free(b64), free(yr), free(sdy), free(sdx);
-          free(dxr), free(dgr), free(dbr), free(xd), free(dyd);
+          free(dxr), free(dgr), free(dbr), free(xd), free(dyd), free(sc);
         }
 }
 END_TEST
@@ -832,9 +857,9 @@ START_TEST(test_train_bwd_vs_fd) {
       for (int64_t i = 0; i < T; i++) {
         double keep = xd[i];
         xd[i] = keep + h;
-        ref_train_fwd(yp, xd, g64, b64, N, C, S, lay, EPS);
+        ref_train_fwd(yp, NULL, xd, g64, b64, N, C, S, lay, EPS);
         xd[i] = keep - h;
-        ref_train_fwd(ym, xd, g64, b64, N, C, S, lay, EPS);
+        ref_train_fwd(ym, NULL, xd, g64, b64, N, C, S, lay, EPS);
         xd[i] = keep;
         fd[i] = (dot(yp, wd, T) - dot(ym, wd, T)) / (2 * h);
       }
@@ -846,9 +871,9 @@ START_TEST(test_train_bwd_vs_fd) {
         for (int64_t c = 0; c < C; c++) {
           double keep = p[c];
           p[c] = keep + h;
-          ref_train_fwd(yp, xd, g64, b64, N, C, S, lay, EPS);
+          ref_train_fwd(yp, NULL, xd, g64, b64, N, C, S, lay, EPS);
           p[c] = keep - h;
-          ref_train_fwd(ym, xd, g64, b64, N, C, S, lay, EPS);
+          ref_train_fwd(ym, NULL, xd, g64, b64, N, C, S, lay, EPS);
           p[c] = keep;
           fdp[c] = (dot(yp, wd, T) - dot(ym, wd, T)) / (2 * h);
         }
@@ -954,13 +979,13 @@ START_TEST(test_pivots) {
 }
 END_TEST
 
-/* Pivots nowhere near the data (a review): 8e6 + {−0.5, 0, 0.5} (σ = 0.41) with pivots 1e22,
- * 1e24, ±3e38 and +inf; a constant channel (4751940608, σ = 0) with pivot −1.5e23; bf16 −2^37.6
- * constant with pivot −2^95. The first sums hold nothing of the data, so the refined pivot was
- * a rounding residue and the variance 11 % off (constant channels: var 0.25 instead of 0; an
- * infinite pivot: NaN statistics). sn_batchnorm_fwd (fused NCHW, unfused NHWC) must give the
- * fp64 statistics: mean to 2^-40 of |mean|, var to 2^-20 of itself plus 2^-40·mean², rstd and
- * y following. */
+/* Pivots nowhere near the data: 8e6 + {−0.5, 0, 0.5} (σ = 0.41) with pivots 1e22, 1e24,
+ * ±3e38 and +inf; a constant channel (4751940608, σ = 0) with pivot −1.5e23; bf16 −2^37.6
+ * constant with pivot −2^95. The first sums hold nothing of the data, so a pivot refined from
+ * them alone would be a rounding residue and the variance 11 % off (constant channels: var 0.25
+ * instead of 0; an infinite pivot: NaN statistics). sn_batchnorm_fwd (fused NCHW, unfused
+ * NHWC) must give the fp64 statistics: mean to 2^-40 of |mean|, var to 2^-20 of itself plus
+ * 2^-40·mean², rstd and y following. */
 START_TEST(test_far_pivot) {
   static const float PIVOTS[] = {1e22f, 1e24f, 3e38f, -3e38f, INFINITY};
   enum { C = 3, N = 2, S = 150, T = N * C * S };
@@ -1003,15 +1028,16 @@ START_TEST(test_far_pivot) {
                    "%s %s pivot %g channel %lld: rstd %.9g, want %.17g", tu_dtype_name[dt],
                    LNAME[il], (double)piv[c], (long long)c, (double)rstd[c], want_rstd);
         }
-        double *yr = tu_dalloc(T);
+        double *yr = tu_dalloc(T), *sc = tu_dalloc(T);
         for (int64_t n = 0; n < N; n++)
           for (int64_t c = 0; c < C; c++)
             for (int64_t sp = 0; sp < S; sp++) {
               const int64_t i = tu_at(lay, n, c, sp, C, S);
-              yr[i] = (xd[i] - rm[c]) / sqrt(rv[c] + (double)EPS) + (double)beta[c];
+              yr[i] = ref_map(&sc[i], xd[i], rm[c], 1.0 / sqrt(rv[c] + (double)EPS), 1.0,
+                              (double)beta[c]);
             }
-        tu_assert_fwd(y, dt, yr, T, "sn_batchnorm_fwd, a pivot far from the data");
-        free(x), free(y), free(xd), free(yr);
+        tu_assert_fwd(y, dt, yr, sc, T, "sn_batchnorm_fwd, a pivot far from the data");
+        free(x), free(y), free(xd), free(yr), free(sc);
       }
 }
 END_TEST
@@ -1426,7 +1452,7 @@ START_TEST(test_adversarial) {
     for (int64_t i = 0; i < T; i++) x[i] = (float)(1e4 + 1e-2 * tu_rng_normal(&r));
     tu_fill_normal(dy, T, SN_DTYPE_F32, 0.0, 1.0, &r);
     double *xd = tu_to_f64(x, T, SN_DTYPE_F32), *dyd = tu_to_f64(dy, T, SN_DTYPE_F32);
-    ref_train_fwd(yr, xd, g64, b64, N, C, S, lay, EPS);
+    ref_train_fwd(yr, NULL, xd, g64, b64, N, C, S, lay, EPS);
     ref_train_bwd(dxr, NULL, NULL, dyd, xd, g64, N, C, S, lay, EPS);
     for (int way = 0; way < 2; way++) {
       if (way == 0) { /* pivot = last batch's mean (here: the mean plus 3σ) */
@@ -1437,7 +1463,7 @@ START_TEST(test_adversarial) {
       }
       lib_train_fwd(y, mean, NULL, rstd, x, piv, gamma, beta, N, C, S, lay, SN_DTYPE_F32);
       check_stats(mean, NULL, rstd, xd, N, C, S, lay, "mean 1e4 sigma 1e-2");
-      tu_assert_fwd(y, SN_DTYPE_F32, yr, T, "mean 1e4 sigma 1e-2: y");
+      tu_assert_fwd(y, SN_DTYPE_F32, yr, NULL, T, "mean 1e4 sigma 1e-2: y");
       double *sdy = tu_dalloc(C), *sdx = tu_dalloc(C);
       lib_train_bwd(dx, sdy, sdx, dy, x, mean, rstd, gamma, N, C, S, lay, SN_DTYPE_F32);
       assert_dx(dx, SN_DTYPE_F32, dxr, dyd, gamma, rstd, N, C, S, lay, "mean 1e4 sigma 1e-2");
@@ -1464,11 +1490,11 @@ START_TEST(test_adversarial) {
       tu_fill_normal(dyh, T, dt, 6e4, 1000.0, &r);
       for (int64_t i = 0; i < T; i++)
         if (fabs(tu_get(dyh, i, dt)) > 65504.0) tu_set(dyh, i, 65504.0, dt);
-      double *xhd = tu_to_f64(xh, T, dt);
+      double *xhd = tu_to_f64(xh, T, dt), *sc = tu_dalloc(T);
       lib_train_fwd(yh, mean, NULL, rstd, xh, NULL, gamma, beta, N, C, S, lay, dt);
       check_stats(mean, NULL, rstd, xhd, N, C, S, lay, "near 6e4");
-      ref_train_fwd(yr, xhd, g64, b64, N, C, S, lay, EPS);
-      tu_assert_fwd(yh, dt, yr, T, "near 6e4: y");
+      ref_train_fwd(yr, sc, xhd, g64, b64, N, C, S, lay, EPS);
+      tu_assert_fwd(yh, dt, yr, sc, T, "near 6e4: y");
       double *sdy2 = tu_dalloc(C), *sdx2 = tu_dalloc(C), *dyhd = tu_to_f64(dyh, T, dt);
       lib_train_bwd(dxh, sdy2, sdx2, dyh, xh, mean, rstd, gamma, N, C, S, lay, dt);
       ref_train_bwd(dxr, NULL, NULL, dyhd, xhd, g64, N, C, S, lay, EPS);
@@ -1478,14 +1504,16 @@ START_TEST(test_adversarial) {
       for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++)
           for (int64_t s = 0; s < S; s++) {
-            int64_t i = tu_at(lay, n, c, s, C, S);
-            yr[i] = (xhd[i] - rm[c]) / sqrt((double)rv[c] + (double)EPS) * gamma[c] + beta[c];
+            const int64_t i = tu_at(lay, n, c, s, C, S);
+            yr[i] = ref_map(&sc[i], xhd[i], rm[c], 1.0 / sqrt((double)rv[c] + (double)EPS),
+                            gamma[c], beta[c]);
           }
       tu_poison(yh, T, dt);
       ck_assert_int_eq(sn_batchnorm_infer(yh, xh, rm, rv, gamma, beta, N, C, S, EPS, lay, dt), SN_OK);
-      tu_assert_fwd(yh, dt, yr, T, "near 6e4: infer");
+      tu_assert_fwd(yh, dt, yr, sc, T, "near 6e4: infer");
       free(rm), free(rv);
       free(xh), free(yh), free(dyh), free(dxh), free(xhd), free(sdy2), free(sdx2), free(dyhd);
+      free(sc);
     }
     free(x), free(y), free(dy), free(dx), free(rstd), free(piv), free(gamma), free(beta);
     free(mean), free(sum), free(sq), free(yr), free(dxr), free(g64), free(b64), free(xd), free(dyd);

@@ -135,7 +135,7 @@ START_TEST(test_roundtrip_several_layers) {
   const char *two[2] = {"x", "y"};
   ck_assert_int_eq(sn_syncbn_save(path, twice, two, 2), SN_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(sn_last_error(), "same layer"));
-  /* and loading one layer twice (a review: accepted, the last one won), the layer
+  /* and loading one layer twice (refused, not the last one winning), the layer
    * unchanged */
   sn_syncbn_t *twice_b[2] = {b[0], b[0]};
   const char *two_saved[2] = {prefixes[0], prefixes[0]};
@@ -302,10 +302,10 @@ START_TEST(test_long_file_names) {
 }
 END_TEST
 
-/* Threads saving to one path at once (a review: with "<path>.tmp.<pid>" as every save's
- * temporary name, each thread's unlink of a stale one removed the other's link before its
- * rename, and 8-17 of 600 saves failed with SN_ERR_IO): every save succeeds, the file is then
- * one thread's tensor whole, and no temporary file is left. */
+/* Threads saving to one path at once (with "<path>.tmp.<pid>" as every save's temporary name,
+ * each thread's unlink of a stale one would remove the other's link before its rename, and 8-17
+ * of 600 saves would fail with SN_ERR_IO): every save succeeds, the file is then one thread's
+ * tensor whole, and no temporary file is left. */
 enum { CONC_THREADS = 3, CONC_SAVES = 150, CONC_ELEMS = 1000 };
 typedef struct {
   const char *path;
@@ -457,7 +457,7 @@ END_TEST
 
 /* A file may hold tensors of the format's dtypes that sn_tensor_t cannot describe (a model's
  * token ids, masks): it loads, lists them, and refuses only those in sn_safetensors_get, so the
- * BatchNorm layers of such a file load (a user found one I32 tensor blocked the whole file). */
+ * BatchNorm layers of such a file load (one I32 tensor must not block the whole file). */
 START_TEST(test_other_dtypes_listed) {
   char path[300];
   path_in(path, sizeof path, "mixed.safetensors");

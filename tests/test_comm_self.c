@@ -95,9 +95,9 @@ START_TEST(test_destroyed_handles) {
 }
 END_TEST
 
-/* Two threads destroying the same layer (a misuse) free it once: a review found a double free
- * ("double free or corruption", within 0.5 s) when the check and the removal from the set of
- * live handles were two steps. DESTROY_RACES rounds, each thread released by a barrier. */
+/* Two threads destroying the same layer (a misuse) free it once: were the check and the removal
+ * from the set of live handles two steps, both could pass the check and free it twice ("double
+ * free or corruption", within 0.5 s). DESTROY_RACES rounds, each thread released by a barrier. */
 #define DESTROY_RACES 20000
 static pthread_barrier_t race_start, race_end;
 static sn_syncbn_t *race_bn;
@@ -131,8 +131,8 @@ START_TEST(test_destroy_race) {
 }
 END_TEST
 
-/* SN_COMM_TIMEOUT_S: numbers >= 0 are taken, anything else fails the creation (a review: "5m"
- * was ignored silently and the job ran with the 1800 s default). */
+/* SN_COMM_TIMEOUT_S: numbers >= 0 are taken, anything else fails the creation ("5m" is not
+ * ignored silently, which would leave the job on the 1800 s default). */
 START_TEST(test_env_timeout) {
   const char *outer = getenv("SN_COMM_TIMEOUT_S"); /* restored at the end */
   char saved[256] = "";
@@ -267,7 +267,7 @@ START_TEST(test_failed_forward_and_saved) {
       p.running_var[0] = -1.0f;
       st = sn_syncbn_forward(bn, y, x, 2, 2, 0);
       p.running_var[0] = 1.0f;
-      /* the message names the call and the layer (a review: only sn_batchnorm_infer's) */
+      /* the message names the call and the layer, not only the inner sn_batchnorm_infer */
       ck_assert_msg(strncmp(sn_last_error(), "sn_syncbn_forward (layer 0)", 27) == 0 &&
                         strstr(sn_last_error(), "running_var[0]") != NULL,
                     "%s", sn_last_error());

@@ -8,7 +8,7 @@
  * order of the additions, and so the last bits of the sums, which the public kernels' f32
  * outputs almost never show (their tests compare mean and rstd in f32). The rows mix magnitudes
  * from 2^-20 to 2^20 and both signs, so that the order of the additions shows in the sums.
- * Links the static library (the prefetch switch sn__pf_l2 the inline functions read).
+ * Links the static library (the internal functions the inline functions call).
  */
 #include <check.h>
 #include <stdint.h>

@@ -162,9 +162,9 @@ END_TEST
 
 /* BatchNorm shapes at the switches of the fused NCHW passes (fused_block: tasks of up to 8
  * channels, fused where they share evenly between the threads or are many), run before the
- * random cases: N=7 C=117 S=114 (15 tasks: fused on 1 thread, not on 8; the case that found the
- * NaN sign of the fused and unfused sums), one task, 8 tasks, one channel, C beyond a multiple
- * of 8. {N, C, S}. */
+ * random cases: N=7 C=117 S=114 (15 tasks: fused on 1 thread, not on 8, so the fused and
+ * unfused sums must give a NaN the same sign), one task, 8 tasks, one channel, C beyond a
+ * multiple of 8. {N, C, S}. */
 static const int64_t BN_SHAPES[][3] = {{7, 117, 114}, {1, 8, 5000}, {2, 64, 300},
                                        {1, 1, 40000}, {9, 3, 2000}, {4, 257, 33}};
 #define N_BN_SHAPES ((int)(sizeof BN_SHAPES / sizeof BN_SHAPES[0]))
@@ -221,10 +221,10 @@ START_TEST(test_batchnorm_special) {
 END_TEST
 
 /* GroupNorm shapes at the thread-count switches, run before the random cases: one sample (NHWC
- * shares it between a team of threads: the case that found GroupNorm's rstd NaN sign following
- * the thread count), two and three samples (fewer than the threads that can run at once on
- * hosts with more processors than that, in teams that do not divide; on two processors they
- * take a sample per thread), one channel. {N, C, S, G}. */
+ * shares it between a team of threads, and rstd's NaN sign must not follow the thread count),
+ * two and three samples (fewer than the threads that can run at once on hosts with more
+ * processors than that, in teams that do not divide; on two processors they take a sample per
+ * thread), one channel. {N, C, S, G}. */
 static const int64_t GN_SHAPES[][4] = {{1, 64, 1024, 8}, {1, 32, 2048, 32}, {2, 48, 600, 4},
                                        {3, 96, 256, 32}, {1, 1, 40000, 1}};
 #define N_GN_SHAPES ((int)(sizeof GN_SHAPES / sizeof GN_SHAPES[0]))

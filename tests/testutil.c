@@ -273,8 +273,8 @@ void tu_assert_all_finite(const void *got, sn_dtype_t dtype, int64_t n, const ch
   }
 }
 
-void tu_assert_fwd(const void *got, sn_dtype_t dtype, const double *ref, int64_t n,
-                   const char *what) {
+void tu_assert_fwd(const void *got, sn_dtype_t dtype, const double *ref, const double *scale,
+                   int64_t n, const char *what) {
   tu_assert_all_finite(got, dtype, n, what);
   if (dtype == SN_DTYPE_F32) {
     double e = tu_normwise_rel(got, dtype, ref, n);
@@ -282,13 +282,54 @@ void tu_assert_fwd(const void *got, sn_dtype_t dtype, const double *ref, int64_t
                   TU_RTOL_F32_FWD);
     return;
   }
+  tu_check_lowp_mixed(got, dtype, ref, scale, n, what);
+}
+
+double tu_lowp_allowed(double exact, double scale, sn_dtype_t dtype) {
+  const int mant = dtype == SN_DTYPE_BF16 ? 7 : 10, emin = dtype == SN_DTYPE_BF16 ? -126 : -14;
+  int e = emin + 1;
+  if (exact != 0.0 && isfinite(exact)) frexp(exact, &e); /* |exact| in [2^(e-1), 2^e) */
+  const double ulp = ldexp(1.0, (e - 1 < emin ? emin : e - 1) - mant);
+  return fmax(ulp, TU_LOWP_SCALE_TOL * scale);
+}
+
+void tu_check_lowp_mixed(const void *got, sn_dtype_t dtype, const double *exact,
+                         const double *scale, int64_t n, const char *what) {
+  ck_assert_msg(dtype == SN_DTYPE_BF16 || dtype == SN_DTYPE_F16,
+                "%s: the mixed bound is for bf16/f16 outputs, not %s", what, tu_dtype_name[dtype]);
+  int64_t failed = 0, worst = -1;
+  double worst_ratio = 0.0;
   for (int64_t i = 0; i < n; i++) {
-    double g = tu_get(got, i, dtype), r = tu_round(ref[i], dtype);
-    double u = tu_ulp_diff(g, r, dtype);
-    if (!(u <= TU_ULPS_HALF))
-      ck_abort_msg("%s (%s): element %lld = %.8g, reference %.8g (rounded %.8g), %g ulp", what,
-                   tu_dtype_name[dtype], (long long)i, g, ref[i], r, u);
+    const double g = tu_get(got, i, dtype), e = exact[i];
+    const double s = scale != NULL ? scale[i] : fabs(e);
+    double ratio;
+    if (isnan(e)) ratio = isnan(g) ? 0.0 : INFINITY;
+    else if (isinf(e)) ratio = g == e ? 0.0 : INFINITY;
+    else {
+      const double err = fabs(g - e); /* NaN for a NaN g */
+      ratio = err <= tu_lowp_allowed(e, s, dtype) ? 0.0
+              : isnan(err) ? INFINITY : err / tu_lowp_allowed(e, s, dtype);
+    }
+    if (ratio > 0.0) {
+      failed++;
+      if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
+    }
   }
+  if (failed > 0) {
+    const double e = exact[worst], s = scale != NULL ? scale[worst] : fabs(e);
+    ck_abort_msg("%s (%s): %lld of %lld elements outside |y - exact| <= max(1 ulp, %a * "
+                 "(|xhat*gamma| + |beta|)); worst element %lld = %.9g, exact %.17g, scale %.6g, "
+                 "allowed %.3g (error %.3g times that)",
+                 what, tu_dtype_name[dtype], (long long)failed, (long long)n, TU_LOWP_SCALE_TOL,
+                 (long long)worst,
+                 tu_get(got, worst, dtype), e, s, tu_lowp_allowed(e, s, dtype), worst_ratio);
+  }
+}
+
+int tu_lowp_pair_ok(double a, double b, double scale, sn_dtype_t dtype) {
+  if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
+  if (a == b) return 1;
+  return fabs(a - b) <= 2.0 * tu_lowp_allowed(fmax(fabs(a), fabs(b)), scale, dtype);
 }
 
 void tu_assert_rel(const void *got, sn_dtype_t dtype, const double *ref, int64_t n, double rtol,
@@ -346,4 +387,13 @@ void tu_assert_scratch_bytes(long long bytes, const char *what) {
                 "%s: %s", what, sn_last_error());
   ck_assert_msg(got == bytes, "%s: %lld bytes of scratch asked for, expected %lld", what, got,
                 bytes);
+}
+
+void tu_assert_scratch_below(long long max_bytes, const char *what) {
+  long long got = 0;
+  const char *at = strstr(sn_last_error(), "allocating ");
+  ck_assert_msg(at != NULL && sscanf(at, "allocating %lld bytes of scratch", &got) == 1,
+                "%s: %s", what, sn_last_error());
+  ck_assert_msg(got > 0 && got <= max_bytes, "%s: %lld bytes of scratch asked for, at most %lld",
+                what, got, max_bytes);
 }

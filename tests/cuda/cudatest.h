@@ -1,7 +1,7 @@
 /*
  * cudatest.h — device-memory helpers for the CUDA tests (tests/cuda/). Each test program compares
  * a CUDA kernel with the CPU kernel of the same name on the same inputs; see testutil.h for the
- * host-side helpers (random fills, ulp distances, poisoning).
+ * host-side helpers (random fills, ulp distances, the bf16/f16 forward bound, poisoning).
  */
 #ifndef SN_CUDATEST_H
 #define SN_CUDATEST_H

@@ -31,9 +31,9 @@
  * of the result. */
 #define ATOL_TERMS_F32 1e-6
 #define RTOL_F32 (4.0 * 0x1p-24)
-/* bf16/f16 activations: each side within 1 ulp of the exact value (the CPU's documented bound,
- * the GPU's map is fp64 rounded once), so at most 2 ulp apart; elements whose terms are much
- * larger than the result (cancellation) may differ by the f32 term error above instead. */
+/* bf16/f16 dx: at most 2 ulp apart (or within the f32 term error above where the terms
+ * cancel). bf16/f16 y: both sides at the forward bound (testutil.h TU_LOWP_SCALE_TOL), so within
+ * tu_lowp_pair_ok of each other (cmp_y). */
 #define ULPS_HALF_PAIR 2.0
 
 static const float EPS = 1e-5f;
@@ -95,6 +95,21 @@ static void cmp_act(const void *got, const void *ref, const double *terms, int64
     if (dt != SN_DTYPE_F32) ok = ok || tu_ulp_diff(a, b, dt) <= ULPS_HALF_PAIR;
     TU_CHECK(ok && !isnan(a), "%s (%s): element %lld = %.9g, CPU %.9g (terms %.3g)", what,
              tu_dtype_name[dt], (long long)i, a, b, terms[i]);
+  }
+}
+/* y against the CPU's, terms[i] = |x̂·gamma| + |beta| of element i: f32 as cmp_act; bf16/f16
+ * within tu_lowp_pair_ok of each other, with terms as the scale. */
+static void cmp_y(const void *got, const void *ref, const double *terms, int64_t n,
+                  sn_dtype_t dt, const char *what) {
+  if (dt == SN_DTYPE_F32) {
+    cmp_act(got, ref, terms, n, dt, what);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    const double a = tu_get(got, i, dt), b = tu_get(ref, i, dt);
+    TU_CHECK(!isnan(a) && tu_lowp_pair_ok(a, b, terms[i], dt),
+             "%s (%s): element %lld = %.9g, CPU %.9g (scale %.3g)", what, tu_dtype_name[dt],
+             (long long)i, a, b, terms[i]);
   }
 }
 /* Forward terms |x̂·gamma| + |beta| with the given per-channel mean and rstd. */
@@ -202,9 +217,9 @@ static void fwd_case(int64_t N, int64_t C, int64_t S, sn_layout_t lay, sn_dtype_
   double *terms = tu_dalloc(T);
   fwd_terms(terms, x, mean, rstd, hg, hb, N, C, S, lay, dt);
   ct_download(yg, dy, abytes(T, dt));
-  cmp_act(yg, y, terms, T, dt, "apply y");
+  cmp_y(yg, y, terms, T, dt, "apply y");
   ct_download(yg, dy2, abytes(T, dt));
-  cmp_act(yg, y2, terms, T, dt, "fwd y");
+  cmp_y(yg, y2, terms, T, dt, "fwd y");
   /* where no channel needs a refinement (sn__bn_refine's test on the GPU's sums; a channel of
    * 2 or 3 equal bf16 values can), fwd is bitwise the chain stats → finalize → apply */
   int refined = 0;
@@ -431,7 +446,7 @@ START_TEST(test_adversarial) {
         cmp_f32_rel(grstd, rstd, C, TOL_STAT_F32, "adversarial rstd");
         double *terms = tu_dalloc(T);
         fwd_terms(terms, x, mean, rstd, gamma, beta, N, C, S, lay, dt);
-        cmp_act(got, y, terms, T, dt, "adversarial y");
+        cmp_y(got, y, terms, T, dt, "adversarial y");
         free(terms);
         ct_free(ws), ct_free(dx), ct_free(dy), ct_free(dg), ct_free(db), ct_free(dp);
         ct_free(dmean), ct_free(dvar), ct_free(drstd);
@@ -470,11 +485,11 @@ START_TEST(test_infer) {
   ct_download(got, dy, abytes(T, dt));
   double *terms = tu_dalloc(T);
   fwd_terms(terms, x, m64, rs, gamma, beta, N, C, S, lay, dt);
-  cmp_act(got, y, terms, T, dt, "infer y");
+  cmp_y(got, y, terms, T, dt, "infer y");
   void *first = tu_alloc(T, dt);
   memcpy(first, got, abytes(T, dt));
   /* channels 4 and 5 negative (5 by less than eps, so that rv + eps > 0): NaN there, the other
-   * channels as before (in place: y = x) */
+   * channels bitwise the first call's (in place: y = x) */
   rv[4] = -1.0f, rv[5] = -0.25f * EPS;
   ct_free(drv);
   drv = ct_upload(rv, sizeof rv);
@@ -492,6 +507,82 @@ START_TEST(test_infer) {
   free(terms), free(first);
   ct_free(dx), ct_free(dy), ct_free(dg), ct_free(db), ct_free(drm), ct_free(drv);
   free(x), free(y), free(got);
+}
+END_TEST
+
+/* ---- beta cancelling x̂·gamma --------------------------------------------------------------- */
+
+/* beta[c] = −round_f32(x̂·gamma[c]) of element (1, c, c % S) of x [N, C, S] (N ≥ 2), x̂ from mean
+ * and rs (per channel, fp64): y there is ~2^-24 of its terms. */
+static void cancelling_beta(float *beta, const void *x, const double *mean, const double *rs,
+                            const float *gamma, int64_t C, int64_t S, sn_layout_t lay,
+                            sn_dtype_t dt) {
+  for (int64_t c = 0; c < C; c++)
+    beta[c] = -(float)((tu_get(x, tu_at(lay, 1, c, c % S, C, S), dt) - mean[c]) * rs[c] *
+                       gamma[c]);
+}
+
+/* The training forward (sn_cuda_batchnorm_fwd) and infer with a beta that cancels x̂·gamma
+ * (cancelling_beta, from the fp64 batch statistics and from the running ones), against the CPU's:
+ * cmp_y. _i: dtype index (1 bf16, 2 f16) · 2 + layout, from 2. */
+START_TEST(test_beta_cancels) {
+  const sn_dtype_t dt = DTYPES[_i / 2];
+  const sn_layout_t lay = LAYOUTS[_i % 2];
+  enum { N = 4, C = 65, S = 7, T = N * C * S };
+  tu_rng_t r;
+  tu_rng_seed(&r, 700 + (uint64_t)_i);
+  void *x = tu_alloc(T, dt), *y = tu_alloc(T, dt), *got = tu_alloc(T, dt);
+  float gamma[C], beta[C], var[C], rstd[C], rm[C], rv[C];
+  double mean[C], m64[C], rs64[C], *terms = tu_dalloc(T);
+  fill_bn(x, N, C, S, lay, dt, 0.5, 2.0, &r);
+  tu_fill_params(gamma, beta, C, &r);
+  for (int64_t c = 0; c < C; c++) { /* fp64 two-pass batch statistics */
+    double m = 0.0, v = 0.0;
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t s = 0; s < S; s++) m += tu_get(x, tu_at(lay, n, c, s, C, S), dt);
+    m /= (double)(N * S);
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t s = 0; s < S; s++) {
+        const double e = tu_get(x, tu_at(lay, n, c, s, C, S), dt) - m;
+        v += e * e;
+      }
+    m64[c] = m, rs64[c] = 1.0 / sqrt(v / (double)(N * S) + (double)EPS);
+  }
+  cancelling_beta(beta, x, m64, rs64, gamma, C, S, lay, dt);
+  ck_assert_int_eq(sn_batchnorm_fwd(y, mean, var, rstd, x, NULL, gamma, beta, N, C, S, EPS, lay,
+                                    dt),
+                   SN_OK);
+  size_t wsb;
+  void *ws = ws_alloc(N, C, S, lay, &wsb);
+  void *dx = ct_upload(x, abytes(T, dt)), *dy = ct_alloc_poison(abytes(T, dt));
+  float *dg = ct_upload(gamma, sizeof gamma), *db = ct_upload(beta, sizeof beta);
+  double *dmean = ct_alloc_poison(sizeof mean);
+  float *dvar = ct_alloc_poison(sizeof var), *drstd = ct_alloc_poison(sizeof rstd);
+  ck_assert_int_eq(sn_cuda_batchnorm_fwd(dy, dmean, dvar, drstd, dx, NULL, dg, db, N, C, S, EPS,
+                                         lay, dt, ws, wsb, 0),
+                   SN_OK);
+  ct_download(got, dy, abytes(T, dt));
+  fwd_terms(terms, x, mean, rstd, gamma, beta, N, C, S, lay, dt);
+  cmp_y(got, y, terms, T, dt, "fwd y, beta cancels");
+  /* infer: running statistics near the batch's, beta cancelling with them */
+  for (int64_t c = 0; c < C; c++) {
+    rm[c] = (float)(m64[c] + 0.01), rv[c] = var[c] * 1.25f;
+    m64[c] = rm[c], rs64[c] = 1.0 / sqrt((double)rv[c] + (double)EPS);
+    rstd[c] = (float)rs64[c];
+  }
+  cancelling_beta(beta, x, m64, rs64, gamma, C, S, lay, dt);
+  ck_assert_int_eq(sn_batchnorm_infer(y, x, rm, rv, gamma, beta, N, C, S, EPS, lay, dt), SN_OK);
+  float *drm = ct_upload(rm, sizeof rm), *drv = ct_upload(rv, sizeof rv);
+  ct_free(db);
+  db = ct_upload(beta, sizeof beta);
+  ck_assert_int_eq(sn_cuda_batchnorm_infer(dy, dx, drm, drv, dg, db, N, C, S, EPS, lay, dt, 0),
+                   SN_OK);
+  ct_download(got, dy, abytes(T, dt));
+  fwd_terms(terms, x, m64, rstd, gamma, beta, N, C, S, lay, dt);
+  cmp_y(got, y, terms, T, dt, "infer y, beta cancels");
+  ct_free(ws), ct_free(dx), ct_free(dy), ct_free(dg), ct_free(db), ct_free(dmean);
+  ct_free(dvar), ct_free(drstd), ct_free(drm), ct_free(drv);
+  free(x), free(y), free(got), free(terms);
 }
 END_TEST
 
@@ -723,6 +814,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_big, 0, 4);
   tcase_add_test(tc, test_adversarial);
   tcase_add_loop_test(tc, test_infer, 0, 6);
+  tcase_add_loop_test(tc, test_beta_cancels, 2, 6);
   tcase_add_test(tc, test_update_running);
   tcase_add_test(tc, test_empty);
   tcase_add_test(tc, test_errors);

@@ -23,8 +23,9 @@
  * rounding of an fp64 value: 1e-6 of the terms (~16 ulps) plus 4 ulps of the result. */
 #define ATOL_TERMS_F32 1e-6
 #define RTOL_F32 (4.0 * 0x1p-24)
-/* bf16/f16 activations: each side within 1 ulp of the exact value, so 2 ulp apart at most (or
- * within the f32 term error above where the terms cancel). */
+/* bf16/f16 dx: at most 2 ulp apart (or within the f32 term error above where the terms
+ * cancel). bf16/f16 y: both sides at the forward bound (testutil.h TU_LOWP_SCALE_TOL), so within
+ * tu_lowp_pair_ok of each other (cmp_y). */
 #define ULPS_HALF_PAIR 2.0
 /* dgamma, dbeta: f32 roundings of fp64 sums over samples of per-sample fp64 terms, agreeing to
  * ~1e-13 of Σ|terms|: 1 ulp each side of the result plus 1e-12 of Σ|terms|. */
@@ -82,9 +83,46 @@ static void cmp_act(const void *got, const void *ref, const double *terms, int64
              tu_dtype_name[dt], (long long)i, a, b, terms[i]);
   }
 }
+/* y against the CPU's, terms[i] = |x̂·gamma| + |beta| of element i: f32 as cmp_act; bf16/f16
+ * within tu_lowp_pair_ok of each other, with terms as the scale. */
+static void cmp_y(const void *got, const void *ref, const double *terms, int64_t n,
+                  sn_dtype_t dt, const char *what) {
+  if (dt == SN_DTYPE_F32) {
+    cmp_act(got, ref, terms, n, dt, what);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    const double a = tu_get(got, i, dt), b = tu_get(ref, i, dt);
+    TU_CHECK(!isnan(a) && tu_lowp_pair_ok(a, b, terms[i], dt),
+             "%s (%s): element %lld = %.9g, CPU %.9g (scale %.3g)", what, tu_dtype_name[dt],
+             (long long)i, a, b, terms[i]);
+  }
+}
 
 /* ---- forward and backward against the CPU -------------------------------------------------- */
 
+/* beta[c] = −round_f32(x̂·gamma[c]) of element (0, c, c % S) of x [N, C, S], x̂ from the fp64
+ * two-pass statistics of its group: y there is ~2^-24 of its terms. */
+static void cancelling_beta(float *beta, const void *x, const float *gamma, int64_t C, int64_t S,
+                            int64_t G, sn_layout_t lay, sn_dtype_t dt) {
+  const int64_t Cg = C / G;
+  for (int64_t g = 0; g < G; g++) {
+    double m = 0.0, v = 0.0;
+    for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
+      for (int64_t s = 0; s < S; s++) m += tu_get(x, tu_at(lay, 0, c, s, C, S), dt);
+    m /= (double)(Cg * S);
+    for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
+      for (int64_t s = 0; s < S; s++) {
+        const double e = tu_get(x, tu_at(lay, 0, c, s, C, S), dt) - m;
+        v += e * e;
+      }
+    const double rs = 1.0 / sqrt(v / (double)(Cg * S) + (double)EPS);
+    for (int64_t c = g * Cg; c < (g + 1) * Cg; c++)
+      beta[c] = -(float)((tu_get(x, tu_at(lay, 0, c, c % S, C, S), dt) - m) * rs * gamma[c]);
+  }
+}
+
+/* with_params: 0 no gamma and beta, 1 random ones, 2 a random gamma and cancelling_beta. */
 static void gn_case(int64_t N, int64_t C, int64_t S, int64_t G, sn_layout_t lay, sn_dtype_t dt,
                     int with_params, uint64_t seed) {
   char what[160];
@@ -101,6 +139,7 @@ static void gn_case(int64_t N, int64_t C, int64_t S, int64_t G, sn_layout_t lay,
   tu_fill_normal(dyv, T, dt, 0.1, 1.0, &r);
   for (int64_t c = 0; c < C; c++)
     gamma[c] = (float)(0.5 + tu_rng_uniform(&r)), beta[c] = (float)(tu_rng_uniform(&r) - 0.5);
+  if (with_params == 2) cancelling_beta(beta, x, gamma, C, S, G, lay, dt);
   const float *hg = with_params ? gamma : NULL, *hb = with_params ? beta : NULL;
   ck_assert_int_eq(sn_groupnorm_fwd(y, mean, rstd, x, hg, hb, N, C, S, G, EPS, lay, dt), SN_OK);
   ck_assert_int_eq(sn_groupnorm_bwd(dx, dg, db, dyv, x, mean, rstd, hg, N, C, S, G, lay, dt),
@@ -151,7 +190,7 @@ static void gn_case(int64_t N, int64_t C, int64_t S, int64_t G, sn_layout_t lay,
                fabs(hb ? hb[c] : 0.0);
   }
   ct_download(got, g_y, abytes(T, dt));
-  cmp_act(got, y, terms, T, dt, "gn fwd y");
+  cmp_y(got, y, terms, T, dt, "gn fwd y");
   /* dx: terms rstd·(|g| + |mean(g)| + |x̂·mean(g·x̂)|) per group, g = dy·gamma */
   double *mg = tu_dalloc(NG), *mgx = tu_dalloc(NG), *sdy = tu_dalloc(C), *sdyx = tu_dalloc(C);
   for (int64_t t = 0; t < NG; t++) mg[t] = 0.0, mgx[t] = 0.0;
@@ -210,6 +249,16 @@ START_TEST(test_gn_vs_cpu) {
       if (C % 2 == 0) gn_case(NS[k][0], C, NS[k][1], C / 2, lay, dt, 1, seed++);
       if (C > 1) gn_case(NS[k][0], C, NS[k][1], C, lay, dt, C != 65, seed++);
     }
+}
+END_TEST
+
+/* bf16/f16 with a beta that cancels x̂·gamma (gn_case with_params 2). _i: dtype · 2 + layout,
+ * from 2. */
+START_TEST(test_gn_beta_cancels) {
+  const sn_dtype_t dt = DTYPES[_i / 2];
+  const sn_layout_t lay = LAYOUTS[_i % 2];
+  gn_case(3, 8, 25, 4, lay, dt, 2, 800 + (uint64_t)_i);
+  gn_case(2, 65, 7, 5, lay, dt, 2, 810 + (uint64_t)_i);
 }
 END_TEST
 
@@ -390,6 +439,7 @@ int main(void) {
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 300);
   tcase_add_loop_test(tc, test_gn_vs_cpu, 0, 6);
+  tcase_add_loop_test(tc, test_gn_beta_cancels, 2, 6);
   tcase_add_loop_test(tc, test_gn_big, 0, 4);
   tcase_add_test(tc, test_gn_empty);
   tcase_add_test(tc, test_gn_errors);

@@ -37,8 +37,9 @@ static const float EPS = 1e-5f;
  * up to max|x̂|·|rstd·g| (|x̂| ≤ ~5 for these data), a few roundings each; for d = 2 dx cancels
  * to ~eps/var of its terms, so only an absolute bound relative to the terms holds. */
 #define BWD_ATOL 1e-5
-/* bf16/f16 outputs: each side within 1 ulp of the exact result (the CPU's bound; the CUDA
- * kernels round fp64 values once), so at most 2 ulp apart. */
+/* bf16/f16 y: both sides at the forward bound (testutil.h TU_LOWP_SCALE_TOL), so within
+ * tu_lowp_pair_ok of each other, with the scale of fwd_scale. bf16/f16 dx: at most HALF_ULPS ulp
+ * apart, or atol + that (see check_act). */
 #define HALF_ULPS 2.0
 /* Saved mean/rstd: both sides round an fp64 value (accurate to ~2^-45) to f32, at most 1 f32
  * ulp apart (1.2e-7); the CPU's RMSNorm rstd of bf16/f16 rows is only accurate to 2^-20.9
@@ -88,11 +89,38 @@ static double max_abs_dt(const void *buf, int64_t n, sn_dtype_t dt) {
   return m;
 }
 
+/* |x̂·gamma| + |beta| of each element of x [rows, d] (dt) in fp64, x̂ from the row's two-pass
+ * mean and variance (ln) or its mean square (RMSNorm): the scale of the bf16/f16 forward bound.
+ * beta may be NULL. Where it is not finite (rows holding NaN or inf) it is 0. Free with free(). */
+static double *fwd_scale(const void *x, const float *gamma, const float *beta, int64_t rows,
+                         int64_t d, int ln, sn_dtype_t dt) {
+  double *sc = host_alloc((size_t)(rows * d) * sizeof(double));
+  for (int64_t r = 0; r < rows; r++) {
+    double m = 0.0, v = 0.0;
+    if (ln) {
+      for (int64_t i = 0; i < d; i++) m += tu_get(x, r * d + i, dt);
+      m /= (double)d;
+    }
+    for (int64_t i = 0; i < d; i++) {
+      const double e = tu_get(x, r * d + i, dt) - m;
+      v += e * e;
+    }
+    const double rs = 1.0 / sqrt(v / (double)d + EPS);
+    for (int64_t i = 0; i < d; i++) {
+      const double t = fabs((tu_get(x, r * d + i, dt) - m) * rs * (gamma ? gamma[i] : 1.0)) +
+                       fabs(beta ? beta[i] : 0.0);
+      sc[r * d + i] = isfinite(t) ? t : 0.0;
+    }
+  }
+  return sc;
+}
+
 /* Every element of got (device result, downloaded) against ref (the CPU result), both [n] dt:
- * a NaN reference wants a NaN; f32: |g − r| ≤ atol + F32_RTOL·|r|; bf16/f16: within HALF_ULPS
- * ulp, or |g − r| ≤ atol + HALF_ULPS ulp (atol 0 for the forwards). */
-static void check_act(const void *got, const void *ref, int64_t n, sn_dtype_t dt, double atol,
-                      const char *what) {
+ * a NaN reference wants a NaN; f32: |g − r| ≤ atol + F32_RTOL·|r|; bf16/f16 forwards (scale:
+ * fwd_scale's, per element): tu_lowp_pair_ok; bf16/f16 backwards (scale NULL): within HALF_ULPS
+ * ulp, or |g − r| ≤ atol + HALF_ULPS ulp. */
+static void check_act(const void *got, const void *ref, const double *scale, int64_t n,
+                      sn_dtype_t dt, double atol, const char *what) {
   for (int64_t i = 0; i < n; i++) {
     const double g = tu_get(got, i, dt), r = tu_get(ref, i, dt);
     if (isnan(r)) {
@@ -105,6 +133,8 @@ static void check_act(const void *got, const void *ref, int64_t n, sn_dtype_t dt
     int ok;
     if (dt == SN_DTYPE_F32) {
       ok = err <= atol + F32_RTOL * fabs(r);
+    } else if (scale != NULL) {
+      ok = tu_lowp_pair_ok(g, r, scale[i], dt);
     } else {
       const double u = tu_ulp_diff(g, r, dt);
       ok = u <= HALF_ULPS || (isfinite(u) && err <= atol + HALF_ULPS * (err / u));
@@ -226,7 +256,9 @@ static void fwd_case(int op, sn_dtype_t dt, int64_t rows, int64_t d, const void 
   void *y_got = host_alloc(ab);
   ct_download(y_got, dyp, ab);
   const double scale = max_abs_dt(y_ref, n, dt) + (b ? max_abs_dt(b, d, SN_DTYPE_F32) : 0.0);
-  check_act(y_got, y_ref, n, dt, dt == SN_DTYPE_F32 ? FWD_ATOL * scale : 0.0, what);
+  double *sc = fwd_scale(fused ? sum_ref : x, g, b, rows, d, ln, dt);
+  check_act(y_got, y_ref, sc, n, dt, dt == SN_DTYPE_F32 ? FWD_ATOL * scale : 0.0, what);
+  free(sc);
   if (fused) {
     void *sum_got = host_alloc(ab);
     ct_download(sum_got, dsump, ab);
@@ -412,6 +444,49 @@ START_TEST(test_near_half_max) {
 }
 END_TEST
 
+/* beta[i] = −round_f32(x̂·gamma[i]) of row 0 of x [rows, d] (dt), x̂ from its fp64 two-pass
+ * statistics: y of row 0 is ~2^-24 of its terms. */
+static void cancelling_beta(float *beta, const void *x, const float *gamma, int64_t d,
+                            sn_dtype_t dt) {
+  double m = 0.0, v = 0.0;
+  for (int64_t i = 0; i < d; i++) m += tu_get(x, i, dt);
+  m /= (double)d;
+  for (int64_t i = 0; i < d; i++) v += (tu_get(x, i, dt) - m) * (tu_get(x, i, dt) - m);
+  const double rs = 1.0 / sqrt(v / (double)d + EPS);
+  for (int64_t i = 0; i < d; i++) beta[i] = -(float)((tu_get(x, i, dt) - m) * rs * gamma[i]);
+}
+
+/* LayerNorm and the fused add-LayerNorm with a beta that cancels x̂·gamma of row 0
+ * (cancelling_beta; fused: of x + residual rounded as the kernel rounds it), against the CPU:
+ * the short-row, register-row and long-row kernels. _i: the dtype. */
+START_TEST(test_beta_cancels) {
+  const sn_dtype_t dt = (sn_dtype_t)_i;
+  static const int64_t ds[] = {7, 300, 4096, 16385};
+  tu_rng_t rng;
+  tu_rng_seed(&rng, 950 + (uint64_t)_i);
+  for (int k = 0; k < 4; k++) {
+    const int64_t rows = 3, d = ds[k], n = rows * d;
+    void *x = host_alloc(nbytes(n, dt)), *res = host_alloc(nbytes(n, dt));
+    void *sum = host_alloc(nbytes(n, dt));
+    tu_fill_normal(x, n, dt, 0.5, 2.0, &rng);
+    tu_fill_normal(res, n, dt, 0.5, 2.0, &rng);
+    float *gamma = random_f32(d, 1.0, 0.5, &rng), *beta = host_alloc((size_t)d * sizeof(float));
+    fwd_opts_t o = {1, 1, 1, 0, 0, 0};
+    cancelling_beta(beta, x, gamma, d, dt);
+    fwd_case(OP_LN, dt, rows, d, x, res, gamma, beta, o, "layernorm, beta cancels");
+    for (int64_t i = 0; i < n; i++)
+      tu_set(sum, i, (double)((float)tu_get(x, i, dt) + (float)tu_get(res, i, dt)), dt);
+    cancelling_beta(beta, sum, gamma, d, dt);
+    fwd_case(OP_ADD_LN, dt, rows, d, x, res, gamma, beta, o, "add_layernorm, beta cancels");
+    free(x);
+    free(res);
+    free(sum);
+    free(gamma);
+    free(beta);
+  }
+}
+END_TEST
+
 /* ---- backward ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -476,7 +551,7 @@ static void bwd_case(int rms, sn_dtype_t dt, int64_t rows, int64_t d, const void
                       ws_bytes),
               what);
     ct_download(dx_got, ddx, ab);
-    check_act(dx_got, dx_ref, n, dt, BWD_ATOL * scale, what);
+    check_act(dx_got, dx_ref, NULL, n, dt, BWD_ATOL * scale, what);
     dg_got[run] = host_alloc(pb);
     db_got[run] = host_alloc(pb);
     if (ddg != NULL) {
@@ -604,7 +679,7 @@ START_TEST(test_bwd_unaligned) {
   ct_download(tmp, ddx + e, ab);
   double scale = 0.0;
   for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(rstd[i / d] * tu_get(dy, i, dt)));
-  check_act(tmp, dx_ref, n, dt, BWD_ATOL * scale, "unaligned bwd dx");
+  check_act(tmp, dx_ref, NULL, n, dt, BWD_ATOL * scale, "unaligned bwd dx");
   ct_download(dg, ddg, sizeof dg);
   ct_download(db, ddb, sizeof db);
   check_param(dg, dg_ref, d, "unaligned dgamma");
@@ -790,7 +865,9 @@ START_TEST(test_huge_batch) {
   ct_download((char *)hy + kb, (char *)y + last, kb);
   float mref[8], rref[8], mgot[8], rgot[8];
   expect_ok(sn_layernorm_fwd(ref, mref, rref, hx, gamma, beta, 2 * k, d, EPS, dt), "CPU");
-  check_act(hy, ref, 2 * k * d, dt, 0.0, "huge batch y (first and last 4 rows)");
+  double *sc = fwd_scale(hx, gamma, beta, 2 * k, d, 1, dt);
+  check_act(hy, ref, sc, 2 * k * d, dt, 0.0, "huge batch y (first and last 4 rows)");
+  free(sc);
   ct_download(mgot, mean, 16);
   ct_download(mgot + 4, mean + rows - k, 16);
   ct_download(rgot, rstd, 16);
@@ -822,6 +899,7 @@ int main(void) {
   tcase_add_test(tc, test_large_mean);
   tcase_add_loop_test(tc, test_constant_rows, 0, 3);
   tcase_add_loop_test(tc, test_near_half_max, 0, 2);
+  tcase_add_loop_test(tc, test_beta_cancels, 0, 3);
   tcase_add_loop_test(tc, test_bwd_shapes, 0, 3);
   tcase_add_test(tc, test_bwd_large_mean);
   tcase_add_loop_test(tc, test_bwd_unaligned, 0, 3);

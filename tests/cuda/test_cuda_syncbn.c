@@ -36,7 +36,8 @@ void sn__syncbn_test_force_sync(sn_syncbn_t *bn, int on);
 /* f32 outputs and state: CUDA vs CPU differ by a few f32 roundings of the terms (syncnorm_cuda.h),
  * relative to max(|ref|, 1) */
 #define RTOL_F32 1e-5
-/* bf16 outputs: each within 1 ulp of the exact result, so within 2 ulp of each other */
+/* bf16 dx: within 2 ulp of each other. bf16 y: both at the forward bound (testutil.h
+ * TU_LOWP_SCALE_TOL), so within tu_lowp_pair_ok of each other, with the scale of fwd_scale. */
 #define ULPS_BF16 2.0
 
 static ncclComm_t g_nccl;
@@ -65,12 +66,44 @@ static void get_f32(float *out, const float *dev) {
   ct_download(out, dev, C * sizeof(float));
 }
 
-/* |got − ref| ≤ tol·max(|ref|, 1) (f32) or ≤ ULPS_BF16 ulp (bf16), element by element. */
-static void assert_close(const void *got, const void *ref, int64_t n, sn_dtype_t dtype,
-                         const char *what, int step) {
+/* |x̂·weight| + |bias| of each element of x [N, C, S] (layout, dtype) in fp64, x̂ from the
+ * batch's two-pass statistics (training) or p's running ones; weight and bias p's (host): the
+ * scale of the bf16 forward bound. */
+static void fwd_scale(double *sc, const void *x, sn_layout_t layout, sn_dtype_t dtype,
+                      const sn_syncbn_params_t *p, int training) {
+  const double eps = sn_syncbn_default_config(C).eps;
+  for (int64_t c = 0; c < C; c++) {
+    double m = 0.0, v = 0.0;
+    if (training) {
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t s = 0; s < S; s++) m += tu_get(x, tu_at(layout, n, c, s, C, S), dtype);
+      m /= (double)(N * S);
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t s = 0; s < S; s++) {
+          const double e = tu_get(x, tu_at(layout, n, c, s, C, S), dtype) - m;
+          v += e * e;
+        }
+      v /= (double)(N * S);
+    } else {
+      m = p->running_mean[c], v = p->running_var[c];
+    }
+    const double rs = 1.0 / sqrt(v + eps);
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t s = 0; s < S; s++) {
+        const int64_t i = tu_at(layout, n, c, s, C, S);
+        sc[i] = fabs((tu_get(x, i, dtype) - m) * rs * p->weight[c]) + fabs(p->bias[c]);
+      }
+  }
+}
+
+/* Element by element: f32 |got − ref| ≤ tol·max(|ref|, 1); bf16 y (scale: fwd_scale's)
+ * tu_lowp_pair_ok; bf16 dx (scale NULL) ≤ ULPS_BF16 ulp. */
+static void assert_close(const void *got, const void *ref, const double *scale, int64_t n,
+                         sn_dtype_t dtype, const char *what, int step) {
   for (int64_t i = 0; i < n; i++) {
     const double a = tu_get(got, i, dtype), b = tu_get(ref, i, dtype);
     const int ok = dtype == SN_DTYPE_F32 ? fabs(a - b) <= RTOL_F32 * fmax(fabs(b), 1.0)
+                   : scale != NULL       ? tu_lowp_pair_ok(a, b, scale[i], dtype)
                                          : tu_ulp_diff(a, b, dtype) <= ULPS_BF16;
     TU_CHECK(ok, "%s[%lld] step %d (%s): device %.9g, CPU %.9g", what, (long long)i, step,
              tu_dtype_name[dtype], a, b);
@@ -85,7 +118,7 @@ static void assert_state(const sn_syncbn_params_t *dp, const sn_syncbn_params_t 
   const char *name[4] = {"running_mean", "running_var", "grad_weight", "grad_bias"};
   for (int k = 0; k < 4; k++) {
     get_f32(got, dev[k]);
-    assert_close(got, host[k], C, SN_DTYPE_F32, name[k], step);
+    assert_close(got, host[k], NULL, C, SN_DTYPE_F32, name[k], step);
   }
   int64_t nbt = -1;
   ct_download(&nbt, dp->num_batches_tracked, sizeof nbt);
@@ -102,8 +135,8 @@ static int64_t collectives(const sn_syncbn_t *bn) {
 /* A device layer (gpu) against a CPU layer (cpu) over STEPS training steps, an eval forward and
  * its frozen backward; per (training) forward and backward the device layer's collective count
  * goes up by exactly per_call (-1: not checked), nothing in eval. */
-static void device_vs_cpu(sn_syncbn_t *cpu, sn_syncbn_t *gpu, sn_dtype_t dtype, uint64_t seed,
-                          int per_call) {
+static void device_vs_cpu(sn_syncbn_t *cpu, sn_syncbn_t *gpu, sn_layout_t layout,
+                          sn_dtype_t dtype, uint64_t seed, int per_call) {
   const int64_t total = (int64_t)N * C * S;
   const size_t bytes = (size_t)total * sn_dtype_size(dtype);
   sn_syncbn_params_t hp, dp;
@@ -112,6 +145,7 @@ static void device_vs_cpu(sn_syncbn_t *cpu, sn_syncbn_t *gpu, sn_dtype_t dtype, 
   void *x = tu_alloc(total, dtype), *dy = tu_alloc(total, dtype);
   void *y = tu_alloc(total, dtype), *dx = tu_alloc(total, dtype);
   void *got = tu_alloc(total, dtype);
+  double *sc = tu_dalloc(total);
   void *dx_d = ct_alloc_poison(bytes), *y_d = ct_alloc_poison(bytes);
   tu_rng_t r;
   tu_rng_seed(&r, seed);
@@ -132,9 +166,10 @@ static void device_vs_cpu(sn_syncbn_t *cpu, sn_syncbn_t *gpu, sn_dtype_t dtype, 
     }
     cuda_ok(cudaStreamSynchronize(g_stream), "step");
     ct_download(got, y_d, bytes);
-    assert_close(got, y, total, dtype, "y", step);
+    fwd_scale(sc, x, layout, dtype, &hp, 1);
+    assert_close(got, y, sc, total, dtype, "y", step);
     ct_download(got, dx_d, bytes);
-    assert_close(got, dx, total, dtype, "dx", step);
+    assert_close(got, dx, NULL, total, dtype, "dx", step);
     assert_state(&dp, &hp, step);
     ct_free(x_d), ct_free(dy_d);
   }
@@ -146,7 +181,8 @@ static void device_vs_cpu(sn_syncbn_t *cpu, sn_syncbn_t *gpu, sn_dtype_t dtype, 
   ck_assert_msg(sn_syncbn_forward(gpu, y_d, x_d, N, S, 0) == SN_OK, "%s", sn_last_error());
   cuda_ok(cudaStreamSynchronize(g_stream), "eval");
   ct_download(got, y_d, bytes);
-  assert_close(got, y, total, dtype, "eval y", STEPS);
+  fwd_scale(sc, x, layout, dtype, &hp, 0);
+  assert_close(got, y, sc, total, dtype, "eval y", STEPS);
   /* and the frozen backward after it: dx = γ·dy/√(running_var + eps), local grads */
   tu_fill_normal(dy, total, dtype, 0.0, 1.0, &r);
   void *dy_d = ct_upload(dy, bytes);
@@ -154,11 +190,11 @@ static void device_vs_cpu(sn_syncbn_t *cpu, sn_syncbn_t *gpu, sn_dtype_t dtype, 
   ck_assert_msg(sn_syncbn_backward(gpu, dx_d, dy_d, x_d, N, S) == SN_OK, "%s", sn_last_error());
   cuda_ok(cudaStreamSynchronize(g_stream), "frozen backward");
   ct_download(got, dx_d, bytes);
-  assert_close(got, dx, total, dtype, "frozen dx", STEPS);
+  assert_close(got, dx, NULL, total, dtype, "frozen dx", STEPS);
   assert_state(&dp, &hp, STEPS);
   if (per_call >= 0) ck_assert_int_eq(collectives(gpu), c0); /* eval: none */
   ct_free(dy_d), ct_free(x_d), ct_free(dx_d), ct_free(y_d);
-  free(x), free(dy), free(y), free(dx), free(got);
+  free(x), free(dy), free(y), free(dx), free(got), free(sc);
 }
 
 /* (a) device layer == CPU layer; _i: layout (bit 0), dtype (bit 1: bf16). */
@@ -167,7 +203,7 @@ START_TEST(test_device_equals_cpu) {
   const sn_dtype_t dtype = (_i & 2) ? SN_DTYPE_BF16 : SN_DTYPE_F32;
   sn_syncbn_t *cpu = make_layer(layout, dtype, 0, NULL, 1);
   sn_syncbn_t *gpu = make_layer(layout, dtype, 1, g_comm, 1);
-  device_vs_cpu(cpu, gpu, dtype, 1234 + (uint64_t)_i, 0); /* one rank: no collective */
+  device_vs_cpu(cpu, gpu, layout, dtype, 1234 + (uint64_t)_i, 0); /* one rank: no collective */
   sn_syncbn_destroy(gpu);
   sn_syncbn_destroy(cpu);
 }
@@ -186,7 +222,7 @@ START_TEST(test_forced_sync_equals_cpu) {
   sn_syncbn_t *gpu = make_layer(layout, SN_DTYPE_F32, 1, fc, check);
   sn__syncbn_test_force_sync(gpu, 1);
   /* per call: its all-reduce, and with check_consistency the consistency all-reduce */
-  device_vs_cpu(cpu, gpu, SN_DTYPE_F32, 4321 + (uint64_t)_i, check ? 2 : 1);
+  device_vs_cpu(cpu, gpu, layout, SN_DTYPE_F32, 4321 + (uint64_t)_i, check ? 2 : 1);
   sn_syncbn_destroy(gpu);
   sn_syncbn_destroy(cpu);
   sn_comm_destroy(fc);

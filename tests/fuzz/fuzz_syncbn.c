@@ -246,7 +246,8 @@ void fuzz_op_syncbn(fz_t *in) {
      * activations is placed over the layer's own memory instead: an element of an array that
      * sn_syncbn_params hands out, or the handle itself. The call must fail with
      * SN_ERR_INVALID_ARGUMENT before it reads or writes anything (check_call), the saved forward
-     * kept. Chosen from the data seed's top bits, so committed inputs decode as before. */
+     * kept. Chosen from the data seed's bits, so it reads no input bytes of its own and the
+     * committed inputs keep their layout. */
     int over = -1; /* the activation placed, or -1 */
     if (e == 0 && total > 0 && (c.seed >> 29) == 0) {
       float *arr[6] = {p.weight, p.bias, p.grad_weight, p.grad_bias, p.running_mean, p.running_var};

@@ -3,7 +3,7 @@
  * that every build runs (gcc included, no libFuzzer needed):
  *  - replay: every committed corpus input through the same harness code the fuzzers use
  *    (compiled here with SN_FUZZ_NO_MAIN); a harness aborts on any broken promise;
- *  - one test per finding, asserting the clean error (or correct result) the fix gives.
+ *  - one test per finding, asserting the clean error (or correct result) the library gives.
  */
 #include <dirent.h>
 #include <math.h>
@@ -82,9 +82,9 @@ END_TEST
 /* ---- findings ------------------------------------------------------------------------------------ */
 
 /* fuzz_kernels, corpus regress-syncbn-nan-pivot: one training batch holding NaN/Inf (check_finite
- * off, the default) made the layer's pivot — the previous batch mean — NaN, so every later batch,
- * however clean, normalized to NaN. Fixed in dist/syncbn.c (forward_batch resets a non-finite
- * pivot to 0). */
+ * off, the default) must not leave the layer's pivot — the previous batch mean — NaN, or every
+ * later batch, however clean, would normalize to NaN. dist/syncbn.c: forward_batch resets a
+ * non-finite pivot to 0. */
 START_TEST(test_syncbn_nonfinite_batch_does_not_poison_later_batches) {
   const float clean[8] = {1, 2, 3, 4, -1, 0.5f, 7, 2};
   const float bad[3][8] = {{1, NAN, 3, 4, 5, 6, 7, 8},
@@ -137,11 +137,11 @@ START_TEST(test_syncbn_nonfinite_loaded_running_mean) {
 }
 END_TEST
 
-/* fuzz_kernels, corpus regress-syncbn-overflow-order: sn_syncbn_forward checked n·s·C while the
- * kernels check n·C first, so n = 2^60, s = 0, C = 3 passed the layer's checks and failed inside
- * sn_batchnorm_stats/infer — a message naming the kernel, and (training) the previous forward's
- * saved state already discarded, so the next backward failed. Fixed in dist/syncbn.c
- * (check_call multiplies in the kernels' order). */
+/* fuzz_kernels, corpus regress-syncbn-overflow-order: sn_syncbn_forward checks the sizes in the
+ * kernels' order (n·C first; check_call, dist/syncbn.c). Checking n·s·C alone, n = 2^60, s = 0,
+ * C = 3 would pass the layer's checks and fail inside sn_batchnorm_stats/infer — a message
+ * naming the kernel, and (training) the previous forward's saved state already discarded, so the
+ * next backward would fail. */
 START_TEST(test_syncbn_size_overflow_rejected_before_any_change) {
   sn_syncbn_config_t cfg = sn_syncbn_default_config(3);
   sn_syncbn_t *bn = NULL;
@@ -157,10 +157,10 @@ START_TEST(test_syncbn_size_overflow_rejected_before_any_change) {
 }
 END_TEST
 
-/* sn_safetensors_load on a directory: fopen succeeds, ftell reports LLONG_MAX (ext4), and the
- * loader tried malloc(2^63) — SN_ERR_ALLOC with a bogus size, an abort under ASan. Found while
- * writing fuzz_safetensors (not reachable from file bytes). Fixed in dist/checkpoint.c (only
- * regular files are read). */
+/* sn_safetensors_load on a directory: fopen succeeds and ftell reports LLONG_MAX (ext4), so a
+ * loader trusting it would try malloc(2^63) — SN_ERR_ALLOC with a bogus size, an abort under
+ * ASan. Not reachable from file bytes, hence a test of its own. dist/checkpoint.c reads only
+ * regular files. */
 START_TEST(test_safetensors_load_directory) {
   sn_safetensors_t *f = (sn_safetensors_t *)&f;
   ck_assert_int_eq(sn_safetensors_load(&f, SN_FUZZ_CORPUS_DIR), SN_ERR_IO);
@@ -189,10 +189,10 @@ static void save_state_with_nbt(const char *path, int64_t nbt) {
 }
 
 /* fuzz_safetensors, corpus regress-syncbn-nbt-int64-max: a checkpoint whose num_batches_tracked
- * is INT64_MAX, loaded and followed by a training forward, overflowed `num_batches_tracked += 1`
- * (signed overflow, undefined behaviour; UBSan). A negative count, with momentum=None, made the
- * running-average factor 1/0 or negative. Fixed in dist/syncbn.c (the count saturates) and
- * dist/syncbn_state.c (a negative count is SN_ERR_FORMAT, nothing loaded). */
+ * is INT64_MAX, loaded and followed by a training forward, must not overflow
+ * `num_batches_tracked += 1` (signed overflow, undefined behaviour; UBSan): the count saturates
+ * (dist/syncbn.c). A negative count, with momentum=None, would make the running-average factor
+ * 1/0 or negative: it is SN_ERR_FORMAT, nothing loaded (dist/syncbn_state.c). */
 START_TEST(test_syncbn_loaded_num_batches_tracked_extremes) {
   char dir[] = "/tmp/sn_fuzzreg_XXXXXX", path[64];
   ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -227,9 +227,9 @@ START_TEST(test_syncbn_loaded_num_batches_tracked_extremes) {
 END_TEST
 
 #if SN_FUZZ_HAVE_IDX
-/* fuzz_idx, corpus regress-bad-ndim-out-not-zeroed: idx_read with ndim outside 1..3 returned −1
- * without zeroing *out, although idx.h promises "*out zeroed" on failure; idx_free on it then
- * freed garbage. Same for idx_dataset_read with bad arguments. Fixed in examples/idx.c. */
+/* fuzz_idx, corpus regress-bad-ndim-out-not-zeroed: idx_read with ndim outside 1..3 returns −1
+ * with *out zeroed, as idx.h promises on failure (else idx_free on it would free garbage). Same
+ * for idx_dataset_read with bad arguments (examples/idx.c). */
 START_TEST(test_idx_bad_arguments_zero_output) {
   char err[128];
   idx_array_t a;

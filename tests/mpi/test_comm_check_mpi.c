@@ -208,8 +208,8 @@ START_TEST(test_own_errors_told) {
   assert_untouched(b, "count 2^40");
   assert_in_step(c, "own errors");
 
-  /* sn_comm_all_identical with no place for its answer (a review: it returned before the
-   * check, and the others' check met that rank's next call) */
+  /* sn_comm_all_identical with no place for its answer still joins the check (returning before
+   * it, that rank would leave the others' check to meet its next call) */
   int same = -1;
   t0 = now_s();
   st = sn_comm_all_identical(c, odd ? NULL : &same, b, sizeof b);
@@ -279,8 +279,8 @@ END_TEST
 
 /* A layer without check_consistency has no consistency all-reduce to tell its own errors in:
  * with the call check on, a rank whose forward fails its checks (x NULL) tells the others in
- * the call check of their first all-reduce (a review: it returned alone, and the others' check
- * met its next call). */
+ * the call check of their first all-reduce (returning alone, it would leave the others' check
+ * to meet its next call). */
 START_TEST(test_layer_unchecked_own_error) {
   sn_comm_t *c = make_comm("1", 1);
   const int odd = mt_rank == mt_size - 1;

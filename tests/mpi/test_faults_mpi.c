@@ -253,7 +253,7 @@ START_TEST(test_own_checks_told) {
 }
 END_TEST
 
-/* momentum 0 and -0 are the same momentum: no mismatch (a review found one reported). */
+/* momentum 0 and -0 are the same momentum: no mismatch reported. */
 START_TEST(test_momentum_negative_zero) {
   sn_comm_t *comm = NULL;
   layer_t a;
@@ -552,7 +552,7 @@ END_TEST
 
 /* The last rank calls sn_comm_split only after the others timed out in it: it must time out
  * too, not complete their abandoned barrier and then wait for ever in MPI_Comm_split, which they
- * never enter (a review found that hang). */
+ * never enter. */
 START_TEST(test_late_split_times_out) {
   sn_comm_t *comm = comm_unchecked();
   const int late = mt_size - 1;
@@ -605,8 +605,8 @@ START_TEST(test_late_create_times_out) {
   ck_assert_ptr_null(comm);
   ck_assert_msg(strstr(sn_last_error(), "nothing was created"), "%s", sn_last_error());
   /* no rank left a dup pending: in Open MPI a pending MPI_Comm_idup holds up every later
-   * communicator creation in its process, even over MPI_COMM_SELF (a review found the late rank
-   * hanging here when it posted the dup the others never did) */
+   * communicator creation in its process, even over MPI_COMM_SELF (a late rank that posted the
+   * dup the others never did would hang here) */
   const double t1 = mono_now();
   MT_OK(sn_comm_create_mpi(&comm, MPI_COMM_SELF));
   ck_assert_msg(mono_now() - t1 < 10.0, "rank %d: a local creation took %.3f s", mt_rank,

@@ -149,6 +149,53 @@ def test_add_norm(fused):
         check_rel(xs[i].grad.numpy(), ds[i].grad.numpy(), RTOL_F32_BWD, f"grad {i}")
 
 
+def cancelling_bias(xg, index):
+    """β = −x̂·γ at one element of each feature: y there is ~2^-24 of its terms (β is that value
+    rounded to f32), and so wherever the input repeats it."""
+    return (-xg[index]).float()
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_beta_cancels(dtype):
+    """Outputs whose bias cancels x̂·γ, at the mixed bound (check_half_forward): layer_norm and
+    add_layer_norm (row 1 cancels), group_norm and batch_norm, training and eval, contiguous and
+    channels_last (sample 1, position (2, 3) cancels)."""
+    x = rand(4, 33, dtype=dtype, mean=0.5, std=2.0)
+    res = rand(4, 33, dtype=dtype, seed=9)
+    w = rand(33, seed=1) + 1.0
+    for fused in (False, True):
+        h = (x.float() + res.float()).to(dtype) if fused else x
+        xg = F.layer_norm(h.double(), (33,), None, None, 1e-5) * w.double()
+        b = cancelling_bias(xg, 1)
+        y = (st.functional.add_layer_norm(x, res, (33,), w, b)[0] if fused
+             else st.functional.layer_norm(x, (33,), w, b))
+        check_half_forward(y.double().numpy(), (xg + b.double()).numpy(), xg.abs().numpy(),
+                           b.double().abs().numpy(), dtype, f"layer_norm fused={fused}")
+    w4 = (rand(6, seed=2) + 1.0).double()
+    for channels_last in (False, True):
+        x = rand(3, 6, 5, 7, dtype=dtype, mean=1.0, std=2.0, seed=3)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        cases = [("group_norm", F.group_norm(x.double(), 3, None, None, 1e-5))]
+        cases.append(("batch_norm", F.batch_norm(x.double(), None, None, training=True, eps=1e-5)))
+        rm, rv = torch.linspace(0.5, 1.5, 6), torch.linspace(2.0, 5.0, 6)
+        cases.append(("batch_norm eval", F.batch_norm(x.double(), rm.double(), rv.double(),
+                                                      training=False, eps=1e-5)))
+        for name, xh in cases:
+            xg = xh * w4.reshape(1, 6, 1, 1)
+            b = cancelling_bias(xg, (1, slice(None), 2, 3))
+            wf = w4.float()
+            if name == "group_norm":
+                y = st.functional.group_norm(x, 3, wf, b, 1e-5)
+            elif name == "batch_norm":
+                y = st.functional.batch_norm(x, None, None, wf, b, training=True)
+            else:
+                y = st.functional.batch_norm(x, rm, rv, wf, b, training=False)
+            b4 = b.double().reshape(1, 6, 1, 1)
+            check_half_forward(y.double().numpy(), (xg + b4).numpy(), xg.abs().numpy(),
+                               b4.abs().numpy(), dtype, f"{name} channels_last={channels_last}")
+
+
 def bn_pair(cls, c, momentum=0.1, affine=True, track=True, seed=1, ndim=4):
     ours = cls(c, momentum=momentum, affine=affine, track_running_stats=track)
     ref = {st.BatchNorm1d: torch.nn.BatchNorm1d, st.BatchNorm2d: torch.nn.BatchNorm2d,
@@ -221,8 +268,18 @@ def test_batch_norm_modules(cls, shape, dtype, momentum, channels_last):
     xo, xr = x.clone().requires_grad_(True), x.double().requires_grad_(True)
     y, yr = ours(xo), ref(xr)
     y.sum().backward(), yr.sum().backward()
+    if dtype == torch.float32:
+        check_rel(y.detach().numpy(), yr.detach().numpy(), RTOL_F32, "eval y")
+    else:  # against the exact map of the layer's own running statistics
+        bshape = [1, c] + [1] * (len(shape) - 2)
+        rm = ours.running_mean.double().reshape(bshape)
+        rv = ours.running_var.double().reshape(bshape)
+        xg = (x.double() - rm) / torch.sqrt(rv + ours.eps) * ours.weight.detach().double().reshape(
+            bshape)
+        b = ours.bias.detach().double().reshape(bshape)
+        check_half_forward(y.detach().double().numpy(), (xg + b).numpy(), xg.abs().numpy(),
+                           b.abs().numpy(), dtype, "eval y")
     rtol = RTOL_F32 if dtype == torch.float32 else RTOL_HALF_BWD[dtype]
-    check_rel(y.detach().double().numpy(), yr.detach().numpy(), rtol, "eval y")
     check_rel(xo.grad.double().numpy(), xr.grad.numpy(), rtol, "eval dx")
     assert int(ours.num_batches_tracked) == 3
 

@@ -381,7 +381,7 @@ START_TEST(test_resume_is_exact) {
   ASSERT_RUN(st, 2, "resume past the end of the run");
   ck_assert_msg(strstr(g_err, "past the end") && count_of(g_err, "syncnorm-train: error") == 1,
                 "%s", g_err);
-  /* refused before anything says it resumed (a review: "resumed from ... (epoch 3)" first) */
+  /* refused before anything says it resumed (no "resumed from ... (epoch 3)" ahead of it) */
   ck_assert_msg(strstr(g_out, "resumed from") == NULL, "%s", g_out);
   /* the finished run resumed into a new directory: no plot failure, and the results line lists
    * only the files there (no model was written) */
@@ -397,8 +397,8 @@ START_TEST(test_resume_is_exact) {
   ck_assert_msg(strstr(g_out, "nothing plotted") && !strstr(g_out, "model.safetensors") &&
                     !strstr(g_out, "curves.png"),
                 "%s", g_out);
-  /* corrupt trainer.step (a review: a negative step indexed before the data order, a shape [0]
-   * tensor was read past the file's buffer): refused */
+  /* corrupt trainer.step: refused (a negative step would index before the data order, and a
+   * shape [0] tensor would be read past the file's buffer) */
   wpath(b, sizeof b, "negative_step.safetensors");
   write_bad_step(ck, b, -5, 0);
   st = run("negative_step", 2, COMMON, "--out", part, "--resume", b, NULL);
@@ -481,7 +481,8 @@ START_TEST(test_errors_exit_2) {
   /* options */
   expect_error("bad_batch", 2, "invalid value '0' for --batch", "--batch", "0", "--epochs", "1");
   expect_error("bad_lr", 2, "invalid value 'x' for --lr", "--lr", "x", "--epochs", "1");
-  /* a review: epochs × steps per epoch overflowed into a negative schedule (exit 0, no files) */
+  /* epochs × steps per epoch beyond 2^63: refused (wrapped into a negative schedule, the run
+   * would exit 0 and write no files) */
   expect_error("huge_epochs", 2, "beyond 2^63 steps", "--data", g_data, "--epochs",
                "9223372036854775807");
   /* a batch the host's memory cannot hold: refused (exit 2, one message) instead of the
@@ -494,8 +495,8 @@ START_TEST(test_errors_exit_2) {
                  "--batch", "60000", "--epochs", "1");
   else
     printf("batch_beyond_memory: skipped, this host has %.0f GB\n", host / 1e9);
-  /* a review: --eval-batch 65536 sized the buffers for 65536 images (53 GB per rank) though
-   * each rank evaluates 5; they now hold at most a rank's shard of the test set */
+  /* --eval-batch 65536 where each rank evaluates 5 images: the buffers hold at most a rank's
+   * shard of the test set (sized for 65536 images they would take 53 GB per rank) */
   char out_eval[1024];
   wpath(out_eval, sizeof out_eval, "out_eval");
   int st = run("eval_batch_beyond_shard", 2, "--data", g_data, "--train-subset", "40",
@@ -508,8 +509,8 @@ START_TEST(test_errors_exit_2) {
                "--resume", "/nonexistent.safetensors");
   expect_error("bad_out", 2, "cannot create directory", "--data", g_data, "--out",
                "/dev/null/x");
-  /* dump paths checked before training (a review: a bad one aborted every rank, exit 1, after
-   * the first step) */
+  /* dump paths checked before training (a bad one found only at the dump would abort every
+   * rank, exit 1, after the first step) */
   char out[1024];
   wpath(out, sizeof out, "out_dump");
   expect_error("bad_dump_first", 2, "--dump-first-step /nonexistent/first.safetensors: directory",
@@ -519,10 +520,10 @@ START_TEST(test_errors_exit_2) {
                "--out", out, "--dump-first-step", g_work);
   expect_error("bad_dump_rank", 2, "--dump-rank-state /nonexistent/s.rank", "--data", g_data,
                "--epochs", "1", "--out", out, "--dump-rank-state", "/nonexistent/s");
-  /* checked before --out is made: nothing left behind (a review: --out and metrics.csv were) */
+  /* checked before --out is made: nothing left behind, neither --out nor metrics.csv */
   struct stat sb;
   ck_assert_msg(stat(out, &sb) != 0, "%s exists after the refused runs", out);
-  /* seeds out of range or with spaces (a review: clamped to 2^64-1 silently) */
+  /* seeds out of range or with spaces: refused, not clamped to 2^64-1 silently */
   expect_error("seed_range", 2, "invalid value '99999999999999999999' for --seed", "--seed",
                "99999999999999999999", "--epochs", "1");
   expect_error("seed_space", 2, "for --seed", "--seed", " 1", "--epochs", "1");
