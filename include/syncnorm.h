@@ -53,15 +53,13 @@
  *    gamma, rstd over mean, dx over x), is SN_ERR_INVALID_ARGUMENT with nothing written. Every
  *    buffer passed is checked, at the size the call gives it; inputs may overlap each other. The
  *    "y overlaps x partly" of the error lists below stands for all of these.
- *  - Large outputs (y, dx of at least 16 MiB: f32, and bf16 in the LayerNorm and RMSNorm
- *    kernels but the fused LayerNorm) are written with streaming (non-temporal) stores on Intel
- *    x86-64 CPUs and on AMD's from CPU family 0x1A (Zen 5; there not the bf16 LayerNorm
- *    forward's): faster where memory bandwidth bounds the call, but the output is then not in
- *    the cache for the next layer. The environment variable SN_STREAM_MIN_BYTES sets the
- *    threshold in bytes on any x86-64 CPU (0: every output; a huge value: never; a value that is
- *    not a whole number of bytes, digits only, is ignored with one line on stderr); it is read
- *    once per process. The values written are the same either way, but for the sign of NaN
- *    outputs from NaN inputs (above).
+ *  - Streaming (non-temporal) stores: off by default. The environment variable
+ *    SN_STREAM_MIN_BYTES=N (a byte count, read once per process) writes every output y or dx
+ *    of at least N bytes with them (0: every output): faster where memory bandwidth bounds the
+ *    call on some CPUs, slower on others, and the output is then not in the cache for the next
+ *    layer. A value that is not a whole number of bytes (digits only) is ignored with one line
+ *    on stderr. The values written are the same either way, but for the sign of NaN outputs
+ *    from NaN inputs (above).
  */
 #ifndef SYNCNORM_H
 #define SYNCNORM_H
@@ -146,8 +144,14 @@ SN_API int64_t sn_dtype_size(sn_dtype_t dtype);
  * row's first 32 values (rounded to f32; mean = K + Σt/d, d·var = Σt² − (Σt)²/d), or two fp64
  * passes (Σx, then Σ(x−mean)²) for a row whose K lies more than σ/2 from its mean, where the
  * shifted sums would cancel, or that holds a non-finite value. y is computed in f32 from the
- * fp64 statistics, in fp64 where f32 is not exact enough: bf16/f16 outputs where beta cancels
- * x̂·gamma, and rows whose mean is 2^103 or more (values near the f32 range).
+ * fp64 statistics (mean as hi + lo), in fp64 for rows whose mean is 2^103 or more (values near
+ * the f32 range) or below 2^-100, and for every row where √d·max|gamma| + max|beta| exceeds
+ * 2^127 (an f32 x̂·gamma could overflow where y does not). Rows of more than 65536 elements
+ * take two fp64 passes for the statistics and map in fp64, block by block.
+ * Scratch (allocated per call, freed before it returns): rows of up to 65536 elements, for
+ * bf16 2·d floats (gamma and beta in the order the bf16 kernel reads them) plus d per thread,
+ * for f16 2·d floats per thread, for f32 none; longer rows, one fp64 value per 4096 elements of
+ * x and rows plus three blocks of 4096 floats per thread, whatever d.
  * y may equal x. Errors: SN_ERR_NULL_POINTER (x or y NULL with rows·d > 0), SN_ERR_INVALID_SIZE
  * (rows < 0, d <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS, SN_ERR_INVALID_DTYPE,
  * SN_ERR_INVALID_ARGUMENT (y overlaps x partly), SN_ERR_ALLOC. */
@@ -164,7 +168,12 @@ SN_API sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const voi
  * The per-row sums are fp64 (bf16/f16: f32 lanes of at most 16 terms each per block, the
  * blocks in fp64). Rows with terms near the f32 range add them to the fp64 sums directly; such
  * bf16 rows, and rows of any dtype whose saved mean is 2^103 or more, are computed in fp64
- * throughout. dx may equal dy.
+ * throughout. Rows of more than 65536 elements are computed in fp64 throughout, dgamma and
+ * dbeta summed over the rows in row order per column.
+ * Scratch: rows of up to 65536 elements, per thread of the team (one per chunk of rows, at
+ * most 64) 2·d fp64 and 2·d floats with dgamma/dbeta, 2·d floats more for bf16/f16, plus 2·d
+ * fp64 (and d floats for bf16 with gamma); longer rows, three fp64 values per 4096 elements of x, three per row and seven blocks
+ * of 4096 floats per thread, whatever d. dx may equal dy.
  * Errors as sn_layernorm_fwd (without eps), SN_ERR_NULL_POINTER also for mean/rstd (NULL with
  * rows·d > 0). */
 SN_API sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
@@ -192,7 +201,9 @@ SN_API sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, flo
  * Σx² in fp64 (bf16/f16: f32 blocks of 16 squares per lane added in fp64, relative error below
  * 2^-19.9, so rstd to 2^-20.9; fp64 where squares leave the f32 range); y = (x·rstd)·gamma in
  * f32 (an x·rstd below the normal f32 range loses bits before a large gamma scales it back).
- * y may equal x. Errors as sn_layernorm_fwd. */
+ * Rows of more than 65536 elements as sn_layernorm_fwd's (fp64, block by block). Scratch:
+ * rows of up to 65536 elements, d floats for bf16 (gamma in pair order), d per thread for f16,
+ * none for f32; longer rows as sn_layernorm_fwd's. y may equal x. Errors as sn_layernorm_fwd. */
 SN_API sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gamma,
                                   int64_t rows, int64_t d, float eps, sn_dtype_t dtype);
 
@@ -204,8 +215,10 @@ SN_API sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const flo
  * summed over rows as sn_layernorm_bwd's; the per-row sum Σg·x is fp64. Rows whose dy·gamma
  * exceeds the f32 range, whose terms may reach 2^127 (bounded with the row's max|dy|, max|x|
  * and max|gamma|), or whose e is subnormal in f32, are computed in fp64; a g = dy·gamma below
- * the normal range is not (see the accuracy notes at the top). dx may equal dy. Errors as
- * sn_layernorm_bwd. */
+ * the normal range is not (see the accuracy notes at the top). Rows of more than 65536
+ * elements as sn_layernorm_bwd's (fp64). Scratch: rows of up to 65536 elements, per thread
+ * of the team d fp64 and d floats with dgamma, 2·d floats more for bf16/f16, plus d fp64 (and
+ * d floats for bf16 with gamma); longer rows as sn_layernorm_bwd's. dx may equal dy. Errors as sn_layernorm_bwd. */
 SN_API sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *x,
                                   const float *rstd, const float *gamma, int64_t rows, int64_t d,
                                   sn_dtype_t dtype);
@@ -315,9 +328,8 @@ SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean
  * thread count. Fused in NCHW (s > 1) where one channel's x fits in
  * a core's L2 and the tasks (blocks of up to 8 channels) share evenly between the threads, as
  * sn_batchnorm_bwd: a block is summed, its statistics computed and y mapped while x is in the
- * cache, so x is read from memory once instead of twice; otherwise the separate passes. On
- * x86-64 CPUs other than Intel's, where the separate passes measured faster, only while all of
- * x fits in the L2s of the threads.
+ * cache, so x is read from memory once instead of twice, while all of x fits in the L2s of
+ * the threads (beyond that the separate passes measured faster); otherwise the separate passes.
  * Errors (outputs untouched): SN_ERR_INSUFFICIENT_COUNT (n·s <= 1, as sn_batchnorm_finalize),
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y overlaps x partly,
@@ -381,9 +393,9 @@ SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *
  * rstd: the same pointer). Fused in NCHW (s > 1) where one channel's x and dy fit in a core's L2
  * (sysconf(_SC_LEVEL2_CACHE_SIZE), else 1 MiB) and the tasks (blocks of up to 8 channels) are a
  * multiple of the thread count or at least 4 per thread: a block is summed and then mapped while
- * it is in the cache, so x and dy are read from memory once instead of twice; otherwise the two
- * passes. On x86-64 CPUs other than Intel's, where the two passes measured faster, only while
- * all of x and dy fit in the L2s of the threads.
+ * it is in the cache, so x and dy are read from memory once instead of twice, while all of x
+ * and dy fit in the L2s of the threads (beyond that the two passes measured faster); otherwise
+ * the two passes.
  * Errors (outputs untouched): SN_ERR_INSUFFICIENT_COUNT (n·s <= 1, as sn_batchnorm_finalize),
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT,
  * SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (dx overlaps dy partly, or x at all; dgamma or
