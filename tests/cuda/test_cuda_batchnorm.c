@@ -1,5 +1,6 @@
 /*
- * test_cuda_batchnorm.c — the CUDA BatchNorm building blocks (src/cuda/batchnorm.cu) against the
+ * test_cuda_batchnorm.c — the CUDA BatchNorm building blocks (src/cuda/batchnorm.cu,
+ * batchnorm_bwd.cu) against the
  * CPU functions of the same name on the same inputs: stats, finalize, apply, fwd (with its
  * pivot refinement), infer, update_running, bwd_reduce, bwd_apply, bwd; layouts, dtypes, odd
  * sizes, adversarial channels, empty batches, determinism and bad arguments. Device outputs are

@@ -1,6 +1,7 @@
 /*
  * test_cuda_groupnorm.c — the CUDA GroupNorm forward and backward and the BatchNorm fold
- * (src/cuda/groupnorm.cu) against the CPU functions of the same name on the same inputs: layouts,
+ * (src/cuda/groupnorm.cu, groupnorm_bwd.cu, fold.cu) against the CPU functions of the same name
+ * on the same inputs: layouts,
  * dtypes, G ∈ {1, C/2, C}, odd sizes, a large batch, empty batches, determinism and bad
  * arguments. Device outputs are poisoned (NaN bytes) first.
  *
