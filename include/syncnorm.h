@@ -151,7 +151,7 @@ SN_API int64_t sn_dtype_size(sn_dtype_t dtype);
  * Scratch (allocated per call, freed before it returns): rows of up to 65536 elements, for
  * bf16 2·d floats (gamma and beta in the order the bf16 kernel reads them) plus d per thread,
  * for f16 2·d floats per thread, for f32 none; longer rows, one fp64 value per 4096 elements of
- * x and rows plus three blocks of 4096 floats per thread, whatever d.
+ * x, two per row and, for bf16/f16, two blocks of 4096 floats per thread, whatever d.
  * y may equal x. Errors: SN_ERR_NULL_POINTER (x or y NULL with rows·d > 0), SN_ERR_INVALID_SIZE
  * (rows < 0, d <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS, SN_ERR_INVALID_DTYPE,
  * SN_ERR_INVALID_ARGUMENT (y overlaps x partly), SN_ERR_ALLOC. */
