@@ -22,7 +22,9 @@
  *    `dtype` once, round-to-nearest-even. eps is added to the variance (PyTorch convention).
  *    Backward sums: see each function.
  *  - Accuracy (docs/SEMANTICS.md): an f32 forward output errs by a few f32 roundings of
- *    |x̂·gamma| + |beta| (where beta cancels x̂·gamma, that is more than of y itself); a bf16/f16
+ *    |x̂·gamma| + |beta| (where beta cancels x̂·gamma, that is more than of y itself), plus the
+ *    mean's own error times rstd·|gamma|: the mean is held to about 2^-48 relative, so where
+ *    |mean| ≫ σ an element near the mean errs by up to ~2^-48·|mean|·rstd·|gamma|; a bf16/f16
  *    forward output y is within max(1 ulp of y_exact, 2^-16·(|x̂·gamma| + |beta|)) of the exact
  *    value. An f32 output whose x̂·gamma overflows f32 is ±inf even where
  *    beta would bring y back into range. dx of a backward is accurate relative to the size of
@@ -55,7 +57,8 @@
  *    "y overlaps x partly" of the error lists below stands for all of these.
  *  - Streaming (non-temporal) stores: off by default. The environment variable
  *    SN_STREAM_MIN_BYTES=N (a byte count, read once per process) writes every output y or dx
- *    of at least N bytes with them (0: every output): faster where memory bandwidth bounds the
+ *    of at least N bytes with them (0: every output; not the LayerNorm/RMSNorm rows of more
+ *    than 65536 elements): faster where memory bandwidth bounds the
  *    call on some CPUs, slower on others, and the output is then not in the cache for the next
  *    layer. A value that is not a whole number of bytes (digits only) is ignored with one line
  *    on stderr. The values written are the same either way, but for the sign of NaN outputs
@@ -150,8 +153,9 @@ SN_API int64_t sn_dtype_size(sn_dtype_t dtype);
  * take two fp64 passes for the statistics and map in fp64, block by block.
  * Scratch (allocated per call, freed before it returns): rows of up to 65536 elements, for
  * bf16 2·d floats (gamma and beta in the order the bf16 kernel reads them) plus d per thread,
- * for f16 2·d floats per thread, for f32 none; longer rows, one fp64 value per 4096 elements of
- * x, two per row and, for bf16/f16, two blocks of 4096 floats per thread, whatever d.
+ * for f16 2·d floats per thread, for f32 none; longer rows, one fp64 value per block of up to
+ * 4096 elements of each row, two per row and, for bf16/f16, two blocks of 4096 floats per
+ * thread, whatever d.
  * y may equal x. Errors: SN_ERR_NULL_POINTER (x or y NULL with rows·d > 0), SN_ERR_INVALID_SIZE
  * (rows < 0, d <= 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS, SN_ERR_INVALID_DTYPE,
  * SN_ERR_INVALID_ARGUMENT (y overlaps x partly), SN_ERR_ALLOC. */
@@ -172,8 +176,9 @@ SN_API sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const voi
  * dbeta summed over the rows in row order per column.
  * Scratch: rows of up to 65536 elements, per thread of the team (one per chunk of rows, at
  * most 64) 2·d fp64 and 2·d floats with dgamma/dbeta, 2·d floats more for bf16/f16, plus 2·d
- * fp64 (and d floats for bf16 with gamma); longer rows, three fp64 values per 4096 elements of x, three per row and seven blocks
- * of 4096 floats per thread, whatever d. dx may equal dy.
+ * fp64 (and d floats for bf16 with gamma); longer rows, three fp64 values per block of up to
+ * 4096 elements of each row, three per row and seven blocks of 4096 floats per thread, whatever
+ * d. dx may equal dy.
  * Errors as sn_layernorm_fwd (without eps), SN_ERR_NULL_POINTER also for mean/rstd (NULL with
  * rows·d > 0). */
 SN_API sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
@@ -181,7 +186,8 @@ SN_API sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const
                                     const float *gamma, int64_t rows, int64_t d,
                                     sn_dtype_t dtype);
 
-/* Fused residual add + LayerNorm forward, one pass over memory per row:
+/* Fused residual add + LayerNorm forward, one pass over memory per row (three for rows of more
+ * than 65536 elements):
  *   sum_out = round_dtype(x + residual),  y = LayerNorm(sum_out) as in sn_layernorm_fwd.
  * The norm reads the rounded sum_out values, so the result equals sn_layernorm_fwd on sum_out.
  * y, sum_out, x, residual: [rows, d] dtype; sum_out may equal x or residual, y may not overlap
@@ -218,7 +224,8 @@ SN_API sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const flo
  * the normal range is not (see the accuracy notes at the top). Rows of more than 65536
  * elements as sn_layernorm_bwd's (fp64). Scratch: rows of up to 65536 elements, per thread
  * of the team d fp64 and d floats with dgamma, 2·d floats more for bf16/f16, plus d fp64 (and
- * d floats for bf16 with gamma); longer rows as sn_layernorm_bwd's. dx may equal dy. Errors as sn_layernorm_bwd. */
+ * d floats for bf16 with gamma); longer rows as sn_layernorm_bwd's. dx may equal dy. Errors as
+ * sn_layernorm_bwd. */
 SN_API sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *x,
                                   const float *rstd, const float *gamma, int64_t rows, int64_t d,
                                   sn_dtype_t dtype);

@@ -36,12 +36,13 @@
 
 /* Hardware policy: one rule for every x86-64 CPU (measurements: docs/BENCHMARKS.md).
  *  - Streaming (non-temporal) stores: off by default. They save the read-for-ownership of each
- *    output line, but made some kernels slower on some of the hosts measured. SN_STREAM_MIN_BYTES=N
- *    (a byte count, read once per process by sn__stream_out) streams every output of at least N
- *    bytes, in every kernel. Only whole 64-byte lines are streamed, with the values an ordinary
- *    store writes, so the bits are the same either way: the f32 loops store a head up to the
- *    first line boundary ordinarily (sn__head64), the bf16 pair loops stream the rows that start
- *    on a line (sn__aligned64).
+ *    output line, but made some kernels slower on some of the hosts measured.
+ *    SN_STREAM_MIN_BYTES=N (a byte count, read once per process by sn__stream_out) streams
+ *    every output of at least N bytes, in every kernel but the long rows of longrow.c. Only
+ *    whole 64-byte lines are streamed, with the values an ordinary store writes, so the bits
+ *    are the same either way: the f32 loops store a head up to the first line boundary
+ *    ordinarily (sn__head64), the bf16 pair loops stream the rows that start on a line
+ *    (sn__aligned64).
  *  - The row kernels' prefetches of the next row, and the fused BatchNorm backward's of its
  *    sums' inputs, go into L2 only (SN_PF_READ, prefetcht1): faster there than prefetcht0.
  *  - BatchNorm NCHW fuses the sums and the map (batchnorm.c, fused_block) only where the inputs

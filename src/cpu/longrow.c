@@ -14,8 +14,10 @@
  *           x̂' = x̂ − mean(x̂) (RMSNorm: dx = s·g − x·s·e, e = s²·Σg·x/d); dgamma += dy·x̂',
  *           dbeta += dy in fp64 per column, stored once
  * The block partials of a row are added in block order, and pass B sums dgamma over the rows in
- * row order: the same bits for any thread count. Scratch: fp64 partials, 3 per block of every
- * row (under 1/500 of an f32 input) and 2 per row, and per thread 3 f32 and 2 fp64 blocks.
+ * row order: the same bits for any thread count. Scratch: fp64 partials per block of every row
+ * (forward 1, backward 3: under 1/500 of an f32 input) and per row (2, 3), and per thread 2
+ * f32 blocks (forward, bf16/f16) or 3 f32 and 2 fp64 blocks (backward). Outputs are never
+ * streamed (SN_STREAM_MIN_BYTES).
  * Threads: OpenMP over (row, block) pairs in the passes over rows, over column blocks in pass B.
  */
 #include "longrow.h"
