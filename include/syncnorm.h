@@ -300,10 +300,10 @@ SN_API sn_status_t sn_batchnorm_update_running(float *running_mean, float *runni
  * y, x: [N, C, S] or [N, S, C] dtype; mean: [C] f64; rstd: [C] f32; gamma, beta: [C] f32 or NULL
  * (1 / 0). Computed in f32 with the mean as two floats (exact when |mean| ≫ σ); in fp64 for a
  * channel whose mean is 2^103 or more (there x − mean can overflow f32) or whose factor
- * gamma·rstd is subnormal in f32 (σ near the f32 range), and, for bf16/f16 y with beta, for the
- * elements where beta cancels x̂·gamma (a mean below ~2^-102 is mapped in fp64 too): each
- * bf16/f16 output is within the bf16/f16 bound above of the formula applied exactly to the
- * given mean and rstd. The same holds for sn_batchnorm_infer,
+ * gamma·rstd is subnormal in f32 (σ near the f32 range), and, for bf16/f16 y, for the elements
+ * whose f32 value is not finite (x̂·gamma beyond the f32 range where beta brings y back; a mean
+ * below ~2^-102 is mapped in fp64 too): each bf16/f16 output is within the bf16/f16 bound above
+ * of the formula applied exactly to the given mean and rstd. The same holds for sn_batchnorm_infer,
  * sn_batchnorm_bwd_apply (also in fp64 where its O(rstd²) factor underflows f32, σ beyond
  * about 2^63) and GroupNorm. y may equal x. Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE,
  * SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y
@@ -427,9 +427,8 @@ SN_API sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const
  * from its mean or a value is not finite (bf16 NCHW, and f16 NCHW groups of up to 2^18 values,
  * widened once into per-thread scratch: the same bits as f32 on the widened x); larger f16 NCHW
  * groups always two passes. y in f32 from them,
- * in fp64 where f32 is not exact enough: bf16/f16 outputs where beta cancels x̂·gamma (within
- * the bf16/f16 bound above), groups whose mean is 2^103 or more, factors f32 cannot hold (as in
- * sn_batchnorm_apply).
+ * in fp64 where f32 is not enough: bf16/f16 outputs whose f32 value is not finite, groups whose
+ * mean is 2^103 or more, factors f32 cannot hold (as in sn_batchnorm_apply).
  * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C, G <= 0, N, S < 0),
  * SN_ERR_INVALID_GROUPS (C % G != 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y overlaps x partly),
