@@ -24,6 +24,8 @@
 
 #include <math.h>
 
+#include "rownorm.h"
+
 /* Elements per block: a few f32 and fp64 blocks per thread stay in L1/L2. */
 #define LR_BLOCK 4096
 /* Fixed accumulator lanes of the fp64 block sums (the order never depends on vector width). */
@@ -48,21 +50,13 @@ SN_CLONES static void lr_bwd_sums(double out[3], const float *x, const float *dy
 }
 
 /* The f32 view of block [off, off + m) of the residual sum x + res, stored into sum_out as
- * rounded to the dtype (f32: in place in sum_out; else in t, with t2 for the residual). */
-static const float *lr_sum_block(const sn__long_fwd_t *a, int64_t off, int64_t m, float *t,
-                                 float *t2) {
-  if (a->dtype == SN_DTYPE_F32) {
-    float *s = (float *)a->sum_out + off;
-    const float *x = (const float *)a->x + off, *r = (const float *)a->res + off;
-    for (int64_t k = 0; k < m; k++) s[k] = x[k] + r[k];
-    return s;
-  }
-  sn__to_f32(t, a->x, off, m, a->dtype);
-  sn__to_f32(t2, a->res, off, m, a->dtype);
-  for (int64_t k = 0; k < m; k++) t[k] += t2[k];
-  sn__from_f32(a->sum_out, off, t, m, a->dtype);
-  sn__to_f32(t, a->sum_out, off, m, a->dtype); /* normalize the values stored */
-  return t;
+ * rounded to the dtype (f32: in place in sum_out; else in t, sn__residual_sum_row). */
+static const float *lr_sum_block(const sn__long_fwd_t *a, int64_t off, int64_t m, float *t) {
+  if (a->dtype != SN_DTYPE_F32)
+    return sn__residual_sum_row(a->sum_out, a->x, a->res, t, off, m, a->dtype);
+  float *s = (float *)a->sum_out + off;
+  sn__add_row(s, (const float *)a->x + off, (const float *)a->res + off, m);
+  return s;
 }
 
 /* The forward map of one block: out[k] = (v[k] − mean)·rstd·gamma[k] + beta[k] in fp64. */
@@ -103,7 +97,8 @@ sn_status_t sn__long_rows_fwd(const char *fn, const sn__long_fwd_t *a) {
     for (int64_t it = 0; it < items; it++) { /* pass 1 */
       const int64_t r = it / nb, b = it % nb, off = r * d + b * LR_BLOCK;
       const int64_t m = lr_min(LR_BLOCK, d - b * LR_BLOCK);
-      const float *v = fused ? lr_sum_block(a, off, m, t, t2) : sn__in_row(a->x, off, m, a->dtype, t);
+      const float *v =
+          fused ? lr_sum_block(a, off, m, t) : sn__in_row(a->x, off, m, a->dtype, t);
       part[it] = a->rms ? sn__sumsq_shifted_f64(v, m, 0.0) : sn__sum_f64(v, m);
     }
 #pragma omp single
