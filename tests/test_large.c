@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 
 #include "testutil.h"
 
@@ -160,13 +159,6 @@ START_TEST(test_large_bf16_in_place) {
 }
 END_TEST
 
-/* Peak resident memory of this process so far, in bytes (Check runs each test in a child). */
-static double peak_bytes(void) {
-  struct rusage u;
-  ck_assert_int_eq(getrusage(RUSAGE_SELF, &u), 0);
-  return (double)u.ru_maxrss * 1024.0;
-}
-
 /* One bf16 row of 2^31 + 37 elements, LayerNorm in place without gamma and beta: it runs, with
  * extra memory under ROW_PEAK_FRACTION of its input (longrow.c: scratch that does not grow with
  * d), and a sample of elements, at the start, around 2^31 and at the end, is within the bf16
@@ -196,10 +188,10 @@ START_TEST(test_one_row_bf16) {
   double ref[NS], got[NS];
   for (int k = 0; k < NS; k++) ref[k] = (from_bf16(buf[at[k]]) - mu) * rs;
   float mean, rstd;
-  const double before = peak_bytes();
+  const double before = tu_peak_bytes();
   sn_status_t st = sn_layernorm_fwd(buf, &mean, &rstd, buf, NULL, NULL, 1, d, EPS, SN_DTYPE_BF16);
   ck_assert_msg(st == SN_OK, "sn_layernorm_fwd: %s", sn_last_error());
-  const double grew = peak_bytes() - before;
+  const double grew = tu_peak_bytes() - before;
   TU_CHECK(grew < ROW_PEAK_FRACTION * (double)bytes, "peak grew by %.0f bytes for a %zu-byte row",
            grew, bytes);
   for (int k = 0; k < NS; k++) {

@@ -13,7 +13,6 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "testutil.h"
 
@@ -239,14 +238,6 @@ START_TEST(test_bwd) {
 }
 END_TEST
 
-/* Peak resident memory of this process so far, in bytes (Check runs each test in a child of
- * its own, so the peak is this test's). */
-static double peak_bytes(void) {
-  struct rusage u;
-  ck_assert_int_eq(getrusage(RUSAGE_SELF, &u), 0);
-  return (double)u.ru_maxrss * 1024.0;
-}
-
 /* Extra memory of one row of 2^26 + 37 elements: an f32 LayerNorm backward (dx == dy, dgamma,
  * dbeta) and a bf16 LayerNorm forward in place without gamma and beta each raise the peak by
  * less than PEAK_FRACTION of their input (the row kernels kept up to ~40 bytes per element). */
@@ -264,10 +255,10 @@ START_TEST(test_scratch_peak) {
   sn_status_t st = sn_layernorm_fwd(dg, &mean, &rstd, x, NULL, NULL, 1, d, EPS, SN_DTYPE_F32);
   ck_assert_msg(st == SN_OK, "%s", sn_last_error()); /* the statistics (y into dg, unused) */
   tu_poison_f32(dg, d);
-  double before = peak_bytes();
+  double before = tu_peak_bytes();
   st = sn_layernorm_bwd(dy, dg, db, dy, x, &mean, &rstd, NULL, 1, d, SN_DTYPE_F32);
   ck_assert_msg(st == SN_OK, "%s", sn_last_error());
-  double grew = peak_bytes() - before, input = 2.0 * (double)d * sizeof(float);
+  double grew = tu_peak_bytes() - before, input = 2.0 * (double)d * sizeof(float);
   TU_CHECK(grew < PEAK_FRACTION * input, "f32 backward: peak grew by %.0f bytes, input %.0f",
            grew, input);
   tu_assert_all_finite(dy, SN_DTYPE_F32, d, "dx");
@@ -275,10 +266,10 @@ START_TEST(test_scratch_peak) {
   free(dy), free(dg), free(db);
   uint16_t *xb = tu_alloc(d, SN_DTYPE_BF16);
   tu_fill_normal(xb, d, SN_DTYPE_BF16, 3.0, 1.0, &r);
-  before = peak_bytes();
+  before = tu_peak_bytes();
   st = sn_layernorm_fwd(xb, &mean, &rstd, xb, NULL, NULL, 1, d, EPS, SN_DTYPE_BF16);
   ck_assert_msg(st == SN_OK, "%s", sn_last_error());
-  grew = peak_bytes() - before, input = (double)d * sizeof(uint16_t);
+  grew = tu_peak_bytes() - before, input = (double)d * sizeof(uint16_t);
   TU_CHECK(grew < PEAK_FRACTION * input, "bf16 forward: peak grew by %.0f bytes, input %.0f",
            grew, input);
   TU_CHECK(fabs(mean - 3.0) < 0.01 && fabs(rstd - 1.0) < 0.01, "mean %g rstd %g", (double)mean,

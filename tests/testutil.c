@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -396,4 +397,10 @@ void tu_assert_scratch_below(long long max_bytes, const char *what) {
                 "%s: %s", what, sn_last_error());
   ck_assert_msg(got > 0 && got <= max_bytes, "%s: %lld bytes of scratch asked for, at most %lld",
                 what, got, max_bytes);
+}
+
+double tu_peak_bytes(void) {
+  struct rusage u;
+  ck_assert_int_eq(getrusage(RUSAGE_SELF, &u), 0);
+  return (double)u.ru_maxrss * 1024.0;
 }

@@ -157,6 +157,9 @@ void tu_assert_bitwise(const void *a, const void *b, size_t bytes, const char *w
 /* Asserts sn_last_error() is the scratch SN_ERR_ALLOC message ("... allocating N bytes of
  * scratch") with N == bytes. */
 void tu_assert_scratch_bytes(long long bytes, const char *what);
+/* Peak resident memory of this process so far, in bytes (getrusage ru_maxrss; Check runs each
+ * test in a child of its own, so within a test it is that test's peak). */
+double tu_peak_bytes(void);
 /* The same where the request must be at most max_bytes (and more than 0). */
 void tu_assert_scratch_below(long long max_bytes, const char *what);
 
