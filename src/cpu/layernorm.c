@@ -65,9 +65,8 @@ static inline int ln_map_in_f64(double mean) {
 static void ln_map_f64(void *y, const float *x, const float *gamma, const float *beta, int64_t d,
                        double mean, double rstd, int to_bf16) {
   for (int64_t i = 0; i < d; i++) {
-    double t = ((double)x[i] - mean) * rstd;
-    if (gamma != NULL) t *= (double)gamma[i];
-    if (beta != NULL) t += (double)beta[i];
+    const double t = SN_ROW_Y(SN_ROW_XHAT((double)x[i], mean, 0.0, rstd, 1), (double)gamma[i],
+                              (double)beta[i], gamma != NULL, beta != NULL);
     if (to_bf16) ((uint16_t *)y)[i] = sn__f32_to_bf16((float)t);
     else ((float *)y)[i] = (float)t;
   }

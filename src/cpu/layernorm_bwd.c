@@ -28,7 +28,7 @@
 /* Pass A for element i: x̂ = (x − m)·s and g = dy·gamma in f32, added to the lane sums. */
 SN_INLINE void ln_bwd_acc(double *a_xh, double *a_g, double *a_gxh, float x, float dy,
                           const float *gamma, int64_t i, float m, float s, int has_g) {
-  const float xh = (x - m) * s;
+  const float xh = SN_LN_XHAT(x, m, s);
   const float g = has_g ? dy * gamma[i] : dy;
   *a_xh += (double)xh;
   *a_g += (double)g;
@@ -61,7 +61,7 @@ SN_INLINE void ln_bwd_sums(double sum[3], double big[3], const float *dy, const 
       if (pf != NULL && pf->dx != NULL) __builtin_prefetch(pf->dx + i * pf->esize, 1);
       if (lowp)
         for (int k = 0; k < L; k++) {
-          const float xh = (x[i + k] - m) * s, g = has_g ? dy[i + k] * gamma[i + k] : dy[i + k];
+          const float xh = SN_LN_XHAT(x[i + k], m, s), g = has_g ? dy[i + k] * gamma[i + k] : dy[i + k];
           b_xh[k] += xh;
           b_g[k] += g;
           b_gxh[k] += g * xh;
@@ -73,7 +73,7 @@ SN_INLINE void ln_bwd_sums(double sum[3], double big[3], const float *dy, const 
           ln_bwd_acc(&a_xh[k], &a_g[k], &a_gxh[k], x[i + k], dy[i + k], gamma, i + k, m, s,
                      has_g);
           mdy[k] = sn__max_abs(mdy[k], dy[i + k]);
-          mxh[k] = sn__max_abs(mxh[k], (x[i + k] - m) * s);
+          mxh[k] = sn__max_abs(mxh[k], SN_LN_XHAT(x[i + k], m, s));
         }
     }
     if (lowp)
@@ -85,7 +85,7 @@ SN_INLINE void ln_bwd_sums(double sum[3], double big[3], const float *dy, const 
   }
   for (int k = 0; k < L && i < d; i++, k++) {
     mdy[k] = sn__max_abs(mdy[k], dy[i]);
-    mxh[k] = sn__max_abs(mxh[k], (x[i] - m) * s);
+    mxh[k] = sn__max_abs(mxh[k], SN_LN_XHAT(x[i], m, s));
     ln_bwd_acc(&a_xh[k], &a_g[k], &a_gxh[k], x[i], dy[i], gamma, i, m, s, has_g);
   }
   sum[0] = sn__lanes_total_n(a_xh, L);
@@ -144,23 +144,23 @@ SN_INLINE int ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64, 
     SN_IVDEP
     for (int64_t j = 0; j < d; j++) {
       const float dyj = dy[j];
-      const float xh = ((x[j] - m) * s) - cf;
+      const float xh = SN_LN_XHAT_C(x[j], m, s, cf);
       const float g = has_g ? dyj * gamma[j] : dyj;
       dgp64[j] += (double)dyj * (double)xh;
       dbp64[j] += (double)dyj;
-      dx[j] = s * ((g - mg) - xh * mgx);
+      dx[j] = SN_LN_DX(g, xh, s, mg, mgx);
     }
     return 0;
   }
 #define LN_DX_EL(j)                                                                           \
   do {                                                                                        \
-    const float dyj_ = dy[j], xh_ = ((x[j] - m) * s) - cf;                                    \
+    const float dyj_ = dy[j], xh_ = SN_LN_XHAT_C(x[j], m, s, cf);                             \
     const float g_ = has_g ? dyj_ * gamma[j] : dyj_;                                          \
     if (has_part) {                                                                           \
       dgp[j] += dyj_ * xh_;                                                                   \
       dbp[j] += dyj_;                                                                         \
     }                                                                                         \
-    dx[j] = s * ((g_ - mg) - xh_ * mgx);                                                      \
+    dx[j] = SN_LN_DX(g_, xh_, s, mg, mgx);                                                    \
   } while (0)
   int64_t j = 0;
   if (pf->nt) { /* ordinary stores up to a 64-byte line, then vectors of 16 through sn__store64 */
@@ -169,14 +169,14 @@ SN_INLINE int ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64, 
       sn__pf vdy, xh, g, w;
       memcpy(&vdy, dy + j, sizeof vdy);
       memcpy(&xh, x + j, sizeof xh);
-      xh = ((xh - m) * s) - cf;
+      xh = SN_LN_XHAT_C(xh, m, s, cf);
       g = vdy;
       if (has_g) memcpy(&w, gamma + j, sizeof w), g = vdy * w;
       if (has_part) {
         memcpy(&w, dgp + j, sizeof w), w = w + vdy * xh, memcpy(dgp + j, &w, sizeof w);
         memcpy(&w, dbp + j, sizeof w), w = w + vdy, memcpy(dbp + j, &w, sizeof w);
       }
-      w = s * ((g - mg) - xh * mgx);
+      w = SN_LN_DX(g, xh, s, mg, mgx);
       sn__store64(dx + j, &w, 1);
     }
   }
@@ -215,7 +215,7 @@ static void ln_bwd_row_f64(float *dx, double *dgp64, double *dbp64, const float 
                            const float *x, const float *gamma, int64_t d, float m, float s) {
   double sum_xh = 0.0, sum_g = 0.0, sum_gxh = 0.0;
   for (int64_t i = 0; i < d; i++) {
-    const double xh = ((double)x[i] - m) * s, g = (double)dy[i] * (gamma ? gamma[i] : 1.0f);
+    const double xh = SN_LN_XHAT((double)x[i], m, s), g = (double)dy[i] * (gamma ? gamma[i] : 1.0f);
     sum_xh += xh;
     sum_g += g;
     sum_gxh += g * xh;
@@ -223,13 +223,13 @@ static void ln_bwd_row_f64(float *dx, double *dgp64, double *dbp64, const float 
   const double c = sum_xh / (double)d, mg = sum_g / (double)d;
   const double mgx = (sum_gxh - c * sum_g) / (double)d;
   for (int64_t i = 0; i < d; i++) {
-    const double dyi = dy[i], xh = ((double)x[i] - m) * s - c;
+    const double dyi = dy[i], xh = SN_LN_XHAT_C((double)x[i], m, s, c);
     const double g = dyi * (gamma ? gamma[i] : 1.0f);
     if (dgp64 != NULL) {
       dgp64[i] += dyi * xh;
       dbp64[i] += dyi;
     }
-    dx[i] = (float)(s * ((g - mg) - xh * mgx));
+    dx[i] = (float)SN_LN_DX(g, xh, s, mg, mgx);
   }
 }
 
@@ -265,8 +265,8 @@ SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint
       sn__pf xe, xo, ge, go;
       sn__pair_widen(&xe, &xo, x + i);
       sn__pair_widen(&ge, &go, dy + i);
-      xe = (xe - m) * s;
-      xo = (xo - m) * s;
+      xe = SN_LN_XHAT(xe, m, s);
+      xo = SN_LN_XHAT(xo, m, s);
       sn__pair_absmax(mdy, dy + i);
       sn__pair_absmax(mx, x + i);
       if (has_g) {
@@ -320,8 +320,8 @@ SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint
     sn__pf xe, xo, ye, yo;
     sn__pair_widen(&xe, &xo, x + i);
     sn__pair_widen(&ye, &yo, dy + i);
-    xe = ((xe - m) * s) - cf;
-    xo = ((xo - m) * s) - cf;
+    xe = SN_LN_XHAT_C(xe, m, s, cf);
+    xo = SN_LN_XHAT_C(xo, m, s, cf);
     if (has_part) {
       sn__pf pe, po;
       sn__pair_load(&pe, &po, dgq + i);
@@ -339,8 +339,8 @@ SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint
       ye = ye * pe;
       yo = yo * po;
     }
-    ye = s * ((ye - mg) - xe * mgx);
-    yo = s * ((yo - mg) - xo * mgx);
+    ye = SN_LN_DX(ye, xe, s, mg, mgx);
+    yo = SN_LN_DX(yo, xo, s, mg, mgx);
     /* No dx here is NaN, so it is narrowed without sn__f32_to_bf16's NaN case (the same bits):
      * a NaN or infinite dy, x, gamma, m or s, or an x − m beyond the f32 range, made pass A's
      * sums (which compute the same (x − m)·s) or bounds non-finite and sent the row to fp64;
@@ -351,13 +351,13 @@ SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint
   }
   for (; i < d; i++) {
     const float dyi = sn__bf16_to_f32(dy[i]);
-    const float xh = ((sn__bf16_to_f32(x[i]) - m) * s) - cf;
+    const float xh = SN_LN_XHAT_C(sn__bf16_to_f32(x[i]), m, s, cf);
     const float g = has_g ? dyi * gamma[i] : dyi;
     if (has_part) {
       dgq[i] += dyi * xh;
       dbq[i] += dyi;
     }
-    dx[i] = sn__f32_to_bf16(s * ((g - mg) - xh * mgx));
+    dx[i] = sn__f32_to_bf16(SN_LN_DX(g, xh, s, mg, mgx));
   }
   return 0;
 }

@@ -63,10 +63,8 @@ static const float *lr_sum_block(const sn__long_fwd_t *a, int64_t off, int64_t m
 SN_CLONES static void lr_map(float *out, const float *v, const float *gamma, const float *beta,
                              int64_t m, double mean, double rstd) {
   for (int64_t k = 0; k < m; k++) {
-    double t = ((double)v[k] - mean) * rstd;
-    if (gamma != NULL) t *= (double)gamma[k];
-    if (beta != NULL) t += (double)beta[k];
-    out[k] = (float)t;
+    out[k] = (float)SN_ROW_Y(SN_ROW_XHAT((double)v[k], mean, 0.0, rstd, 1), (double)gamma[k],
+                             (double)beta[k], gamma != NULL, beta != NULL);
   }
 }
 
@@ -149,11 +147,11 @@ SN_CLONES static void lr_bwd_block(float *dx, double *dg, double *db, const floa
     const double dyk = (double)dy[k], g = dyk * (gamma != NULL ? (double)gamma[k] : 1.0);
     double xh, v;
     if (rms) {
-      xh = (double)x[k] * s;
-      v = s * g - xh * c[0];
+      xh = SN_RMS_XHAT((double)x[k], s);
+      v = SN_RMS_DX(g, xh, s, c[0]);
     } else {
-      xh = ((double)x[k] - mean) * s - c[0];
-      v = s * ((g - c[1]) - xh * c[2]);
+      xh = SN_LN_XHAT_C((double)x[k], mean, s, c[0]);
+      v = SN_LN_DX(g, xh, s, c[1], c[2]);
     }
     if (dg != NULL) dg[k] += dyk * xh;
     if (db != NULL) db[k] += dyk;

@@ -98,15 +98,15 @@ SN_CLONES static inline void sn__aff_run(float *y, const float *x, int64_t n, fl
                                          float a, float b, int nt) {
   int64_t i = 0;
   const uintptr_t pf = sn__map_pf_bytes(1, nt);
-  for (const int64_t h = nt ? sn__head64(y, n) : 0; i < h; i++) y[i] = ((x[i] - hi) - lo) * a + b;
+  for (const int64_t h = nt ? sn__head64(y, n) : 0; i < h; i++) y[i] = SN_CHAN_Y(x[i], hi, lo, a, b);
   for (; i + SN_VB <= n; i += SN_VB) {
     sn__vf v;
     sn__map_pf(x + i, pf);
     SN_VLOAD(v, x + i);
-    v = ((v - hi) - lo) * a + b;
+    v = SN_CHAN_Y(v, hi, lo, a, b);
     sn__store64(y + i, &v, nt);
   }
-  for (; i < n; i++) y[i] = ((x[i] - hi) - lo) * a + b;
+  for (; i < n; i++) y[i] = SN_CHAN_Y(x[i], hi, lo, a, b);
 }
 
 /* Rows of a channel slice: y[r·ld + c] = ((x[r·ld + c] − hi[c]) − lo[c])·a[c] + b[c].
@@ -122,7 +122,7 @@ SN_CLONES static inline void sn__aff_rows(float *y, const float *x, int64_t nr, 
     const float *xr = x + r * ld;
     int64_t c = 0;
     for (const int64_t hd = nt ? sn__head64(yr, ct) : 0; c < hd; c++)
-      yr[c] = ((xr[c] - hi[c]) - lo[c]) * a[c] + b[c];
+      yr[c] = SN_CHAN_Y(xr[c], hi[c], lo[c], a[c], b[c]);
     for (; c + SN_VB <= ct; c += SN_VB) {
       sn__vf v, h, l, va, vb;
       sn__map_pf(xr + c, pf);
@@ -131,10 +131,10 @@ SN_CLONES static inline void sn__aff_rows(float *y, const float *x, int64_t nr, 
       SN_VLOAD(l, lo + c);
       SN_VLOAD(va, a + c);
       SN_VLOAD(vb, b + c);
-      v = ((v - h) - l) * va + vb;
+      v = SN_CHAN_Y(v, h, l, va, vb);
       sn__store64(yr + c, &v, nt);
     }
-    for (; c < ct; c++) yr[c] = ((xr[c] - hi[c]) - lo[c]) * a[c] + b[c];
+    for (; c < ct; c++) yr[c] = SN_CHAN_Y(xr[c], hi[c], lo[c], a[c], b[c]);
   }
 }
 
@@ -145,17 +145,17 @@ SN_CLONES static inline void sn__affbwd_run(float *dx, const float *dy, const fl
   int64_t i = 0;
   const uintptr_t pf = sn__map_pf_bytes(1, nt);
   for (const int64_t h = nt ? sn__head64(dx, n) : 0; i < h; i++)
-    dx[i] = (dy[i] * a - b) - ((x[i] - hi) - lo) * e;
+    dx[i] = SN_CHAN_DX(dy[i], x[i], hi, lo, a, b, e);
   for (; i + SN_VB <= n; i += SN_VB) {
     sn__vf g, v;
     sn__map_pf(dy + i, pf);
     sn__map_pf(x + i, pf);
     SN_VLOAD(g, dy + i);
     SN_VLOAD(v, x + i);
-    g = (g * a - b) - ((v - hi) - lo) * e;
+    g = SN_CHAN_DX(g, v, hi, lo, a, b, e);
     sn__store64(dx + i, &g, nt);
   }
-  for (; i < n; i++) dx[i] = (dy[i] * a - b) - ((x[i] - hi) - lo) * e;
+  for (; i < n; i++) dx[i] = SN_CHAN_DX(dy[i], x[i], hi, lo, a, b, e);
 }
 
 /* Rows of a channel slice of the backward map with constants p (hi, lo, a, b, e; channel c at
@@ -171,7 +171,7 @@ SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const f
     const float *dyr = dy + r * ld, *xr = x + r * ld;
     int64_t c = 0;
     for (const int64_t hd = nt ? sn__head64(dxr, ct) : 0; c < hd; c++)
-      dxr[c] = (dyr[c] * a[c] - b[c]) - ((xr[c] - hi[c]) - lo[c]) * e[c];
+      dxr[c] = SN_CHAN_DX(dyr[c], xr[c], hi[c], lo[c], a[c], b[c], e[c]);
     for (; c + SN_VB <= ct; c += SN_VB) {
       sn__vf g, v, h, l, va, vb, ve;
       sn__map_pf(dyr + c, pf);
@@ -183,10 +183,10 @@ SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const f
       SN_VLOAD(va, a + c);
       SN_VLOAD(vb, b + c);
       SN_VLOAD(ve, e + c);
-      g = (g * va - vb) - ((v - h) - l) * ve;
+      g = SN_CHAN_DX(g, v, h, l, va, vb, ve);
       sn__store64(dxr + c, &g, nt);
     }
-    for (; c < ct; c++) dxr[c] = (dyr[c] * a[c] - b[c]) - ((xr[c] - hi[c]) - lo[c]) * e[c];
+    for (; c < ct; c++) dxr[c] = SN_CHAN_DX(dyr[c], xr[c], hi[c], lo[c], a[c], b[c], e[c]);
   }
 }
 
@@ -244,13 +244,13 @@ static inline int sn__tile_any_f64(const sn__chan_tile_t *p, int64_t ct) {
 /* y[i] = (float)((x[i] − m)·a + b) in fp64. y may equal x. */
 SN_COLD static void sn__aff_run_f64(float *y, const float *x, int64_t n, double m, double a,
                                    double b) {
-  for (int64_t i = 0; i < n; i++) y[i] = (float)(((double)x[i] - m) * a + b);
+  for (int64_t i = 0; i < n; i++) y[i] = (float)SN_CHAN_Y((double)x[i], m, 0.0, a, b);
 }
 
 /* dx[i] = (float)((dy[i]·a − b) − (x[i] − m)·e) in fp64. dx may equal dy. */
 SN_COLD static void sn__affbwd_run_f64(float *dx, const float *dy, const float *x, int64_t n,
                                       double m, double a, double b, double e) {
-  for (int64_t i = 0; i < n; i++) dx[i] = (float)(((double)dy[i] * a - b) - ((double)x[i] - m) * e);
+  for (int64_t i = 0; i < n; i++) dx[i] = (float)SN_CHAN_DX((double)dy[i], (double)x[i], m, 0.0, a, b, e);
 }
 
 /* Channel j of a tile mapped in fp64 over nr rows: y[r·ld] = (x[r·ld] − m)·a + b with the fp64
@@ -294,13 +294,13 @@ static inline __attribute__((always_inline)) void sn__aff_block_guarded(
     double md, double ad, double bd) {
   int bad = 0;
   for (int64_t k = 0; k < m; k++) {
-    const float v = ((x[k] - hi) - lo) * a + b;
+    const float v = SN_CHAN_Y(x[k], hi, lo, a, b);
     y[k] = v;
     bad |= SN_NONFINITE(v);
   }
   if (bad)
     for (int64_t k = 0; k < m; k++)
-      if (SN_NONFINITE(y[k])) y[k] = (float)(((double)x[k] - md) * ad + bd);
+      if (SN_NONFINITE(y[k])) y[k] = (float)SN_CHAN_Y((double)x[k], md, 0.0, ad, bd);
 }
 
 /* The guarded map of one channel's run x [n] into y [n] (f32, not aliasing). */
@@ -328,13 +328,13 @@ SN_CLONES static inline void sn__aff_rows_guarded(float *restrict y, const float
       const float *restrict xr = x + r * ld + c0;
       int bad = 0;
       for (int64_t c = 0; c < m; c++) {
-        const float v = ((xr[c] - hi[c]) - lo[c]) * a[c] + b[c];
+        const float v = SN_CHAN_Y(xr[c], hi[c], lo[c], a[c], b[c]);
         yr[c] = v;
         bad |= SN_NONFINITE(v);
       }
       if (bad)
         for (int64_t c = 0; c < m; c++)
-          if (SN_NONFINITE(yr[c])) yr[c] = (float)(((double)xr[c] - md[c]) * ad[c] + bd[c]);
+          if (SN_NONFINITE(yr[c])) yr[c] = (float)SN_CHAN_Y((double)xr[c], md[c], 0.0, ad[c], bd[c]);
     }
 }
 
@@ -343,8 +343,8 @@ SN_CLONES static inline void sn__aff_rows_guarded(float *restrict y, const float
 static inline uint16_t sn__aff_val_bf16(uint16_t xb, float hi, float lo, float a, float b,
                                         double md, double ad, double bd) {
   const float xv = sn__bf16_to_f32(xb);
-  float v = ((xv - hi) - lo) * a + b;
-  if (SN_NONFINITE(v)) v = (float)(((double)xv - md) * ad + bd);
+  float v = SN_CHAN_Y(xv, hi, lo, a, b);
+  if (SN_NONFINITE(v)) v = (float)SN_CHAN_Y((double)xv, md, 0.0, ad, bd);
   return sn__f32_to_bf16(v);
 }
 
@@ -369,13 +369,13 @@ SN_CLONES SN_UNUSED static void sn__affbwd_run_bf16(uint16_t *dx, const uint16_t
     sn__pf ge, go, ve, vo;
     sn__pair_widen(&ge, &go, dy + i);
     sn__pair_widen(&ve, &vo, x + i);
-    ge = (ge * a - b) - ((ve - hi) - lo) * e;
-    go = (go * a - b) - ((vo - hi) - lo) * e;
+    ge = SN_CHAN_DX(ge, ve, hi, lo, a, b, e);
+    go = SN_CHAN_DX(go, vo, hi, lo, a, b, e);
     sn__pair_narrow(dx + i, &ge, &go, 0);
   }
   for (; i < n; i++)
-    dx[i] = sn__f32_to_bf16((sn__bf16_to_f32(dy[i]) * a - b) -
-                            ((sn__bf16_to_f32(x[i]) - hi) - lo) * e);
+    dx[i] = sn__f32_to_bf16(
+        SN_CHAN_DX(sn__bf16_to_f32(dy[i]), sn__bf16_to_f32(x[i]), hi, lo, a, b, e));
 }
 
 /* The guarded forward map of one channel's bf16 run x [n] into y [n] (y may equal x): bitwise
@@ -388,8 +388,8 @@ SN_CLONES SN_UNUSED static void sn__aff_run_bf16(uint16_t *y, const uint16_t *x,
   for (; i + SN_PAIR <= n; i += SN_PAIR) {
     sn__pf e, o;
     sn__pair_widen(&e, &o, x + i);
-    e = ((e - hi) - lo) * a + b;
-    o = ((o - hi) - lo) * a + b;
+    e = SN_CHAN_Y(e, hi, lo, a, b);
+    o = SN_CHAN_Y(o, hi, lo, a, b);
     if (!sn__pair_nonfinite(&e, &o))
       sn__pair_narrow_finite(y + i, &e, &o, 0);
     else
@@ -519,8 +519,8 @@ SN_CLONES SN_UNUSED static void sn__aff_rows_bf16(uint16_t *y, const uint16_t *x
       sn__pair_load(&le, &lo, q->lo + j);
       sn__pair_load(&ae, &ao, q->a + j);
       sn__pair_load(&be, &bo, q->b + j);
-      e = ((e - he) - le) * ae + be;
-      o = ((o - ho) - lo) * ao + bo;
+      e = SN_CHAN_Y(e, he, le, ae, be);
+      o = SN_CHAN_Y(o, ho, lo, ao, bo);
       if (!sn__pair_nonfinite(&e, &o))
         sn__pair_narrow_finite(yr + j, &e, &o, 0);
       else
@@ -549,13 +549,13 @@ SN_CLONES SN_UNUSED static void sn__affbwd_rows_bf16(uint16_t *dx, const uint16_
       sn__pair_load(&ae, &ao, q->a + j);
       sn__pair_load(&be, &bo, q->b + j);
       sn__pair_load(&ee, &eo, q->e + j);
-      ge = (ge * ae - be) - ((ve - he) - le) * ee;
-      go = (go * ao - bo) - ((vo - ho) - lo) * eo;
+      ge = SN_CHAN_DX(ge, ve, he, le, ae, be, ee);
+      go = SN_CHAN_DX(go, vo, ho, lo, ao, bo, eo);
       sn__pair_narrow(dxr + j, &ge, &go, 0);
     }
     for (; j < ct; j++)
-      dxr[j] = sn__f32_to_bf16((sn__bf16_to_f32(dyr[j]) * p->a[j] - p->b[j]) -
-                               ((sn__bf16_to_f32(xr[j]) - p->hi[j]) - p->lo[j]) * p->e[j]);
+      dxr[j] = sn__f32_to_bf16(SN_CHAN_DX(sn__bf16_to_f32(dyr[j]), sn__bf16_to_f32(xr[j]),
+                                          p->hi[j], p->lo[j], p->a[j], p->b[j], p->e[j]));
   }
 }
 

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "formulas.h"
 
 #if defined(__GNUC__)
 #define SN_INLINE static inline __attribute__((always_inline))
@@ -209,33 +210,18 @@ SN_INLINE void sn__map_pairs(uint16_t *y, const uint16_t *xb, int64_t d, const s
   const float hi = m->hi, lo = m->lo, s = m->s;
   int64_t i = 0;
   for (; i + SN_PAIR <= d; i += SN_PAIR) {
-    sn__pf e, o, ge, go;
+    sn__pf e, o, ge = {0}, go = {0}, be = {0}, bo = {0};
     sn__pair_widen(&e, &o, xb + i);
-    if (centre) {
-      e = (e - hi) - lo;
-      o = (o - hi) - lo;
-    }
-    e = e * s;
-    o = o * s;
-    if (has_g) {
-      sn__pair_load(&ge, &go, m->gs + i);
-      e = e * ge;
-      o = o * go;
-    }
-    if (has_b) {
-      sn__pair_load(&ge, &go, m->bs + i);
-      e = e + ge;
-      o = o + go;
-    }
+    if (has_g) sn__pair_load(&ge, &go, m->gs + i);
+    if (has_b) sn__pair_load(&be, &bo, m->bs + i);
+    e = SN_ROW_Y(SN_ROW_XHAT(e, hi, lo, s, centre), ge, be, has_g, has_b);
+    o = SN_ROW_Y(SN_ROW_XHAT(o, hi, lo, s, centre), go, bo, has_g, has_b);
     if (finite) sn__pair_narrow_finite(y + i, &e, &o, nt);
     else sn__pair_narrow(y + i, &e, &o, nt);
   }
   for (; i < d; i++) {
-    float t = sn__bf16_to_f32(xb[i]);
-    if (centre) t = (t - hi) - lo;
-    t = t * s;
-    if (has_g) t = t * m->gamma[i];
-    if (has_b) t = t + m->beta[i];
+    const float t = SN_ROW_Y(SN_ROW_XHAT(sn__bf16_to_f32(xb[i]), hi, lo, s, centre),
+                             m->gamma[i], m->beta[i], has_g, has_b);
     y[i] = finite ? sn__f32_to_bf16_finite(t) : sn__f32_to_bf16(t);
   }
 }
@@ -248,21 +234,17 @@ SN_INLINE void sn__map_pairs(uint16_t *y, const uint16_t *xb, int64_t d, const s
 SN_INLINE void sn__map_f32(float *y, const float *x, const float *gamma, const float *beta,
                            int64_t d, float hi, float lo, float s, int has_g, int has_b,
                            int centre, int nt) {
-#define SN_MAP_EL(i)                                                                          \
-  do {                                                                                        \
-    float t_ = centre ? ((x[i] - hi) - lo) * s : x[i] * s;                                    \
-    if (has_g) t_ = t_ * gamma[i];                                                            \
-    y[i] = has_b ? t_ + beta[i] : t_;                                                         \
-  } while (0)
+#define SN_MAP_EL(i) \
+  y[i] = SN_ROW_Y(SN_ROW_XHAT(x[i], hi, lo, s, centre), gamma[i], beta[i], has_g, has_b)
   int64_t i = 0;
   if (nt) {
     for (const int64_t h = sn__head64(y, d); i < h; i++) SN_MAP_EL(i);
     for (; i + 16 <= d; i += 16) {
-      sn__pf v, w;
+      sn__pf v, g = {0}, b = {0};
       memcpy(&v, x + i, sizeof v);
-      v = centre ? ((v - hi) - lo) * s : v * s;
-      if (has_g) memcpy(&w, gamma + i, sizeof w), v = v * w;
-      if (has_b) memcpy(&w, beta + i, sizeof w), v = v + w;
+      if (has_g) memcpy(&g, gamma + i, sizeof g);
+      if (has_b) memcpy(&b, beta + i, sizeof b);
+      v = SN_ROW_Y(SN_ROW_XHAT(v, hi, lo, s, centre), g, b, has_g, has_b);
       sn__store64(y + i, &v, 1);
     }
   }
