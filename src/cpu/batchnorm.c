@@ -270,10 +270,12 @@ static void ew_consts(const bn_ew_t *op, int64_t c, double k4[4]) {
   k4[0] = m, k4[1] = a, k4[2] = b, k4[3] = e;
 }
 
-/* The maps' nt for an elementwise pass writing out_bytes: streamed and, as its inputs come from
- * memory, prefetched (SN_NT_PREFETCH), or neither. */
-static int ew_stream(int64_t out_bytes) {
-  return sn__stream_out(out_bytes) ? SN_NT_STREAM | SN_NT_PREFETCH : 0;
+/* The maps' nt for an elementwise pass of op writing out_bytes: streamed and, as its inputs
+ * come from memory, prefetched (SN_NT_PREFETCH), or neither. The training backward's dx streams
+ * by default from SN_BN_DX_STREAM_MIN (cpu.h). */
+static int ew_stream(const bn_ew_t *op, int64_t out_bytes) {
+  const int64_t dflt = op->kind == EW_BWD ? SN_BN_DX_STREAM_MIN : INT64_MAX;
+  return sn__stream_out_from(out_bytes, dflt) ? SN_NT_STREAM | SN_NT_PREFETCH : 0;
 }
 
 /* NCHW: tasks are planes (n, c), cut into pieces when there are fewer than 4 per thread (any
@@ -286,7 +288,7 @@ static void ew_nchw(const bn_ew_t *op, void *out, const void *in, const void *x,
     const int64_t most = S / 4096 > 1 ? S / 4096 : 1; /* pieces of at least 4096 elements */
     pieces = sn__min64((want + planes - 1) / planes, most);
   }
-  const int stream = ew_stream(planes * S * (int64_t)sn_dtype_size(dtype));
+  const int stream = ew_stream(op, planes * S * (int64_t)sn_dtype_size(dtype));
 #pragma omp parallel if (planes * S >= SN_PAR_MIN)
   {
 #pragma omp for schedule(static)
@@ -311,7 +313,7 @@ static void ew_nhwc(const bn_ew_t *op, void *out, const void *in, const void *x,
                     int64_t C, sn_dtype_t dtype) {
   const int64_t rb = sn__min64(C, SN_TILE_C) >= 16384 ? 1 : 16384 / sn__min64(C, SN_TILE_C);
   const int64_t blocks = (rows + rb - 1) / rb;
-  const int stream = ew_stream(rows * C * (int64_t)sn_dtype_size(dtype));
+  const int stream = ew_stream(op, rows * C * (int64_t)sn_dtype_size(dtype));
 #pragma omp parallel if (rows * C >= SN_PAR_MIN)
   {
     sn__chan_tile_t p;

@@ -34,7 +34,8 @@ static void bwd_fused_nchw(const bn_bwd_t *b, int64_t cb) {
   const int64_t N = b->N, C = b->C, S = b->S;
   const bn_chunks_t ch = sn__bn_chunks(N, S);
   const bn_red_t red = {RED_BWD, b->dy, b->x, NULL, b->mean, b->rstd, 1};
-  const int stream = sn__stream_out(N * C * S * (int64_t)sn_dtype_size(b->dtype));
+  const int stream =
+      sn__stream_out_from(N * C * S * (int64_t)sn_dtype_size(b->dtype), SN_BN_DX_STREAM_MIN);
 #pragma omp parallel if (N * C * S >= SN_PAR_MIN)
   {
 #pragma omp for schedule(dynamic, 1)

@@ -196,6 +196,7 @@ SN_CLONES double sn__sumsq_shifted_f64(const float *src, int64_t n, double shift
 
 #if defined(__x86_64__) && defined(__GNUC__)
 static int64_t stream_min = INT64_MAX;
+static int stream_env; /* SN_STREAM_MIN_BYTES set to a valid value: stream_min overrides */
 static pthread_once_t stream_once = PTHREAD_ONCE_INIT;
 
 /* The threshold, once per process: SN_STREAM_MIN_BYTES when it holds a whole decimal number
@@ -220,15 +221,16 @@ static void stream_init(void) {
   errno = 0;
   const long long v = strtoll(env, NULL, 10);
   stream_min = errno == ERANGE ? INT64_MAX : v;
+  stream_env = 1;
 }
 
-int sn__stream_out(int64_t out_bytes) {
+int sn__stream_out_from(int64_t out_bytes, int64_t default_min) {
   pthread_once(&stream_once, stream_init);
-  return out_bytes >= stream_min;
+  return out_bytes >= (stream_env ? stream_min : default_min);
 }
 #else
-int sn__stream_out(int64_t out_bytes) { /* streaming stores are x86-64 only (sn__store64) */
-  (void)out_bytes;
+int sn__stream_out_from(int64_t out_bytes, int64_t default_min) { /* x86-64 only (sn__store64) */
+  (void)out_bytes, (void)default_min;
   return 0;
 }
 #endif

@@ -35,10 +35,12 @@
 #define SN_LANES 8
 
 /* Hardware policy: one rule for every x86-64 CPU (measurements: docs/BENCHMARKS.md).
- *  - Streaming (non-temporal) stores: off by default. They save the read-for-ownership of each
- *    output line, but made some kernels slower on some of the hosts measured.
+ *  - Streaming (non-temporal) stores: off by default but in the BatchNorm backward, whose dx
+ *    streams from SN_BN_DX_STREAM_MIN bytes. They save the read-for-ownership of each output
+ *    line, but made the other kernels slower in some rows of the hosts measured.
  *    SN_STREAM_MIN_BYTES=N (a byte count, read once per process by sn__stream_out) streams
- *    every output of at least N bytes, in every kernel but the long rows of longrow.c. Only
+ *    every output of at least N bytes, in every kernel but the long rows of longrow.c, in place
+ *    of those defaults. Only
  *    whole 64-byte lines are streamed, with the values an ordinary store writes, so the bits
  *    are the same either way: the f32 loops store a head up to the first line boundary
  *    ordinarily (sn__head64), the bf16 pair loops stream the rows that start on a line
@@ -47,8 +49,18 @@
  *    sums' inputs, go into L2 only (SN_PF_READ, prefetcht1): faster there than prefetcht0.
  *  - BatchNorm NCHW fuses the sums and the map (batchnorm.c, fused_block) only where the inputs
  *    fit in the threads' L2s; beyond that the two passes are faster. Both give the same bits. */
-/* Whether a kernel call writing out_bytes of output streams its stores. */
-SN_HIDDEN int sn__stream_out(int64_t out_bytes);
+/* Whether a kernel call writing out_bytes of output streams its stores: from
+ * SN_STREAM_MIN_BYTES where it is set, else from default_min bytes (INT64_MAX: never). */
+SN_HIDDEN int sn__stream_out_from(int64_t out_bytes, int64_t default_min);
+/* The same for the kernels that do not stream by default. */
+static inline int sn__stream_out(int64_t out_bytes) {
+  return sn__stream_out_from(out_bytes, INT64_MAX);
+}
+
+/* The BatchNorm backward's dx (sn_batchnorm_bwd, sn_batchnorm_bwd_apply in training mode)
+ * streams from this size: 12-13 % faster at 100 MB and more, in both layouts, and 2-5 % at
+ * 26 MB (docs/BENCHMARKS.md, the streaming A/B). */
+#define SN_BN_DX_STREAM_MIN ((int64_t)16 << 20)
 
 /* A software prefetch of the line at p for reading, into L2 only (prefetcht1, locality 2). */
 #define SN_PF_READ(p) __builtin_prefetch((p), 0, 2)
