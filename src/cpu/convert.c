@@ -200,7 +200,8 @@ static int stream_env; /* SN_STREAM_MIN_BYTES set to a valid value: stream_min o
 static pthread_once_t stream_once = PTHREAD_ONCE_INIT;
 
 /* The threshold, once per process: SN_STREAM_MIN_BYTES when it holds a whole decimal number
- * (digits only; beyond INT64_MAX: never), else never (cpu.h). Another value ("16M", "-1", " 5")
+ * (digits only; beyond INT64_MAX: never), which then replaces every kernel's default; else the
+ * kernels' defaults (cpu.h). Another value ("16M", "-1", " 5")
  * is ignored with one line on stderr, as libgomp and NCCL do for their variables: a kernel
  * cannot fail over a speed setting, and ignoring it silently would leave a typo unnoticed. */
 static void stream_init(void) {

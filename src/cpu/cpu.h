@@ -38,7 +38,7 @@
  *  - Streaming (non-temporal) stores: off by default but in the BatchNorm backward, whose dx
  *    streams from SN_BN_DX_STREAM_MIN bytes. They save the read-for-ownership of each output
  *    line, but made the other kernels slower in some rows of the hosts measured.
- *    SN_STREAM_MIN_BYTES=N (a byte count, read once per process by sn__stream_out) streams
+ *    SN_STREAM_MIN_BYTES=N (a byte count, read once per process by sn__stream_out_from) streams
  *    every output of at least N bytes, in every kernel but the long rows of longrow.c, in place
  *    of those defaults. Only
  *    whole 64-byte lines are streamed, with the values an ordinary store writes, so the bits
@@ -57,9 +57,9 @@ static inline int sn__stream_out(int64_t out_bytes) {
   return sn__stream_out_from(out_bytes, INT64_MAX);
 }
 
-/* The BatchNorm backward's dx (sn_batchnorm_bwd, sn_batchnorm_bwd_apply in training mode)
- * streams from this size: 12-13 % faster at 100 MB and more, in both layouts, and 2-5 % at
- * 26 MB (docs/BENCHMARKS.md, the streaming A/B). */
+/* The BatchNorm backward's f32 dx (sn_batchnorm_bwd, sn_batchnorm_bwd_apply in training mode)
+ * streams from this size: 0.87-0.93x the time at 100 MB and more in both layouts, 0.89-0.98x
+ * (NCHW) and 0.98-1.04x (NHWC) at 26 MB (docs/BENCHMARKS.md, the streaming A/B). */
 #define SN_BN_DX_STREAM_MIN ((int64_t)16 << 20)
 
 /* A software prefetch of the line at p for reading, into L2 only (prefetcht1, locality 2). */

@@ -4,9 +4,10 @@
  * Every path of a kernel expands these: f32 vectors, bf16 read in pairs (sn__pf vectors), the
  * element-by-element tails, and the fp64 recomputations (with lo = 0: x − 0 is x). A change to a
  * formula is one edit here (and one in the CUDA kernel of the same name, src/cuda/). Arguments
- * are values or GCC vectors of one floating type (float, double, sn__pf, sn__vf); each is
- * evaluated at most once, and an argument a flag switches off is not evaluated at all (gamma may
- * be NULL there). The order of the operations is part of the formula: the tests check that bf16
+ * are floating values or GCC vectors (sn__pf, sn__vf; a scalar operand of a vector operation is
+ * broadcast), with C's usual conversions (a float operand of a double x is widened); in SN_ROW_*
+ * the operands of both branches of each ?: have x's type. Each argument is evaluated at most
+ * once, and one a flag switches off is not evaluated at all (gamma may be NULL there). The order of the operations is part of the formula: the tests check that bf16
  * rows give the bits of their f32 copy, which holds because both expand the same expression.
  *
  * The mean arrives as hi + lo (hi = f32(mean), lo = f32(mean − hi)): (x − hi) is exact for x near
