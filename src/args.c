@@ -47,59 +47,49 @@ static sn_status_t check_act(const char *fn, const char *name, const void *p, in
   return n > 0 ? sn__check_ptr(fn, name, p) : SN_OK;
 }
 
-sn_status_t sn__rownorm_fwd_check(const char *fn, const void *y, const void *sum_out,
-                                  const void *x, const void *residual, int fused, int64_t rows,
-                                  int64_t d, float eps, sn_dtype_t dtype, int64_t *n) {
-  SN_TRY(rownorm_sizes(fn, rows, d, &eps, dtype, n));
-  SN_TRY(check_act(fn, "y", y, *n));
-  if (fused) SN_TRY(check_act(fn, "sum_out", sum_out, *n));
-  SN_TRY(check_act(fn, "x", x, *n));
-  if (fused) SN_TRY(check_act(fn, "residual", residual, *n));
+sn_status_t sn__rownorm_fwd_check(const char *fn, const sn__rn_fwd_t *a, int64_t *n) {
+  SN_TRY(rownorm_sizes(fn, a->rows, a->d, &a->eps, a->dtype, n));
+  SN_TRY(check_act(fn, "y", a->y, *n));
+  if (a->fused) SN_TRY(check_act(fn, "sum_out", a->sum_out, *n));
+  SN_TRY(check_act(fn, "x", a->x, *n));
+  if (a->fused) SN_TRY(check_act(fn, "residual", a->res, *n));
   return SN_OK;
 }
 
-sn_status_t sn__rownorm_bwd_check(const char *fn, const void *dx, const void *dy, const void *x,
-                                  const float *mean, const float *rstd, int rms, int64_t rows,
-                                  int64_t d, sn_dtype_t dtype, int64_t *n) {
-  SN_TRY(rownorm_sizes(fn, rows, d, NULL, dtype, n));
-  SN_TRY(check_act(fn, "dx", dx, *n));
-  SN_TRY(check_act(fn, "dy", dy, *n));
-  SN_TRY(check_act(fn, "x", x, *n));
-  if (!rms) SN_TRY(check_act(fn, "mean", mean, *n));
-  SN_TRY(check_act(fn, "rstd", rstd, *n));
+sn_status_t sn__rownorm_bwd_check(const char *fn, const sn__rn_bwd_t *a, int64_t *n) {
+  SN_TRY(rownorm_sizes(fn, a->rows, a->d, NULL, a->dtype, n));
+  SN_TRY(check_act(fn, "dx", a->dx, *n));
+  SN_TRY(check_act(fn, "dy", a->dy, *n));
+  SN_TRY(check_act(fn, "x", a->x, *n));
+  if (!a->rms) SN_TRY(check_act(fn, "mean", a->mean, *n));
+  SN_TRY(check_act(fn, "rstd", a->rstd, *n));
   return SN_OK;
 }
 
-sn_status_t sn__rownorm_fwd_spans(const char *fn, const void *y, const void *sum_out,
-                                  const float *mean, const float *rstd, const void *x,
-                                  const void *residual, const float *gamma, const float *beta,
-                                  int64_t rows, int64_t d, int64_t esize) {
-  const int64_t ab = rows * d * esize, rb = rows * 4, pb = d * 4; /* 4: sizeof(float) */
-  const sn__span_t s[] = {SN_SPAN_OUT("y", y, ab, sum_out == NULL ? 1u << 4 : 0u),
-                          SN_SPAN_OUT("sum_out", sum_out, ab, 1u << 4 | 1u << 5),
-                          SN_SPAN_OUT("mean", mean, rb, 0u),
-                          SN_SPAN_OUT("rstd", rstd, rb, 0u),
-                          SN_SPAN_IN("x", x, ab),
-                          SN_SPAN_IN("residual", residual, ab),
-                          SN_SPAN_IN("gamma", gamma, pb),
-                          SN_SPAN_IN("beta", beta, pb)};
+sn_status_t sn__rownorm_fwd_spans(const char *fn, const sn__rn_fwd_t *a) {
+  const int64_t ab = a->rows * a->d * sn_dtype_size(a->dtype), rb = a->rows * 4, pb = a->d * 4;
+  const sn__span_t s[] = {SN_SPAN_OUT("y", a->y, ab, a->sum_out == NULL ? 1u << 4 : 0u),
+                          SN_SPAN_OUT("sum_out", a->sum_out, ab, 1u << 4 | 1u << 5),
+                          SN_SPAN_OUT("mean", a->mean, rb, 0u),
+                          SN_SPAN_OUT("rstd", a->rstd, rb, 0u),
+                          SN_SPAN_IN("x", a->x, ab),
+                          SN_SPAN_IN("residual", a->res, ab),
+                          SN_SPAN_IN("gamma", a->gamma, pb), /* 4: sizeof(float) */
+                          SN_SPAN_IN("beta", a->beta, pb)};
   return sn__check_spans(fn, s, SN_SPANS(s));
 }
 
-sn_status_t sn__rownorm_bwd_spans(const char *fn, const void *dx, const float *dgamma,
-                                  const float *dbeta, const void *dy, const void *x,
-                                  const float *mean, const float *rstd, const float *gamma,
-                                  const void *ws, int64_t ws_bytes, int64_t rows, int64_t d,
-                                  int64_t esize) {
-  const int64_t ab = rows * d * esize, rb = rows * 4, pb = d * 4; /* 4: sizeof(float) */
-  const sn__span_t s[] = {SN_SPAN_OUT("dx", dx, ab, 1u << 3),
-                          SN_SPAN_OUT("dgamma", dgamma, pb, 0u),
-                          SN_SPAN_OUT("dbeta", dbeta, pb, 0u),
-                          SN_SPAN_IN("dy", dy, ab),
-                          SN_SPAN_IN("x", x, ab),
-                          SN_SPAN_IN("mean", mean, rb),
-                          SN_SPAN_IN("rstd", rstd, rb),
-                          SN_SPAN_IN("gamma", gamma, pb),
+sn_status_t sn__rownorm_bwd_spans(const char *fn, const sn__rn_bwd_t *a, const void *ws,
+                                  int64_t ws_bytes) {
+  const int64_t ab = a->rows * a->d * sn_dtype_size(a->dtype), rb = a->rows * 4, pb = a->d * 4;
+  const sn__span_t s[] = {SN_SPAN_OUT("dx", a->dx, ab, 1u << 3),
+                          SN_SPAN_OUT("dgamma", a->dgamma, pb, 0u),
+                          SN_SPAN_OUT("dbeta", a->dbeta, pb, 0u),
+                          SN_SPAN_IN("dy", a->dy, ab),
+                          SN_SPAN_IN("x", a->x, ab),
+                          SN_SPAN_IN("mean", a->mean, rb), /* 4: sizeof(float) */
+                          SN_SPAN_IN("rstd", a->rstd, rb),
+                          SN_SPAN_IN("gamma", a->gamma, pb),
                           SN_SPAN_OUT("workspace", ws, ws_bytes, 0u)};
   return sn__check_spans(fn, s, SN_SPANS(s));
 }

@@ -29,37 +29,48 @@ SN_INTERNAL sn_status_t sn__check_train_count(const char *fn, int64_t count);
 
 /* ---- row norms (LayerNorm, RMSNorm, the fused residual adds) --------------------------------- */
 
+/* One row-norm forward call (sn_layernorm_fwd, sn_add_layernorm_fwd, sn_rmsnorm_fwd,
+ * sn_add_rmsnorm_fwd and their CUDA twins) as its entry point receives it: [rows, d] tensors of
+ * dtype, per-row mean/rstd [rows] f32, gamma/beta [d] f32. */
+typedef struct {
+  void *y, *sum_out;         /* sum_out: the fused kernels' residual sum; NULL in the plain ones */
+  float *mean, *rstd;        /* NULL: not wanted; mean NULL for RMSNorm */
+  const void *x, *res;       /* res: the fused kernels' residual; NULL in the plain ones */
+  const float *gamma, *beta; /* NULL: none; beta NULL for RMSNorm */
+  int64_t rows, d;
+  float eps;
+  sn_dtype_t dtype;
+  int rms;   /* RMSNorm (no mean, no beta) */
+  int fused; /* the fused residual add: sum_out and res are required */
+} sn__rn_fwd_t;
+
+/* One row-norm backward call (sn_layernorm_bwd, sn_rmsnorm_bwd and their CUDA twins). */
+typedef struct {
+  void *dx;
+  float *dgamma, *dbeta;            /* NULL: not wanted; dbeta NULL for RMSNorm */
+  const void *dy, *x;
+  const float *mean, *rstd, *gamma; /* mean NULL (and not checked) for RMSNorm */
+  int64_t rows, d;
+  sn_dtype_t dtype;
+  int rms;
+} sn__rn_bwd_t;
+
 /* The checks of a row-norm forward before the overlap of its buffers (sn__rownorm_fwd_spans),
  * in this order: rows >= 0, d >= 1, d and rows·d fit (SN_ERR_OVERFLOW), eps, dtype, then y,
- * sum_out, x, residual non-NULL where the call has elements (sum_out and residual only where
- * fused). *n = rows·d; 0 is an empty batch (the pointers may then be NULL). */
-SN_INTERNAL sn_status_t sn__rownorm_fwd_check(const char *fn, const void *y, const void *sum_out,
-                                            const void *x, const void *residual, int fused,
-                                            int64_t rows, int64_t d, float eps, sn_dtype_t dtype,
-                                            int64_t *n);
-/* The same for a row-norm backward (no eps): dx, dy, x, mean (LayerNorm only, rms == 0) and
- * rstd, the per-row statistics, non-NULL where the call has elements. */
-SN_INTERNAL sn_status_t sn__rownorm_bwd_check(const char *fn, const void *dx, const void *dy,
-                                            const void *x, const float *mean, const float *rstd,
-                                            int rms, int64_t rows, int64_t d, sn_dtype_t dtype,
-                                            int64_t *n);
-/* The overlap check of a row-norm forward: y, sum_out (the fused kernels' residual sum; NULL in
- * the plain ones), x, residual (NULL likewise) [rows, d] of esize bytes each; mean, rstd [rows]
- * f32 and gamma, beta [d] f32, each NULL where not passed. y may equal x in the plain kernels and
- * overlaps nothing in the fused ones; sum_out may equal x or residual. */
-SN_INTERNAL sn_status_t sn__rownorm_fwd_spans(const char *fn, const void *y, const void *sum_out,
-                                            const float *mean, const float *rstd, const void *x,
-                                            const void *residual, const float *gamma,
-                                            const float *beta, int64_t rows, int64_t d,
-                                            int64_t esize);
-/* The overlap check of a row-norm backward: dx, dy, x [rows, d] of esize bytes; dgamma, dbeta,
- * gamma [d] f32 and mean, rstd [rows] f32, each NULL where not passed (RMSNorm: dbeta and mean);
- * ws, ws_bytes: a CUDA twin's workspace (an output; NULL, 0 for none). dx may equal dy. */
-SN_INTERNAL sn_status_t sn__rownorm_bwd_spans(const char *fn, const void *dx, const float *dgamma,
-                                            const float *dbeta, const void *dy, const void *x,
-                                            const float *mean, const float *rstd,
-                                            const float *gamma, const void *ws, int64_t ws_bytes,
-                                            int64_t rows, int64_t d, int64_t esize);
+ * sum_out, x, res non-NULL where the call has elements (sum_out and res only where fused).
+ * *n = rows·d; 0 is an empty batch (the pointers may then be NULL). */
+SN_INTERNAL sn_status_t sn__rownorm_fwd_check(const char *fn, const sn__rn_fwd_t *a, int64_t *n);
+/* The same for a row-norm backward (no eps): dx, dy, x, mean (LayerNorm only) and rstd, the
+ * per-row statistics, non-NULL where the call has elements. */
+SN_INTERNAL sn_status_t sn__rownorm_bwd_check(const char *fn, const sn__rn_bwd_t *a, int64_t *n);
+/* The overlap check of a row-norm forward (after sn__rownorm_fwd_check): each buffer of a, NULL
+ * where not passed. y may equal x in the plain kernels and overlaps nothing in the fused ones;
+ * sum_out may equal x or res. */
+SN_INTERNAL sn_status_t sn__rownorm_fwd_spans(const char *fn, const sn__rn_fwd_t *a);
+/* The overlap check of a row-norm backward: each buffer of a, NULL where not passed; ws,
+ * ws_bytes: a CUDA twin's workspace (an output; NULL, 0 for none). dx may equal dy. */
+SN_INTERNAL sn_status_t sn__rownorm_bwd_spans(const char *fn, const sn__rn_bwd_t *a,
+                                            const void *ws, int64_t ws_bytes);
 
 /* ---- BatchNorm, GroupNorm, fold: whole-call checks ------------------------------------------- */
 

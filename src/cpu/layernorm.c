@@ -261,14 +261,13 @@ static int64_t ln_fwd_scratch_rows(int threads, sn_dtype_t dtype) {
   return threads + (dtype == SN_DTYPE_BF16 ? 2 : 0);
 }
 
-/* Allocates the scratch, checks the buffers' overlap (sum_out, residual NULL in the plain
- * forward), and for bf16 writes gamma and beta in pairs. On an error nothing is left allocated
- * and nothing written. */
-static sn_status_t ln_fwd_begin(ln_fwd_ctx_t *c, const char *fn, const void *y,
-                                const void *sum_out, const float *mean, const float *rstd,
-                                const void *x, const void *residual, const float *gamma,
-                                const float *beta, int64_t rows, int64_t d, float eps,
-                                sn_dtype_t dtype) {
+/* Sets c up for the call a: allocates the scratch, checks the buffers' overlap, and for bf16
+ * writes gamma and beta in pairs. On an error nothing is left allocated and nothing written. */
+static sn_status_t ln_fwd_begin(ln_fwd_ctx_t *c, const char *fn, const sn__rn_fwd_t *a) {
+  const float *gamma = a->gamma, *beta = a->beta;
+  const int64_t rows = a->rows, d = a->d;
+  const float eps = a->eps;
+  const sn_dtype_t dtype = a->dtype;
   sn_status_t st = SN_OK;
   *c = (ln_fwd_ctx_t){gamma, beta, NULL, NULL, d, eps, dtype, 0, 0, NULL,
                       sn__line_stride(ln_fwd_scratch(d, dtype), (int64_t)sizeof(float)),
@@ -277,8 +276,7 @@ static sn_status_t ln_fwd_begin(ln_fwd_ctx_t *c, const char *fn, const void *y,
       (c->scratch = sn__alloc(fn, ln_fwd_scratch_rows(c->threads, dtype), c->per_thread,
                               sizeof(float), &st)) == NULL)
     return st;
-  st = sn__rownorm_fwd_spans(fn, y, sum_out, mean, rstd, x, residual, gamma, beta, rows, d,
-                             sn_dtype_size(dtype));
+  st = sn__rownorm_fwd_spans(fn, a);
   if (st != SN_OK) {
     sn__free(c->scratch);
     return st;
@@ -301,17 +299,16 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
                              const float *gamma, const float *beta, int64_t rows, int64_t d,
                              float eps, sn_dtype_t dtype) {
   static const char fn[] = "sn_layernorm_fwd";
+  const sn__rn_fwd_t a = {y, NULL, mean, rstd, x, NULL, gamma, beta, rows, d, eps, dtype, 0, 0};
   int64_t n;
-  SN_TRY(sn__rownorm_fwd_check(fn, y, NULL, x, NULL, 0, rows, d, eps, dtype, &n));
+  SN_TRY(sn__rownorm_fwd_check(fn, &a, &n));
   if (n == 0) return SN_OK;
-  if (sn__long_row(d))
-    return sn__long_rows_fwd(fn, &(sn__long_fwd_t){y, NULL, mean, rstd, x, NULL, gamma, beta,
-                                                    rows, d, eps, dtype, 0});
+  if (sn__long_row(d)) return sn__long_rows_fwd(fn, &a);
 
   /* scratch, per thread: f16 2·d f32 (the x row, then the y row), bf16 d f32 (a row of tiny
    * or wide mean, widened); f32 works on x and y directly */
   ln_fwd_ctx_t c;
-  SN_TRY(ln_fwd_begin(&c, fn, y, NULL, mean, rstd, x, NULL, gamma, beta, rows, d, eps, dtype));
+  SN_TRY(ln_fwd_begin(&c, fn, &a));
   const int64_t esize = sn_dtype_size(dtype), per_thread = c.per_thread;
   const int threads = c.threads;
   float *scratch = c.scratch;
@@ -349,18 +346,17 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
                                  const float *beta, int64_t rows, int64_t d, float eps,
                                  sn_dtype_t dtype) {
   static const char fn[] = "sn_add_layernorm_fwd";
+  const sn__rn_fwd_t a = {y,    sum_out, mean, rstd, x,     residual, gamma,
+                          beta, rows,    d,    eps,  dtype, 0,        1};
   int64_t n;
-  SN_TRY(sn__rownorm_fwd_check(fn, y, sum_out, x, residual, 1, rows, d, eps, dtype, &n));
+  SN_TRY(sn__rownorm_fwd_check(fn, &a, &n));
   if (n == 0) return SN_OK;
-  if (sn__long_row(d))
-    return sn__long_rows_fwd(fn, &(sn__long_fwd_t){y, sum_out, mean, rstd, x, residual, gamma,
-                                                    beta, rows, d, eps, dtype, 0});
+  if (sn__long_row(d)) return sn__long_rows_fwd(fn, &a);
 
   /* scratch, per thread: f16 2·d f32 (the sum row, then the y row), bf16 d f32 (a sum row of
    * tiny or wide mean, widened) */
   ln_fwd_ctx_t c;
-  SN_TRY(ln_fwd_begin(&c, fn, y, sum_out, mean, rstd, x, residual, gamma, beta, rows, d, eps,
-                      dtype));
+  SN_TRY(ln_fwd_begin(&c, fn, &a));
   const int64_t esize = sn_dtype_size(dtype), per_thread = c.per_thread;
   const int threads = c.threads;
   float *scratch = c.scratch;

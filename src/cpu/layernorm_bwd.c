@@ -46,9 +46,12 @@ SN_INLINE void ln_bwd_acc(double *a_xh, double *a_g, double *a_gxh, float x, flo
  * big[1] = max|dy|·max|x̂|, big[2] = max|x̂| (fp64; NaN inputs are skipped: they make the
  * partials NaN in f32 as in fp64). One line of each prefetched stream per L elements. */
 SN_INLINE void ln_bwd_sums(double sum[3], double big[3], const float *dy, const float *x,
-                           const float *gamma, int64_t d, float m, float s,
-                           const sn__bwd_prefetch_t *pf, int has_g, int lowp) {
+                           const sn__bwd_row_t *row, const sn__bwd_prefetch_t *pf, int has_g,
+                           int lowp) {
   enum { L = SN_ROW_LANES3 };
+  const float *gamma = row->gamma;
+  const int64_t d = row->d;
+  const float m = row->m, s = row->s;
   double a_xh[L] = {0}, a_g[L] = {0}, a_gxh[L] = {0};
   float mdy[L] = {0}, mxh[L] = {0};
   int64_t i = 0;
@@ -120,15 +123,20 @@ static inline int ln_dx_f32_ok(double gmax, double max_dy, double max_xh) {
  * SN_PART_F32_MAX, infinities included), into the chunk's fp64 partials dgp64/dbp64 directly,
  * as the f32 sums would lose them. lowp (bf16/f16 rows): pass A's sums in f32 blocks
  * (LN_BWD_BLOCK), in fp64 again where those came out non-finite. */
-SN_INLINE int ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64, double *dbp64,
-                              const float *dy, const float *x, const float *gamma, int64_t d,
-                              float m, float s, double gmax, const sn__bwd_prefetch_t *pf,
-                              int has_g, int has_part, int lowp) {
+SN_INLINE int ln_bwd_row_impl(float *dx, const sn__bwd_part_t *part, const float *dy,
+                              const float *x, const sn__bwd_row_t *row, int has_g, int has_part,
+                              int lowp) {
+  float *dgp = part->g32, *dbp = part->b32;
+  double *dgp64 = part->g64, *dbp64 = part->b64;
+  const float *gamma = row->gamma;
+  const int64_t d = row->d;
+  const float m = row->m, s = row->s;
+  const sn__bwd_prefetch_t *pf = row->pf;
   double sum[3], big[3];
-  ln_bwd_sums(sum, big, dy, x, gamma, d, m, s, pf, has_g, lowp);
+  ln_bwd_sums(sum, big, dy, x, row, pf, has_g, lowp);
   if (lowp && !(isfinite(sum[0]) && isfinite(sum[1]) && isfinite(sum[2])))
-    ln_bwd_sums(sum, big, dy, x, gamma, d, m, s, NULL, has_g, 0);
-  if (!ln_dx_f32_ok(gmax, big[0], big[2])) return 1;
+    ln_bwd_sums(sum, big, dy, x, row, NULL, has_g, 0);
+  if (!ln_dx_f32_ok((double)row->gmax, big[0], big[2])) return 1;
   const double sum_xh = sum[0], sum_g = sum[1], sum_gxh = sum[2];
 
   /* x̂' = x̂ − c has mean 0 even when the saved f32 mean is off by up to half an ulp of a large
@@ -186,13 +194,10 @@ SN_INLINE int ln_bwd_row_impl(float *dx, float *dgp, float *dbp, double *dgp64, 
   return 0;
 }
 
-SN_CLONES static int ln_bwd_row(float *dx, float *dgp, float *dbp, double *dgp64,
-                                double *dbp64, const float *dy, const float *x,
-                                const float *gamma, int64_t d, float m, float s, double gmax,
-                                const sn__bwd_prefetch_t *pf, int lowp) {
-  const int g = gamma != NULL, p = dgp != NULL;
-#define LN_BWD_ROW(G, P, LOWP) \
-  ln_bwd_row_impl(dx, dgp, dbp, dgp64, dbp64, dy, x, gamma, d, m, s, gmax, pf, G, P, LOWP)
+SN_CLONES static int ln_bwd_row(float *dx, const sn__bwd_part_t *part, const float *dy,
+                                const float *x, const sn__bwd_row_t *row, int lowp) {
+  const int g = row->gamma != NULL, p = part->g32 != NULL;
+#define LN_BWD_ROW(G, P, LOWP) ln_bwd_row_impl(dx, part, dy, x, row, G, P, LOWP)
   if (lowp) {
     if (g && p) return LN_BWD_ROW(1, 1, 1);
     if (g) return LN_BWD_ROW(1, 0, 1);
@@ -247,11 +252,16 @@ static void ln_bwd_row_f64(float *dx, double *dgp64, double *dbp64, const float 
  * terms could overflow the f32 partials (ln_bwd_row_impl's part64) or whose dx intermediates
  * could leave the f32 range (ln_dx_f32_ok, gmax = max|gamma|): the caller computes it in fp64
  * (ln_bwd_row_f64 on the widened rows, with the fp64 partials). */
-SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint16_t *dy,
-                                const uint16_t *x, const float *gs, const float *gamma,
-                                int64_t d, float m, float s, double gmax,
-                                const sn__bwd_prefetch_t *pf, int has_g, int has_part) {
+SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, const sn__bwd_part_t *part, const uint16_t *dy,
+                                const uint16_t *x, const sn__bwd_row_t *row, int has_g,
+                                int has_part) {
   enum { H = SN_PAIR / 2 };
+  float *dgq = part->g32, *dbq = part->b32;
+  const float *gs = row->gs, *gamma = row->gamma;
+  const int64_t d = row->d;
+  const float m = row->m, s = row->s;
+  const double gmax = (double)row->gmax;
+  const sn__bwd_prefetch_t *pf = row->pf;
   /* pass A: Σx̂, Σg, Σg·x̂ (e: lanes of the even elements, o: of the odd ones), and max|dy|,
    * max|x| on the bf16 bits (nonnegative values order as their bits) */
   double a_xh[2][H] = {{0}}, a_g[2][H] = {{0}}, a_gxh[2][H] = {{0}};
@@ -362,13 +372,10 @@ SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, float *dgq, float *dbq, const uint
   return 0;
 }
 
-SN_CLONES static int ln_bwd_pairs(uint16_t *dx, float *dgq, float *dbq, const uint16_t *dy,
-                                  const uint16_t *x, const float *gs, const float *gamma,
-                                  int64_t d, float m, float s, double gmax,
-                                  const sn__bwd_prefetch_t *pf) {
-  const int g = gamma != NULL, p = dgq != NULL;
-#define LN_BWD_PAIRS(G, P) \
-  ln_bwd_pairs_impl(dx, dgq, dbq, dy, x, gs, gamma, d, m, s, gmax, pf, G, P)
+SN_CLONES static int ln_bwd_pairs(uint16_t *dx, const sn__bwd_part_t *part, const uint16_t *dy,
+                                  const uint16_t *x, const sn__bwd_row_t *row) {
+  const int g = row->gamma != NULL, p = part->g32 != NULL;
+#define LN_BWD_PAIRS(G, P) ln_bwd_pairs_impl(dx, part, dy, x, row, G, P)
   if (g && p) return LN_BWD_PAIRS(1, 1);
   if (g) return LN_BWD_PAIRS(1, 0);
   if (p) return LN_BWD_PAIRS(0, 1);
@@ -376,55 +383,50 @@ SN_CLONES static int ln_bwd_pairs(uint16_t *dx, float *dgq, float *dbq, const ui
 #undef LN_BWD_PAIRS
 }
 
-/* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
+/* Row r of the call c. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
  * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32.
- * bf16 rows take ln_bwd_pairs (gs: gamma in pairs; dgp, dbp then in pair order), and the
- * widened rows in fp64 where it declines or the mean is wide; other rows ln_bwd_row, or
- * ln_bwd_row_f64 where that declines or the mean is wide. gmax: max|gamma| (1 without). */
-static void ln_bwd_store(void *dx, float *dgp, float *dbp, double *dgp64, double *dbp64,
-                         const void *dy, const void *x, const float *mean, const float *rstd,
-                         const float *gamma, const float *gs, double gmax, int64_t r,
-                         int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp, int nt) {
-  const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
-  /* f16 rows are computed in tmp; bf16 pair blocks stream only where they are whole lines */
-  nt = nt && (dtype == SN_DTYPE_F32 ||
-              (dtype == SN_DTYPE_BF16 && sn__aligned64((const uint16_t *)dx + off)));
-  const sn__bwd_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
-                            next < 0 ? NULL : (const char *)dy + next * esize,
-                            nt ? NULL : (char *)dx + off * esize, (int)esize, nt};
-  int f64 = sn__ln_wide_mean(mean[r]);
+ * part: where the row adds its dgamma/dbeta terms. bf16 rows take ln_bwd_pairs (c->gs: gamma in
+ * pairs; part's f32 partials then in pair order), and the widened rows in fp64 where it
+ * declines or the mean is wide; other rows ln_bwd_row, or ln_bwd_row_f64 where that declines or
+ * the mean is wide. */
+static void ln_bwd_store(const sn__bwd_call_t *c, const sn__bwd_part_t *part, int64_t r,
+                         float *tmp) {
+  const sn__rn_bwd_t *a = c->a;
+  const int64_t d = a->d, off = r * d;
+  const sn_dtype_t dtype = a->dtype;
+  sn__bwd_prefetch_t pf;
+  sn__bwd_row_t row;
+  sn__bwd_row_setup(&pf, &row, c, r);
+  int f64 = sn__ln_wide_mean(row.m);
   if (dtype == SN_DTYPE_BF16 && !f64) {
-    if (ln_bwd_pairs((uint16_t *)dx + off, dgp, dbp, (const uint16_t *)dy + off,
-                     (const uint16_t *)x + off, gs, gamma, d, mean[r], rstd[r], gmax, &pf) == 0)
+    if (ln_bwd_pairs((uint16_t *)a->dx + off, part, (const uint16_t *)a->dy + off,
+                     (const uint16_t *)a->x + off, &row) == 0)
       return;
     f64 = 1;
   }
   float *tmp_dy = tmp != NULL ? tmp + d : NULL;
-  const float *xr = sn__in_row(x, off, d, dtype, tmp);         /* [d] */
-  const float *dyr = sn__in_row(dy, off, d, dtype, tmp_dy);    /* [d] */
-  float *dxr = sn__out_row(dx, off, dtype, tmp_dy);          /* [d], may be dyr */
-  if (f64 || ln_bwd_row(dxr, dgp, dbp, dgp64, dbp64, dyr, xr, gamma, d, mean[r], rstd[r], gmax,
-                        &pf, dtype != SN_DTYPE_F32) != 0)
-    ln_bwd_row_f64(dxr, dgp64, dbp64, dyr, xr, gamma, d, mean[r], rstd[r]);
-  sn__out_done(dx, off, d, dtype, tmp_dy);
+  const float *xr = sn__in_row(a->x, off, d, dtype, tmp);       /* [d] */
+  const float *dyr = sn__in_row(a->dy, off, d, dtype, tmp_dy);  /* [d] */
+  float *dxr = sn__out_row(a->dx, off, dtype, tmp_dy);          /* [d], may be dyr */
+  if (f64 || ln_bwd_row(dxr, part, dyr, xr, &row, dtype != SN_DTYPE_F32) != 0)
+    ln_bwd_row_f64(dxr, part->g64, part->b64, dyr, xr, a->gamma, d, row.m, row.s);
+  sn__out_done(a->dx, off, d, dtype, tmp_dy);
 }
 
 sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
                              const void *x, const float *mean, const float *rstd,
                              const float *gamma, int64_t rows, int64_t d, sn_dtype_t dtype) {
   static const char fn[] = "sn_layernorm_bwd";
+  const sn__rn_bwd_t a = {dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, d, dtype, 0};
   int64_t n;
-  SN_TRY(sn__rownorm_bwd_check(fn, dx, dy, x, mean, rstd, 0, rows, d, dtype, &n));
+  SN_TRY(sn__rownorm_bwd_check(fn, &a, &n));
   if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
-    SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0, rows,
-                                 d, sn_dtype_size(dtype))); /* as sn__bwd_buffers's, rows = 0 */
+    SN_TRY(sn__rownorm_bwd_spans(fn, &a, NULL, 0)); /* as sn__bwd_buffers's, rows = 0 */
     if (dgamma != NULL) memset(dgamma, 0, (size_t)d * sizeof *dgamma);
     if (dbeta != NULL) memset(dbeta, 0, (size_t)d * sizeof *dbeta);
     return SN_OK;
   }
-  if (sn__long_row(d))
-    return sn__long_rows_bwd(fn, &(sn__long_bwd_t){dx, dgamma, dbeta, dy, x, mean, rstd, gamma,
-                                                    rows, d, dtype, 0});
+  if (sn__long_row(d)) return sn__long_rows_bwd(fn, &a);
 
   /* work: [threads + 1, work_cols] fp64, rows of 2·d rounded up to whole lines: each thread's
    * partials of its current chunk (dgamma, then dbeta), and last the running total. scratch,
@@ -437,14 +439,16 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
   const int64_t per_thread = sn__line_stride(rows_f32 + (chunked ? 2 * d : 0), sizeof(float));
   const int64_t work_cols = chunked ? sn__line_stride(2 * d, sizeof(double)) : 0;
-  double *work;
-  float *scratch, *gs; /* gs: bf16, gamma in pairs (ln_bwd_pairs) */
-  SN_TRY(sn__bwd_buffers(fn, &work, &scratch, &gs, threads, work_cols, per_thread, dx, dgamma,
-                         dbeta, dy, x, mean, rstd, gamma, rows, d, dtype));
-  float gmaxf = gamma != NULL ? 0.0f : 1.0f; /* max|gamma| (NaN skipped), for ln_dx_f32_ok */
-  if (gamma != NULL)
-    for (int64_t j = 0; j < d; j++) gmaxf = sn__max_abs(gmaxf, gamma[j]);
-  const double gmax = (double)gmaxf;
+  sn__bwd_call_t c = {&a, NULL, 1.0f, 0};
+  sn__bwd_bufs_t buf;
+  SN_TRY(sn__bwd_buffers(fn, &buf, &a, threads, work_cols, per_thread));
+  double *work = buf.work;
+  float *scratch = buf.scratch;
+  c.gs = buf.gs; /* bf16: gamma in pairs (ln_bwd_pairs) */
+  if (gamma != NULL) { /* max|gamma| (NaN skipped), for ln_dx_f32_ok */
+    c.gmax = 0.0f;
+    for (int64_t j = 0; j < d; j++) c.gmax = sn__max_abs(c.gmax, gamma[j]);
+  }
 
   /* Without dgamma/dbeta the rows are independent. With them, the rows are cut into the fixed
    * chunks of cpu.h; a chunk's partials are summed over its rows in order (in f32 over runs of
@@ -453,19 +457,19 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
    * so the threads reach the ordered region one after the other and hardly wait. */
   double *total = chunked ? work + (int64_t)threads * work_cols : NULL; /* [2, d] */
   if (chunked) memset(total, 0, (size_t)(2 * d) * sizeof(double));
-  const int stream = sn__stream_out(n * sn_dtype_size(dtype)); /* dx */
+  const int stream = c.nt = sn__stream_out(n * sn_dtype_size(dtype)); /* dx */
 #pragma omp parallel num_threads(threads)
   {
     const int64_t t = sn__thread_num();
     float *tmp = scratch != NULL && rows_f32 > 0 ? scratch + t * per_thread : NULL;
     if (!chunked) {
+      const sn__bwd_part_t none = {NULL, NULL, NULL, NULL};
 #pragma omp for schedule(static) nowait
-      for (int64_t r = 0; r < rows; r++)
-        ln_bwd_store(dx, NULL, NULL, NULL, NULL, dy, x, mean, rstd, gamma, gs, gmax, r, rows,
-                     d, dtype, tmp, stream);
+      for (int64_t r = 0; r < rows; r++) ln_bwd_store(&c, &none, r, tmp);
     } else {
       double *p = work + t * work_cols;                 /* [2, d] fp64 */
       float *p32 = scratch + t * per_thread + rows_f32; /* [2, d] f32 */
+      const sn__bwd_part_t part = {p32, p32 + d, p, p + d};
 #pragma omp for ordered schedule(static, 1) nowait
       for (int64_t k = 0; k < chunks; k++) {
         memset(p, 0, (size_t)(2 * d) * sizeof(double));
@@ -473,8 +477,7 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
         const int64_t r0 = sn__chunk_begin(k, rows, chunks);
         const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
         for (int64_t r = r0; r < r1; r++) {
-          ln_bwd_store(dx, p32, p32 + d, p, p + d, dy, x, mean, rstd, gamma, gs, gmax, r, rows,
-                       d, dtype, tmp, stream);
+          ln_bwd_store(&c, &part, r, tmp);
           if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1) {
             if (dtype == SN_DTYPE_BF16) { /* p32 in pair order */
               sn__flush_pairs(p, p32, d);
@@ -494,6 +497,6 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   if (dbeta != NULL) sn__store_f32(dbeta, total + d, d);
   sn__free(work);
   sn__free(scratch);
-  sn__free(gs);
+  sn__free(buf.gs);
   return SN_OK;
 }

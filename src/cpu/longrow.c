@@ -39,7 +39,7 @@ SN_CLONES static void lr_bwd_sums(double out[3], const float *x, const float *dy
                                   const float *gamma, int64_t m, double mean, double s, int rms) {
   double a0[LR_LANES] = {0}, a1[LR_LANES] = {0}, a2[LR_LANES] = {0};
   for (int64_t k = 0; k < m; k++) {
-    const double v = rms ? (double)x[k] : ((double)x[k] - mean) * s;
+    const double v = rms ? (double)x[k] : SN_LN_XHAT((double)x[k], mean, s);
     const double g = (double)dy[k] * (gamma != NULL ? (double)gamma[k] : 1.0);
     a0[k % LR_LANES] += v;
     a1[k % LR_LANES] += v * g;
@@ -51,7 +51,7 @@ SN_CLONES static void lr_bwd_sums(double out[3], const float *x, const float *dy
 
 /* The f32 view of block [off, off + m) of the residual sum x + res, stored into sum_out as
  * rounded to the dtype (f32: in place in sum_out; else in t, sn__residual_sum_row). */
-static const float *lr_sum_block(const sn__long_fwd_t *a, int64_t off, int64_t m, float *t) {
+static const float *lr_sum_block(const sn__rn_fwd_t *a, int64_t off, int64_t m, float *t) {
   if (a->dtype != SN_DTYPE_F32)
     return sn__residual_sum_row(a->sum_out, a->x, a->res, t, off, m, a->dtype);
   float *s = (float *)a->sum_out + off;
@@ -68,9 +68,8 @@ SN_CLONES static void lr_map(float *out, const float *v, const float *gamma, con
   }
 }
 
-sn_status_t sn__long_rows_fwd(const char *fn, const sn__long_fwd_t *a) {
+sn_status_t sn__long_rows_fwd(const char *fn, const sn__rn_fwd_t *a) {
   const int64_t d = a->d, rows = a->rows, nb = (d + LR_BLOCK - 1) / LR_BLOCK, items = rows * nb;
-  const int64_t esize = sn_dtype_size(a->dtype);
   const int threads = sn__team_for(items);
   const int64_t per_thread = a->dtype == SN_DTYPE_F32 ? 0 : 2 * LR_BLOCK;
   sn_status_t st = SN_OK;
@@ -80,8 +79,7 @@ sn_status_t sn__long_rows_fwd(const char *fn, const sn__long_fwd_t *a) {
       (stats = sn__alloc(fn, rows, 2, sizeof(double), &st)) == NULL ||
       (per_thread > 0 &&
        (scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) ||
-      (st = sn__rownorm_fwd_spans(fn, a->y, a->sum_out, a->mean, a->rstd, a->x, a->res,
-                                  a->gamma, a->beta, rows, d, esize)) != SN_OK) {
+      (st = sn__rownorm_fwd_spans(fn, a)) != SN_OK) {
     sn__free(part), sn__free(stats), sn__free(scratch);
     return st;
   }
@@ -159,7 +157,7 @@ SN_CLONES static void lr_bwd_block(float *dx, double *dg, double *db, const floa
   }
 }
 
-sn_status_t sn__long_rows_bwd(const char *fn, const sn__long_bwd_t *a) {
+sn_status_t sn__long_rows_bwd(const char *fn, const sn__rn_bwd_t *a) {
   const int64_t d = a->d, rows = a->rows, nb = (d + LR_BLOCK - 1) / LR_BLOCK, items = rows * nb;
   const int threads = sn__team_for(items);
   /* per thread: dg, db [LR_BLOCK] fp64, then x, dy, dx [LR_BLOCK] f32 */
@@ -170,9 +168,7 @@ sn_status_t sn__long_rows_bwd(const char *fn, const sn__long_bwd_t *a) {
   if ((part = sn__alloc(fn, items, 3, sizeof(double), &st)) == NULL ||
       (coef = sn__alloc(fn, rows, 3, sizeof(double), &st)) == NULL ||
       (scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL ||
-      (st = sn__rownorm_bwd_spans(fn, a->dx, a->dgamma, a->dbeta, a->dy, a->x, a->mean,
-                                  a->rstd, a->gamma, NULL, 0, rows, d,
-                                  sn_dtype_size(a->dtype))) != SN_OK) {
+      (st = sn__rownorm_bwd_spans(fn, a, NULL, 0)) != SN_OK) {
     sn__free(part), sn__free(coef), sn__free(scratch);
     return st;
   }

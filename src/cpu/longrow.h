@@ -15,32 +15,9 @@
 
 static inline int sn__long_row(int64_t d) { return d > SN_LONG_ROW; }
 
-/* A forward's arguments, as the public call's (already checked by sn__rownorm_fwd_check):
- * rms selects RMSNorm (no mean, no beta); res and sum_out the fused residual add (NULL: none). */
-typedef struct {
-  void *y, *sum_out;
-  float *mean, *rstd;
-  const void *x, *res;
-  const float *gamma, *beta;
-  int64_t rows, d;
-  float eps;
-  sn_dtype_t dtype;
-  int rms;
-} sn__long_fwd_t;
-
-/* A backward's arguments (checked by sn__rownorm_bwd_check); rms: RMSNorm (mean, dbeta NULL). */
-typedef struct {
-  void *dx;
-  float *dgamma, *dbeta;
-  const void *dy, *x;
-  const float *mean, *rstd, *gamma;
-  int64_t rows, d;
-  sn_dtype_t dtype;
-  int rms;
-} sn__long_bwd_t;
-
-/* The forward and backward: allocate their scratch, check the buffers' overlap, compute. */
-SN_HIDDEN sn_status_t sn__long_rows_fwd(const char *fn, const sn__long_fwd_t *a);
-SN_HIDDEN sn_status_t sn__long_rows_bwd(const char *fn, const sn__long_bwd_t *a);
+/* The forward and backward of a call a (args.h; already checked by sn__rownorm_fwd_check,
+ * sn__rownorm_bwd_check): allocate their scratch, check the buffers' overlap, compute. */
+SN_HIDDEN sn_status_t sn__long_rows_fwd(const char *fn, const sn__rn_fwd_t *a);
+SN_HIDDEN sn_status_t sn__long_rows_bwd(const char *fn, const sn__rn_bwd_t *a);
 
 #endif /* SN_LONGROW_H */

@@ -178,17 +178,21 @@ static void rms_fwd_store(void *y, float *rstd, const float *xr, const float *re
   if (rstd != NULL) rstd[r] = (float)rs;
 }
 
-/* sn_rmsnorm_fwd (fused 0: residual, sum_out NULL) and sn_add_rmsnorm_fwd (fused 1; a NULL
- * residual or sum_out is then the caller's error, which the check reports). */
-static sn_status_t rms_fwd(const char *fn, int fused, void *y, void *sum_out, float *rstd,
-                           const void *x, const void *residual, const float *gamma, int64_t rows,
-                           int64_t d, float eps, sn_dtype_t dtype) {
+/* sn_rmsnorm_fwd (a->fused 0: res, sum_out NULL) and sn_add_rmsnorm_fwd (a->fused 1; a NULL
+ * res or sum_out is then the caller's error, which the check reports). */
+static sn_status_t rms_fwd(const char *fn, const sn__rn_fwd_t *a) {
+  void *y = a->y, *sum_out = a->sum_out;
+  float *rstd = a->rstd;
+  const void *x = a->x, *residual = a->res;
+  const float *gamma = a->gamma;
+  const int64_t rows = a->rows, d = a->d;
+  const float eps = a->eps;
+  const sn_dtype_t dtype = a->dtype;
+  const int fused = a->fused;
   int64_t n;
-  SN_TRY(sn__rownorm_fwd_check(fn, y, sum_out, x, residual, fused, rows, d, eps, dtype, &n));
+  SN_TRY(sn__rownorm_fwd_check(fn, a, &n));
   if (n == 0) return SN_OK;
-  if (sn__long_row(d))
-    return sn__long_rows_fwd(fn, &(sn__long_fwd_t){y, sum_out, NULL, rstd, x, residual, gamma,
-                                                    NULL, rows, d, eps, dtype, 1});
+  if (sn__long_row(d)) return sn__long_rows_fwd(fn, a);
 
   /* scratch: [threads, row_stride] f32 rows (d rounded up to whole lines) for f16 (the x row,
    * or the widened sum row; y is computed there); for bf16 one row, gamma in pairs
@@ -203,8 +207,7 @@ static sn_status_t rms_fwd(const char *fn, int fused, void *y, void *sum_out, fl
                            sizeof(float), &st)) == NULL)
     return st;
   /* after the scratch (its failure tests pass sizes no buffer has), before any write */
-  st = sn__rownorm_fwd_spans(fn, y, sum_out, NULL, rstd, x, residual, gamma, NULL, rows, d,
-                             esize);
+  st = sn__rownorm_fwd_spans(fn, a);
   if (st != SN_OK) {
     sn__free(scratch);
     return st;
@@ -247,14 +250,16 @@ static sn_status_t rms_fwd(const char *fn, int fused, void *y, void *sum_out, fl
 
 sn_status_t sn_rmsnorm_fwd(void *y, float *rstd, const void *x, const float *gamma,
                            int64_t rows, int64_t d, float eps, sn_dtype_t dtype) {
-  return rms_fwd("sn_rmsnorm_fwd", 0, y, NULL, rstd, x, NULL, gamma, rows, d, eps, dtype);
+  const sn__rn_fwd_t a = {y, NULL, NULL, rstd, x, NULL, gamma, NULL, rows, d, eps, dtype, 1, 0};
+  return rms_fwd("sn_rmsnorm_fwd", &a);
 }
 
 sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const void *x,
                                const void *residual, const float *gamma, int64_t rows,
                                int64_t d, float eps, sn_dtype_t dtype) {
-  return rms_fwd("sn_add_rmsnorm_fwd", 1, y, sum_out, rstd, x, residual, gamma, rows, d, eps,
-                 dtype);
+  const sn__rn_fwd_t a = {y,    sum_out, NULL, rstd,  x, residual, gamma,
+                          NULL, rows,    d,    eps,   dtype, 1, 1};
+  return rms_fwd("sn_add_rmsnorm_fwd", &a);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -310,9 +315,15 @@ static inline int rms_terms_f32(double sd, float mdy, float mx, float gmax, doub
  * partial dgp64 for a row outside the f32 partials' range (RMS_PART_F32_MIN, SN_PART_F32_MAX).
  * Rows whose Σg·x is not finite, whose e is not held by an f32, or whose terms may leave the f32
  * range (rms_terms_f32) go to rms_bwd_row_f64. gmax: max|gamma| over the call (1 without). */
-SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const float *dy,
-                                const float *x, const float *gamma, float gmax, int64_t d,
-                                float s, const sn__bwd_prefetch_t *pf, int has_g, int has_part) {
+SN_INLINE void rms_bwd_row_impl(float *dx, const sn__bwd_part_t *part, const float *dy,
+                                const float *x, const sn__bwd_row_t *row, int has_g,
+                                int has_part) {
+  float *dgp = part->g32;
+  double *dgp64 = part->g64;
+  const float *gamma = row->gamma;
+  const float gmax = row->gmax, s = row->s;
+  const int64_t d = row->d;
+  const sn__bwd_prefetch_t *pf = row->pf;
   /* pass A: Σ g·x in fp64 lanes (the product of two floats is exact in fp64), and max|dy|,
    * max|x|; each prefetched stream advances by this block's bytes */
   double acc[SN_ROW_LANES] = {0};
@@ -380,14 +391,13 @@ SN_INLINE void rms_bwd_row_impl(float *dx, float *dgp, double *dgp64, const floa
 #undef RMS_DX_EL
 }
 
-SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const float *dy,
-                                  const float *x, const float *gamma, float gmax, int64_t d,
-                                  float s, const sn__bwd_prefetch_t *pf) {
-  const int g = gamma != NULL, p = dgp != NULL;
-  if (g && p) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, gmax, d, s, pf, 1, 1);
-  else if (g) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, gmax, d, s, pf, 1, 0);
-  else if (p) rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, gmax, d, s, pf, 0, 1);
-  else rms_bwd_row_impl(dx, dgp, dgp64, dy, x, gamma, gmax, d, s, pf, 0, 0);
+SN_CLONES static void rms_bwd_row(float *dx, const sn__bwd_part_t *part, const float *dy,
+                                  const float *x, const sn__bwd_row_t *row) {
+  const int g = row->gamma != NULL, p = part->g32 != NULL;
+  if (g && p) rms_bwd_row_impl(dx, part, dy, x, row, 1, 1);
+  else if (g) rms_bwd_row_impl(dx, part, dy, x, row, 1, 0);
+  else if (p) rms_bwd_row_impl(dx, part, dy, x, row, 0, 1);
+  else rms_bwd_row_impl(dx, part, dy, x, row, 0, 0);
 }
 
 /* ---- bf16 rows in pairs ------------------------------------------------------------------ */
@@ -414,9 +424,14 @@ SN_CLONES static void rms_bwd_row(float *dx, float *dgp, double *dgp64, const fl
  * range, dgamma terms outside the f32 partials' range): the caller then runs the generic path on
  * the widened rows, whose decisions are the same (the same sums), so it writes dgp64 and never
  * dgq. */
-SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, const uint16_t *x,
-                                 const float *gs, const float *gamma, float gmax, int64_t d,
-                                 float s, const sn__bwd_prefetch_t *pf, int has_g, int has_part) {
+SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, const sn__bwd_part_t *part, const uint16_t *dy,
+                                 const uint16_t *x, const sn__bwd_row_t *row, int has_g,
+                                 int has_part) {
+  float *dgq = part->g32;
+  const float *gs = row->gs, *gamma = row->gamma;
+  const float gmax = row->gmax, s = row->s;
+  const int64_t d = row->d;
+  const sn__bwd_prefetch_t *pf = row->pf;
   /* pass A: Σ g·x in fp64 (lanes 2m and 2m + 1 of the 32 in the even and odd halves), and
    * max|dy|, max|x| on the bf16 bits (sn__pair_absmax) */
   double ae[SN_PAIR / 2] = {0}, ao[SN_PAIR / 2] = {0};
@@ -487,59 +502,53 @@ SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, float *dgq, const uint16_t *dy, c
   return 0;
 }
 
-SN_CLONES static int rms_bwd_pairs(uint16_t *dx, float *dgq, const uint16_t *dy,
-                                   const uint16_t *x, const float *gs, const float *gamma,
-                                   float gmax, int64_t d, float s, const sn__bwd_prefetch_t *pf) {
-  const int g = gamma != NULL, p = dgq != NULL;
-  if (g && p) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, gmax, d, s, pf, 1, 1);
-  if (g) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, gmax, d, s, pf, 1, 0);
-  if (p) return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, gmax, d, s, pf, 0, 1);
-  return rms_bwd_pairs_impl(dx, dgq, dy, x, gs, gamma, gmax, d, s, pf, 0, 0);
+SN_CLONES static int rms_bwd_pairs(uint16_t *dx, const sn__bwd_part_t *part, const uint16_t *dy,
+                                   const uint16_t *x, const sn__bwd_row_t *row) {
+  const int g = row->gamma != NULL, p = part->g32 != NULL;
+  if (g && p) return rms_bwd_pairs_impl(dx, part, dy, x, row, 1, 1);
+  if (g) return rms_bwd_pairs_impl(dx, part, dy, x, row, 1, 0);
+  if (p) return rms_bwd_pairs_impl(dx, part, dy, x, row, 0, 1);
+  return rms_bwd_pairs_impl(dx, part, dy, x, row, 0, 0);
 }
 
-/* Row r of the backward. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
+/* Row r of the call c. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
  * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32.
- * bf16 rows take rms_bwd_pairs (gs: gamma in pairs; dgp then in pair order), and the widened
- * rows only where it declines. */
-static void rms_bwd_store(void *dx, float *dgp, double *dgp64, const void *dy, const void *x,
-                          const float *rstd, const float *gamma, const float *gs, float gmax,
-                          int64_t r, int64_t rows, int64_t d, sn_dtype_t dtype, float *tmp,
-                          int nt) {
-  const int64_t off = r * d, esize = sn_dtype_size(dtype), next = r + 1 < rows ? off + d : -1;
-  /* f16 rows are computed in tmp; bf16 pair blocks stream only where they are whole lines */
-  nt = nt && (dtype == SN_DTYPE_F32 ||
-              (dtype == SN_DTYPE_BF16 && sn__aligned64((const uint16_t *)dx + off)));
-  sn__bwd_prefetch_t pf = {next < 0 ? NULL : (const char *)x + next * esize,
-                           next < 0 ? NULL : (const char *)dy + next * esize,
-                           nt ? NULL : (char *)dx + off * esize, (int)esize, nt};
+ * part: where the row adds its dgamma terms. bf16 rows take rms_bwd_pairs (c->gs: gamma in
+ * pairs; part's f32 partial then in pair order), and the widened rows only where it declines. */
+static void rms_bwd_store(const sn__bwd_call_t *c, const sn__bwd_part_t *part, int64_t r,
+                          float *tmp) {
+  const sn__rn_bwd_t *a = c->a;
+  const int64_t d = a->d, off = r * d;
+  const sn_dtype_t dtype = a->dtype;
+  sn__bwd_prefetch_t pf;
+  sn__bwd_row_t row;
+  const int nt = sn__bwd_row_setup(&pf, &row, c, r);
   if (dtype == SN_DTYPE_BF16 &&
-      rms_bwd_pairs((uint16_t *)dx + off, dgp, (const uint16_t *)dy + off,
-                    (const uint16_t *)x + off, gs, gamma, gmax, d, rstd[r], &pf) == 0)
+      rms_bwd_pairs((uint16_t *)a->dx + off, part, (const uint16_t *)a->dy + off,
+                    (const uint16_t *)a->x + off, &row) == 0)
     return;
   float *tmp_dy = tmp != NULL ? tmp + d : NULL;
-  const float *xr = sn__in_row(x, off, d, dtype, tmp);         /* [d] */
-  const float *dyr = sn__in_row(dy, off, d, dtype, tmp_dy);    /* [d] */
-  float *dxr = sn__out_row(dx, off, dtype, tmp_dy);          /* [d], may be dyr */
+  const float *xr = sn__in_row(a->x, off, d, dtype, tmp);       /* [d] */
+  const float *dyr = sn__in_row(a->dy, off, d, dtype, tmp_dy);  /* [d] */
+  float *dxr = sn__out_row(a->dx, off, dtype, tmp_dy);          /* [d], may be dyr */
   pf.nt = nt && dtype == SN_DTYPE_F32; /* a bf16 row declined by the pairs is computed in tmp */
-  rms_bwd_row(dxr, dgp, dgp64, dyr, xr, gamma, gmax, d, rstd[r], &pf);
-  sn__out_done(dx, off, d, dtype, tmp_dy);
+  rms_bwd_row(dxr, part, dyr, xr, &row);
+  sn__out_done(a->dx, off, d, dtype, tmp_dy);
 }
 
 sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *x,
                            const float *rstd, const float *gamma, int64_t rows, int64_t d,
                            sn_dtype_t dtype) {
   static const char fn[] = "sn_rmsnorm_bwd";
+  const sn__rn_bwd_t a = {dx, dgamma, NULL, dy, x, NULL, rstd, gamma, rows, d, dtype, 1};
   int64_t n;
-  SN_TRY(sn__rownorm_bwd_check(fn, dx, dy, x, NULL, rstd, 1, rows, d, dtype, &n));
+  SN_TRY(sn__rownorm_bwd_check(fn, &a, &n));
   if (n == 0) { /* empty batch: the parameter gradient is zero, nothing else is written */
-    SN_TRY(sn__rownorm_bwd_spans(fn, dx, dgamma, NULL, dy, x, NULL, rstd, gamma, NULL, 0, rows,
-                                 d, sn_dtype_size(dtype))); /* as sn__bwd_buffers's, rows = 0 */
+    SN_TRY(sn__rownorm_bwd_spans(fn, &a, NULL, 0)); /* as sn__bwd_buffers's, rows = 0 */
     if (dgamma != NULL) memset(dgamma, 0, (size_t)d * sizeof *dgamma);
     return SN_OK;
   }
-  if (sn__long_row(d))
-    return sn__long_rows_bwd(fn, &(sn__long_bwd_t){dx, dgamma, NULL, dy, x, NULL, rstd, gamma,
-                                                    rows, d, dtype, 1});
+  if (sn__long_row(d)) return sn__long_rows_bwd(fn, &a);
 
   /* work: [threads + 1, work_cols] fp64, rows of d rounded up to whole lines: each thread's
    * dgamma partial of its current chunk, and last the running total. scratch, per_thread f32
@@ -550,33 +559,34 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
   const int64_t per_thread = sn__line_stride(rows_f32 + (dgamma != NULL ? d : 0), sizeof(float));
   const int64_t work_cols = dgamma != NULL ? sn__line_stride(d, sizeof(double)) : 0;
-  double *work;
-  float *scratch, *gs; /* gs: bf16, gamma in pairs (rms_bwd_pairs) */
-  SN_TRY(sn__bwd_buffers(fn, &work, &scratch, &gs, threads, work_cols, per_thread, dx, dgamma,
-                         NULL, dy, x, NULL, rstd, gamma, rows, d, dtype));
+  sn__bwd_call_t c = {&a, NULL, 1.0f, 0};
+  sn__bwd_bufs_t buf;
+  SN_TRY(sn__bwd_buffers(fn, &buf, &a, threads, work_cols, per_thread));
+  double *work = buf.work;
+  float *scratch = buf.scratch;
+  c.gs = buf.gs; /* bf16: gamma in pairs (rms_bwd_pairs) */
 
   /* rows independent without dgamma; with it, fixed chunks whose partials are added in chunk
    * order (see sn_layernorm_bwd) */
   double *total = dgamma != NULL ? work + (int64_t)threads * work_cols : NULL; /* [d] */
   if (dgamma != NULL) memset(total, 0, (size_t)d * sizeof(double));
-  const int stream = sn__stream_out(n * sn_dtype_size(dtype)); /* dx */
-  float gmax = 1.0f; /* max|gamma| (rms_terms_f32) */
-  if (gamma != NULL) {
-    gmax = 0.0f;
-    for (int64_t i = 0; i < d; i++) gmax = sn__max_abs(gmax, gamma[i]);
+  const int stream = c.nt = sn__stream_out(n * sn_dtype_size(dtype)); /* dx */
+  if (gamma != NULL) { /* max|gamma| (rms_terms_f32) */
+    c.gmax = 0.0f;
+    for (int64_t i = 0; i < d; i++) c.gmax = sn__max_abs(c.gmax, gamma[i]);
   }
 #pragma omp parallel num_threads(threads)
   {
     const int64_t t = sn__thread_num();
     float *tmp = scratch != NULL && rows_f32 > 0 ? scratch + t * per_thread : NULL;
     if (dgamma == NULL) {
+      const sn__bwd_part_t none = {NULL, NULL, NULL, NULL};
 #pragma omp for schedule(static) nowait
-      for (int64_t r = 0; r < rows; r++)
-        rms_bwd_store(dx, NULL, NULL, dy, x, rstd, gamma, gs, gmax, r, rows, d, dtype, tmp,
-                      stream);
+      for (int64_t r = 0; r < rows; r++) rms_bwd_store(&c, &none, r, tmp);
     } else {
       double *p = work + t * work_cols;                 /* [d] fp64 */
       float *p32 = scratch + t * per_thread + rows_f32; /* [d] f32 */
+      const sn__bwd_part_t part = {p32, NULL, p, NULL};
 #pragma omp for ordered schedule(static, 1) nowait
       for (int64_t k = 0; k < chunks; k++) {
         memset(p, 0, (size_t)d * sizeof(double));
@@ -584,7 +594,7 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
         const int64_t r0 = sn__chunk_begin(k, rows, chunks);
         const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
         for (int64_t r = r0; r < r1; r++) {
-          rms_bwd_store(dx, p32, p, dy, x, rstd, gamma, gs, gmax, r, rows, d, dtype, tmp, stream);
+          rms_bwd_store(&c, &part, r, tmp);
           if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1) {
             if (dtype == SN_DTYPE_BF16) sn__flush_pairs(p, p32, d); /* p32 in pair order */
             else sn__flush_partial(p, p32, d);
@@ -599,6 +609,6 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
   if (dgamma != NULL) sn__store_f32(dgamma, total, d);
   sn__free(work);
   sn__free(scratch);
-  sn__free(gs);
+  sn__free(buf.gs);
   return SN_OK;
 }

@@ -17,6 +17,42 @@ typedef struct {
   int nt; /* dx streamed (sn__store64) where the f32 or bf16 pair loops write it; dx NULL then */
 } sn__bwd_prefetch_t;
 
+/* One row of a row-norm backward as the row kernels see it: the call's gamma and the row's saved
+ * statistics. Built per row by the drivers (ln_bwd_store, rms_bwd_store); the kernels copy the
+ * fields into locals first, so no store through a float pointer makes them reload. */
+typedef struct {
+  const float *gamma; /* [d] f32, NULL: none */
+  const float *gs;    /* bf16 rows with gamma: gamma in pair order (sn__to_pairs); else NULL */
+  int64_t d;
+  float m, s;  /* the row's saved mean (LayerNorm; 0 for RMSNorm) and rstd */
+  float gmax;  /* max|gamma| over the call (NaN skipped), 1 without gamma */
+  const sn__bwd_prefetch_t *pf;
+} sn__bwd_row_t;
+
+/* Where a row adds its dgamma/dbeta terms: the thread's f32 partials g32, b32 [d] (in pair order
+ * for the bf16 pair kernels; SN_PART_ROWS) and the chunk's fp64 partials g64, b64 [d], for rows
+ * whose terms the f32 ones cannot hold. All NULL when the call wants neither; b32, b64 NULL for
+ * RMSNorm. */
+typedef struct {
+  float *g32, *b32;
+  double *g64, *b64;
+} sn__bwd_part_t;
+
+/* A row-norm backward call (sn_layernorm_bwd, sn_rmsnorm_bwd) as its per-row driver sees it:
+ * the call's arguments a and what the driver derives from them once. */
+typedef struct {
+  const sn__rn_bwd_t *a;
+  const float *gs; /* as sn__bwd_row_t's */
+  float gmax;      /* as sn__bwd_row_t's */
+  int nt;          /* dx streamed (sn__stream_out) */
+} sn__bwd_call_t;
+
+/* The buffers sn__bwd_buffers takes: each NULL where not needed. */
+typedef struct {
+  double *work;
+  float *scratch, *gs;
+} sn__bwd_bufs_t;
+
 /* The prefetches of the bf16 pair block at element i: one line of each stream. */
 SN_INLINE void sn__pair_prefetch(const sn__bwd_prefetch_t *pf, int64_t i) {
   if (pf->x != NULL) SN_PF_ROW_READ(pf->x + i * 2);
@@ -41,36 +77,50 @@ SN_INLINE float sn__pair_absmax_total(const uint16_t m[SN_PAIR]) {
   return sn__bf16_to_f32(h);
 }
 
-/* The row backwards' buffers, all taken before anything is written: *work [threads + 1,
- * work_cols] fp64 when work_cols > 0 (the chunk partials of dgamma/dbeta and their total),
- * *scratch [threads, per_thread] f32 when per_thread > 0, and, for bf16 rows with gamma, *gs
- * [d] = gamma in pair order (sn__to_pairs); then the overlap check of the call's buffers
+/* The buffers of the row-backward call a, all taken before anything is written: b->work
+ * [threads + 1, work_cols] fp64 when work_cols > 0 (the chunk partials of dgamma/dbeta and their
+ * total), b->scratch [threads, per_thread] f32 when per_thread > 0, and, for bf16 rows with
+ * gamma, b->gs [d] = gamma in pair order (sn__to_pairs); then the overlap check of a's buffers
  * (sn__rownorm_bwd_spans; after the allocations: the allocation-failure tests pass sizes no
- * buffer has). dgamma, dbeta, dy, x, mean, rstd, gamma, rows, esize: the call's, for that
- * check. SN_ERR_ALLOC or SN_ERR_INVALID_ARGUMENT with every pointer left NULL (nothing held). */
-SN_UNUSED static sn_status_t sn__bwd_buffers(const char *fn, double **work, float **scratch,
-                                             float **gs, int threads, int64_t work_cols,
-                                             int64_t per_thread, const void *dx,
-                                             const float *dgamma, const float *dbeta,
-                                             const void *dy, const void *x, const float *mean,
-                                             const float *rstd, const float *gamma,
-                                             int64_t rows, int64_t d, sn_dtype_t dtype) {
+ * buffer has). SN_ERR_ALLOC or SN_ERR_INVALID_ARGUMENT with every pointer left NULL (nothing
+ * held). */
+SN_UNUSED static sn_status_t sn__bwd_buffers(const char *fn, sn__bwd_bufs_t *b,
+                                             const sn__rn_bwd_t *c, int threads,
+                                             int64_t work_cols, int64_t per_thread) {
   sn_status_t st = SN_OK;
-  *work = NULL, *scratch = NULL, *gs = NULL;
+  *b = (sn__bwd_bufs_t){NULL, NULL, NULL};
   if ((work_cols > 0 &&
-       (*work = sn__alloc(fn, threads + 1, work_cols, sizeof(double), &st)) == NULL) ||
+       (b->work = sn__alloc(fn, threads + 1, work_cols, sizeof(double), &st)) == NULL) ||
       (per_thread > 0 &&
-       (*scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) ||
-      (dtype == SN_DTYPE_BF16 && gamma != NULL &&
-       (*gs = sn__alloc(fn, 1, d, sizeof(float), &st)) == NULL) ||
-      (st = sn__rownorm_bwd_spans(fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, NULL, 0,
-                                  rows, d, sn_dtype_size(dtype))) != SN_OK) {
-    sn__free(*work), sn__free(*scratch), sn__free(*gs);
-    *work = NULL, *scratch = NULL, *gs = NULL;
+       (b->scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) ||
+      (c->dtype == SN_DTYPE_BF16 && c->gamma != NULL &&
+       (b->gs = sn__alloc(fn, 1, c->d, sizeof(float), &st)) == NULL) ||
+      (st = sn__rownorm_bwd_spans(fn, c, NULL, 0)) != SN_OK) {
+    sn__free(b->work), sn__free(b->scratch), sn__free(b->gs);
+    *b = (sn__bwd_bufs_t){NULL, NULL, NULL};
     return st;
   }
-  if (*gs != NULL) sn__to_pairs(*gs, gamma, d);
+  if (b->gs != NULL) sn__to_pairs(b->gs, c->gamma, c->d);
   return SN_OK;
+}
+
+/* The row backwards' per-row set-up: row r's prefetches (the next row's x and dy, this row's dx
+ * unless it is streamed) into *pf and its sn__bwd_row_t; returns whether dx streams (f32 rows,
+ * and bf16 rows whose pair blocks are whole lines; f16 rows are computed in scratch). */
+SN_INLINE int sn__bwd_row_setup(sn__bwd_prefetch_t *pf, sn__bwd_row_t *row,
+                                const sn__bwd_call_t *c, int64_t r) {
+  const sn__rn_bwd_t *a = c->a;
+  const int64_t d = a->d, off = r * d, esize = sn_dtype_size(a->dtype);
+  const int64_t next = r + 1 < a->rows ? off + d : -1;
+  const int nt = c->nt && (a->dtype == SN_DTYPE_F32 ||
+                           (a->dtype == SN_DTYPE_BF16 &&
+                            sn__aligned64((const uint16_t *)a->dx + off)));
+  *pf = (sn__bwd_prefetch_t){next < 0 ? NULL : (const char *)a->x + next * esize,
+                             next < 0 ? NULL : (const char *)a->dy + next * esize,
+                             nt ? NULL : (char *)a->dx + off * esize, (int)esize, nt};
+  *row = (sn__bwd_row_t){a->gamma, c->gs, d, a->mean != NULL ? a->mean[r] : 0.0f, a->rstd[r],
+                         c->gmax, pf};
+  return nt;
 }
 
 /* dgamma/dbeta partials of the row-norm backwards: a row adds its terms (dy·x̂', dy; RMSNorm

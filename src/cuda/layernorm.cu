@@ -10,8 +10,8 @@ extern "C" sn_status_t sn_cuda_layernorm_fwd(void *y, float *mean, float *rstd, 
                                              const float *gamma, const float *beta, int64_t rows,
                                              int64_t d, float eps, sn_dtype_t dtype,
                                              cudaStream_t stream) {
-  const rn_fwd_args a = {y, NULL, mean, rstd, x, NULL, gamma, beta, rows, d, eps, false, false};
-  return sn__cuda_rn_fwd("sn_cuda_layernorm_fwd", a, dtype, stream);
+  const sn__rn_fwd_t a = {y, NULL, mean, rstd, x, NULL, gamma, beta, rows, d, eps, dtype, 0, 0};
+  return sn__cuda_rn_fwd("sn_cuda_layernorm_fwd", a, stream);
 }
 
 extern "C" sn_status_t sn_cuda_add_layernorm_fwd(void *y, void *sum_out, float *mean,
@@ -20,7 +20,7 @@ extern "C" sn_status_t sn_cuda_add_layernorm_fwd(void *y, void *sum_out, float *
                                                  const float *beta, int64_t rows, int64_t d,
                                                  float eps, sn_dtype_t dtype,
                                                  cudaStream_t stream) {
-  const rn_fwd_args a = {y,    sum_out, mean, rstd, x,    residual,
-                        gamma, beta,   rows, d,    eps, false, true};
-  return sn__cuda_rn_fwd("sn_cuda_add_layernorm_fwd", a, dtype, stream);
+  const sn__rn_fwd_t a = {y,    sum_out, mean, rstd,  x, residual, gamma,
+                          beta, rows,    d,    eps,   dtype, 0, 1};
+  return sn__cuda_rn_fwd("sn_cuda_add_layernorm_fwd", a, stream);
 }

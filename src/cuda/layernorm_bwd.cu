@@ -10,7 +10,6 @@ extern "C" sn_status_t sn_cuda_layernorm_bwd(void *dx, float *dgamma, float *dbe
                                              const float *rstd, const float *gamma, int64_t rows,
                                              int64_t d, sn_dtype_t dtype, void *workspace,
                                              size_t workspace_bytes, cudaStream_t stream) {
-  const rn_bwd_call q = {dx,    dgamma, dbeta, dy,    x,         mean,            rstd,
-                         gamma, rows,   d,     dtype, workspace, workspace_bytes, false};
-  return sn__cuda_rn_bwd("sn_cuda_layernorm_bwd", q, stream);
+  const sn__rn_bwd_t q = {dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, d, dtype, 0};
+  return sn__cuda_rn_bwd("sn_cuda_layernorm_bwd", q, workspace, workspace_bytes, stream);
 }

@@ -9,8 +9,8 @@
 extern "C" sn_status_t sn_cuda_rmsnorm_fwd(void *y, float *rstd, const void *x,
                                            const float *gamma, int64_t rows, int64_t d,
                                            float eps, sn_dtype_t dtype, cudaStream_t stream) {
-  const rn_fwd_args a = {y, NULL, NULL, rstd, x, NULL, gamma, NULL, rows, d, eps, true, false};
-  return sn__cuda_rn_fwd("sn_cuda_rmsnorm_fwd", a, dtype, stream);
+  const sn__rn_fwd_t a = {y, NULL, NULL, rstd, x, NULL, gamma, NULL, rows, d, eps, dtype, 1, 0};
+  return sn__cuda_rn_fwd("sn_cuda_rmsnorm_fwd", a, stream);
 }
 
 extern "C" sn_status_t sn_cuda_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd,
@@ -18,9 +18,9 @@ extern "C" sn_status_t sn_cuda_add_rmsnorm_fwd(void *y, void *sum_out, float *rs
                                                const float *gamma, int64_t rows, int64_t d,
                                                float eps, sn_dtype_t dtype,
                                                cudaStream_t stream) {
-  const rn_fwd_args a = {y,    sum_out, NULL, rstd, x,    residual,
-                        gamma, NULL,   rows, d,    eps, true, true};
-  return sn__cuda_rn_fwd("sn_cuda_add_rmsnorm_fwd", a, dtype, stream);
+  const sn__rn_fwd_t a = {y,    sum_out, NULL, rstd,  x, residual, gamma,
+                          NULL, rows,    d,    eps,   dtype, 1, 1};
+  return sn__cuda_rn_fwd("sn_cuda_add_rmsnorm_fwd", a, stream);
 }
 
 extern "C" sn_status_t sn_cuda_rmsnorm_bwd(void *dx, float *dgamma, const void *dy,
@@ -28,7 +28,6 @@ extern "C" sn_status_t sn_cuda_rmsnorm_bwd(void *dx, float *dgamma, const void *
                                            int64_t rows, int64_t d, sn_dtype_t dtype,
                                            void *workspace, size_t workspace_bytes,
                                            cudaStream_t stream) {
-  const rn_bwd_call q = {dx,    dgamma, NULL, dy,    x,         NULL,            rstd,
-                         gamma, rows,   d,    dtype, workspace, workspace_bytes, true};
-  return sn__cuda_rn_bwd("sn_cuda_rmsnorm_bwd", q, stream);
+  const sn__rn_bwd_t q = {dx, dgamma, NULL, dy, x, NULL, rstd, gamma, rows, d, dtype, 1};
+  return sn__cuda_rn_bwd("sn_cuda_rmsnorm_bwd", q, workspace, workspace_bytes, stream);
 }

@@ -15,6 +15,37 @@ namespace {
 /* NULL or 16-byte aligned (the vector path's loads and stores). */
 inline bool rn_aligned16(const void *p) { return p == NULL || ((uintptr_t)p & 15u) == 0; }
 
+/* ---- host side: the register-path launch shared by the forward and backward ------------- */
+
+/* Values per thread of the register path for rows of d elements: the smallest power of two from
+ * min_vpt (the vector width, or 1) whose block, rounded up to whole warps, is within
+ * pref_threads, else max_vpt; *threads: that block's size. */
+inline int rn_pick_vpt(int64_t d, int min_vpt, int max_vpt, int pref_threads, int *threads) {
+  int vpt = min_vpt;
+  for (;; vpt *= 2) {
+    *threads = (int)(((d + vpt - 1) / vpt + 31) / 32 * 32);
+    if (*threads <= pref_threads || vpt == max_vpt) return vpt;
+  }
+}
+
+/* Launches L::go<VPT, VEC>(a, threads, grid, st) for the vpt of rn_pick_vpt (1 to 16; 16 only
+ * with vec). L: rn_fwd_launch<T> or rn_bwd_launch<T>, whose go skips a VPT that is not a whole
+ * number of vectors. */
+template <typename L, typename A>
+void rn_launch_vpt(const A &a, int vpt, bool vec, int threads, unsigned grid, cudaStream_t st) {
+#define SN_RN_PICK(V)                                                  \
+  (vec ? L::template go<V, true>(a, threads, grid, st)                 \
+       : L::template go<V, false>(a, threads, grid, st))
+  switch (vpt) {
+    case 1: SN_RN_PICK(1); break;
+    case 2: SN_RN_PICK(2); break;
+    case 4: SN_RN_PICK(4); break;
+    case 8: SN_RN_PICK(8); break;
+    default: L::template go<16, true>(a, threads, grid, st); break; /* vec only */
+  }
+#undef SN_RN_PICK
+}
+
 /* ---- device side ------------------------------------------------------------------------- */
 
 template <typename T, int W> struct alignas(16) rn_vec {
@@ -89,37 +120,13 @@ template <typename T, int VPT, bool VEC> struct rn_row {
 
 }  // namespace
 
-/* One LayerNorm or RMSNorm forward call as its entry point (layernorm.cu, rmsnorm.cu)
- * receives it. */
-struct rn_fwd_args {
-  void *y, *sum_out;
-  float *mean, *rstd;
-  const void *x, *res;
-  const float *gamma, *beta;
-  int64_t rows, d;
-  float eps;
-  bool rms, fused; /* RMSNorm; the fused residual add (sum_out, res are checked) */
-};
+/* Validates the LayerNorm or RMSNorm forward call a (src/args.h, as the CPU twins receive it)
+ * as the CPU function fn and launches (rownorm_fwd.cu); res/sum_out NULL for the plain
+ * kernels. */
+sn_status_t sn__cuda_rn_fwd(const char *fn, const sn__rn_fwd_t &a, cudaStream_t stream);
 
-/* Validates a as the CPU function fn and launches (rownorm_fwd.cu); res/sum_out NULL for the
- * plain kernels. */
-sn_status_t sn__cuda_rn_fwd(const char *fn, const rn_fwd_args &a, sn_dtype_t dtype,
-                            cudaStream_t stream);
-
-/* One LayerNorm or RMSNorm backward call as its entry point receives it. */
-struct rn_bwd_call {
-  void *dx;
-  float *dgamma, *dbeta; /* dbeta NULL for RMSNorm */
-  const void *dy, *x;
-  const float *mean, *rstd, *gamma; /* mean NULL (and not checked) for RMSNorm */
-  int64_t rows, d;
-  sn_dtype_t dtype;
-  void *workspace;
-  size_t workspace_bytes;
-  bool rms;
-};
-
-/* Validates q as the CPU function fn and launches (rownorm_bwd.cu). */
-sn_status_t sn__cuda_rn_bwd(const char *fn, const rn_bwd_call &q, cudaStream_t stream);
+/* The same for a backward call q with its workspace (rownorm_bwd.cu). */
+sn_status_t sn__cuda_rn_bwd(const char *fn, const sn__rn_bwd_t &q, void *workspace,
+                            size_t workspace_bytes, cudaStream_t stream);
 
 #endif /* SN_CUDA_ROWNORM_CUH */

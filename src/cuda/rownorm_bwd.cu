@@ -352,11 +352,6 @@ template <typename T> struct rn_bwd_launch {
           (T *)a.dx, a.part_g, a.part_b, (const T *)a.dy, (const T *)a.x, a.mean, a.rstd,
           a.gamma, a.rows, a.d, a.rms, rn_aligned16(a.gamma));
   }
-  template <int VPT>
-  static void pick(const rn_bwd_args &a, bool vec, int threads, unsigned grid, cudaStream_t st) {
-    if (vec) go<VPT, true>(a, threads, grid, st);
-    else go<VPT, false>(a, threads, grid, st);
-  }
   static void run(const rn_bwd_args &a, cudaStream_t st) {
     const unsigned grid = (unsigned)rn_chunks(a.rows);
     const bool vec = (a.d * (int64_t)sizeof(T)) % 16 == 0 && rn_aligned16(a.dx) &&
@@ -369,32 +364,21 @@ template <typename T> struct rn_bwd_launch {
           a.gamma, a.rows, a.d, a.rms);
       return;
     }
-    int vpt = vec ? W : 1, threads = 0;
-    for (;; vpt *= 2) {
-      threads = (int)(((a.d + vpt - 1) / vpt + 31) / 32 * 32);
-      if (threads <= kBwdPrefThreads || vpt == max_vpt) break;
-    }
-    switch (vpt) {
-      case 1: pick<1>(a, vec, threads, grid, st); break;
-      case 2: pick<2>(a, vec, threads, grid, st); break;
-      case 4: pick<4>(a, vec, threads, grid, st); break;
-      case 8: pick<8>(a, vec, threads, grid, st); break;
-      default: go<16, true>(a, threads, grid, st); break; /* vec only */
-    }
+    int threads = 0;
+    const int vpt = rn_pick_vpt(a.d, vec ? W : 1, max_vpt, kBwdPrefThreads, &threads);
+    rn_launch_vpt<rn_bwd_launch<T>>(a, vpt, vec, threads, grid, st);
   }
 };
 
 }  // namespace
 
-sn_status_t sn__cuda_rn_bwd(const char *fn, const rn_bwd_call &q, cudaStream_t stream) {
+sn_status_t sn__cuda_rn_bwd(const char *fn, const sn__rn_bwd_t &q, void *workspace,
+                            size_t workspace_bytes, cudaStream_t stream) {
   int64_t n;
-  SN_TRY(sn__rownorm_bwd_check(fn, q.dx, q.dy, q.x, q.mean, q.rstd, q.rms, q.rows, q.d, q.dtype,
-                               &n));
-  const int64_t esize = sn_dtype_size(q.dtype);
+  SN_TRY(sn__rownorm_bwd_check(fn, &q, &n));
   /* the call's buffers as the CPU function checks them, then (below) the workspace against them,
    * as the BatchNorm and GroupNorm kernels order their checks */
-  SN_TRY(sn__rownorm_bwd_spans(fn, q.dx, q.dgamma, q.dbeta, q.dy, q.x, q.mean, q.rstd, q.gamma,
-                               NULL, 0, q.rows, q.d, esize));
+  SN_TRY(sn__rownorm_bwd_spans(fn, &q, NULL, 0));
   if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
     SN_TRY(sn__cuda_pending(fn));
     const size_t bytes = (size_t)q.d * sizeof(float);
@@ -406,14 +390,12 @@ sn_status_t sn__cuda_rn_bwd(const char *fn, const rn_bwd_call &q, cudaStream_t s
   const bool params = q.dgamma != NULL || q.dbeta != NULL;
   const size_t part = rn_part_bytes(q.rows, q.d);
   const size_t need = params ? 2 * part : 0; /* = sn_cuda_rownorm_bwd_workspace's */
-  SN_TRY(sn__check_workspace(fn, q.workspace, q.workspace_bytes, need));
-  if (params)
-    SN_TRY(sn__rownorm_bwd_spans(fn, q.dx, q.dgamma, q.dbeta, q.dy, q.x, q.mean, q.rstd, q.gamma,
-                                 q.workspace, (int64_t)need, q.rows, q.d, esize));
-  double *part_g = params ? (double *)q.workspace : NULL;
-  double *part_b = params && !q.rms ? (double *)((char *)q.workspace + part) : NULL;
+  SN_TRY(sn__check_workspace(fn, workspace, workspace_bytes, need));
+  if (params) SN_TRY(sn__rownorm_bwd_spans(fn, &q, workspace, (int64_t)need));
+  double *part_g = params ? (double *)workspace : NULL;
+  double *part_b = params && !q.rms ? (double *)((char *)workspace + part) : NULL;
   const rn_bwd_args a = {q.dx,   part_g,  part_b, q.dy, q.x, q.rms ? NULL : q.mean,
-                         q.rstd, q.gamma, q.rows, q.d,  q.rms};
+                         q.rstd, q.gamma, q.rows, q.d,  q.rms != 0};
   SN_TRY(sn__cuda_pending(fn));
   SN_CUDA_DISPATCH(q.dtype, rn_bwd_launch<T>::run(a, stream));
   if (params) {

@@ -293,18 +293,13 @@ template <typename T> struct rn_fwd_launch {
   static constexpr int W = (int)(16 / sizeof(T));
 
   template <int VPT, bool VEC>
-  static void go(const rn_fwd_args &a, int threads, unsigned grid, cudaStream_t st) {
+  static void go(const sn__rn_fwd_t &a, int threads, unsigned grid, cudaStream_t st) {
     if constexpr (VPT % (VEC ? W : 1) == 0)
       rn_fwd_kernel<T, VPT, VEC><<<grid, threads, 0, st>>>(
           (T *)a.y, (T *)a.sum_out, a.mean, a.rstd, (const T *)a.x, (const T *)a.res, a.gamma,
           a.beta, a.rows, a.d, a.eps, a.rms, rn_aligned16(a.gamma) && rn_aligned16(a.beta));
   }
-  template <int VPT>
-  static void pick(const rn_fwd_args &a, bool vec, int threads, unsigned grid, cudaStream_t st) {
-    if (vec) go<VPT, true>(a, threads, grid, st);
-    else go<VPT, false>(a, threads, grid, st);
-  }
-  static void run(const rn_fwd_args &a, cudaStream_t st) {
+  static void run(const sn__rn_fwd_t &a, cudaStream_t st) {
     const unsigned grid = (unsigned)(a.rows < kMaxGrid ? a.rows : kMaxGrid);
     const bool vec = (a.d * (int64_t)sizeof(T)) % 16 == 0 && rn_aligned16(a.y) &&
                      rn_aligned16(a.sum_out) && rn_aligned16(a.x) && rn_aligned16(a.res);
@@ -316,34 +311,21 @@ template <typename T> struct rn_fwd_launch {
           a.beta, a.rows, a.d, a.eps, a.rms);
       return;
     }
-    /* the smallest VPT (a multiple of the chunk width) whose block is within kFwdPrefThreads,
-     * else max_vpt (then at most 1024 threads) */
-    int vpt = vec ? W : 1, threads = 0;
-    for (;; vpt *= 2) {
-      threads = (int)(((a.d + vpt - 1) / vpt + 31) / 32 * 32);
-      if (threads <= kFwdPrefThreads || vpt == max_vpt) break;
-    }
-    switch (vpt) {
-      case 1: pick<1>(a, vec, threads, grid, st); break;
-      case 2: pick<2>(a, vec, threads, grid, st); break;
-      case 4: pick<4>(a, vec, threads, grid, st); break;
-      case 8: pick<8>(a, vec, threads, grid, st); break;
-      default: go<16, true>(a, threads, grid, st); break; /* vec only */
-    }
+    /* at most max_vpt·kFwdMaxThreads elements here, so at most 1024 threads */
+    int threads = 0;
+    const int vpt = rn_pick_vpt(a.d, vec ? W : 1, max_vpt, kFwdPrefThreads, &threads);
+    rn_launch_vpt<rn_fwd_launch<T>>(a, vpt, vec, threads, grid, st);
   }
 };
 
 }  // namespace
 
-sn_status_t sn__cuda_rn_fwd(const char *fn, const rn_fwd_args &a, sn_dtype_t dtype,
-                            cudaStream_t stream) {
+sn_status_t sn__cuda_rn_fwd(const char *fn, const sn__rn_fwd_t &a, cudaStream_t stream) {
   int64_t n;
-  SN_TRY(sn__rownorm_fwd_check(fn, a.y, a.sum_out, a.x, a.res, a.fused, a.rows, a.d, a.eps, dtype,
-                               &n));
+  SN_TRY(sn__rownorm_fwd_check(fn, &a, &n));
   if (n == 0) return SN_OK;
-  SN_TRY(sn__rownorm_fwd_spans(fn, a.y, a.sum_out, a.mean, a.rstd, a.x, a.res, a.gamma, a.beta,
-                               a.rows, a.d, sn_dtype_size(dtype)));
+  SN_TRY(sn__rownorm_fwd_spans(fn, &a));
   SN_TRY(sn__cuda_pending(fn));
-  SN_CUDA_DISPATCH(dtype, rn_fwd_launch<T>::run(a, stream));
+  SN_CUDA_DISPATCH(a.dtype, rn_fwd_launch<T>::run(a, stream));
   return sn__cuda_launched(fn);
 }
