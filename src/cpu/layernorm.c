@@ -74,6 +74,7 @@ static void ln_map_f64(void *y, const float *x, const float *gamma, const float 
 
 /* What a forward call maps with, set up once after its argument check (ln_fwd_begin). */
 typedef struct {
+  const sn__rn_fwd_t *a;     /* the call */
   const float *gamma, *beta; /* [d] f32, NULL: none */
   /* bf16: gamma, beta [d] in pair order (sn__to_pairs), in the two scratch rows after the
    * threads'; NULL where gamma or beta is, and for the other dtypes */
@@ -230,13 +231,14 @@ static void ln_fwd_rows_pairs(uint16_t *y, float *mean, float *rstd, const uint1
 #undef LN_NT_ROW
 }
 
-/* Row r of the forward from its f32 view xr: writes y row r and mean[r], rstd[r] when given.
+/* Row r of the call c->a from its f32 view xr: writes y row r and mean[r], rstd[r] when given.
  * ytmp: d floats of this thread's scratch where a bf16/f16 row is computed (not xr), NULL for
  * f32. f32 only: res, sum_out, the rows of the fused kernel (ln_fwd_row; NULL for none). next:
  * the next input row, to prefetch (NULL for none). nt: stream y (f32 only). */
-static void ln_fwd_store(void *y, float *mean, float *rstd, const float *xr, const float *res,
-                         float *sum_out, float *ytmp, const ln_fwd_ctx_t *c, int64_t r,
-                         const char *next, int nt) {
+static void ln_fwd_store(const float *xr, const float *res, float *sum_out, float *ytmp,
+                         const ln_fwd_ctx_t *c, int64_t r, const char *next, int nt) {
+  void *y = c->a->y;
+  float *mean = c->a->mean, *rstd = c->a->rstd;
   const sn_dtype_t dtype = c->dtype;
   const int64_t d = c->d, off = r * d, esize = sn_dtype_size(dtype);
   double stats[2];
@@ -269,7 +271,7 @@ static sn_status_t ln_fwd_begin(ln_fwd_ctx_t *c, const char *fn, const sn__rn_fw
   const float eps = a->eps;
   const sn_dtype_t dtype = a->dtype;
   sn_status_t st = SN_OK;
-  *c = (ln_fwd_ctx_t){gamma, beta, NULL, NULL, d, eps, dtype, 0, 0, NULL,
+  *c = (ln_fwd_ctx_t){a, gamma, beta, NULL, NULL, d, eps, dtype, 0, 0, NULL,
                       sn__line_stride(ln_fwd_scratch(d, dtype), (int64_t)sizeof(float)),
                       sn__team_for(rows)};
   if (c->per_thread > 0 &&
@@ -331,8 +333,7 @@ sn_status_t sn_layernorm_fwd(void *y, float *mean, float *rstd, const void *x,
       for (int64_t r = r0; r < r1; r++) {
         const char *next = r + 1 < rows ? (const char *)x + (r + 1) * d * esize : NULL;
         const float *xr = sn__in_row(x, r * d, d, dtype, tmp); /* x row r as f32 [d] */
-        ln_fwd_store(y, mean, rstd, xr, NULL, NULL, tmp != NULL ? tmp + d : NULL, &c, r, next,
-                     stream);
+        ln_fwd_store(xr, NULL, NULL, tmp != NULL ? tmp + d : NULL, &c, r, next, stream);
       }
       sn__stream_fence(stream);
     }
@@ -380,12 +381,12 @@ sn_status_t sn_add_layernorm_fwd(void *y, void *sum_out, float *mean, float *rst
         if (mean != NULL) mean[r] = (float)stats[0];
         if (rstd != NULL) rstd[r] = (float)stats[1];
       } else if (dtype == SN_DTYPE_F32) { /* likewise (ln_fwd_row) */
-        ln_fwd_store(y, mean, rstd, (const float *)x + off, (const float *)residual + off,
+        ln_fwd_store((const float *)x + off, (const float *)residual + off,
                      (float *)sum_out + off, NULL, &c, r, next, stream);
       } else {
         const float *sr = sn__residual_sum_row(sum_out, x, residual, tmp, off, d, dtype);
         /* y is computed over the residual row, no longer needed */
-        ln_fwd_store(y, mean, rstd, sr, NULL, NULL, tmp + d, &c, r, NULL, 0);
+        ln_fwd_store(sr, NULL, NULL, tmp + d, &c, r, NULL, 0);
       }
     }
     sn__stream_fence(stream);

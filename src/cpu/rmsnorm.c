@@ -56,14 +56,18 @@ SN_INLINE void rms_map(float *y, const float *x, const float *gamma, int64_t d, 
   sn__map_f32(y, x, gamma, NULL, d, 0.0f, 0.0f, s, has_g, 0, 0, nt);
 }
 
-/* One row: x [d] f32 → y [d] f32 (y may equal x); returns rstd in fp64. With res [d] (the fused
- * kernel, f32 rows only; NULL for none) the row normalized is the residual sum x + res, written
- * into sum_out [d] by the first pass (sum_out may equal x or res; y may not overlap them). next,
- * out, esize: the rows the first pass prefetches (sn__row_sumsq_w; NULL for none). nt: y
- * streamed (rms_map). */
+/* One row of the call a (its gamma, d, eps; bf16/f16 rows computed in f32): x [d] f32 → y [d]
+ * f32 (y may equal x); returns rstd in fp64. With res [d] (the fused kernel, f32 rows only; NULL
+ * for none) the row normalized is the residual sum x + res, written into sum_out [d] by the
+ * first pass (sum_out may equal x or res; y may not overlap them). next, out: the rows of a's
+ * dtype the first pass prefetches (sn__row_sumsq_w; NULL for none). nt: y streamed
+ * (rms_map). */
 SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *res, float *sum_out,
-                                    const float *gamma, int64_t d, float eps, const char *next,
-                                    char *out, int esize, int lowp, int nt) {
+                                    const sn__rn_fwd_t *a, const char *next, char *out, int nt) {
+  const float *gamma = a->gamma;
+  const int64_t d = a->d;
+  const float eps = a->eps;
+  const int esize = (int)sn_dtype_size(a->dtype), lowp = a->dtype != SN_DTYPE_F32;
   double ss;
   if (lowp) {
     ss = sn__row_sumsq_lowp(NULL, NULL, x, NULL, 0, d, next, out, esize);
@@ -119,9 +123,14 @@ SN_CLONES static void rms_map_bf16(uint16_t *y, const uint16_t *xm, const float 
  * r + 1 is read before row r is written, and the map of row r + 1 comes after (rows do not
  * overlap). nt: y streamed where its row starts a 64-byte line (whole lines of pairs), and
  * fenced at the end. */
-static void rms_fwd_rows_bf16(uint16_t *y, float *rstd, const uint16_t *x, const uint16_t *res,
-                              uint16_t *sum_out, const float *gamma, const float *gs, int gfin,
-                              int64_t r0, int64_t r1, int64_t rows, int64_t d, float eps, int nt) {
+static void rms_fwd_rows_bf16(const sn__rn_fwd_t *a, const float *gs, int gfin, int64_t r0,
+                              int64_t r1, int nt) {
+  uint16_t *y = a->y, *sum_out = a->sum_out;
+  float *rstd = a->rstd;
+  const uint16_t *x = a->x, *res = a->res;
+  const float *gamma = a->gamma;
+  const int64_t rows = a->rows, d = a->d;
+  const float eps = a->eps;
 /* whether row q of y is streamed */
 #define RMS_NT_ROW(q) (nt && sn__aligned64(y + (q) * d))
 /* row q's rstd, prefetching row q + 1 of x and row q of y (not when y is streamed) */
@@ -150,43 +159,38 @@ static void rms_fwd_rows_bf16(uint16_t *y, float *rstd, const uint16_t *x, const
 
 /* The bf16 rows of sn_rmsnorm_fwd (res, sum_out NULL) or sn_add_rmsnorm_fwd: each thread one
  * range of consecutive rows (rms_fwd_rows_bf16), as schedule(static) would give it. */
-static void rms_fwd_bf16(void *y, float *rstd, const void *x, const void *res, void *sum_out,
-                         const float *gamma, const float *gs, int64_t rows, int64_t d, float eps,
-                         int nt) {
-  const int64_t threads = sn__max_threads(), ranges = rows < threads ? rows : threads;
-  const int gfin = sn__gamma_finite(gamma, d); /* rms_map_bf16 */
+static void rms_fwd_bf16(const sn__rn_fwd_t *a, const float *gs, int nt) {
+  const int64_t rows = a->rows, threads = sn__max_threads(), ranges = rows < threads ? rows : threads;
+  const int gfin = sn__gamma_finite(a->gamma, a->d); /* rms_map_bf16 */
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < ranges; k++)
-    rms_fwd_rows_bf16(y, rstd, x, res, sum_out, gamma, gs, gfin, sn__chunk_begin(k, rows, ranges),
-                      sn__chunk_begin(k + 1, rows, ranges), rows, d, eps, nt);
+    rms_fwd_rows_bf16(a, gs, gfin, sn__chunk_begin(k, rows, ranges),
+                      sn__chunk_begin(k + 1, rows, ranges), nt);
 }
 
-/* Row r of the forward from its f32 view xr: writes y row r and rstd[r] when given. tmp: this
+/* Row r of the call a from its f32 view xr: writes y row r and rstd[r] when given. tmp: this
  * thread's d floats of scratch for bf16/f16 (the row is computed there; it may be xr), NULL
  * for f32. f32 only: res, sum_out, the rows of the fused kernel (rms_fwd_row; NULL for none).
  * next: the next input row, to prefetch (NULL for none). nt: stream y (f32 only). */
-static void rms_fwd_store(void *y, float *rstd, const float *xr, const float *res,
-                          float *sum_out, float *tmp, const float *gamma, int64_t r, int64_t d,
-                          float eps, sn_dtype_t dtype, const char *next, int nt) {
-  const int64_t off = r * d, esize = sn_dtype_size(dtype);
-  float *yr = sn__out_row(y, off, dtype, tmp);
+static void rms_fwd_store(const sn__rn_fwd_t *a, const float *xr, const float *res,
+                          float *sum_out, float *tmp, int64_t r, const char *next, int nt) {
+  const sn_dtype_t dtype = a->dtype;
+  const int64_t d = a->d, off = r * d, esize = sn_dtype_size(dtype);
+  float *yr = sn__out_row(a->y, off, dtype, tmp);
   nt = nt && dtype == SN_DTYPE_F32; /* f16 rows are computed in tmp */
-  const double rs = rms_fwd_row(yr, xr, res, sum_out, gamma, d, eps, next,
-                                nt ? NULL : (char *)y + off * esize, (int)esize,
-                                dtype != SN_DTYPE_F32, nt);
-  sn__out_done(y, off, d, dtype, tmp);
-  if (rstd != NULL) rstd[r] = (float)rs;
+  const double rs =
+      rms_fwd_row(yr, xr, res, sum_out, a, next, nt ? NULL : (char *)a->y + off * esize, nt);
+  sn__out_done(a->y, off, d, dtype, tmp);
+  if (a->rstd != NULL) a->rstd[r] = (float)rs;
 }
 
 /* sn_rmsnorm_fwd (a->fused 0: res, sum_out NULL) and sn_add_rmsnorm_fwd (a->fused 1; a NULL
  * res or sum_out is then the caller's error, which the check reports). */
 static sn_status_t rms_fwd(const char *fn, const sn__rn_fwd_t *a) {
-  void *y = a->y, *sum_out = a->sum_out;
-  float *rstd = a->rstd;
+  void *sum_out = a->sum_out;
   const void *x = a->x, *residual = a->res;
   const float *gamma = a->gamma;
   const int64_t rows = a->rows, d = a->d;
-  const float eps = a->eps;
   const sn_dtype_t dtype = a->dtype;
   const int fused = a->fused;
   int64_t n;
@@ -221,7 +225,7 @@ static sn_status_t rms_fwd(const char *fn, const sn__rn_fwd_t *a) {
 
   const int stream = sn__stream_out(n * esize); /* y (sum_out, read back at once, is not) */
   if (dtype == SN_DTYPE_BF16) { /* pipelined rows, a range per thread (fused: the add first) */
-    rms_fwd_bf16(y, rstd, x, residual, sum_out, gamma, gs, rows, d, eps, stream);
+    rms_fwd_bf16(a, gs, stream);
   } else {
 #pragma omp parallel num_threads(team)
     {
@@ -232,13 +236,13 @@ static sn_status_t rms_fwd(const char *fn, const sn__rn_fwd_t *a) {
         const char *next = r + 1 < rows ? (const char *)x + (off + d) * esize : NULL;
         if (!fused) {
           const float *xr = sn__in_row(x, off, d, dtype, tmp); /* x row r as f32 [d] */
-          rms_fwd_store(y, rstd, xr, NULL, NULL, tmp, gamma, r, d, eps, dtype, next, stream);
+          rms_fwd_store(a, xr, NULL, NULL, tmp, r, next, stream);
         } else if (dtype == SN_DTYPE_F32) { /* the add in the first pass (rms_fwd_row) */
-          rms_fwd_store(y, rstd, (const float *)x + off, (const float *)residual + off,
-                        (float *)sum_out + off, NULL, gamma, r, d, eps, dtype, next, stream);
+          rms_fwd_store(a, (const float *)x + off, (const float *)residual + off,
+                        (float *)sum_out + off, NULL, r, next, stream);
         } else {
           const float *sr = sn__residual_sum_row(sum_out, x, residual, tmp, off, d, dtype);
-          rms_fwd_store(y, rstd, sr, NULL, NULL, tmp, gamma, r, d, eps, dtype, NULL, 0);
+          rms_fwd_store(a, sr, NULL, NULL, tmp, r, NULL, 0);
         }
       }
       sn__stream_fence(stream);
