@@ -5,11 +5,9 @@
  * Per row, with g = dy·gamma and x̂ = (x − mean)·rstd from the saved f32 mean/rstd:
  *   pass A  Σx̂, Σg, Σg·x̂                     fp64 (bf16/f16: f32 blocks added in fp64)
  *   pass B  x̂' = x̂ − mean(x̂) (re-centred), dx = rstd·(g − mean(g) − x̂'·mean(g·x̂'))
- * dgamma = Σ_rows dy·x̂', dbeta = Σ_rows dy: the rows are cut into the fixed chunks of cpu.h;
- * a thread sums its chunk's rows in order into its own partials ([threads, 2, d]; f32 over runs
- * of SN_PART_ROWS rows, added in fp64, see rownorm.h), then adds them to the total in chunk
- * order (an OpenMP ordered region): bitwise the same for any thread count, with scratch
- * O(threads·d) rather than O(chunks·d).
+ * dgamma = Σ_rows dy·x̂', dbeta = Σ_rows dy, summed per fixed chunk of rows in a fixed order by
+ * the driver both row-norm backwards share (rownorm_bwd.c): bitwise the same for any thread
+ * count. This file holds the rows (ln_bwd_store).
  * bf16 rows read x and dy in pairs in both passes (ln_bwd_pairs: no f32 rows, dx narrowed as it
  * is stored, pass A's lanes and the f32 partials in pair order); rows whose sums are not finite
  * or whose terms could overflow the f32 partials are computed in fp64 (ln_bwd_row_f64). f16
@@ -22,7 +20,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "longrow.h"
 #include "rownorm_bwd.h"
 
 /* Pass A for element i: x̂ = (x − m)·s and g = dy·gamma in f32, added to the lane sums. */
@@ -418,85 +415,5 @@ sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
                              const float *gamma, int64_t rows, int64_t d, sn_dtype_t dtype) {
   static const char fn[] = "sn_layernorm_bwd";
   const sn__rn_bwd_t a = {dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, d, dtype, 0};
-  int64_t n;
-  SN_TRY(sn__rownorm_bwd_check(fn, &a, &n));
-  if (n == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
-    SN_TRY(sn__rownorm_bwd_spans(fn, &a, NULL, 0)); /* as sn__bwd_buffers's, rows = 0 */
-    if (dgamma != NULL) memset(dgamma, 0, (size_t)d * sizeof *dgamma);
-    if (dbeta != NULL) memset(dbeta, 0, (size_t)d * sizeof *dbeta);
-    return SN_OK;
-  }
-  if (sn__long_row(d)) return sn__long_rows_bwd(fn, &a);
-
-  /* work: [threads + 1, work_cols] fp64, rows of 2·d rounded up to whole lines: each thread's
-   * partials of its current chunk (dgamma, then dbeta), and last the running total. scratch,
-   * per_thread f32 per thread (rounded up to whole lines, sn__line_stride): for bf16/f16 2·d
-   * (the rows of ln_bwd_store), then with dgamma/dbeta 2·d (the partials of up to SN_PART_ROWS
-   * rows) */
-  const int chunked = dgamma != NULL || dbeta != NULL;
-  const int64_t chunks = sn__chunks(rows);
-  const int threads = sn__team_for(chunked ? chunks : rows);
-  const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
-  const int64_t per_thread = sn__line_stride(rows_f32 + (chunked ? 2 * d : 0), sizeof(float));
-  const int64_t work_cols = chunked ? sn__line_stride(2 * d, sizeof(double)) : 0;
-  sn__bwd_call_t c = {&a, NULL, 1.0f, 0};
-  sn__bwd_bufs_t buf;
-  SN_TRY(sn__bwd_buffers(fn, &buf, &a, threads, work_cols, per_thread));
-  double *work = buf.work;
-  float *scratch = buf.scratch;
-  c.gs = buf.gs; /* bf16: gamma in pairs (ln_bwd_pairs) */
-  if (gamma != NULL) { /* max|gamma| (NaN skipped), for ln_dx_f32_ok */
-    c.gmax = 0.0f;
-    for (int64_t j = 0; j < d; j++) c.gmax = sn__max_abs(c.gmax, gamma[j]);
-  }
-
-  /* Without dgamma/dbeta the rows are independent. With them, the rows are cut into the fixed
-   * chunks of cpu.h; a chunk's partials are summed over its rows in order (in f32 over runs of
-   * SN_PART_ROWS rows, each run then added in fp64), then added to the total in chunk order
-   * (the ordered region): the result never depends on the thread count. Chunks go round-robin,
-   * so the threads reach the ordered region one after the other and hardly wait. */
-  double *total = chunked ? work + (int64_t)threads * work_cols : NULL; /* [2, d] */
-  if (chunked) memset(total, 0, (size_t)(2 * d) * sizeof(double));
-  const int stream = c.nt = sn__stream_out(n * sn_dtype_size(dtype)); /* dx */
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t t = sn__thread_num();
-    float *tmp = scratch != NULL && rows_f32 > 0 ? scratch + t * per_thread : NULL;
-    if (!chunked) {
-      const sn__bwd_part_t none = {NULL, NULL, NULL, NULL};
-#pragma omp for schedule(static) nowait
-      for (int64_t r = 0; r < rows; r++) ln_bwd_store(&c, &none, r, tmp);
-    } else {
-      double *p = work + t * work_cols;                 /* [2, d] fp64 */
-      float *p32 = scratch + t * per_thread + rows_f32; /* [2, d] f32 */
-      const sn__bwd_part_t part = {p32, p32 + d, p, p + d};
-#pragma omp for ordered schedule(static, 1) nowait
-      for (int64_t k = 0; k < chunks; k++) {
-        memset(p, 0, (size_t)(2 * d) * sizeof(double));
-        memset(p32, 0, (size_t)(2 * d) * sizeof(float));
-        const int64_t r0 = sn__chunk_begin(k, rows, chunks);
-        const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
-        for (int64_t r = r0; r < r1; r++) {
-          ln_bwd_store(&c, &part, r, tmp);
-          if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1) {
-            if (dtype == SN_DTYPE_BF16) { /* p32 in pair order */
-              sn__flush_pairs(p, p32, d);
-              sn__flush_pairs(p + d, p32 + d, d);
-            } else {
-              sn__flush_partial(p, p32, 2 * d);
-            }
-          }
-        }
-#pragma omp ordered
-        sn__add_partial(total, p, 2 * d);
-      }
-    }
-    sn__stream_fence(stream);
-  }
-  if (dgamma != NULL) sn__store_f32(dgamma, total, d);
-  if (dbeta != NULL) sn__store_f32(dbeta, total + d, d);
-  sn__free(work);
-  sn__free(scratch);
-  sn__free(buf.gs);
-  return SN_OK;
+  return sn__rownorm_bwd_run(fn, &a, ln_bwd_store);
 }

@@ -30,7 +30,7 @@
  * terms at the ends of the range) are computed in fp64 (rms_bwd_row_f64).
  * dgamma = Σ_rows dy·x·rstd is summed per fixed chunk of rows (cpu.h), in f32 over runs of
  * SN_PART_ROWS rows added in fp64 (rownorm.h), and the chunk partials are added in chunk order
- * (see layernorm_bwd.c): bitwise the same for any thread count.
+ * (the shared driver, rownorm_bwd.c): bitwise the same for any thread count.
  * bf16 rows run both passes on x and dy read in pairs, as the forward (rms_bwd_pairs: no f32
  * copies of the rows, dx narrowed as it is stored, the f32 dgamma partials in pair order), and
  * are bitwise the f32 backward on the widened rows; rows it declines (the fp64 cases above)
@@ -545,74 +545,5 @@ sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *
                            sn_dtype_t dtype) {
   static const char fn[] = "sn_rmsnorm_bwd";
   const sn__rn_bwd_t a = {dx, dgamma, NULL, dy, x, NULL, rstd, gamma, rows, d, dtype, 1};
-  int64_t n;
-  SN_TRY(sn__rownorm_bwd_check(fn, &a, &n));
-  if (n == 0) { /* empty batch: the parameter gradient is zero, nothing else is written */
-    SN_TRY(sn__rownorm_bwd_spans(fn, &a, NULL, 0)); /* as sn__bwd_buffers's, rows = 0 */
-    if (dgamma != NULL) memset(dgamma, 0, (size_t)d * sizeof *dgamma);
-    return SN_OK;
-  }
-  if (sn__long_row(d)) return sn__long_rows_bwd(fn, &a);
-
-  /* work: [threads + 1, work_cols] fp64, rows of d rounded up to whole lines: each thread's
-   * dgamma partial of its current chunk, and last the running total. scratch, per_thread f32
-   * per thread (rounded up to whole lines): for bf16/f16 2·d (the rows of rms_bwd_store), then
-   * with dgamma d (the partials of up to SN_PART_ROWS rows) */
-  const int64_t chunks = sn__chunks(rows);
-  const int threads = sn__team_for(dgamma != NULL ? chunks : rows);
-  const int64_t rows_f32 = dtype != SN_DTYPE_F32 ? 2 * d : 0;
-  const int64_t per_thread = sn__line_stride(rows_f32 + (dgamma != NULL ? d : 0), sizeof(float));
-  const int64_t work_cols = dgamma != NULL ? sn__line_stride(d, sizeof(double)) : 0;
-  sn__bwd_call_t c = {&a, NULL, 1.0f, 0};
-  sn__bwd_bufs_t buf;
-  SN_TRY(sn__bwd_buffers(fn, &buf, &a, threads, work_cols, per_thread));
-  double *work = buf.work;
-  float *scratch = buf.scratch;
-  c.gs = buf.gs; /* bf16: gamma in pairs (rms_bwd_pairs) */
-
-  /* rows independent without dgamma; with it, fixed chunks whose partials are added in chunk
-   * order (see sn_layernorm_bwd) */
-  double *total = dgamma != NULL ? work + (int64_t)threads * work_cols : NULL; /* [d] */
-  if (dgamma != NULL) memset(total, 0, (size_t)d * sizeof(double));
-  const int stream = c.nt = sn__stream_out(n * sn_dtype_size(dtype)); /* dx */
-  if (gamma != NULL) { /* max|gamma| (rms_terms_f32) */
-    c.gmax = 0.0f;
-    for (int64_t i = 0; i < d; i++) c.gmax = sn__max_abs(c.gmax, gamma[i]);
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t t = sn__thread_num();
-    float *tmp = scratch != NULL && rows_f32 > 0 ? scratch + t * per_thread : NULL;
-    if (dgamma == NULL) {
-      const sn__bwd_part_t none = {NULL, NULL, NULL, NULL};
-#pragma omp for schedule(static) nowait
-      for (int64_t r = 0; r < rows; r++) rms_bwd_store(&c, &none, r, tmp);
-    } else {
-      double *p = work + t * work_cols;                 /* [d] fp64 */
-      float *p32 = scratch + t * per_thread + rows_f32; /* [d] f32 */
-      const sn__bwd_part_t part = {p32, NULL, p, NULL};
-#pragma omp for ordered schedule(static, 1) nowait
-      for (int64_t k = 0; k < chunks; k++) {
-        memset(p, 0, (size_t)d * sizeof(double));
-        memset(p32, 0, (size_t)d * sizeof(float));
-        const int64_t r0 = sn__chunk_begin(k, rows, chunks);
-        const int64_t r1 = sn__chunk_begin(k + 1, rows, chunks);
-        for (int64_t r = r0; r < r1; r++) {
-          rms_bwd_store(&c, &part, r, tmp);
-          if ((r - r0) % SN_PART_ROWS == SN_PART_ROWS - 1 || r + 1 == r1) {
-            if (dtype == SN_DTYPE_BF16) sn__flush_pairs(p, p32, d); /* p32 in pair order */
-            else sn__flush_partial(p, p32, d);
-          }
-        }
-#pragma omp ordered
-        sn__add_partial(total, p, d);
-      }
-    }
-    sn__stream_fence(stream);
-  }
-  if (dgamma != NULL) sn__store_f32(dgamma, total, d);
-  sn__free(work);
-  sn__free(scratch);
-  sn__free(buf.gs);
-  return SN_OK;
+  return sn__rownorm_bwd_run(fn, &a, rms_bwd_store);
 }

@@ -47,6 +47,17 @@ typedef struct {
   int nt;          /* dx streamed (sn__stream_out) */
 } sn__bwd_call_t;
 
+/* An operation's row function: row r of the call c, its dgamma/dbeta terms added into part,
+ * tmp this thread's [2, d] f32 scratch for bf16/f16 (NULL for f32). */
+typedef void (*sn__bwd_store_fn)(const sn__bwd_call_t *c, const sn__bwd_part_t *part, int64_t r,
+                                 float *tmp);
+
+/* The whole backward call a with the operation's row function store (rownorm_bwd.c): checks,
+ * empty batch, long rows, buffers, and the rows over the threads with the parameter partials
+ * summed in a fixed order. */
+SN_HIDDEN sn_status_t sn__rownorm_bwd_run(const char *fn, const sn__rn_bwd_t *a,
+                                          sn__bwd_store_fn store);
+
 /* The buffers sn__bwd_buffers takes: each NULL where not needed. */
 typedef struct {
   double *work;
