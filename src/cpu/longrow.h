@@ -2,7 +2,8 @@
  * longrow.h — LayerNorm and RMSNorm (forwards, fused residual adds, backwards) over rows of
  * more than SN_LONG_ROW elements, with scratch that does not grow with d: the row kernels
  * (layernorm.c, layernorm_bwd.c, rmsnorm.c) keep up to a few f32/fp64 copies of a row per
- * thread, which for a row of 2^31 elements is many times the input. Not installed.
+ * thread, which for a row of 2^31 elements is many times the input. Called by the forwards
+ * (layernorm.c, rmsnorm.c) and the backwards' driver (rownorm_bwd.c). Not installed.
  */
 #ifndef SN_LONGROW_H
 #define SN_LONGROW_H

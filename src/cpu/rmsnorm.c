@@ -29,7 +29,7 @@
  * Rows whose sum or e is not held by an f32 (g beyond FLT_MAX, inf/NaN in the row, dx
  * terms at the ends of the range) are computed in fp64 (rms_bwd_row_f64).
  * dgamma = Σ_rows dy·x·rstd is summed per fixed chunk of rows (cpu.h), in f32 over runs of
- * SN_PART_ROWS rows added in fp64 (rownorm.h), and the chunk partials are added in chunk order
+ * SN_PART_ROWS rows added in fp64 (rownorm_bwd.h), and the chunk partials are added in chunk order
  * (the shared driver, rownorm_bwd.c): bitwise the same for any thread count.
  * bf16 rows run both passes on x and dy read in pairs, as the forward (rms_bwd_pairs: no f32
  * copies of the rows, dx narrowed as it is stored, the f32 dgamma partials in pair order), and

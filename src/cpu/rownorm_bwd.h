@@ -18,8 +18,8 @@ typedef struct {
 } sn__bwd_prefetch_t;
 
 /* One row of a row-norm backward as the row kernels see it: the call's gamma and the row's saved
- * statistics. Built per row by the drivers (ln_bwd_store, rms_bwd_store); the kernels copy the
- * fields into locals first, so no store through a float pointer makes them reload. */
+ * statistics. Built per row by the drivers (ln_bwd_store, rms_bwd_store); the kernels read the
+ * fields into locals before their loops, so no store through a float pointer makes them reload. */
 typedef struct {
   const float *gamma; /* [d] f32, NULL: none */
   const float *gs;    /* bf16 rows with gamma: gamma in pair order (sn__to_pairs); else NULL */
@@ -96,7 +96,7 @@ SN_INLINE float sn__pair_absmax_total(const uint16_t m[SN_PAIR]) {
  * buffer has). SN_ERR_ALLOC or SN_ERR_INVALID_ARGUMENT with every pointer left NULL (nothing
  * held). */
 SN_UNUSED static sn_status_t sn__bwd_buffers(const char *fn, sn__bwd_bufs_t *b,
-                                             const sn__rn_bwd_t *c, int threads,
+                                             const sn__rn_bwd_t *a, int threads,
                                              int64_t work_cols, int64_t per_thread) {
   sn_status_t st = SN_OK;
   *b = (sn__bwd_bufs_t){NULL, NULL, NULL};
@@ -104,14 +104,14 @@ SN_UNUSED static sn_status_t sn__bwd_buffers(const char *fn, sn__bwd_bufs_t *b,
        (b->work = sn__alloc(fn, threads + 1, work_cols, sizeof(double), &st)) == NULL) ||
       (per_thread > 0 &&
        (b->scratch = sn__alloc(fn, threads, per_thread, sizeof(float), &st)) == NULL) ||
-      (c->dtype == SN_DTYPE_BF16 && c->gamma != NULL &&
-       (b->gs = sn__alloc(fn, 1, c->d, sizeof(float), &st)) == NULL) ||
-      (st = sn__rownorm_bwd_spans(fn, c, NULL, 0)) != SN_OK) {
+      (a->dtype == SN_DTYPE_BF16 && a->gamma != NULL &&
+       (b->gs = sn__alloc(fn, 1, a->d, sizeof(float), &st)) == NULL) ||
+      (st = sn__rownorm_bwd_spans(fn, a, NULL, 0)) != SN_OK) {
     sn__free(b->work), sn__free(b->scratch), sn__free(b->gs);
     *b = (sn__bwd_bufs_t){NULL, NULL, NULL};
     return st;
   }
-  if (b->gs != NULL) sn__to_pairs(b->gs, c->gamma, c->d);
+  if (b->gs != NULL) sn__to_pairs(b->gs, a->gamma, a->d);
   return SN_OK;
 }
 
