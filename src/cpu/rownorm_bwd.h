@@ -1,6 +1,7 @@
 /*
  * rownorm_bwd.h — what the LayerNorm and RMSNorm backwards share (layernorm_bwd.c, rmsnorm.c):
- * their buffers and the fixed-order dgamma/dbeta partials. Not installed.
+ * the call and row structs their row functions take, the driver that runs them
+ * (rownorm_bwd.c), their buffers and the fixed-order dgamma/dbeta partials. Not installed.
  */
 #ifndef SN_ROWNORM_BWD_H
 #define SN_ROWNORM_BWD_H
