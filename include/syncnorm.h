@@ -58,10 +58,10 @@
  *  - Streaming (non-temporal) stores (x86-64 only): off by default but for the f32 dx of the
  *    BatchNorm training backward (sn_batchnorm_bwd, sn_batchnorm_bwd_apply) from 16 MiB. The
  *    environment variable SN_STREAM_MIN_BYTES=N (a byte count, read once per process) replaces
- *    that default: every output y or dx of at least N bytes is written with them (0: every output; not the LayerNorm/RMSNorm rows of more
- *    than 65536 elements): faster where memory bandwidth bounds the
- *    call on some CPUs, slower on others, and the output is then not in the cache for the next
- *    layer. A value that is not a whole number of bytes (digits only) is ignored with one line
+ *    that default: every output y or dx of at least N bytes is written with them (0: every
+ *    output; not the LayerNorm/RMSNorm rows of more than 65536 elements): faster where memory
+ *    bandwidth bounds the call on some CPUs, slower on others, and the output is then not in
+ *    the cache for the next layer. A value that is not a whole number of bytes (digits only) is ignored with one line
  *    on stderr. The values written are the same either way, but for the sign of NaN outputs
  *    from NaN inputs (above).
  */

@@ -7,8 +7,9 @@
  * are floating values or GCC vectors (sn__pf, sn__vf; a scalar operand of a vector operation is
  * broadcast), with C's usual conversions (a float operand of a double x is widened); in SN_ROW_*
  * the operands of both branches of each ?: have x's type. Each argument is evaluated at most
- * once, and one a flag switches off is not evaluated at all (gamma may be NULL there). The order of the operations is part of the formula: the tests check that bf16
- * rows give the bits of their f32 copy, which holds because both expand the same expression.
+ * once, and one a flag switches off is not evaluated at all (gamma may be NULL there). The
+ * order of the operations is part of the formula: the tests check that bf16 rows give the bits
+ * of their f32 copy, which holds because both expand the same expression.
  *
  * The mean arrives as hi + lo (hi = f32(mean), lo = f32(mean − hi)): (x − hi) is exact for x near
  * the mean (Sterbenz), so |mean| ≫ σ loses nothing.

@@ -61,7 +61,8 @@ SN_INLINE void ln_bwd_sums(double sum[3], double big[3], const float *dy, const 
       if (pf != NULL && pf->dx != NULL) __builtin_prefetch(pf->dx + i * pf->esize, 1);
       if (lowp)
         for (int k = 0; k < L; k++) {
-          const float xh = SN_LN_XHAT(x[i + k], m, s), g = has_g ? dy[i + k] * gamma[i + k] : dy[i + k];
+          const float xh = SN_LN_XHAT(x[i + k], m, s);
+          const float g = has_g ? dy[i + k] * gamma[i + k] : dy[i + k];
           b_xh[k] += xh;
           b_g[k] += g;
           b_gxh[k] += g * xh;

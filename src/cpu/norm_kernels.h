@@ -98,7 +98,8 @@ SN_CLONES static inline void sn__aff_run(float *y, const float *x, int64_t n, fl
                                          float a, float b, int nt) {
   int64_t i = 0;
   const uintptr_t pf = sn__map_pf_bytes(1, nt);
-  for (const int64_t h = nt ? sn__head64(y, n) : 0; i < h; i++) y[i] = SN_CHAN_Y(x[i], hi, lo, a, b);
+  for (const int64_t h = nt ? sn__head64(y, n) : 0; i < h; i++)
+    y[i] = SN_CHAN_Y(x[i], hi, lo, a, b);
   for (; i + SN_VB <= n; i += SN_VB) {
     sn__vf v;
     sn__map_pf(x + i, pf);
@@ -250,7 +251,8 @@ SN_COLD static void sn__aff_run_f64(float *y, const float *x, int64_t n, double 
 /* dx[i] = (float)((dy[i]·a − b) − (x[i] − m)·e) in fp64. dx may equal dy. */
 SN_COLD static void sn__affbwd_run_f64(float *dx, const float *dy, const float *x, int64_t n,
                                       double m, double a, double b, double e) {
-  for (int64_t i = 0; i < n; i++) dx[i] = (float)SN_CHAN_DX((double)dy[i], (double)x[i], m, 0.0, a, b, e);
+  for (int64_t i = 0; i < n; i++)
+    dx[i] = (float)SN_CHAN_DX((double)dy[i], (double)x[i], m, 0.0, a, b, e);
 }
 
 /* Channel j of a tile mapped in fp64 over nr rows: y[r·ld] = (x[r·ld] − m)·a + b with the fp64

@@ -160,7 +160,8 @@ static void rms_fwd_rows_bf16(const sn__rn_fwd_t *a, const float *gs, int gfin, 
 /* The bf16 rows of sn_rmsnorm_fwd (res, sum_out NULL) or sn_add_rmsnorm_fwd: each thread one
  * range of consecutive rows (rms_fwd_rows_bf16), as schedule(static) would give it. */
 static void rms_fwd_bf16(const sn__rn_fwd_t *a, const float *gs, int nt) {
-  const int64_t rows = a->rows, threads = sn__max_threads(), ranges = rows < threads ? rows : threads;
+  const int64_t rows = a->rows, threads = sn__max_threads();
+  const int64_t ranges = rows < threads ? rows : threads;
   const int gfin = sn__gamma_finite(a->gamma, a->d); /* rms_map_bf16 */
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < ranges; k++)
