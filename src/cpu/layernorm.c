@@ -74,14 +74,10 @@ static void ln_map_f64(void *y, const float *x, const float *gamma, const float 
 
 /* What a forward call maps with, set up once after its argument check (ln_fwd_begin). */
 typedef struct {
-  const sn__rn_fwd_t *a;     /* the call */
-  const float *gamma, *beta; /* [d] f32, NULL: none */
+  const sn__rn_fwd_t *a; /* the call: tensors, gamma/beta, d, eps, dtype */
   /* bf16: gamma, beta [d] in pair order (sn__to_pairs), in the two scratch rows after the
    * threads'; NULL where gamma or beta is, and for the other dtypes */
   const float *gs, *bs;
-  int64_t d;
-  float eps;
-  sn_dtype_t dtype;
   int pfin; /* gamma and beta NULL or all finite (ln_map_row_pairs) */
   /* √d·max|gamma| + max|beta| (a bound on |x̂·gamma + beta|) beyond the f32 range, or NaN:
    * every row is mapped in fp64 (an f32 x̂·gamma could overflow where y does not) */
@@ -104,9 +100,9 @@ static inline int ln_row_f64(const ln_fwd_ctx_t *c, double mean) {
 SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const float *res,
                                  float *sum_out, const ln_fwd_ctx_t *c, const char *next,
                                  char *out, int nt) {
-  const float *gamma = c->gamma, *beta = c->beta;
-  const int64_t d = c->d;
-  const int esize = (int)sn_dtype_size(c->dtype);
+  const float *gamma = c->a->gamma, *beta = c->a->beta;
+  const int64_t d = c->a->d;
+  const int esize = (int)sn_dtype_size(c->a->dtype);
   const double K = sn__row_pivot(x, res, 0, d);
   double sums[2], mean, m2;
   if (res != NULL) {
@@ -116,7 +112,7 @@ SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const 
     sn__row_shifted_sums(sums, NULL, NULL, x, NULL, 0, d, K, next, out, esize);
   }
   sn__row_stats(&mean, &m2, x, d, K, sums);
-  const double rstd = 1.0 / sqrt(m2 / (double)d + (double)c->eps);
+  const double rstd = 1.0 / sqrt(m2 / (double)d + (double)c->a->eps);
   stats[0] = mean;
   stats[1] = rstd;
   const int g = gamma != NULL, b = beta != NULL;
@@ -165,8 +161,8 @@ SN_CLONES static void ln_stats_add_pairs(double stats[2], uint16_t *sum_out, con
 SN_CLONES static void ln_map_row_pairs(uint16_t *y, const double stats[2], const uint16_t *x,
                                        float *tmp, const ln_fwd_ctx_t *c, int nt) {
   const double mean = stats[0], rstd = stats[1];
-  const float *gamma = c->gamma, *beta = c->beta;
-  const int64_t d = c->d;
+  const float *gamma = c->a->gamma, *beta = c->a->beta;
+  const int64_t d = c->a->d;
   if (ln_row_f64(c, mean)) {
     for (int64_t i = 0; i < d; i++) tmp[i] = sn__bf16_to_f32(x[i]);
     ln_map_f64(y, tmp, gamma, beta, d, mean, rstd, 1);
@@ -202,8 +198,8 @@ SN_CLONES static void ln_map_row_pairs(uint16_t *y, const double stats[2], const
 static void ln_fwd_rows_pairs(uint16_t *y, float *mean, float *rstd, const uint16_t *x,
                               float *tmp, const ln_fwd_ctx_t *c, int64_t r0, int64_t r1,
                               int64_t rows, int nt) {
-  const int64_t d = c->d;
-  const float eps = c->eps;
+  const int64_t d = c->a->d;
+  const float eps = c->a->eps;
 /* whether row q of y is streamed: its pair blocks are whole 64-byte lines */
 #define LN_NT_ROW(q) (nt && sn__aligned64(y + (q) * d))
 /* row q's stats, prefetching row q + 1 of x and row q of y (not when y is streamed) */
@@ -239,8 +235,8 @@ static void ln_fwd_store(const float *xr, const float *res, float *sum_out, floa
                          const ln_fwd_ctx_t *c, int64_t r, const char *next, int nt) {
   void *y = c->a->y;
   float *mean = c->a->mean, *rstd = c->a->rstd;
-  const sn_dtype_t dtype = c->dtype;
-  const int64_t d = c->d, off = r * d, esize = sn_dtype_size(dtype);
+  const sn_dtype_t dtype = c->a->dtype;
+  const int64_t d = c->a->d, off = r * d, esize = sn_dtype_size(dtype);
   double stats[2];
   float *yr = sn__out_row(y, off, dtype, ytmp);
   nt = nt && dtype == SN_DTYPE_F32; /* f16 rows are computed in ytmp */
@@ -268,10 +264,9 @@ static int64_t ln_fwd_scratch_rows(int threads, sn_dtype_t dtype) {
 static sn_status_t ln_fwd_begin(ln_fwd_ctx_t *c, const char *fn, const sn__rn_fwd_t *a) {
   const float *gamma = a->gamma, *beta = a->beta;
   const int64_t rows = a->rows, d = a->d;
-  const float eps = a->eps;
   const sn_dtype_t dtype = a->dtype;
   sn_status_t st = SN_OK;
-  *c = (ln_fwd_ctx_t){a, gamma, beta, NULL, NULL, d, eps, dtype, 0, 0, NULL,
+  *c = (ln_fwd_ctx_t){a, NULL, NULL, 0, 0, NULL,
                       sn__line_stride(ln_fwd_scratch(d, dtype), (int64_t)sizeof(float)),
                       sn__team_for(rows)};
   if (c->per_thread > 0 &&

@@ -402,13 +402,12 @@ static void ln_bwd_store(const sn__bwd_call_t *c, const sn__bwd_part_t *part, in
       return;
     f64 = 1;
   }
-  float *tmp_dy = tmp != NULL ? tmp + d : NULL;
-  const float *xr = sn__in_row(a->x, off, d, dtype, tmp);       /* [d] */
-  const float *dyr = sn__in_row(a->dy, off, d, dtype, tmp_dy);  /* [d] */
-  float *dxr = sn__out_row(a->dx, off, dtype, tmp_dy);          /* [d], may be dyr */
+  const float *xr, *dyr;
+  float *dxr;
+  sn__bwd_views(a, r, tmp, &xr, &dyr, &dxr);
   if (f64 || ln_bwd_row(dxr, part, dyr, xr, &row, dtype != SN_DTYPE_F32) != 0)
     ln_bwd_row_f64(dxr, part->g64, part->b64, dyr, xr, a->gamma, d, row.m, row.s);
-  sn__out_done(a->dx, off, d, dtype, tmp_dy);
+  sn__bwd_views_done(a, r, tmp);
 }
 
 sn_status_t sn_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,

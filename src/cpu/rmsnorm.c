@@ -532,13 +532,12 @@ static void rms_bwd_store(const sn__bwd_call_t *c, const sn__bwd_part_t *part, i
       rms_bwd_pairs((uint16_t *)a->dx + off, part, (const uint16_t *)a->dy + off,
                     (const uint16_t *)a->x + off, &row) == 0)
     return;
-  float *tmp_dy = tmp != NULL ? tmp + d : NULL;
-  const float *xr = sn__in_row(a->x, off, d, dtype, tmp);       /* [d] */
-  const float *dyr = sn__in_row(a->dy, off, d, dtype, tmp_dy);  /* [d] */
-  float *dxr = sn__out_row(a->dx, off, dtype, tmp_dy);          /* [d], may be dyr */
+  const float *xr, *dyr;
+  float *dxr;
+  sn__bwd_views(a, r, tmp, &xr, &dyr, &dxr);
   pf.nt = nt && dtype == SN_DTYPE_F32; /* a bf16 row declined by the pairs is computed in tmp */
   rms_bwd_row(dxr, part, dyr, xr, &row);
-  sn__out_done(a->dx, off, d, dtype, tmp_dy);
+  sn__bwd_views_done(a, r, tmp);
 }
 
 sn_status_t sn_rmsnorm_bwd(void *dx, float *dgamma, const void *dy, const void *x,

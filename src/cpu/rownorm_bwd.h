@@ -116,6 +116,23 @@ SN_UNUSED static sn_status_t sn__bwd_buffers(const char *fn, sn__bwd_bufs_t *b,
   return SN_OK;
 }
 
+/* Row r of the call a as f32 rows for the generic row kernels: *x and *dy point at the rows
+ * (f32) or at their widened copies in tmp [0, d) and [d, 2d) (bf16/f16), *dx at the f32 row dx
+ * is computed in (f32: a's own row; else tmp [d, 2d), over dy's copy), narrowed into a by
+ * sn__bwd_views_done. */
+SN_INLINE void sn__bwd_views(const sn__rn_bwd_t *a, int64_t r, float *tmp, const float **x,
+                             const float **dy, float **dx) {
+  const int64_t d = a->d, off = r * d;
+  float *tmp_dy = tmp != NULL ? tmp + d : NULL;
+  *x = sn__in_row(a->x, off, d, a->dtype, tmp);
+  *dy = sn__in_row(a->dy, off, d, a->dtype, tmp_dy);
+  *dx = sn__out_row(a->dx, off, a->dtype, tmp_dy); /* may be *dy */
+}
+/* Narrows row r's dx from the tmp of sn__bwd_views into a (nothing for f32). */
+SN_INLINE void sn__bwd_views_done(const sn__rn_bwd_t *a, int64_t r, float *tmp) {
+  sn__out_done(a->dx, r * a->d, a->d, a->dtype, tmp != NULL ? tmp + a->d : NULL);
+}
+
 /* The row backwards' per-row set-up: row r's prefetches (the next row's x and dy, this row's dx
  * unless it is streamed) into *pf and its sn__bwd_row_t; returns whether dx streams (f32 rows,
  * and bf16 rows whose pair blocks are whole lines; f16 rows are computed in scratch). */
