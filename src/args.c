@@ -137,232 +137,207 @@ sn_status_t sn__args_workspace(sn__args_t *a, const void *ws, size_t bytes, size
   return sn__check_spans(a->fn, a->span, a->count);
 }
 
-sn_status_t sn__bn_stats_args(sn__args_t *a, const char *fn, const double *sum,
-                              const double *sumsq, const void *x, const float *pivot, int64_t n,
-                              int64_t c, int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
+sn_status_t sn__bn_stats_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
   int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_ncs(fn, k->n, k->c, k->s, &rows));
   args_init(a, fn, rows);
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "sum", sum));
-  SN_TRY(sn__check_ptr(fn, "sumsq", sumsq));
-  if (rows > 0) SN_TRY(sn__check_ptr(fn, "x", x));
-  const sn__span_t spans[] = {SN_SPAN_OUT("sum", sum, c * 8, 0u),
-                              SN_SPAN_OUT("sumsq", sumsq, c * 8, 0u),
-                              SN_SPAN_IN("x", x, rows * c * sn_dtype_size(dtype)),
-                              SN_SPAN_IN("pivot", pivot, c * 4)};
+  SN_TRY(sn__check_layout(fn, k->layout));
+  SN_TRY(sn__check_act_dtype(fn, k->dtype));
+  SN_TRY(sn__check_ptr(fn, "sum", k->sum));
+  SN_TRY(sn__check_ptr(fn, "sumsq", k->sumsq));
+  if (rows > 0) SN_TRY(sn__check_ptr(fn, "x", k->x));
+  const sn__span_t spans[] = {SN_SPAN_OUT("sum", k->sum, k->c * 8, 0u),
+                              SN_SPAN_OUT("sumsq", k->sumsq, k->c * 8, 0u),
+                              SN_SPAN_IN("x", k->x, rows * k->c * sn_dtype_size(k->dtype)),
+                              SN_SPAN_IN("pivot", k->pivot, k->c * 4)};
   return args_spans(a, spans, SN_SPANS(spans));
 }
 
-sn_status_t sn__bn_finalize_args(sn__args_t *a, const char *fn, const double *mean,
-                                 const float *var, const float *rstd, const double *sum,
-                                 const double *sumsq, const float *pivot, int64_t count, int64_t c,
-                                 float eps) {
+sn_status_t sn__bn_finalize_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
   args_init(a, fn, 0);
-  SN_TRY(sn__check_size(fn, "c", c, 1));
-  SN_TRY(sn__check_elems(fn, "c", c)); /* the overlap check's byte counts */
-  SN_TRY(sn__check_train_count(fn, count));
-  SN_TRY(sn__check_eps(fn, eps));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  SN_TRY(sn__check_ptr(fn, "sum", sum));
-  SN_TRY(sn__check_ptr(fn, "sumsq", sumsq));
-  const sn__span_t spans[] = {SN_SPAN_OUT("mean", mean, c * 8, 0u),
-                              SN_SPAN_OUT("var", var, c * 4, 0u),
-                              SN_SPAN_OUT("rstd", rstd, c * 4, 0u),
-                              SN_SPAN_IN("sum", sum, c * 8),
-                              SN_SPAN_IN("sumsq", sumsq, c * 8),
-                              SN_SPAN_IN("pivot", pivot, c * 4)};
+  SN_TRY(sn__check_size(fn, "c", k->c, 1));
+  SN_TRY(sn__check_elems(fn, "c", k->c)); /* the overlap check's byte counts */
+  SN_TRY(sn__check_train_count(fn, k->count));
+  SN_TRY(sn__check_eps(fn, k->eps));
+  SN_TRY(sn__check_ptr(fn, "mean", k->mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", k->rstd));
+  SN_TRY(sn__check_ptr(fn, "sum", k->sum));
+  SN_TRY(sn__check_ptr(fn, "sumsq", k->sumsq));
+  const sn__span_t spans[] = {
+      SN_SPAN_OUT("mean", k->mean, k->c * 8, 0u), SN_SPAN_OUT("var", k->var, k->c * 4, 0u),
+      SN_SPAN_OUT("rstd", k->rstd, k->c * 4, 0u), SN_SPAN_IN("sum", k->sum, k->c * 8),
+      SN_SPAN_IN("sumsq", k->sumsq, k->c * 8),    SN_SPAN_IN("pivot", k->pivot, k->c * 4)};
   return args_spans(a, spans, SN_SPANS(spans));
 }
 
-sn_status_t sn__bn_update_running_args(sn__args_t *a, const char *fn, const float *running_mean,
-                                       const float *running_var,
-                                       const int64_t *num_batches_tracked, const double *mean,
-                                       const float *var, int64_t count, int64_t c,
-                                       float momentum) {
+sn_status_t sn__bn_update_running_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
   args_init(a, fn, 0);
-  SN_TRY(sn__check_size(fn, "c", c, 1));
-  SN_TRY(sn__check_elems(fn, "c", c)); /* the overlap check's byte counts */
-  SN_TRY(sn__check_size(fn, "count", count, 0));
-  SN_TRY(sn__check_momentum(fn, momentum));
-  if (momentum == SN_MOMENTUM_CUMULATIVE)
-    SN_TRY(sn__check_ptr(fn, "num_batches_tracked", num_batches_tracked));
-  if (count == 1) return sn__check_train_count(fn, count); /* 0: an empty batch, counted */
-  if (count > 1) {
-    SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
-    SN_TRY(sn__check_ptr(fn, "running_var", running_var));
-    SN_TRY(sn__check_ptr(fn, "mean", mean));
-    SN_TRY(sn__check_ptr(fn, "var", var));
+  SN_TRY(sn__check_size(fn, "c", k->c, 1));
+  SN_TRY(sn__check_elems(fn, "c", k->c)); /* the overlap check's byte counts */
+  SN_TRY(sn__check_size(fn, "count", k->count, 0));
+  SN_TRY(sn__check_momentum(fn, k->momentum));
+  if (k->momentum == SN_MOMENTUM_CUMULATIVE)
+    SN_TRY(sn__check_ptr(fn, "num_batches_tracked", k->num_batches_tracked));
+  if (k->count == 1) return sn__check_train_count(fn, k->count); /* 0: an empty batch, counted */
+  if (k->count > 1) {
+    SN_TRY(sn__check_ptr(fn, "running_mean", k->running_mean));
+    SN_TRY(sn__check_ptr(fn, "running_var", k->running_var));
+    SN_TRY(sn__check_ptr(fn, "mean", k->mean));
+    SN_TRY(sn__check_ptr(fn, "var", k->var));
   }
   /* every array passed at its size, also for an empty batch (count 0), which writes only
    * num_batches_tracked: that must not land in them either */
-  const int64_t cb = c * 4;
-  const sn__span_t spans[] = {SN_SPAN_OUT("running_mean", running_mean, cb, 0u),
-                              SN_SPAN_OUT("running_var", running_var, cb, 0u),
-                              SN_SPAN_OUT("num_batches_tracked", num_batches_tracked, 8, 0u),
-                              SN_SPAN_IN("mean", mean, 2 * cb),
-                              SN_SPAN_IN("var", var, cb)};
+  const int64_t cb = k->c * 4;
+  const sn__span_t spans[] = {SN_SPAN_OUT("running_mean", k->running_mean, cb, 0u),
+                              SN_SPAN_OUT("running_var", k->running_var, cb, 0u),
+                              SN_SPAN_OUT("num_batches_tracked", k->num_batches_tracked, 8, 0u),
+                              SN_SPAN_IN("mean", k->mean, 2 * cb), SN_SPAN_IN("var", k->var, cb)};
   return args_spans(a, spans, SN_SPANS(spans));
 }
 
-sn_status_t sn__bn_apply_args(sn__args_t *a, const char *fn, const void *y, const void *x,
-                              const double *mean, const float *rstd, const float *gamma,
-                              const float *beta, int64_t n, int64_t c, int64_t s,
-                              sn_layout_t layout, sn_dtype_t dtype) {
+sn_status_t sn__bn_apply_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
   int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_ncs(fn, k->n, k->c, k->s, &rows));
   args_init(a, fn, rows);
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  SN_TRY(sn__check_layout(fn, k->layout));
+  SN_TRY(sn__check_act_dtype(fn, k->dtype));
+  SN_TRY(sn__check_ptr(fn, "mean", k->mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", k->rstd));
   if (rows == 0) return SN_OK; /* nothing written */
-  SN_TRY(sn__check_ptr(fn, "y", y));
-  SN_TRY(sn__check_ptr(fn, "x", x));
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 1), SN_SPAN_IN("x", x, ab),
-                              SN_SPAN_IN("mean", mean, c * 8),  SN_SPAN_IN("rstd", rstd, c * 4),
-                              SN_SPAN_IN("gamma", gamma, c * 4), SN_SPAN_IN("beta", beta, c * 4)};
+  SN_TRY(sn__check_ptr(fn, "y", k->y));
+  SN_TRY(sn__check_ptr(fn, "x", k->x));
+  const int64_t ab = rows * k->c * sn_dtype_size(k->dtype);
+  const sn__span_t spans[] = {
+      SN_SPAN_OUT("y", k->y, ab, 1u << 1),     SN_SPAN_IN("x", k->x, ab),
+      SN_SPAN_IN("mean", k->mean, k->c * 8),   SN_SPAN_IN("rstd", k->rstd, k->c * 4),
+      SN_SPAN_IN("gamma", k->gamma, k->c * 4), SN_SPAN_IN("beta", k->beta, k->c * 4)};
   return args_spans(a, spans, SN_SPANS(spans));
 }
 
-sn_status_t sn__bn_fwd_args(sn__args_t *a, const char *fn, const void *y, const double *mean,
-                            const float *var, const float *rstd, const void *x,
-                            const float *pivot, const float *gamma, const float *beta, int64_t n,
-                            int64_t c, int64_t s, float eps, sn_layout_t layout,
-                            sn_dtype_t dtype) {
+sn_status_t sn__bn_fwd_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
   int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_ncs(fn, k->n, k->c, k->s, &rows));
   args_init(a, fn, rows);
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
+  SN_TRY(sn__check_layout(fn, k->layout));
+  SN_TRY(sn__check_act_dtype(fn, k->dtype));
   SN_TRY(sn__check_train_count(fn, rows));
-  SN_TRY(sn__check_eps(fn, eps));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  SN_TRY(sn__check_ptr(fn, "y", y));
-  SN_TRY(sn__check_ptr(fn, "x", x));
+  SN_TRY(sn__check_eps(fn, k->eps));
+  SN_TRY(sn__check_ptr(fn, "mean", k->mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", k->rstd));
+  SN_TRY(sn__check_ptr(fn, "y", k->y));
+  SN_TRY(sn__check_ptr(fn, "x", k->x));
   /* the CPU's fused path writes a block's statistics while other threads still read other
    * channels' inputs: no [C] output may overlap anything either */
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {
-      SN_SPAN_OUT("y", y, ab, 1u << 4),     SN_SPAN_OUT("mean", mean, c * 8, 0u),
-      SN_SPAN_OUT("var", var, c * 4, 0u),   SN_SPAN_OUT("rstd", rstd, c * 4, 0u),
-      SN_SPAN_IN("x", x, ab),               SN_SPAN_IN("pivot", pivot, c * 4),
-      SN_SPAN_IN("gamma", gamma, c * 4),    SN_SPAN_IN("beta", beta, c * 4)};
+  const int64_t ab = rows * k->c * sn_dtype_size(k->dtype);
+  const sn__span_t spans[] = {SN_SPAN_OUT("y", k->y, ab, 1u << 4),
+                              SN_SPAN_OUT("mean", k->mean, k->c * 8, 0u),
+                              SN_SPAN_OUT("var", k->var, k->c * 4, 0u),
+                              SN_SPAN_OUT("rstd", k->rstd, k->c * 4, 0u),
+                              SN_SPAN_IN("x", k->x, ab),
+                              SN_SPAN_IN("pivot", k->pivot, k->c * 4),
+                              SN_SPAN_IN("gamma", k->gamma, k->c * 4),
+                              SN_SPAN_IN("beta", k->beta, k->c * 4)};
   return args_spans(a, spans, SN_SPANS(spans));
 }
 
-sn_status_t sn__bn_infer_args(sn__args_t *a, const char *fn, const void *y, const void *x,
-                              const float *running_mean, const float *running_var,
-                              const float *gamma, const float *beta, int64_t n, int64_t c,
-                              int64_t s, float eps, sn_layout_t layout, sn_dtype_t dtype) {
+sn_status_t sn__bn_infer_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
   int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_ncs(fn, k->n, k->c, k->s, &rows));
   args_init(a, fn, rows);
-  SN_TRY(sn__check_eps(fn, eps));
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
-  SN_TRY(sn__check_ptr(fn, "running_var", running_var));
+  SN_TRY(sn__check_eps(fn, k->eps));
+  SN_TRY(sn__check_layout(fn, k->layout));
+  SN_TRY(sn__check_act_dtype(fn, k->dtype));
+  SN_TRY(sn__check_ptr(fn, "running_mean", k->running_mean));
+  SN_TRY(sn__check_ptr(fn, "running_var", k->running_var));
   if (rows == 0) return SN_OK; /* nothing written */
-  SN_TRY(sn__check_ptr(fn, "y", y));
-  SN_TRY(sn__check_ptr(fn, "x", x));
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 1),
-                              SN_SPAN_IN("x", x, ab),
-                              SN_SPAN_IN("running_mean", running_mean, c * 4),
-                              SN_SPAN_IN("running_var", running_var, c * 4),
-                              SN_SPAN_IN("gamma", gamma, c * 4),
-                              SN_SPAN_IN("beta", beta, c * 4)};
+  SN_TRY(sn__check_ptr(fn, "y", k->y));
+  SN_TRY(sn__check_ptr(fn, "x", k->x));
+  const int64_t ab = rows * k->c * sn_dtype_size(k->dtype);
+  const sn__span_t spans[] = {SN_SPAN_OUT("y", k->y, ab, 1u << 1),
+                              SN_SPAN_IN("x", k->x, ab),
+                              SN_SPAN_IN("running_mean", k->running_mean, k->c * 4),
+                              SN_SPAN_IN("running_var", k->running_var, k->c * 4),
+                              SN_SPAN_IN("gamma", k->gamma, k->c * 4),
+                              SN_SPAN_IN("beta", k->beta, k->c * 4)};
   return args_spans(a, spans, SN_SPANS(spans));
 }
 
-sn_status_t sn__bn_bwd_reduce_args(sn__args_t *a, const char *fn, const double *sum_dy,
-                                   const double *sum_dy_xhat, const void *dy, const void *x,
-                                   const double *mean, const float *rstd, int64_t n, int64_t c,
-                                   int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
+sn_status_t sn__bn_bwd_reduce_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
   int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_ncs(fn, k->n, k->c, k->s, &rows));
   args_init(a, fn, rows);
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "sum_dy", sum_dy));
-  SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", sum_dy_xhat));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+  SN_TRY(sn__check_layout(fn, k->layout));
+  SN_TRY(sn__check_act_dtype(fn, k->dtype));
+  SN_TRY(sn__check_ptr(fn, "sum_dy", k->sum_dy));
+  SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", k->sum_dy_xhat));
+  SN_TRY(sn__check_ptr(fn, "mean", k->mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", k->rstd));
   if (rows > 0) {
-    SN_TRY(sn__check_ptr(fn, "dy", dy));
-    SN_TRY(sn__check_ptr(fn, "x", x));
+    SN_TRY(sn__check_ptr(fn, "dy", k->dy));
+    SN_TRY(sn__check_ptr(fn, "x", k->x));
   }
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {SN_SPAN_OUT("sum_dy", sum_dy, c * 8, 0u),
-                              SN_SPAN_OUT("sum_dy_xhat", sum_dy_xhat, c * 8, 0u),
-                              SN_SPAN_IN("dy", dy, ab),
-                              SN_SPAN_IN("x", x, ab),
-                              SN_SPAN_IN("mean", mean, c * 8),
-                              SN_SPAN_IN("rstd", rstd, c * 4)};
+  const int64_t ab = rows * k->c * sn_dtype_size(k->dtype);
+  const sn__span_t spans[] = {SN_SPAN_OUT("sum_dy", k->sum_dy, k->c * 8, 0u),
+                              SN_SPAN_OUT("sum_dy_xhat", k->sum_dy_xhat, k->c * 8, 0u),
+                              SN_SPAN_IN("dy", k->dy, ab),
+                              SN_SPAN_IN("x", k->x, ab),
+                              SN_SPAN_IN("mean", k->mean, k->c * 8),
+                              SN_SPAN_IN("rstd", k->rstd, k->c * 4)};
   return args_spans(a, spans, SN_SPANS(spans));
 }
 
-sn_status_t sn__bn_bwd_apply_args(sn__args_t *a, const char *fn, const void *dx, const void *dy,
-                                  const void *x, const double *mean, const float *rstd,
-                                  const float *gamma, const double *sum_dy,
-                                  const double *sum_dy_xhat, int64_t count, int64_t n, int64_t c,
-                                  int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
+sn_status_t sn__bn_bwd_apply_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
   int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_ncs(fn, k->n, k->c, k->s, &rows));
   args_init(a, fn, rows);
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  if (sum_dy != NULL || sum_dy_xhat != NULL) { /* training mode; both NULL: eval */
-    SN_TRY(sn__check_ptr(fn, "sum_dy", sum_dy));
-    SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", sum_dy_xhat));
-    SN_TRY(sn__check_train_count(fn, count)); /* as finalize: such a batch had no forward */
+  SN_TRY(sn__check_layout(fn, k->layout));
+  SN_TRY(sn__check_act_dtype(fn, k->dtype));
+  SN_TRY(sn__check_ptr(fn, "mean", k->mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", k->rstd));
+  if (k->sum_dy != NULL || k->sum_dy_xhat != NULL) { /* training mode; both NULL: eval */
+    SN_TRY(sn__check_ptr(fn, "sum_dy", k->sum_dy));
+    SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", k->sum_dy_xhat));
+    SN_TRY(sn__check_train_count(fn, k->count)); /* as finalize: such a batch had no forward */
   }
   if (rows == 0) return SN_OK; /* nothing written */
-  SN_TRY(sn__check_ptr(fn, "dx", dx));
-  SN_TRY(sn__check_ptr(fn, "dy", dy));
-  SN_TRY(sn__check_ptr(fn, "x", x));
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
-  const sn__span_t spans[] = {
-      SN_SPAN_OUT("dx", dx, ab, 1u << 1),      SN_SPAN_IN("dy", dy, ab),
-      SN_SPAN_IN("x", x, ab),                  SN_SPAN_IN("mean", mean, c * 8),
-      SN_SPAN_IN("rstd", rstd, c * 4),         SN_SPAN_IN("gamma", gamma, c * 4),
-      SN_SPAN_IN("sum_dy", sum_dy, c * 8),     SN_SPAN_IN("sum_dy_xhat", sum_dy_xhat, c * 8)};
+  SN_TRY(sn__check_ptr(fn, "dx", k->dx));
+  SN_TRY(sn__check_ptr(fn, "dy", k->dy));
+  SN_TRY(sn__check_ptr(fn, "x", k->x));
+  const int64_t ab = rows * k->c * sn_dtype_size(k->dtype);
+  const sn__span_t spans[] = {SN_SPAN_OUT("dx", k->dx, ab, 1u << 1),
+                              SN_SPAN_IN("dy", k->dy, ab),
+                              SN_SPAN_IN("x", k->x, ab),
+                              SN_SPAN_IN("mean", k->mean, k->c * 8),
+                              SN_SPAN_IN("rstd", k->rstd, k->c * 4),
+                              SN_SPAN_IN("gamma", k->gamma, k->c * 4),
+                              SN_SPAN_IN("sum_dy", k->sum_dy, k->c * 8),
+                              SN_SPAN_IN("sum_dy_xhat", k->sum_dy_xhat, k->c * 8)};
   return args_spans(a, spans, SN_SPANS(spans));
 }
 
-sn_status_t sn__bn_bwd_args(sn__args_t *a, const char *fn, const void *dx, const float *dgamma,
-                            const float *dbeta, const void *dy, const void *x, const double *mean,
-                            const float *rstd, const float *gamma, int64_t n, int64_t c,
-                            int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
+sn_status_t sn__bn_bwd_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
   int64_t rows;
-  SN_TRY(sn__check_ncs(fn, n, c, s, &rows));
+  SN_TRY(sn__check_ncs(fn, k->n, k->c, k->s, &rows));
   args_init(a, fn, rows);
-  SN_TRY(sn__check_layout(fn, layout));
-  SN_TRY(sn__check_act_dtype(fn, dtype));
+  SN_TRY(sn__check_layout(fn, k->layout));
+  SN_TRY(sn__check_act_dtype(fn, k->dtype));
   SN_TRY(sn__check_train_count(fn, rows)); /* as finalize: such a batch had no forward */
-  SN_TRY(sn__check_ptr(fn, "mean", mean));
-  SN_TRY(sn__check_ptr(fn, "rstd", rstd));
-  SN_TRY(sn__check_ptr(fn, "dx", dx));
-  SN_TRY(sn__check_ptr(fn, "dy", dy));
-  SN_TRY(sn__check_ptr(fn, "x", x));
-  const int64_t ab = rows * c * sn_dtype_size(dtype);
+  SN_TRY(sn__check_ptr(fn, "mean", k->mean));
+  SN_TRY(sn__check_ptr(fn, "rstd", k->rstd));
+  SN_TRY(sn__check_ptr(fn, "dx", k->dx));
+  SN_TRY(sn__check_ptr(fn, "dy", k->dy));
+  SN_TRY(sn__check_ptr(fn, "x", k->x));
+  const int64_t ab = rows * k->c * sn_dtype_size(k->dtype);
   /* every input is read before dgamma and dbeta are written: they may equal gamma or rstd */
   const unsigned over_params = 1u << 6 | 1u << 7; /* rstd, gamma */
-  const sn__span_t spans[] = {SN_SPAN_OUT("dx", dx, ab, 1u << 3),
-                              SN_SPAN_OUT("dgamma", dgamma, c * 4, over_params),
-                              SN_SPAN_OUT("dbeta", dbeta, c * 4, over_params),
-                              SN_SPAN_IN("dy", dy, ab),
-                              SN_SPAN_IN("x", x, ab),
-                              SN_SPAN_IN("mean", mean, c * 8),
-                              SN_SPAN_IN("rstd", rstd, c * 4),
-                              SN_SPAN_IN("gamma", gamma, c * 4)};
+  const sn__span_t spans[] = {SN_SPAN_OUT("dx", k->dx, ab, 1u << 3),
+                              SN_SPAN_OUT("dgamma", k->dgamma, k->c * 4, over_params),
+                              SN_SPAN_OUT("dbeta", k->dbeta, k->c * 4, over_params),
+                              SN_SPAN_IN("dy", k->dy, ab),
+                              SN_SPAN_IN("x", k->x, ab),
+                              SN_SPAN_IN("mean", k->mean, k->c * 8),
+                              SN_SPAN_IN("rstd", k->rstd, k->c * 4),
+                              SN_SPAN_IN("gamma", k->gamma, k->c * 4)};
   return args_spans(a, spans, SN_SPANS(spans));
 }
 
@@ -381,68 +356,66 @@ static sn_status_t check_gn(sn__args_t *a, const char *fn, int64_t n, int64_t c,
   return SN_OK;
 }
 
-sn_status_t sn__gn_fwd_args(sn__args_t *a, const char *fn, const void *y, const float *mean,
-                            const float *rstd, const void *x, const float *gamma,
-                            const float *beta, int64_t n, int64_t c, int64_t s, int64_t groups,
-                            float eps, sn_layout_t layout, sn_dtype_t dtype) {
-  SN_TRY(check_gn(a, fn, n, c, s, groups, layout, dtype));
-  SN_TRY(sn__check_eps(fn, eps));
+sn_status_t sn__gn_fwd_args(sn__args_t *a, const char *fn, const sn__gn_call_t *k) {
+  SN_TRY(check_gn(a, fn, k->n, k->c, k->s, k->groups, k->layout, k->dtype));
+  SN_TRY(sn__check_eps(fn, k->eps));
   const int64_t rows = a->rows;
   if (rows > 0) {
-    SN_TRY(sn__check_ptr(fn, "y", y));
-    SN_TRY(sn__check_ptr(fn, "x", x));
+    SN_TRY(sn__check_ptr(fn, "y", k->y));
+    SN_TRY(sn__check_ptr(fn, "x", k->x));
   }
   /* mean and rstd [N, G] checked also where S == 0 (an empty batch writes nothing) */
-  const int64_t ab = rows * c * sn_dtype_size(dtype), sb = n * groups * 4, pb = c * 4;
-  const sn__span_t spans[] = {SN_SPAN_OUT("y", y, ab, 1u << 3), SN_SPAN_OUT("mean", mean, sb, 0u),
-                              SN_SPAN_OUT("rstd", rstd, sb, 0u),  SN_SPAN_IN("x", x, ab),
-                              SN_SPAN_IN("gamma", gamma, pb),     SN_SPAN_IN("beta", beta, pb)};
+  const int64_t ab = rows * k->c * sn_dtype_size(k->dtype), sb = k->n * k->groups * 4,
+                pb = k->c * 4;
+  const sn__span_t spans[] = {
+      SN_SPAN_OUT("y", k->y, ab, 1u << 3),  SN_SPAN_OUT("mean", k->mean, sb, 0u),
+      SN_SPAN_OUT("rstd", k->rstd, sb, 0u), SN_SPAN_IN("x", k->x, ab),
+      SN_SPAN_IN("gamma", k->gamma, pb),    SN_SPAN_IN("beta", k->beta, pb)};
   return args_spans(a, spans, SN_SPANS(spans));
 }
 
-sn_status_t sn__gn_bwd_args(sn__args_t *a, const char *fn, const void *dx, const float *dgamma,
-                            const float *dbeta, const void *dy, const void *x, const float *mean,
-                            const float *rstd, const float *gamma, int64_t n, int64_t c,
-                            int64_t s, int64_t groups, sn_layout_t layout, sn_dtype_t dtype) {
-  SN_TRY(check_gn(a, fn, n, c, s, groups, layout, dtype));
+sn_status_t sn__gn_bwd_args(sn__args_t *a, const char *fn, const sn__gn_call_t *k) {
+  SN_TRY(check_gn(a, fn, k->n, k->c, k->s, k->groups, k->layout, k->dtype));
   const int64_t rows = a->rows;
   if (rows > 0) { /* an empty batch may pass NULL for these */
-    SN_TRY(sn__check_ptr(fn, "dx", dx));
-    SN_TRY(sn__check_ptr(fn, "dy", dy));
-    SN_TRY(sn__check_ptr(fn, "x", x));
-    SN_TRY(sn__check_ptr(fn, "mean", mean));
-    SN_TRY(sn__check_ptr(fn, "rstd", rstd));
+    SN_TRY(sn__check_ptr(fn, "dx", k->dx));
+    SN_TRY(sn__check_ptr(fn, "dy", k->dy));
+    SN_TRY(sn__check_ptr(fn, "x", k->x));
+    SN_TRY(sn__check_ptr(fn, "mean", k->mean));
+    SN_TRY(sn__check_ptr(fn, "rstd", k->rstd));
   }
   /* dx may equal dy; activations absent (0 bytes) in an empty batch, mean and rstd [N, G] */
-  const int64_t ab = rows * c * sn_dtype_size(dtype), sb = n * groups * 4, pb = c * 4;
-  const sn__span_t spans[] = {
-      SN_SPAN_OUT("dx", dx, ab, 1u << 3),     SN_SPAN_OUT("dgamma", dgamma, pb, 0u),
-      SN_SPAN_OUT("dbeta", dbeta, pb, 0u),    SN_SPAN_IN("dy", dy, ab),
-      SN_SPAN_IN("x", x, ab),                 SN_SPAN_IN("mean", mean, sb),
-      SN_SPAN_IN("rstd", rstd, sb),           SN_SPAN_IN("gamma", gamma, pb)};
+  const int64_t ab = rows * k->c * sn_dtype_size(k->dtype), sb = k->n * k->groups * 4,
+                pb = k->c * 4;
+  const sn__span_t spans[] = {SN_SPAN_OUT("dx", k->dx, ab, 1u << 3),
+                              SN_SPAN_OUT("dgamma", k->dgamma, pb, 0u),
+                              SN_SPAN_OUT("dbeta", k->dbeta, pb, 0u),
+                              SN_SPAN_IN("dy", k->dy, ab),
+                              SN_SPAN_IN("x", k->x, ab),
+                              SN_SPAN_IN("mean", k->mean, sb),
+                              SN_SPAN_IN("rstd", k->rstd, sb),
+                              SN_SPAN_IN("gamma", k->gamma, pb)};
   return args_spans(a, spans, SN_SPANS(spans));
 }
 
-sn_status_t sn__fold_args(sn__args_t *a, const char *fn, const float *w, const float *b,
-                          const float *gamma, const float *beta, const float *running_mean,
-                          const float *running_var, int64_t c_out, int64_t per_out, float eps) {
+sn_status_t sn__fold_args(sn__args_t *a, const char *fn, const sn__fold_call_t *k) {
   int64_t total;
   args_init(a, fn, 0);
-  SN_TRY(sn__check_size(fn, "c_out", c_out, 1));
-  SN_TRY(sn__check_size(fn, "per_out", per_out, 1));
-  SN_TRY(sn__mul(fn, &total, c_out, per_out));
+  SN_TRY(sn__check_size(fn, "c_out", k->c_out, 1));
+  SN_TRY(sn__check_size(fn, "per_out", k->per_out, 1));
+  SN_TRY(sn__mul(fn, &total, k->c_out, k->per_out));
   a->rows = total;
-  SN_TRY(sn__check_eps(fn, eps));
-  SN_TRY(sn__check_ptr(fn, "w", w));
-  SN_TRY(sn__check_ptr(fn, "b", b));
-  SN_TRY(sn__check_ptr(fn, "running_mean", running_mean));
-  SN_TRY(sn__check_ptr(fn, "running_var", running_var));
-  const int64_t cb = c_out * 4;
-  const sn__span_t spans[] = {SN_SPAN_OUT("w", w, total * 4, 0u),
-                              SN_SPAN_OUT("b", b, cb, 0u),
-                              SN_SPAN_IN("gamma", gamma, cb),
-                              SN_SPAN_IN("beta", beta, cb),
-                              SN_SPAN_IN("running_mean", running_mean, cb),
-                              SN_SPAN_IN("running_var", running_var, cb)};
+  SN_TRY(sn__check_eps(fn, k->eps));
+  SN_TRY(sn__check_ptr(fn, "w", k->w));
+  SN_TRY(sn__check_ptr(fn, "b", k->b));
+  SN_TRY(sn__check_ptr(fn, "running_mean", k->running_mean));
+  SN_TRY(sn__check_ptr(fn, "running_var", k->running_var));
+  const int64_t cb = k->c_out * 4;
+  const sn__span_t spans[] = {SN_SPAN_OUT("w", k->w, total * 4, 0u),
+                              SN_SPAN_OUT("b", k->b, cb, 0u),
+                              SN_SPAN_IN("gamma", k->gamma, cb),
+                              SN_SPAN_IN("beta", k->beta, cb),
+                              SN_SPAN_IN("running_mean", k->running_mean, cb),
+                              SN_SPAN_IN("running_var", k->running_var, cb)};
   return args_spans(a, spans, SN_SPANS(spans));
 }

@@ -99,71 +99,63 @@ SN_INTERNAL sn_status_t sn__check_workspace(const char *fn, const void *ws, size
 SN_INTERNAL sn_status_t sn__args_workspace(sn__args_t *a, const void *ws, size_t bytes,
                                          size_t need);
 
-/* The checks of the function of the same name in syncnorm.h (sn_batchnorm_stats: ...), with its
- * arguments, in the order that function's errors are listed; fn names the caller. */
-SN_INTERNAL sn_status_t sn__bn_stats_args(sn__args_t *a, const char *fn, const double *sum,
-                                        const double *sumsq, const void *x, const float *pivot,
-                                        int64_t n, int64_t c, int64_t s, sn_layout_t layout,
-                                        sn_dtype_t dtype);
-SN_INTERNAL sn_status_t sn__bn_finalize_args(sn__args_t *a, const char *fn, const double *mean,
-                                           const float *var, const float *rstd,
-                                           const double *sum, const double *sumsq,
-                                           const float *pivot, int64_t count, int64_t c,
-                                           float eps);
+/* One BatchNorm call (a public sn_batchnorm_* function or its CUDA twin) as its entry point
+ * receives it, for its check: the arguments that function takes under their names there, the
+ * others NULL or 0. The checks read addresses only, so every buffer is const here, output or
+ * not. */
+typedef struct {
+  const void *y, *dx, *x, *dy;             /* activations [N, C, S] or [N, S, C], dtype */
+  const double *sum, *sumsq, *mean;        /* [C] f64 */
+  const double *sum_dy, *sum_dy_xhat;      /* [C] f64 */
+  const float *var, *rstd, *pivot;         /* [C] f32 */
+  const float *gamma, *beta, *dgamma, *dbeta; /* [C] f32 */
+  const float *running_mean, *running_var; /* [C] f32 */
+  const int64_t *num_batches_tracked;      /* one value */
+  int64_t n, c, s, count;
+  float eps, momentum;
+  sn_layout_t layout;
+  sn_dtype_t dtype;
+} sn__bn_call_t;
+
+/* One GroupNorm call (sn_groupnorm_fwd, sn_groupnorm_bwd, their CUDA twins), as sn__bn_call_t. */
+typedef struct {
+  const void *y, *dx, *x, *dy;                /* activations */
+  const float *mean, *rstd;                   /* [N, G] f32 */
+  const float *gamma, *beta, *dgamma, *dbeta; /* [C] f32 */
+  int64_t n, c, s, groups;
+  float eps;
+  sn_layout_t layout;
+  sn_dtype_t dtype;
+} sn__gn_call_t;
+
+/* One sn_fold_batchnorm call (or its CUDA twin), as sn__bn_call_t. */
+typedef struct {
+  const float *w, *b, *gamma, *beta, *running_mean, *running_var;
+  int64_t c_out, per_out;
+  float eps;
+} sn__fold_call_t;
+
+/* The checks of the function of the same name in syncnorm.h (sn_batchnorm_stats: ...) on the
+ * fields of k that function takes, in the order that function's errors are listed; fn names the
+ * caller. */
+SN_INTERNAL sn_status_t sn__bn_stats_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k);
+SN_INTERNAL sn_status_t sn__bn_finalize_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k);
 /* Not the data check num_batches_tracked >= 0. count == 1 fails; count == 0 (an empty batch,
  * counted) passes with the pointers other than num_batches_tracked unchecked. */
 SN_INTERNAL sn_status_t sn__bn_update_running_args(sn__args_t *a, const char *fn,
-                                                 const float *running_mean,
-                                                 const float *running_var,
-                                                 const int64_t *num_batches_tracked,
-                                                 const double *mean, const float *var,
-                                                 int64_t count, int64_t c, float momentum);
-SN_INTERNAL sn_status_t sn__bn_apply_args(sn__args_t *a, const char *fn, const void *y,
-                                        const void *x, const double *mean, const float *rstd,
-                                        const float *gamma, const float *beta, int64_t n,
-                                        int64_t c, int64_t s, sn_layout_t layout,
-                                        sn_dtype_t dtype);
-SN_INTERNAL sn_status_t sn__bn_fwd_args(sn__args_t *a, const char *fn, const void *y,
-                                      const double *mean, const float *var, const float *rstd,
-                                      const void *x, const float *pivot, const float *gamma,
-                                      const float *beta, int64_t n, int64_t c, int64_t s,
-                                      float eps, sn_layout_t layout, sn_dtype_t dtype);
+                                                   const sn__bn_call_t *k);
+SN_INTERNAL sn_status_t sn__bn_apply_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k);
+SN_INTERNAL sn_status_t sn__bn_fwd_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k);
 /* Not the data check running_var >= 0. */
-SN_INTERNAL sn_status_t sn__bn_infer_args(sn__args_t *a, const char *fn, const void *y,
-                                        const void *x, const float *running_mean,
-                                        const float *running_var, const float *gamma,
-                                        const float *beta, int64_t n, int64_t c, int64_t s,
-                                        float eps, sn_layout_t layout, sn_dtype_t dtype);
-SN_INTERNAL sn_status_t sn__bn_bwd_reduce_args(sn__args_t *a, const char *fn, const double *sum_dy,
-                                             const double *sum_dy_xhat, const void *dy,
-                                             const void *x, const double *mean,
-                                             const float *rstd, int64_t n, int64_t c, int64_t s,
-                                             sn_layout_t layout, sn_dtype_t dtype);
-SN_INTERNAL sn_status_t sn__bn_bwd_apply_args(sn__args_t *a, const char *fn, const void *dx,
-                                            const void *dy, const void *x, const double *mean,
-                                            const float *rstd, const float *gamma,
-                                            const double *sum_dy, const double *sum_dy_xhat,
-                                            int64_t count, int64_t n, int64_t c, int64_t s,
-                                            sn_layout_t layout, sn_dtype_t dtype);
-SN_INTERNAL sn_status_t sn__bn_bwd_args(sn__args_t *a, const char *fn, const void *dx,
-                                      const float *dgamma, const float *dbeta, const void *dy,
-                                      const void *x, const double *mean, const float *rstd,
-                                      const float *gamma, int64_t n, int64_t c, int64_t s,
-                                      sn_layout_t layout, sn_dtype_t dtype);
-SN_INTERNAL sn_status_t sn__gn_fwd_args(sn__args_t *a, const char *fn, const void *y,
-                                      const float *mean, const float *rstd, const void *x,
-                                      const float *gamma, const float *beta, int64_t n, int64_t c,
-                                      int64_t s, int64_t groups, float eps, sn_layout_t layout,
-                                      sn_dtype_t dtype);
-SN_INTERNAL sn_status_t sn__gn_bwd_args(sn__args_t *a, const char *fn, const void *dx,
-                                      const float *dgamma, const float *dbeta, const void *dy,
-                                      const void *x, const float *mean, const float *rstd,
-                                      const float *gamma, int64_t n, int64_t c, int64_t s,
-                                      int64_t groups, sn_layout_t layout, sn_dtype_t dtype);
+SN_INTERNAL sn_status_t sn__bn_infer_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k);
+SN_INTERNAL sn_status_t sn__bn_bwd_reduce_args(sn__args_t *a, const char *fn,
+                                               const sn__bn_call_t *k);
+SN_INTERNAL sn_status_t sn__bn_bwd_apply_args(sn__args_t *a, const char *fn,
+                                              const sn__bn_call_t *k);
+SN_INTERNAL sn_status_t sn__bn_bwd_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k);
+SN_INTERNAL sn_status_t sn__gn_fwd_args(sn__args_t *a, const char *fn, const sn__gn_call_t *k);
+SN_INTERNAL sn_status_t sn__gn_bwd_args(sn__args_t *a, const char *fn, const sn__gn_call_t *k);
 /* Not the data check running_var >= 0. rows = c_out·per_out (the weights). */
-SN_INTERNAL sn_status_t sn__fold_args(sn__args_t *a, const char *fn, const float *w, const float *b,
-                                    const float *gamma, const float *beta,
-                                    const float *running_mean, const float *running_var,
-                                    int64_t c_out, int64_t per_out, float eps);
+SN_INTERNAL sn_status_t sn__fold_args(sn__args_t *a, const char *fn, const sn__fold_call_t *k);
 
 #endif /* SN_ARGS_H */

@@ -484,7 +484,9 @@ sn_status_t sn_batchnorm_stats(double *sum, double *sumsq, const void *x, const 
                                sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_stats";
   sn__args_t args;
-  SN_TRY(sn__bn_stats_args(&args, fn, sum, sumsq, x, pivot, n, c, s, layout, dtype));
+  const sn__bn_call_t call = {.sum = sum, .sumsq = sumsq, .x = x, .pivot = pivot, .n = n, .c = c,
+                              .s = s, .layout = layout, .dtype = dtype};
+  SN_TRY(sn__bn_stats_args(&args, fn, &call));
   const int64_t rows = args.rows;
   if (rows == 0) { /* an empty local batch contributes zero sums */
     for (int64_t ch = 0; ch < c; ch++) sum[ch] = 0.0, sumsq[ch] = 0.0;
@@ -499,7 +501,9 @@ sn_status_t sn_batchnorm_finalize(double *mean, float *var, float *rstd, const d
                                   int64_t c, float eps) {
   static const char fn[] = "sn_batchnorm_finalize";
   sn__args_t args;
-  SN_TRY(sn__bn_finalize_args(&args, fn, mean, var, rstd, sum, sumsq, pivot, count, c, eps));
+  const sn__bn_call_t call = {.mean = mean, .var = var, .rstd = rstd, .sum = sum, .sumsq = sumsq,
+                              .pivot = pivot, .count = count, .c = c, .eps = eps};
+  SN_TRY(sn__bn_finalize_args(&args, fn, &call));
   const double inv = 1.0 / (double)count;
   for (int64_t ch = 0; ch < c; ch++)
     finalize_channel(sum[ch], sumsq[ch], pivot ? (double)pivot[ch] : 0.0, inv, eps, ch, mean, var,
@@ -513,8 +517,10 @@ sn_status_t sn_batchnorm_update_running(float *running_mean, float *running_var,
                                         float momentum) {
   static const char fn[] = "sn_batchnorm_update_running";
   sn__args_t args;
-  SN_TRY(sn__bn_update_running_args(&args, fn, running_mean, running_var, num_batches_tracked, mean,
-                                    var, count, c, momentum));
+  const sn__bn_call_t call = {.running_mean = running_mean, .running_var = running_var,
+                              .num_batches_tracked = num_batches_tracked, .mean = mean, .var = var,
+                              .count = count, .c = c, .momentum = momentum};
+  SN_TRY(sn__bn_update_running_args(&args, fn, &call));
   if (num_batches_tracked != NULL && *num_batches_tracked < 0) /* 1/0 or a negative factor */
     return sn__fail(SN_ERR_INVALID_ARGUMENT, "%s: num_batches_tracked must be >= 0, got %lld", fn,
                     (long long)*num_batches_tracked);
@@ -536,7 +542,10 @@ sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean, const
                                int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_apply";
   sn__args_t args;
-  SN_TRY(sn__bn_apply_args(&args, fn, y, x, mean, rstd, gamma, beta, n, c, s, layout, dtype));
+  const sn__bn_call_t call = {.y = y, .x = x, .mean = mean, .rstd = rstd, .gamma = gamma,
+                              .beta = beta, .n = n, .c = c, .s = s, .layout = layout,
+                              .dtype = dtype};
+  SN_TRY(sn__bn_apply_args(&args, fn, &call));
   if (args.rows == 0) return SN_OK;
   const bn_ew_t op = {.kind = EW_APPLY, .mean = mean, .rstd = rstd, .gamma = gamma, .beta = beta};
   sn__bn_ew_run(&op, y, x, NULL, n, c, s, layout, dtype);
@@ -549,8 +558,10 @@ sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, con
                              sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_fwd";
   sn__args_t args;
-  SN_TRY(sn__bn_fwd_args(&args, fn, y, mean, var, rstd, x, pivot, gamma, beta, n, c, s, eps, layout,
-                         dtype));
+  const sn__bn_call_t call = {.y = y, .mean = mean, .var = var, .rstd = rstd, .x = x,
+                              .pivot = pivot, .gamma = gamma, .beta = beta, .n = n, .c = c, .s = s,
+                              .eps = eps, .layout = layout, .dtype = dtype};
+  SN_TRY(sn__bn_fwd_args(&args, fn, &call));
   const int64_t rows = args.rows;
   const int64_t cb = sn__bn_fused_block(n, c, s, layout, dtype, 1);
   if (cb > 0) {
@@ -591,8 +602,10 @@ sn_status_t sn_batchnorm_infer(void *y, const void *x, const float *running_mean
                                sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_infer";
   sn__args_t args;
-  SN_TRY(sn__bn_infer_args(&args, fn, y, x, running_mean, running_var, gamma, beta, n, c, s, eps,
-                           layout, dtype));
+  const sn__bn_call_t call = {.y = y, .x = x, .running_mean = running_mean,
+                              .running_var = running_var, .gamma = gamma, .beta = beta, .n = n,
+                              .c = c, .s = s, .eps = eps, .layout = layout, .dtype = dtype};
+  SN_TRY(sn__bn_infer_args(&args, fn, &call));
   if (args.rows == 0) return SN_OK;
   SN_TRY(sn__check_running_var(fn, running_var, c));
   const bn_ew_t op = {.kind = EW_INFER, .rmean = running_mean, .rvar = running_var,

@@ -72,8 +72,10 @@ sn_status_t sn_batchnorm_bwd_reduce(double *sum_dy, double *sum_dy_xhat, const v
                                     sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_bwd_reduce";
   sn__args_t args;
-  SN_TRY(sn__bn_bwd_reduce_args(&args, fn, sum_dy, sum_dy_xhat, dy, x, mean, rstd, n, c, s, layout,
-                                dtype));
+  const sn__bn_call_t call = {.sum_dy = sum_dy, .sum_dy_xhat = sum_dy_xhat, .dy = dy, .x = x,
+                              .mean = mean, .rstd = rstd, .n = n, .c = c, .s = s, .layout = layout,
+                              .dtype = dtype};
+  SN_TRY(sn__bn_bwd_reduce_args(&args, fn, &call));
   const int64_t rows = args.rows;
   if (rows == 0) {
     for (int64_t ch = 0; ch < c; ch++) sum_dy[ch] = 0.0, sum_dy_xhat[ch] = 0.0;
@@ -90,8 +92,11 @@ sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *x, cons
                                    int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_bwd_apply";
   sn__args_t args;
-  SN_TRY(sn__bn_bwd_apply_args(&args, fn, dx, dy, x, mean, rstd, gamma, sum_dy, sum_dy_xhat,
-                               count, n, c, s, layout, dtype));
+  const sn__bn_call_t call = {.dx = dx, .dy = dy, .x = x, .mean = mean, .rstd = rstd,
+                              .gamma = gamma, .sum_dy = sum_dy, .sum_dy_xhat = sum_dy_xhat,
+                              .count = count, .n = n, .c = c, .s = s, .layout = layout,
+                              .dtype = dtype};
+  SN_TRY(sn__bn_bwd_apply_args(&args, fn, &call));
   if (args.rows == 0) return SN_OK;
   const int eval = sum_dy == NULL && sum_dy_xhat == NULL;
   const bn_ew_t op = {.kind = eval ? EW_BWD_EVAL : EW_BWD, .mean = mean, .rstd = rstd,
@@ -106,8 +111,10 @@ sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
                              int64_t c, int64_t s, sn_layout_t layout, sn_dtype_t dtype) {
   static const char fn[] = "sn_batchnorm_bwd";
   sn__args_t args;
-  SN_TRY(sn__bn_bwd_args(&args, fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, layout,
-                         dtype));
+  const sn__bn_call_t call = {.dx = dx, .dgamma = dgamma, .dbeta = dbeta, .dy = dy, .x = x,
+                              .mean = mean, .rstd = rstd, .gamma = gamma, .n = n, .c = c, .s = s,
+                              .layout = layout, .dtype = dtype};
+  SN_TRY(sn__bn_bwd_args(&args, fn, &call));
   const int64_t rows = args.rows;
   const int64_t cb = sn__bn_fused_block(n, c, s, layout, dtype, 2);
   if (cb > 0) {

@@ -18,8 +18,10 @@ sn_status_t sn_fold_batchnorm(float *w, float *b, const float *gamma, const floa
                               int64_t per_out, float eps) {
   static const char fn[] = "sn_fold_batchnorm";
   sn__args_t args;
-  SN_TRY(sn__fold_args(&args, fn, w, b, gamma, beta, running_mean, running_var, c_out, per_out,
-                       eps));
+  const sn__fold_call_t call = {.w = w, .b = b, .gamma = gamma, .beta = beta,
+                                .running_mean = running_mean, .running_var = running_var,
+                                .c_out = c_out, .per_out = per_out, .eps = eps};
+  SN_TRY(sn__fold_args(&args, fn, &call));
   SN_TRY(sn__check_running_var(fn, running_var, c_out));
   const int64_t total = args.rows; /* c_out·per_out weights */
 #pragma omp parallel for schedule(static) if (total >= FOLD_PAR_MIN)

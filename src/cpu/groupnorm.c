@@ -352,8 +352,10 @@ sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x, c
                              float eps, sn_layout_t layout, sn_dtype_t dtype) {
   static const char fn[] = "sn_groupnorm_fwd";
   sn__args_t args;
-  SN_TRY(sn__gn_fwd_args(&args, fn, y, mean, rstd, x, gamma, beta, n, c, s, groups, eps, layout,
-                         dtype));
+  const sn__gn_call_t call = {.y = y, .mean = mean, .rstd = rstd, .x = x, .gamma = gamma,
+                              .beta = beta, .n = n, .c = c, .s = s, .groups = groups, .eps = eps,
+                              .layout = layout, .dtype = dtype};
+  SN_TRY(sn__gn_fwd_args(&args, fn, &call));
   const int64_t rows = args.rows;
   if (rows == 0) return SN_OK;
   const gn_fwd_t f = {y, mean, rstd, x, gamma, beta, n, c, s, groups, (double)eps, dtype};

@@ -236,8 +236,10 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
                              sn_dtype_t dtype) {
   static const char fn[] = "sn_groupnorm_bwd";
   sn__args_t args;
-  SN_TRY(sn__gn_bwd_args(&args, fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, groups,
-                         layout, dtype));
+  const sn__gn_call_t call = {.dx = dx, .dgamma = dgamma, .dbeta = dbeta, .dy = dy, .x = x,
+                              .mean = mean, .rstd = rstd, .gamma = gamma, .n = n, .c = c, .s = s,
+                              .groups = groups, .layout = layout, .dtype = dtype};
+  SN_TRY(sn__gn_bwd_args(&args, fn, &call));
   const int64_t rows = args.rows;
   if (rows == 0) { /* empty batch: the parameter gradients are zero, nothing else is written */
     if (dgamma != NULL) memset(dgamma, 0, (size_t)c * sizeof *dgamma);

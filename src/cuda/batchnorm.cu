@@ -132,7 +132,10 @@ extern "C" sn_status_t sn_cuda_batchnorm_stats(double *sum, double *sumsq, const
   int64_t P;
   size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
   sn__args_t args;
-  SN_TRY(sn__bn_stats_args(&args, fn, sum, sumsq, x, pivot, n, c, s, layout, dtype));
+  sn__bn_call_t call = {};
+  call.sum = sum, call.sumsq = sumsq, call.x = x, call.pivot = pivot, call.n = n, call.c = c,
+      call.s = s, call.layout = layout, call.dtype = dtype;
+  SN_TRY(sn__bn_stats_args(&args, fn, &call));
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
   SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
   const int64_t rows = args.rows;
@@ -151,7 +154,10 @@ extern "C" sn_status_t sn_cuda_batchnorm_finalize(double *mean, float *var, floa
                                                   float eps, cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_finalize";
   sn__args_t args;
-  SN_TRY(sn__bn_finalize_args(&args, fn, mean, var, rstd, sum, sumsq, pivot, count, c, eps));
+  sn__bn_call_t call = {};
+  call.mean = mean, call.var = var, call.rstd = rstd, call.sum = sum, call.sumsq = sumsq,
+      call.pivot = pivot, call.count = count, call.c = c, call.eps = eps;
+  SN_TRY(sn__bn_finalize_args(&args, fn, &call));
   SN_TRY(sn__cuda_pending(fn));
   bn_finalize<<<sn__cuda_grid(c, kMapThreads, 4096), kMapThreads, 0, stream>>>(
       mean, var, rstd, sum, sumsq, pivot, 1.0 / (double)count, eps, c);
@@ -166,8 +172,11 @@ extern "C" sn_status_t sn_cuda_batchnorm_update_running(float *running_mean, flo
   static const char fn[] = "sn_cuda_batchnorm_update_running";
   sn__args_t args;
   /* the CPU's num_batches_tracked < 0 check needs the device value: see bn_update_running */
-  SN_TRY(sn__bn_update_running_args(&args, fn, running_mean, running_var, num_batches_tracked, mean,
-                                    var, count, c, momentum));
+  sn__bn_call_t call = {};
+  call.running_mean = running_mean, call.running_var = running_var,
+      call.num_batches_tracked = num_batches_tracked, call.mean = mean, call.var = var,
+      call.count = count, call.c = c, call.momentum = momentum;
+  SN_TRY(sn__bn_update_running_args(&args, fn, &call));
   SN_TRY(sn__cuda_pending(fn));
   const int cumulative = momentum == SN_MOMENTUM_CUMULATIVE;
   if (count > 1) {
@@ -188,7 +197,10 @@ extern "C" sn_status_t sn_cuda_batchnorm_apply(void *y, const void *x, const dou
                                                cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_apply";
   sn__args_t args;
-  SN_TRY(sn__bn_apply_args(&args, fn, y, x, mean, rstd, gamma, beta, n, c, s, layout, dtype));
+  sn__bn_call_t call = {};
+  call.y = y, call.x = x, call.mean = mean, call.rstd = rstd, call.gamma = gamma, call.beta = beta,
+      call.n = n, call.c = c, call.s = s, call.layout = layout, call.dtype = dtype;
+  SN_TRY(sn__bn_apply_args(&args, fn, &call));
   const int64_t rows = args.rows;
   if (rows == 0) return SN_OK;
   SN_TRY(sn__cuda_pending(fn));
@@ -215,8 +227,11 @@ extern "C" sn_status_t sn_cuda_batchnorm_fwd(void *y, double *mean, float *var, 
   int64_t P;
   size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
   sn__args_t args;
-  SN_TRY(sn__bn_fwd_args(&args, fn, y, mean, var, rstd, x, pivot, gamma, beta, n, c, s, eps, layout,
-                         dtype));
+  sn__bn_call_t call = {};
+  call.y = y, call.mean = mean, call.var = var, call.rstd = rstd, call.x = x, call.pivot = pivot,
+      call.gamma = gamma, call.beta = beta, call.n = n, call.c = c, call.s = s, call.eps = eps,
+      call.layout = layout, call.dtype = dtype;
+  SN_TRY(sn__bn_fwd_args(&args, fn, &call));
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
   SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
   SN_TRY(sn__cuda_pending(fn));
@@ -251,8 +266,11 @@ extern "C" sn_status_t sn_cuda_batchnorm_infer(void *y, const void *x, const flo
   static const char fn[] = "sn_cuda_batchnorm_infer";
   sn__args_t args;
   /* running_var < 0 is checked on the device: NaN outputs (sqrt of a negative) */
-  SN_TRY(sn__bn_infer_args(&args, fn, y, x, running_mean, running_var, gamma, beta, n, c, s, eps,
-                           layout, dtype));
+  sn__bn_call_t call = {};
+  call.y = y, call.x = x, call.running_mean = running_mean, call.running_var = running_var,
+      call.gamma = gamma, call.beta = beta, call.n = n, call.c = c, call.s = s, call.eps = eps,
+      call.layout = layout, call.dtype = dtype;
+  SN_TRY(sn__bn_infer_args(&args, fn, &call));
   const int64_t rows = args.rows;
   if (rows == 0) return SN_OK;
   SN_TRY(sn__cuda_pending(fn));

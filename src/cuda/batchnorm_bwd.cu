@@ -33,8 +33,11 @@ extern "C" sn_status_t sn_cuda_batchnorm_bwd_reduce(double *sum_dy, double *sum_
   int64_t P;
   size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
   sn__args_t args;
-  SN_TRY(sn__bn_bwd_reduce_args(&args, fn, sum_dy, sum_dy_xhat, dy, x, mean, rstd, n, c, s, layout,
-                                dtype));
+  sn__bn_call_t call = {};
+  call.sum_dy = sum_dy, call.sum_dy_xhat = sum_dy_xhat, call.dy = dy, call.x = x, call.mean = mean,
+      call.rstd = rstd, call.n = n, call.c = c, call.s = s, call.layout = layout,
+      call.dtype = dtype;
+  SN_TRY(sn__bn_bwd_reduce_args(&args, fn, &call));
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
   SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
   const int64_t rows = args.rows;
@@ -57,8 +60,11 @@ extern "C" sn_status_t sn_cuda_batchnorm_bwd_apply(void *dx, const void *dy, con
                                                    cudaStream_t stream) {
   static const char fn[] = "sn_cuda_batchnorm_bwd_apply";
   sn__args_t args;
-  SN_TRY(sn__bn_bwd_apply_args(&args, fn, dx, dy, x, mean, rstd, gamma, sum_dy, sum_dy_xhat,
-                               count, n, c, s, layout, dtype));
+  sn__bn_call_t call = {};
+  call.dx = dx, call.dy = dy, call.x = x, call.mean = mean, call.rstd = rstd, call.gamma = gamma,
+      call.sum_dy = sum_dy, call.sum_dy_xhat = sum_dy_xhat, call.count = count, call.n = n,
+      call.c = c, call.s = s, call.layout = layout, call.dtype = dtype;
+  SN_TRY(sn__bn_bwd_apply_args(&args, fn, &call));
   const int64_t rows = args.rows;
   if (rows == 0) return SN_OK;
   SN_TRY(sn__cuda_pending(fn));
@@ -81,8 +87,11 @@ extern "C" sn_status_t sn_cuda_batchnorm_bwd(void *dx, float *dgamma, float *dbe
   int64_t P;
   size_t need = 0; /* written on success; initialized since -O3 sees a path it cannot rule out */
   sn__args_t args;
-  SN_TRY(sn__bn_bwd_args(&args, fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, layout,
-                         dtype));
+  sn__bn_call_t call = {};
+  call.dx = dx, call.dgamma = dgamma, call.dbeta = dbeta, call.dy = dy, call.x = x,
+      call.mean = mean, call.rstd = rstd, call.gamma = gamma, call.n = n, call.c = c, call.s = s,
+      call.layout = layout, call.dtype = dtype;
+  SN_TRY(sn__bn_bwd_args(&args, fn, &call));
   SN_TRY(bn_ws_bytes(fn, n, c, s, layout, &P, &need));
   SN_TRY(sn__args_workspace(&args, workspace, workspace_bytes, need));
   SN_TRY(sn__cuda_pending(fn));

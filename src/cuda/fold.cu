@@ -37,8 +37,10 @@ extern "C" sn_status_t sn_cuda_fold_batchnorm(float *w, float *b, const float *g
   static const char fn[] = "sn_cuda_fold_batchnorm";
   sn__args_t args;
   /* running_var < 0 is checked on the device: NaN for that channel (sqrt of a negative) */
-  SN_TRY(sn__fold_args(&args, fn, w, b, gamma, beta, running_mean, running_var, c_out, per_out,
-                       eps));
+  sn__fold_call_t call = {};
+  call.w = w, call.b = b, call.gamma = gamma, call.beta = beta, call.running_mean = running_mean,
+      call.running_var = running_var, call.c_out = c_out, call.per_out = per_out, call.eps = eps;
+  SN_TRY(sn__fold_args(&args, fn, &call));
   const int64_t total = args.rows; /* c_out·per_out weights */
   SN_TRY(sn__cuda_pending(fn));
   fold_bn<<<sn__cuda_grid(total, kThreads, 8192), kThreads, 0, stream>>>(

@@ -82,8 +82,11 @@ extern "C" sn_status_t sn_cuda_groupnorm_fwd(void *y, float *mean, float *rstd, 
                                              cudaStream_t stream) {
   static const char fn[] = "sn_cuda_groupnorm_fwd";
   sn__args_t args;
-  SN_TRY(sn__gn_fwd_args(&args, fn, y, mean, rstd, x, gamma, beta, n, c, s, groups, eps, layout,
-                         dtype));
+  sn__gn_call_t call = {};
+  call.y = y, call.mean = mean, call.rstd = rstd, call.x = x, call.gamma = gamma, call.beta = beta,
+      call.n = n, call.c = c, call.s = s, call.groups = groups, call.eps = eps,
+      call.layout = layout, call.dtype = dtype;
+  SN_TRY(sn__gn_fwd_args(&args, fn, &call));
   const int64_t rows = args.rows;
   if (rows == 0) return SN_OK;
   SN_TRY(sn__cuda_pending(fn));

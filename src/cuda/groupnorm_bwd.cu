@@ -153,8 +153,11 @@ extern "C" sn_status_t sn_cuda_groupnorm_bwd(void *dx, float *dgamma, float *dbe
   static const char fn[] = "sn_cuda_groupnorm_bwd";
   size_t need = 0;
   sn__args_t args;
-  SN_TRY(sn__gn_bwd_args(&args, fn, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, c, s, groups,
-                         layout, dtype));
+  sn__gn_call_t call = {};
+  call.dx = dx, call.dgamma = dgamma, call.dbeta = dbeta, call.dy = dy, call.x = x,
+      call.mean = mean, call.rstd = rstd, call.gamma = gamma, call.n = n, call.c = c, call.s = s,
+      call.groups = groups, call.layout = layout, call.dtype = dtype;
+  SN_TRY(sn__gn_bwd_args(&args, fn, &call));
   const int64_t rows = args.rows;
   if (rows > 0 && (dgamma || dbeta)) {
     SN_TRY(gn_ws_bytes(fn, n, c, &need));
