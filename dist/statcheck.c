@@ -279,16 +279,22 @@ static int64_t at_of(const options_t *o, int64_t g, int64_t c, int64_t p) {
   return o->layout == SN_LAYOUT_NCHW ? (g * o->C + c) * o->S + p : (g * o->S + p) * o->C + c;
 }
 
+/* What the fp64 reference computes: y, dx over the batch's elements; mean, var (biased),
+ * dgamma, dbeta [C]; and the scale of dx's, dgamma's and dbeta's terms (max |γ·rstd·dy|,
+ * Σ|dy·x̂| and Σ|dy|) that their differences are measured against. */
+typedef struct {
+  double *y, *dx, *mean, *var, *dgamma, *dbeta;
+  double scale[3];
+} ref_t;
+
 /* The fp64 reference of one training step over the gathered batch (total samples):
  * BatchNorm's forward (biased variance) and backward (Ioffe & Szegedy 2015), computed here
  * with two passes, independent of the library's kernels. */
 static void reference(const options_t *o, const void *X, const void *DY, int64_t total,
-                      const double *gamma, const double *beta, double *y, double *dx,
-                      double *mean, double *var, double *dgamma, double *dbeta,
-                      double scale[3]) {
+                      const double *gamma, const double *beta, ref_t *r) {
   const double cnt = (double)(total * o->S);
-  scale[0] = scale[1] = scale[2] = 0.0; /* dx's, dgamma's and dbeta's terms: max |γ·rstd·dy|,
-                                           Σ|dy·x̂| and Σ|dy| */
+  double *scale = r->scale;
+  scale[0] = scale[1] = scale[2] = 0.0;
   for (int64_t c = 0; c < o->C; c++) {
     double s = 0.0, q = 0.0, sdy = 0.0, sdyx = 0.0, ady = 0.0, adyx = 0.0;
     for (int64_t g = 0; g < total; g++)
@@ -304,7 +310,7 @@ static void reference(const options_t *o, const void *X, const void *DY, int64_t
       for (int64_t p = 0; p < o->S; p++) {
         const int64_t i = at_of(o, g, c, p);
         const double xh = (load(X, i, o->dtype) - m) * rstd, d = load(DY, i, o->dtype);
-        y[i] = xh * gamma[c] + beta[c];
+        r->y[i] = xh * gamma[c] + beta[c];
         sdy += d, sdyx += d * xh, ady += fabs(d), adyx += fabs(d * xh);
         scale[0] = fmax(scale[0], fabs(gamma[c] * rstd * d));
       }
@@ -313,9 +319,9 @@ static void reference(const options_t *o, const void *X, const void *DY, int64_t
       for (int64_t p = 0; p < o->S; p++) {
         const int64_t i = at_of(o, g, c, p);
         const double xh = (load(X, i, o->dtype) - m) * rstd;
-        dx[i] = gamma[c] * rstd * (load(DY, i, o->dtype) - sdy / cnt - xh * sdyx / cnt);
+        r->dx[i] = gamma[c] * rstd * (load(DY, i, o->dtype) - sdy / cnt - xh * sdyx / cnt);
       }
-    mean[c] = m, var[c] = v, dgamma[c] = sdyx, dbeta[c] = sdy;
+    r->mean[c] = m, r->var[c] = v, r->dgamma[c] = sdyx, r->dbeta[c] = sdy;
   }
 }
 
@@ -478,8 +484,9 @@ int main(int argc, char **argv) {
       pass &= *ps.num_batches_tracked == tracked;
       continue;
     }
-    double scale[3];
-    reference(&o, X, DY, total, gamma, beta, Y, DX, mean, var, dgamma, dbeta, scale);
+    ref_t ref = {Y, DX, mean, var, dgamma, dbeta, {0.0, 0.0, 0.0}};
+    reference(&o, X, DY, total, gamma, beta, &ref);
+    const double *scale = ref.scale;
     const double f = o.momentum == SN_MOMENTUM_CUMULATIVE ? 1.0 / (double)tracked : o.momentum;
     const double N = (double)(total * o.S);
     for (int64_t c = 0; c < o.C; c++) {

@@ -253,10 +253,13 @@ SN_API sn_status_t sn_add_rmsnorm_fwd(void *y, void *sum_out, float *rstd, const
  * The count is n·s per channel. Choose p_c near the channel mean (e.g. the previous batch mean):
  * the variance is exact to fp64 rounding times (1 + (mean−p)²/var) (the shifted-data algorithm,
  * Chan, Golub and LeVeque 1983). pivot: [C] f32, NULL = 0.
- * n == 0 or s == 0 is valid (sums written as 0). Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE
- * (C <= 0, N or S < 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE,
- * SN_ERR_INVALID_ARGUMENT (an output overlaps another array), SN_ERR_ALLOC (fixed-order partial
- * sums). */
+ * n == 0 or s == 0 is valid (sums written as 0). The sums are added in a fixed order of
+ * chunks of rows, so they are bitwise the same for any thread count and either layout.
+ * Scratch: the chunks' sums, 16·K bytes per channel with K <= max(1, n·s/64) and K < 128, and
+ * for NHWC (or s == 1) 17·256 doubles per thread.
+ * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C <= 0, N or S < 0), SN_ERR_OVERFLOW,
+ * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (an output overlaps
+ * another array), SN_ERR_ALLOC (the scratch). */
 SN_API sn_status_t sn_batchnorm_stats(double *sum, double *sumsq, const void *x,
                                       const float *pivot, int64_t n, int64_t c, int64_t s,
                                       sn_layout_t layout, sn_dtype_t dtype);
@@ -333,16 +336,13 @@ SN_API sn_status_t sn_batchnorm_apply(void *y, const void *x, const double *mean
  * other, pivot, gamma, beta, x or y (SN_ERR_INVALID_ARGUMENT). The results
  * are bitwise those of sn_batchnorm_stats, the refinement above (summing again with the refined
  * pivots where any channel needs it), sn_batchnorm_finalize and sn_batchnorm_apply, for any
- * thread count. Fused in NCHW (s > 1) where one channel's x fits in
- * a core's L2 and the tasks (blocks of up to 8 channels) share evenly between the threads, as
- * sn_batchnorm_bwd: a block is summed, its statistics computed and y mapped while x is in the
- * cache, so x is read from memory once instead of twice, while all of x fits in the L2s of
- * the threads (beyond that the separate passes measured faster); otherwise the separate passes.
+ * thread count. Where x fits in the threads' L2 caches (NCHW, s > 1), blocks of channels may be
+ * summed and mapped while in the cache, with no scratch; otherwise scratch of 20 bytes per
+ * channel (the sums and refined pivots) plus sn_batchnorm_stats's.
  * Errors (outputs untouched): SN_ERR_INSUFFICIENT_COUNT (n·s <= 1, as sn_batchnorm_finalize),
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y overlaps x partly,
- * or a [C] output overlaps another array, x and y included), SN_ERR_ALLOC (the unfused path's
- * per-channel sums). */
+ * or a [C] output overlaps another array, x and y included), SN_ERR_ALLOC (the scratch). */
 SN_API sn_status_t sn_batchnorm_fwd(void *y, double *mean, float *var, float *rstd, const void *x,
                                     const float *pivot, const float *gamma, const float *beta,
                                     int64_t n, int64_t c, int64_t s, float eps, sn_layout_t layout,
@@ -364,8 +364,9 @@ SN_API sn_status_t sn_batchnorm_infer(void *y, const void *x, const float *runni
  *   sum_dy[c] = Σ_{n,s} dy,  sum_dy_xhat[c] = Σ_{n,s} dy·x̂   (fp64, =).
  * They are dbeta and dgamma of this rank's batch (round to f32 for the parameter gradients).
  * dy, x: [N, C, S] or [N, S, C] dtype; mean: [C] f64; rstd: [C] f32. n·s == 0 writes zeros.
- * Errors as sn_batchnorm_stats (SN_ERR_ALLOC included). apply, infer and bwd_apply never
- * allocate, so they cannot fail once their arguments are valid. */
+ * Summation order and scratch as sn_batchnorm_stats. Errors as sn_batchnorm_stats
+ * (SN_ERR_ALLOC included). apply, infer and bwd_apply need no scratch, so they cannot fail once
+ * their arguments are valid. */
 SN_API sn_status_t sn_batchnorm_bwd_reduce(double *sum_dy, double *sum_dy_xhat, const void *dy,
                                            const void *x, const double *mean, const float *rstd,
                                            int64_t n, int64_t c, int64_t s, sn_layout_t layout,
@@ -398,17 +399,14 @@ SN_API sn_status_t sn_batchnorm_bwd_apply(void *dx, const void *dy, const void *
  * sums are the fp64 ones of sn_batchnorm_bwd_reduce, rounded once. The results are bitwise those
  * of sn_batchnorm_bwd_reduce followed by sn_batchnorm_bwd_apply with count n·s, for any thread
  * count (every input is read before dgamma and dbeta are written, so each may equal gamma or
- * rstd: the same pointer). Fused in NCHW (s > 1) where one channel's x and dy fit in a core's L2
- * (sysconf(_SC_LEVEL2_CACHE_SIZE), else 1 MiB) and the tasks (blocks of up to 8 channels) are a
- * multiple of the thread count or at least 4 per thread: a block is summed and then mapped while
- * it is in the cache, so x and dy are read from memory once instead of twice, while all of x
- * and dy fit in the L2s of the threads (beyond that the two passes measured faster); otherwise
- * the two passes.
+ * rstd: the same pointer). Where x and dy fit in the threads' L2 caches (NCHW, s > 1), blocks of
+ * channels may be summed and mapped while in the cache, with no scratch; else scratch of 16
+ * bytes per channel plus sn_batchnorm_bwd_reduce's.
  * Errors (outputs untouched): SN_ERR_INSUFFICIENT_COUNT (n·s <= 1, as sn_batchnorm_finalize),
  * SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE, SN_ERR_OVERFLOW, SN_ERR_INVALID_LAYOUT,
  * SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (dx overlaps dy partly, or x at all; dgamma or
  * dbeta overlaps any other array but as the same pointer as gamma or rstd), SN_ERR_ALLOC (the
- * unfused path's per-channel sums). */
+ * scratch). */
 SN_API sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
                                     const void *x, const double *mean, const float *rstd,
                                     const float *gamma, int64_t n, int64_t c, int64_t s,
@@ -430,6 +428,10 @@ SN_API sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const
  * groups always two passes. y in f32 from them,
  * in fp64 where f32 is not enough: bf16/f16 outputs whose f32 value is not finite, groups whose
  * mean is 2^103 or more, factors f32 cannot hold (as in sn_batchnorm_apply).
+ * Scratch: NCHW, for f16 groups of up to 2^18 values one group as f32 per thread (at most
+ * 1 MiB), else none; NHWC, (5·C + 2·G) doubles per thread (each channel's sums, pivot and
+ * partial sums, each group's statistics), plus 32·C doubles where the threads share each sample
+ * (fewer samples than threads, or a sample larger than a core's L2).
  * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C, G <= 0, N, S < 0),
  * SN_ERR_INVALID_GROUPS (C % G != 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y overlaps x partly),
@@ -443,7 +445,11 @@ SN_API sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const voi
  *   dx = rstd·(g − mean(g) − x̂·mean(g·x̂)),  dgamma_c = Σ_{n,s} dy·x̂,  dbeta_c = Σ_{n,s} dy.
  * dx, dy, x: [N, C, S] or [N, S, C] as layout, dtype, dx overwritten (=); mean, rstd: [N, G]
  * f32 from sn_groupnorm_fwd; gamma [C] f32 or NULL;
- * dgamma, dbeta: [C] f32 (=) or NULL. dx may equal dy. Errors as sn_groupnorm_fwd (no eps). */
+ * dgamma, dbeta: [C] f32 (=) or NULL. dx may equal dy. dgamma and dbeta add each sample's sums
+ * in sample order, so the results are bitwise the same for any thread count. Scratch: 2·N·C
+ * doubles where dgamma or dbeta is wanted (each sample's sums); NHWC also (7·C + 3·G) doubles
+ * per thread, plus 48·C doubles where the threads share each sample (fewer samples than
+ * threads). Errors as sn_groupnorm_fwd (no eps). */
 SN_API sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
                                     const void *x, const float *mean, const float *rstd,
                                     const float *gamma, int64_t n, int64_t c, int64_t s,

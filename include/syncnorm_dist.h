@@ -288,8 +288,8 @@ SN_API sn_status_t sn_syncbn_forward(sn_syncbn_t *bn, void *y, const void *x, in
  * grad_bias (=) get this rank's local Σdy·x̂ and Σdy, as PyTorch (data-parallel gradient averaging
  * combines them later). After a forward on batch statistics with nothing to all-reduce
  * (comm == NULL or of one rank in training mode, or eval mode without running statistics) and
- * check_finite off, it is sn_batchnorm_bwd (fused in NCHW where a channel fits in L2), with the
- * same bits. dx may equal dy. Shapes and dtype as forward; host memory (device memory with
+ * check_finite off, it is sn_batchnorm_bwd, with the same bits. dx may equal dy. Shapes and
+ * dtype as forward; host memory (device memory with
  * cfg.device_memory: the same steps on the device, one all-reduce of 2C f64, no host wait; the
  * global count is taken from the device; see sn_syncbn_forward). Formula:
  * the BatchNorm backward of Ioffe & Szegedy 2015, as torch.nn.SyncBatchNorm's. Errors: as
