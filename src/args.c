@@ -137,12 +137,18 @@ sn_status_t sn__args_workspace(sn__args_t *a, const void *ws, size_t bytes, size
   return sn__check_spans(a->fn, a->span, a->count);
 }
 
-sn_status_t sn__bn_stats_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
+/* A BatchNorm call's activation sizes (sn__check_ncs; a->rows = n·s), layout and dtype. */
+static sn_status_t bn_acts(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
   int64_t rows;
   SN_TRY(sn__check_ncs(fn, k->n, k->c, k->s, &rows));
   args_init(a, fn, rows);
   SN_TRY(sn__check_layout(fn, k->layout));
-  SN_TRY(sn__check_act_dtype(fn, k->dtype));
+  return sn__check_act_dtype(fn, k->dtype);
+}
+
+sn_status_t sn__bn_stats_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
+  SN_TRY(bn_acts(a, fn, k));
+  const int64_t rows = a->rows;
   SN_TRY(sn__check_ptr(fn, "sum", k->sum));
   SN_TRY(sn__check_ptr(fn, "sumsq", k->sumsq));
   if (rows > 0) SN_TRY(sn__check_ptr(fn, "x", k->x));
@@ -196,11 +202,8 @@ sn_status_t sn__bn_update_running_args(sn__args_t *a, const char *fn, const sn__
 }
 
 sn_status_t sn__bn_apply_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
-  int64_t rows;
-  SN_TRY(sn__check_ncs(fn, k->n, k->c, k->s, &rows));
-  args_init(a, fn, rows);
-  SN_TRY(sn__check_layout(fn, k->layout));
-  SN_TRY(sn__check_act_dtype(fn, k->dtype));
+  SN_TRY(bn_acts(a, fn, k));
+  const int64_t rows = a->rows;
   SN_TRY(sn__check_ptr(fn, "mean", k->mean));
   SN_TRY(sn__check_ptr(fn, "rstd", k->rstd));
   if (rows == 0) return SN_OK; /* nothing written */
@@ -215,11 +218,8 @@ sn_status_t sn__bn_apply_args(sn__args_t *a, const char *fn, const sn__bn_call_t
 }
 
 sn_status_t sn__bn_fwd_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
-  int64_t rows;
-  SN_TRY(sn__check_ncs(fn, k->n, k->c, k->s, &rows));
-  args_init(a, fn, rows);
-  SN_TRY(sn__check_layout(fn, k->layout));
-  SN_TRY(sn__check_act_dtype(fn, k->dtype));
+  SN_TRY(bn_acts(a, fn, k));
+  const int64_t rows = a->rows;
   SN_TRY(sn__check_train_count(fn, rows));
   SN_TRY(sn__check_eps(fn, k->eps));
   SN_TRY(sn__check_ptr(fn, "mean", k->mean));
@@ -263,11 +263,8 @@ sn_status_t sn__bn_infer_args(sn__args_t *a, const char *fn, const sn__bn_call_t
 }
 
 sn_status_t sn__bn_bwd_reduce_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
-  int64_t rows;
-  SN_TRY(sn__check_ncs(fn, k->n, k->c, k->s, &rows));
-  args_init(a, fn, rows);
-  SN_TRY(sn__check_layout(fn, k->layout));
-  SN_TRY(sn__check_act_dtype(fn, k->dtype));
+  SN_TRY(bn_acts(a, fn, k));
+  const int64_t rows = a->rows;
   SN_TRY(sn__check_ptr(fn, "sum_dy", k->sum_dy));
   SN_TRY(sn__check_ptr(fn, "sum_dy_xhat", k->sum_dy_xhat));
   SN_TRY(sn__check_ptr(fn, "mean", k->mean));
@@ -287,11 +284,8 @@ sn_status_t sn__bn_bwd_reduce_args(sn__args_t *a, const char *fn, const sn__bn_c
 }
 
 sn_status_t sn__bn_bwd_apply_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
-  int64_t rows;
-  SN_TRY(sn__check_ncs(fn, k->n, k->c, k->s, &rows));
-  args_init(a, fn, rows);
-  SN_TRY(sn__check_layout(fn, k->layout));
-  SN_TRY(sn__check_act_dtype(fn, k->dtype));
+  SN_TRY(bn_acts(a, fn, k));
+  const int64_t rows = a->rows;
   SN_TRY(sn__check_ptr(fn, "mean", k->mean));
   SN_TRY(sn__check_ptr(fn, "rstd", k->rstd));
   if (k->sum_dy != NULL || k->sum_dy_xhat != NULL) { /* training mode; both NULL: eval */
@@ -316,11 +310,8 @@ sn_status_t sn__bn_bwd_apply_args(sn__args_t *a, const char *fn, const sn__bn_ca
 }
 
 sn_status_t sn__bn_bwd_args(sn__args_t *a, const char *fn, const sn__bn_call_t *k) {
-  int64_t rows;
-  SN_TRY(sn__check_ncs(fn, k->n, k->c, k->s, &rows));
-  args_init(a, fn, rows);
-  SN_TRY(sn__check_layout(fn, k->layout));
-  SN_TRY(sn__check_act_dtype(fn, k->dtype));
+  SN_TRY(bn_acts(a, fn, k));
+  const int64_t rows = a->rows;
   SN_TRY(sn__check_train_count(fn, rows)); /* as finalize: such a batch had no forward */
   SN_TRY(sn__check_ptr(fn, "mean", k->mean));
   SN_TRY(sn__check_ptr(fn, "rstd", k->rstd));
