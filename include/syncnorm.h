@@ -430,8 +430,10 @@ SN_API sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const
  * mean is 2^103 or more, factors f32 cannot hold (as in sn_batchnorm_apply).
  * Scratch: NCHW, for f16 groups of up to 2^18 values one group as f32 per thread (at most
  * 1 MiB), else none; NHWC, (5·C + 2·G) doubles per thread (each channel's sums, pivot and
- * partial sums, each group's statistics), plus 32·C doubles where the threads share each sample
- * (fewer samples than threads, or a sample larger than a core's L2).
+ * partial sums, each group's statistics), the call running on no more threads than keep these
+ * blocks within 64 MiB together (one thread where one block is larger), plus 32·C doubles where
+ * the threads share each sample (fewer samples than threads, or a sample larger than a core's
+ * L2).
  * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C, G <= 0, N, S < 0),
  * SN_ERR_INVALID_GROUPS (C % G != 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y overlaps x partly),
@@ -448,8 +450,8 @@ SN_API sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const voi
  * dgamma, dbeta: [C] f32 (=) or NULL. dx may equal dy. dgamma and dbeta add each sample's sums
  * in sample order, so the results are bitwise the same for any thread count. Scratch: 2·N·C
  * doubles where dgamma or dbeta is wanted (each sample's sums); NHWC also (7·C + 3·G) doubles
- * per thread, plus 48·C doubles where the threads share each sample (fewer samples than
- * threads). Errors as sn_groupnorm_fwd (no eps). */
+ * per thread, within 64 MiB as in sn_groupnorm_fwd, plus 48·C doubles where the threads share
+ * each sample (fewer samples than threads). Errors as sn_groupnorm_fwd (no eps). */
 SN_API sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy,
                                     const void *x, const float *mean, const float *rstd,
                                     const float *gamma, int64_t n, int64_t c, int64_t s,

@@ -1,7 +1,8 @@
 /*
  * test_large.c — LayerNorm and RMSNorm on one bf16 tensor of more than 2^31 elements (4.3 GB),
- * and LayerNorm on one row of 2^31 + 37 elements (test_one_row_bf16),
- * in place (y == x) to halve the memory: element offsets past 2^31 must be int64 everywhere.
+ * and LayerNorm on one row of 2^31 + 37 elements (test_one_row_bf16), in place (y == x) to halve
+ * the memory: element offsets past 2^31 must be int64 everywhere. Also the scratch of GroupNorm
+ * NHWC with 2^20 channels on 64 threads (test_groupnorm_nhwc_scratch).
  * d = 4097 is odd, so the element 2^31 falls inside row 524160, not on a row boundary.
  *
  * Checked: rows at the start, around the 2^31 boundary and at the end against an fp64 reference
@@ -205,12 +206,71 @@ START_TEST(test_one_row_bf16) {
 }
 END_TEST
 
+/* GroupNorm NHWC with 2^20 channels on 64 threads: the per-thread scratch blocks of the
+ * forward and backward stay within the bound their docstrings state (64 MiB together, or one
+ * block where one is larger), where one block per thread would be 2 GB; and the forward's y,
+ * mean and rstd match an fp64 reference in a few groups. */
+#define GN_BLOCKS_MAX (64.0 * 1024 * 1024) /* syncnorm.h, sn_groupnorm_fwd / _bwd */
+#define PEAK_SLACK (4.0 * 1024 * 1024)     /* the allocator's and the OpenMP runtime's own */
+/* f32 y within 16 roundings of |x̂| + 1 (no gamma, beta: a few, syncnorm.h); mean and rstd are
+ * fp64 values rounded to f32 once */
+#define GN_F32_TOL 0x1p-20
+START_TEST(test_groupnorm_nhwc_scratch) {
+  const int64_t N = 48, C = (int64_t)1 << 20, S = 1, G = 1024, Cg = C / G, n = N * S * C;
+  float *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
+  float *dy = malloc((size_t)n * sizeof *dy), *mean = malloc((size_t)(N * G) * sizeof *mean);
+  float *rstd = malloc((size_t)(N * G) * sizeof *rstd);
+  ck_assert_msg(x && y && dy && mean && rstd, "cannot allocate 600 MB for the tensors");
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) x[i] = gen(i), dy[i] = gen(n - 1 - i) - 6.0f, y[i] = 0.0f;
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(64);
+  double before = tu_peak_bytes();
+  sn_status_t st = sn_groupnorm_fwd(y, mean, rstd, x, NULL, NULL, N, C, S, G, EPS, SN_LAYOUT_NHWC,
+                                    SN_DTYPE_F32);
+  double grew = tu_peak_bytes() - before, block = (5.0 * C + 2.0 * G) * sizeof(double);
+  ck_assert_msg(st == SN_OK, "sn_groupnorm_fwd: %s", sn_last_error());
+  TU_CHECK(grew <= fmax(GN_BLOCKS_MAX, block) + PEAK_SLACK, "forward: peak grew by %.0f bytes",
+           grew);
+  before = tu_peak_bytes();
+  st = sn_groupnorm_bwd(dy, NULL, NULL, dy, x, mean, rstd, NULL, N, C, S, G, SN_LAYOUT_NHWC,
+                        SN_DTYPE_F32);
+  grew = tu_peak_bytes() - before, block = (7.0 * C + 3.0 * G) * sizeof(double);
+  ck_assert_msg(st == SN_OK, "sn_groupnorm_bwd: %s", sn_last_error());
+  TU_CHECK(grew <= fmax(GN_BLOCKS_MAX, block) + PEAK_SLACK, "backward: peak grew by %.0f bytes",
+           grew);
+  omp_set_num_threads(saved);
+  const int64_t groups[][2] = {{0, 0}, {0, G - 1}, {N / 2, G / 3}, {N - 1, G - 1}};
+  for (size_t k = 0; k < sizeof groups / sizeof groups[0]; k++) {
+    const int64_t s0 = groups[k][0] * C + groups[k][1] * Cg; /* S = 1: one run of Cg values */
+    double mu = 0.0, q = 0.0;
+    for (int64_t j = 0; j < Cg; j++) mu += x[s0 + j];
+    mu /= (double)Cg;
+    for (int64_t j = 0; j < Cg; j++) q += (x[s0 + j] - mu) * (x[s0 + j] - mu);
+    const double rs = 1.0 / sqrt(q / (double)Cg + EPS);
+    const int64_t gi = groups[k][0] * G + groups[k][1];
+    TU_CHECK(fabs(mean[gi] - mu) <= GN_F32_TOL * fabs(mu) &&
+                 fabs(rstd[gi] - rs) <= GN_F32_TOL * rs,
+             "group %zu: mean %.9g rstd %.9g, reference %.9g %.9g", k, (double)mean[gi],
+             (double)rstd[gi], mu, rs);
+    for (int64_t j = 0; j < Cg; j++) {
+      const double ref = (x[s0 + j] - mu) * rs;
+      TU_CHECK(fabs(y[s0 + j] - ref) <= GN_F32_TOL * (fabs(ref) + 1.0),
+               "group %zu, element %lld: %.9g, reference %.9g", k, (long long)j, (double)y[s0 + j],
+               ref);
+    }
+  }
+  free(x), free(y), free(dy), free(mean), free(rstd);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("large");
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 900);
   tcase_add_test(tc, test_large_bf16_in_place);
   tcase_add_test(tc, test_one_row_bf16);
+  tcase_add_test(tc, test_groupnorm_nhwc_scratch);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

@@ -30,6 +30,18 @@ static inline int64_t gn_piece_row(int64_t S, int64_t P, int64_t p) {
   return p * (S / P) + sn__min64(p, S % P);
 }
 
+/* The NHWC passes give each thread a scratch block of O(C) doubles (the per-channel sums of the
+ * sample it works on). The blocks together stay within GN_SCRATCH_MAX bytes, or one block where
+ * a single one is larger: with more channels than that allows, fewer threads run the call (the
+ * bits do not depend on the thread count), so the scratch does not grow with threads × C. */
+#define GN_SCRATCH_MAX ((int64_t)64 << 20)
+
+/* The threads an NHWC pass runs with, of nt, for blocks of `block` doubles each. */
+static inline int gn_nhwc_threads(int nt, int64_t block) {
+  const int64_t fit = GN_SCRATCH_MAX / (block * (int64_t)sizeof(double));
+  return fit < 1 ? 1 : fit < nt ? (int)fit : nt;
+}
+
 /* The most rows of a sample that one thread of a team of T sums and maps when the team shares
  * it: its pieces [t·P/T, (t+1)·P/T) of the P = gn_pieces(S), at most ⌈P/T⌉ (one where T > P,
  * and then T − P threads have none), each of at most ⌈S/P⌉ rows. */

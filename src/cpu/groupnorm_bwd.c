@@ -246,7 +246,8 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
     if (dbeta != NULL) memset(dbeta, 0, (size_t)c * sizeof *dbeta);
     return SN_OK;
   }
-  const int nt = sn__max_threads(), bt = sn__concurrent_threads(); /* bt <= nt */
+  const int nt = gn_nhwc_threads(sn__max_threads(), gn_bwd_nhwc_scratch(c, groups));
+  const int bt = sn__concurrent_threads() < nt ? sn__concurrent_threads() : nt; /* bt <= nt */
   sn_status_t st = SN_OK;
   double *wq = NULL, *scratch = NULL, *team = NULL;
   if (dgamma || dbeta) {
