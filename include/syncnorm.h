@@ -432,8 +432,8 @@ SN_API sn_status_t sn_batchnorm_bwd(void *dx, float *dgamma, float *dbeta, const
  * 1 MiB), else none; NHWC, (5·C + 2·G) doubles per thread (each channel's sums, pivot and
  * partial sums, each group's statistics), the call running on no more threads than keep these
  * blocks within 64 MiB together (one thread where one block is larger), plus 32·C doubles where
- * the threads share each sample (fewer samples than threads, or a sample larger than a core's
- * L2).
+ * the threads share each sample (fewer samples than threads, or samples larger than a core's L2
+ * that the threads can split).
  * Errors: SN_ERR_NULL_POINTER, SN_ERR_INVALID_SIZE (C, G <= 0, N, S < 0),
  * SN_ERR_INVALID_GROUPS (C % G != 0), SN_ERR_OVERFLOW, SN_ERR_INVALID_EPS,
  * SN_ERR_INVALID_LAYOUT, SN_ERR_INVALID_DTYPE, SN_ERR_INVALID_ARGUMENT (y overlaps x partly),

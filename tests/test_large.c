@@ -208,7 +208,7 @@ END_TEST
 
 /* GroupNorm NHWC with 2^20 channels on 64 threads: the per-thread scratch blocks of the
  * forward and backward stay within the bound their docstrings state (64 MiB together, or one
- * block where one is larger), where one block per thread would be 2 GB; and the forward's y,
+ * block where one is larger), where one block per thread would be 2.7 GB; and the forward's y,
  * mean and rstd match an fp64 reference in a few groups. */
 #define GN_BLOCKS_MAX (64.0 * 1024 * 1024) /* syncnorm.h, sn_groupnorm_fwd / _bwd */
 #define PEAK_SLACK (4.0 * 1024 * 1024)     /* the allocator's and the OpenMP runtime's own */
