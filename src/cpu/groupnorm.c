@@ -370,8 +370,8 @@ sn_status_t sn_groupnorm_fwd(void *y, float *mean, float *rstd, const void *x, c
     sn__free(wide);
     return SN_OK;
   }
-  const int nt = gn_nhwc_threads(sn__max_threads(), gn_fwd_nhwc_scratch(c, groups));
-  const int bt = sn__concurrent_threads() < nt ? sn__concurrent_threads() : nt; /* bt <= nt */
+  int bt;
+  const int nt = gn_nhwc_threads(gn_fwd_nhwc_scratch(c, groups), &bt);
   double *scratch = sn__alloc(fn, nt, gn_fwd_nhwc_scratch(c, groups), (int64_t)sizeof(double), &st);
   if (scratch == NULL) return st;
   double *team = NULL;

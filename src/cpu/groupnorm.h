@@ -36,10 +36,14 @@ static inline int64_t gn_piece_row(int64_t S, int64_t P, int64_t p) {
  * bits do not depend on the thread count), so the scratch does not grow with threads × C. */
 #define GN_SCRATCH_MAX ((int64_t)64 << 20)
 
-/* The threads an NHWC pass runs with, of nt, for blocks of `block` doubles each. */
-static inline int gn_nhwc_threads(int nt, int64_t block) {
+/* The threads an NHWC pass runs with, of sn__max_threads(), for blocks of `block` doubles each;
+ * *bt: those of them that can run at once (sn__concurrent_threads), <= the result. */
+static inline int gn_nhwc_threads(int64_t block, int *bt) {
   const int64_t fit = GN_SCRATCH_MAX / (block * (int64_t)sizeof(double));
-  return fit < 1 ? 1 : fit < nt ? (int)fit : nt;
+  const int max = sn__max_threads(), ct = sn__concurrent_threads();
+  const int nt = fit < 1 ? 1 : fit < max ? (int)fit : max;
+  *bt = ct < nt ? ct : nt;
+  return nt;
 }
 
 /* The most rows of a sample that one thread of a team of T sums and maps when the team shares

@@ -246,8 +246,6 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
     if (dbeta != NULL) memset(dbeta, 0, (size_t)c * sizeof *dbeta);
     return SN_OK;
   }
-  const int nt = gn_nhwc_threads(sn__max_threads(), gn_bwd_nhwc_scratch(c, groups));
-  const int bt = sn__concurrent_threads() < nt ? sn__concurrent_threads() : nt; /* bt <= nt */
   sn_status_t st = SN_OK;
   double *wq = NULL, *scratch = NULL, *team = NULL;
   if (dgamma || dbeta) {
@@ -256,6 +254,8 @@ sn_status_t sn_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, const void *
   }
   const gn_bwd_t b = {dx, wq, dy, x, mean, rstd, gamma, n, c, s, groups, dtype};
   if (layout == SN_LAYOUT_NHWC) {
+    int bt;
+    const int nt = gn_nhwc_threads(gn_bwd_nhwc_scratch(c, groups), &bt);
     scratch = sn__alloc(fn, nt, gn_bwd_nhwc_scratch(c, groups), (int64_t)sizeof(double), &st);
     if (scratch == NULL ||
         (gn_bwd_split(n, bt) &&
