@@ -128,26 +128,24 @@ static double span_sumsq(const void *x, int64_t off, int64_t n, double shift, sn
   return s;
 }
 
-/* Mean and rstd of one f32 NCHW group x [L]: one pass of sums shifted by the mean of its first
- * values, SN_ROW_LANES fp64 lanes, or two passes where that pivot is too far from the mean
- * (sn__row_shifted_sums, sn__row_stats in rownorm.h), prefetching the next group `next` (NULL
- * for none) for reading and this group's output `out` for writing as it goes. */
-SN_CLONES static void gn_group_stats_f32(double *mu, double *rs, const float *x, int64_t L,
-                                         double eps, const char *next, char *out) {
-  const double K = sn__row_pivot(x, NULL, 0, L);
-  double sums[2], m2;
-  sn__row_shifted_sums(sums, NULL, NULL, x, NULL, 0, L, K, next, out, 4);
-  sn__row_stats(mu, &m2, x, L, K, sums);
+/* Mean and rstd of one NCHW group x [L], f32 or (bf16) bf16: one pass of sums shifted by the
+ * mean of its first values, SN_ROW_LANES fp64 lanes, or two passes where that pivot is too far
+ * from the mean (sn__row_stats in rownorm.h; a bf16 group gives the bits of its widened copy),
+ * prefetching the next group `next` (NULL for none) for reading and this group's output `out`
+ * for writing as it goes. One body, an SN_CLONES function per dtype. */
+SN_INLINE void gn_group_stats(double *mu, double *rs, const void *x, int64_t L, double eps,
+                              const char *next, char *out, int bf16) {
+  double m2;
+  sn__row_stats(mu, &m2, NULL, x, NULL, L, bf16, (sn__row_pf_t){next, NULL, out, bf16 ? 2 : 4});
   *rs = 1.0 / sqrt(m2 / (double)L + eps);
 }
-
-/* gn_group_stats_f32 of one bf16 NCHW group x [L], read in pairs (sn__row_shifted_sums_bf16):
- * bitwise the same as on the group widened to f32; next and out as there (bf16). */
+SN_CLONES static void gn_group_stats_f32(double *mu, double *rs, const float *x, int64_t L,
+                                         double eps, const char *next, char *out) {
+  gn_group_stats(mu, rs, x, L, eps, next, out, 0);
+}
 SN_CLONES static void gn_group_stats_bf16(double *mu, double *rs, const uint16_t *x, int64_t L,
                                           double eps, const char *next, char *out) {
-  double m2;
-  sn__row_stats_bf16(mu, &m2, NULL, x, NULL, L, next, NULL, out);
-  *rs = 1.0 / sqrt(m2 / (double)L + eps);
+  gn_group_stats(mu, rs, x, L, eps, next, out, 1);
 }
 
 /* f16 NCHW groups of up to GN_F16_WIDE_MAX values are widened once into a per-thread f32 row

@@ -12,7 +12,7 @@
  * The row (4 KB at d = 1024 f32) stays in L1/L2 between passes, so x is read from DRAM once and
  * y written once. Pass 2 runs in f32, with the fp64 mean split into two floats hi + lo:
  * (x − hi) is exact when x is near the mean (Sterbenz), so |mean| ≫ σ loses nothing; the f32
- * map meets the bf16/f16 bound max(1 ulp, 2^-16·(|x̂·gamma| + |beta|)) (ln_map_f32). Rows whose
+ * map meets the bf16/f16 bound max(1 ulp, 2^-16·(|x̂·gamma| + |beta|)) (ln_map_row). Rows whose
  * mean is 2^103 or more, where x − hi itself can overflow f32 (SN_CENTRE_F32_MAX), or tiny
  * (LN_SPLIT_MIN) are mapped in fp64 (ln_map_f64; the backward's such rows are computed in fp64
  * throughout). Rows longer than SN_LONG_ROW take longrow.c, whose scratch does not grow with d.
@@ -36,17 +36,6 @@
 
 #include "longrow.h"
 #include "rownorm.h"
-
-/* y[i] = ((x[i] − hi) − lo)·s·gamma[i] + beta[i] in f32; mean = hi + lo, s = (float)rstd.
- * has_g and has_b are constants after inlining (sn__map_f32). nt: y streamed. Its error is
- * ~5 f32 roundings (2^-24 each) of x̂·gamma (x − hi, − lo, rstd rounded to f32, · rstd,
- * · gamma) plus one of y: within 2^-16·(|x̂·gamma| + |beta|), the bf16/f16 bound, and a few ulp
- * of f32 outputs relative to those terms. */
-SN_INLINE void ln_map_f32(float *y, const float *x, const float *gamma, const float *beta,
-                          int64_t d, double mean, double rstd, int has_g, int has_b, int nt) {
-  const float hi = (float)mean, lo = (float)(mean - (double)hi), s = (float)rstd;
-  sn__map_f32(y, x, gamma, beta, d, hi, lo, s, has_g, has_b, 1, nt);
-}
 
 /* The f32 maps hold the fp64 mean as hi + lo (48 bits) only while lo = mean − hi is a normal
  * float: |lo| ≤ 2^-24·|mean| must stay ≥ 2^-126. Below LN_SPLIT_MIN (nonzero) hi + lo can be
@@ -92,101 +81,91 @@ static inline int ln_row_f64(const ln_fwd_ctx_t *c, double mean) {
   return c->wide || ln_map_in_f64(mean);
 }
 
-/* One row: x [d] f32 → y [d] f32; stats[0] = mean, stats[1] = rstd (fp64). y may equal x.
- * With res [d] (the fused kernel; NULL for none) the row normalized is the residual sum
- * x + res, written into sum_out [d] by the first pass (sum_out may equal x or res; y may not
- * overlap them). c: the call. next, out: the rows to prefetch (sn__row_shifted_sums). nt: y streamed
- * where the plain f32 map writes it (ln_map_f32). */
-SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const float *res,
-                                 float *sum_out, const ln_fwd_ctx_t *c, const char *next,
-                                 char *out, int nt) {
-  const float *gamma = c->a->gamma, *beta = c->a->beta;
-  const int64_t d = c->a->d;
-  const int esize = (int)sn_dtype_size(c->a->dtype);
-  const double K = sn__row_pivot(x, res, 0, d);
-  double sums[2], mean, m2;
-  if (res != NULL) {
-    sn__row_shifted_sums(sums, NULL, sum_out, x, res, 0, d, K, next, out, esize);
-    x = sum_out; /* the maps read the stored sums, cache-hot */
-  } else {
-    sn__row_shifted_sums(sums, NULL, NULL, x, NULL, 0, d, K, next, out, esize);
-  }
-  sn__row_stats(&mean, &m2, x, d, K, sums);
-  const double rstd = 1.0 / sqrt(m2 / (double)d + (double)c->a->eps);
-  stats[0] = mean;
-  stats[1] = rstd;
-  const int g = gamma != NULL, b = beta != NULL;
-  if (ln_row_f64(c, mean)) {
-    ln_map_f64(y, x, gamma, beta, d, mean, rstd, 0);
-  } else if (!b) {
-    if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, 1, 0, nt);
-    else ln_map_f32(y, x, gamma, beta, d, mean, rstd, 0, 0, nt);
-  } else {
-    if (g) ln_map_f32(y, x, gamma, beta, d, mean, rstd, 1, 1, nt);
-    else ln_map_f32(y, x, gamma, beta, d, mean, rstd, 0, 1, nt);
-  }
-}
-
-/* ---- bf16 rows in pairs (sn_layernorm_fwd) ------------------------------------------------ */
-
-/* The statistics of one bf16 row x [d] of sn_layernorm_fwd, bitwise ln_fwd_row's on the
- * widened row, with no f32 copy of the row: stats[0] = mean, stats[1] = rstd (fp64), from the
- * shifted sums with x widened in registers in pairs (sn__row_stats_bf16; the two-pass
- * fallback also reads the bf16 row). With res (sn_add_layernorm_fwd; NULL: none) of the
- * residual sum x + res, rounded to bf16 and stored into sum_out [d] as it is summed. next,
- * next_res: the next rows of x and res to prefetch, out: this row of y (NULL: none). Always
- * inlined into ln_stats_pairs and ln_stats_add_pairs, which fix res. */
-SN_INLINE void ln_stats_impl(double stats[2], uint16_t *sum_out, const uint16_t *x,
-                             const uint16_t *res, int64_t d, float eps, const char *next,
-                             const char *next_res, char *out) {
+/* stats[0] = mean, stats[1] = rstd (fp64) of one row x [d], f32 or (bf16) bf16, or with res
+ * (the fused kernels; NULL for none) of the residual sum x + res, stored into sum_out [d] as it
+ * is summed (sum_out may equal x or res): sn__row_stats, bitwise the same for a bf16 row and its
+ * widened copy. pf: the rows to prefetch. */
+SN_INLINE void ln_row_stats(double stats[2], void *sum_out, const void *x, const void *res,
+                            int64_t d, float eps, int bf16, sn__row_pf_t pf) {
   double mean, m2;
-  sn__row_stats_bf16(&mean, &m2, sum_out, x, res, d, next, next_res, out);
+  sn__row_stats(&mean, &m2, sum_out, x, res, d, bf16, pf);
   stats[0] = mean;
   stats[1] = 1.0 / sqrt(m2 / (double)d + (double)eps);
 }
-SN_CLONES static void ln_stats_pairs(double stats[2], const uint16_t *x, int64_t d, float eps,
-                                     const char *next, char *out) {
-  ln_stats_impl(stats, NULL, x, NULL, d, eps, next, NULL, out);
-}
-SN_CLONES static void ln_stats_add_pairs(double stats[2], uint16_t *sum_out, const uint16_t *x,
-                                         const uint16_t *res, int64_t d, float eps,
-                                         const char *next, const char *next_res, char *out) {
-  ln_stats_impl(stats, sum_out, x, res, d, eps, next, next_res, out);
-}
 
-/* The map of that row into y [d] (bf16) from its stats (ln_stats_pairs), bitwise ln_fwd_row's
- * on the widened row narrowed as sn__from_f32, in pairs (sn__map_pairs). Rows ln_row_f64
- * picks (rare) are widened into tmp [d] and mapped in fp64 (ln_map_f64). c: the call. y may
- * equal x. nt: y streamed (but the rare rows of ln_map_f64). */
-SN_CLONES static void ln_map_row_pairs(uint16_t *y, const double stats[2], const uint16_t *x,
-                                       float *tmp, const ln_fwd_ctx_t *c, int nt) {
+/* y [d] = ((x − hi) − lo)·s·gamma + beta for one row x [d], f32 or (bf16) bf16, y of x's dtype
+ * (may equal x), from its stats (ln_row_stats): mean = hi + lo, s = (float)rstd, in f32
+ * (sn__map_row; has_g, has_b constants there, a loop each). The error of the f32 map is ~5 f32
+ * roundings (2^-24 each) of x̂·gamma (x − hi, − lo, rstd rounded to f32, · rstd, · gamma) plus
+ * one of y: within 2^-16·(|x̂·gamma| + |beta|), the bf16/f16 bound, and a few ulp of f32
+ * outputs relative to those terms. Rows ln_row_f64 picks (rare) are mapped in fp64
+ * (ln_map_f64; a bf16 row widened into tmp [d] first). c: the call. nt: y streamed (but the
+ * rows of ln_map_f64).
+ * A bf16 row with a finite mean is finite (an infinite or NaN x makes the sums, hence the mean,
+ * non-finite), and then |x − mean|·rstd ≤ √d (to a few ulps in f32); rstd ≤ 1/√eps is finite as
+ * a float too, so with gamma and beta finite (c->pfin) no y is NaN (at most ±inf), and y is
+ * narrowed without the NaN case (sn__map_row's finite: the same bits). */
+SN_INLINE void ln_map_row(void *y, const double stats[2], const void *x, float *tmp,
+                          const ln_fwd_ctx_t *c, int bf16, int nt) {
   const double mean = stats[0], rstd = stats[1];
   const float *gamma = c->a->gamma, *beta = c->a->beta;
   const int64_t d = c->a->d;
   if (ln_row_f64(c, mean)) {
-    for (int64_t i = 0; i < d; i++) tmp[i] = sn__bf16_to_f32(x[i]);
-    ln_map_f64(y, tmp, gamma, beta, d, mean, rstd, 1);
+    if (bf16) sn__to_f32(tmp, x, 0, d, SN_DTYPE_BF16);
+    ln_map_f64(y, bf16 ? tmp : (const float *)x, gamma, beta, d, mean, rstd, bf16);
     return;
   }
-  /* A finite mean means a finite row (an infinite or NaN x makes the sums, hence the mean,
-   * non-finite), and then |x − mean|·rstd ≤ √d (to a few ulps in f32); rstd ≤ 1/√eps is finite
-   * as a float too, so with gamma and beta finite no y is NaN (at most ±inf), and y is narrowed
-   * without the NaN case (sn__map_pairs's finite: the same bits). */
   const float hi = (float)mean;
-  const sn__pair_map_t m = {c->gs, gamma, c->bs, beta, hi, (float)(mean - (double)hi),
-                           (float)rstd};
-  const int fin = c->pfin && isfinite(mean) && isfinite(rstd), g = gamma != NULL;
+  const sn__row_map_t m = {bf16 ? c->gs : gamma, gamma, bf16 ? c->bs : beta, beta, hi,
+                           (float)(mean - (double)hi), (float)rstd};
+  const int fin = bf16 && c->pfin && isfinite(mean) && isfinite(rstd), g = gamma != NULL;
   if (beta != NULL) {
-    if (g && fin) sn__map_pairs(y, x, d, &m, 1, 1, 1, nt, 1);
-    else if (g) sn__map_pairs(y, x, d, &m, 1, 1, 1, nt, 0);
-    else if (fin) sn__map_pairs(y, x, d, &m, 0, 1, 1, nt, 1);
-    else sn__map_pairs(y, x, d, &m, 0, 1, 1, nt, 0);
+    if (g && fin) sn__map_row(y, x, d, &m, bf16, 1, 1, 1, nt, 1);
+    else if (g) sn__map_row(y, x, d, &m, bf16, 1, 1, 1, nt, 0);
+    else if (fin) sn__map_row(y, x, d, &m, bf16, 0, 1, 1, nt, 1);
+    else sn__map_row(y, x, d, &m, bf16, 0, 1, 1, nt, 0);
   } else {
-    if (g && fin) sn__map_pairs(y, x, d, &m, 1, 0, 1, nt, 1);
-    else if (g) sn__map_pairs(y, x, d, &m, 1, 0, 1, nt, 0);
-    else if (fin) sn__map_pairs(y, x, d, &m, 0, 0, 1, nt, 1);
-    else sn__map_pairs(y, x, d, &m, 0, 0, 1, nt, 0);
+    if (g && fin) sn__map_row(y, x, d, &m, bf16, 1, 0, 1, nt, 1);
+    else if (g) sn__map_row(y, x, d, &m, bf16, 1, 0, 1, nt, 0);
+    else if (fin) sn__map_row(y, x, d, &m, bf16, 0, 0, 1, nt, 1);
+    else sn__map_row(y, x, d, &m, bf16, 0, 0, 1, nt, 0);
   }
+}
+
+/* One f32 row: x [d] → y [d]; stats[0] = mean, stats[1] = rstd (fp64). y may equal x. With res
+ * [d] (the fused kernel; NULL for none) the row normalized is the residual sum x + res, written
+ * into sum_out [d] by the first pass (sum_out may equal x or res; y may not overlap them), which
+ * the map then reads, cache-hot. c: the call. next, out: the rows to prefetch (sn__row_pf_t).
+ * nt: y streamed. */
+SN_CLONES static void ln_fwd_row(float *y, double *stats, const float *x, const float *res,
+                                 float *sum_out, const ln_fwd_ctx_t *c, const char *next,
+                                 char *out, int nt) {
+  const int esize = (int)sn_dtype_size(c->a->dtype);
+  ln_row_stats(stats, sum_out, x, res, c->a->d, c->a->eps, 0,
+               (sn__row_pf_t){next, NULL, out, esize});
+  ln_map_row(y, stats, res != NULL ? sum_out : x, NULL, c, 0, nt);
+}
+
+/* ---- bf16 rows in pairs (sn_layernorm_fwd) ------------------------------------------------ */
+
+/* The same two steps for one bf16 row, as functions of their own (ln_fwd_rows_pairs runs them a
+ * row apart), with no f32 copy of the row: x is widened in registers in pairs in both. The
+ * statistics of x [d], or with res of the residual sum rounded to bf16 and stored into sum_out
+ * [d]; next, next_res: the next rows of x and res to prefetch, out: this row of y (NULL: none). */
+SN_CLONES static void ln_stats_pairs(double stats[2], const uint16_t *x, int64_t d, float eps,
+                                     const char *next, char *out) {
+  ln_row_stats(stats, NULL, x, NULL, d, eps, 1, (sn__row_pf_t){next, NULL, out, 2});
+}
+SN_CLONES static void ln_stats_add_pairs(double stats[2], uint16_t *sum_out, const uint16_t *x,
+                                         const uint16_t *res, int64_t d, float eps,
+                                         const char *next, const char *next_res, char *out) {
+  ln_row_stats(stats, sum_out, x, res, d, eps, 1, (sn__row_pf_t){next, next_res, out, 2});
+}
+/* The map of the row from its stats into y [d] (may equal x); tmp: d floats for the rows of
+ * ln_map_f64. */
+SN_CLONES static void ln_map_row_pairs(uint16_t *y, const double stats[2], const uint16_t *x,
+                                       float *tmp, const ln_fwd_ctx_t *c, int nt) {
+  ln_map_row(y, stats, x, tmp, c, 1, nt);
 }
 
 /* Rows [r0, r1) of a bf16 sn_layernorm_fwd (x, y: the whole [rows, d] tensors; mean, rstd:

@@ -49,45 +49,53 @@
 /* forward                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-/* y[i] = (x[i]·s)·gamma[i] in f32 (has_g constant after inlining). y may equal x. nt: y
- * streamed (sn__map_f32). */
-SN_INLINE void rms_map(float *y, const float *x, const float *gamma, int64_t d, float s,
-                       int has_g, int nt) {
-  sn__map_f32(y, x, gamma, NULL, d, 0.0f, 0.0f, s, has_g, 0, 0, nt);
+/* y [d] = (x·rstd)·gamma in f32 for one row x [d], f32 or (bf16) bf16, y of x's dtype (may equal
+ * x): sn__map_row, gamma NULL or gb (gamma for f32, in pairs for bf16, sn__to_pairs). nt: y
+ * streamed. gfin (bf16): gamma NULL or all finite. Where the row's sum of squares was finite too
+ * (rstd finite and > 0: the row is finite), no y is NaN: |x·rstd| <= √d·(1 + 2^-19) (x² is at
+ * most the sum of squares, whose f32 blocks err by < 2^-19.9, sn__row_sumsq_lowp) and gamma
+ * finite make y finite or ±inf, so a bf16 y is narrowed without sn__f32_to_bf16's NaN case (the
+ * same bits, sn__map_row's finite). */
+SN_INLINE void rms_map_row(void *y, const void *x, const float *gamma, const float *gb, int64_t d,
+                           double rstd, int gfin, int bf16, int nt) {
+  const sn__row_map_t m = {gb, gamma, NULL, NULL, 0.0f, 0.0f, (float)rstd};
+  if (bf16 && gfin && rstd > 0.0 && isfinite(rstd)) {
+    if (gamma != NULL) sn__map_row(y, x, d, &m, bf16, 1, 0, 0, nt, 1);
+    else sn__map_row(y, x, d, &m, bf16, 0, 0, 0, nt, 1);
+  } else {
+    if (gamma != NULL) sn__map_row(y, x, d, &m, bf16, 1, 0, 0, nt, 0);
+    else sn__map_row(y, x, d, &m, bf16, 0, 0, 0, nt, 0);
+  }
 }
 
 /* One row of the call a (its gamma, d, eps; bf16/f16 rows computed in f32): x [d] f32 → y [d]
  * f32 (y may equal x); returns rstd in fp64. With res [d] (the fused kernel, f32 rows only; NULL
  * for none) the row normalized is the residual sum x + res, written into sum_out [d] by the
  * first pass (sum_out may equal x or res; y may not overlap them). next, out: the rows of a's
- * dtype the first pass prefetches (sn__row_sumsq_w; NULL for none). nt: y streamed
- * (rms_map). */
+ * dtype the first pass prefetches (sn__row_pf_t; NULL for none). nt: y streamed. */
 SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *res, float *sum_out,
                                     const sn__rn_fwd_t *a, const char *next, char *out, int nt) {
   const float *gamma = a->gamma;
   const int64_t d = a->d;
   const float eps = a->eps;
   const int esize = (int)sn_dtype_size(a->dtype), lowp = a->dtype != SN_DTYPE_F32;
+  const sn__row_pf_t pf = {next, NULL, out, esize};
   double ss;
   if (lowp) {
-    ss = sn__row_sumsq_lowp(NULL, NULL, x, NULL, 0, d, next, out, esize);
-  } else if (res != NULL) {
-    ss = sn__row_sumsq_w(NULL, sum_out, x, res, 0, d, 0.0, next, out, esize);
-    x = sum_out; /* the map reads the stored sums, cache-hot */
+    ss = sn__row_sumsq_lowp(NULL, x, NULL, d, 0, pf);
   } else {
-    ss = sn__row_sumsq_w(NULL, NULL, x, NULL, 0, d, 0.0, next, out, esize);
+    ss = sn__row_sumsq_w(sum_out, x, res, 0, d, 0.0, pf);
+    if (res != NULL) x = sum_out; /* the map reads the stored sums, cache-hot */
   }
-  const double ms = ss / (double)d;
-  const double rstd = 1.0 / sqrt(ms + (double)eps);
-  if (gamma != NULL) rms_map(y, x, gamma, d, (float)rstd, 1, nt);
-  else rms_map(y, x, gamma, d, (float)rstd, 0, nt);
+  const double rstd = 1.0 / sqrt(ss / (double)d + (double)eps);
+  rms_map_row(y, x, gamma, gamma, d, rstd, 0, 0, nt);
   return rstd;
 }
 
 /* One bf16 row, bitwise as rms_fwd_row on the widened row (the f16 path), in two passes with
  * no f32 copy of the row: rms_rstd_bf16 sums the squares as x is widened in registers
- * (sn__row_sumsq_bf16; x read from memory once), then rms_map_bf16 widens x, now cache-hot,
- * again and maps it, narrowing y as it is stored (sn__map_pairs; y written once). With res [d]
+ * (sn__row_sumsq_lowp; x read from memory once), then rms_map_bf16 widens x, now cache-hot,
+ * again and maps it, narrowing y as it is stored (sn__map_row; y written once). With res [d]
  * (the fused kernel; NULL for none) the row normalized is the residual sum, rounded to bf16
  * into sum_out [d] by the first pass and read back by the second: bitwise the generic path
  * (sn__residual_sum_row, then this row on sum_out). gs: gamma in pairs (sn__to_pairs), NULL
@@ -95,24 +103,13 @@ SN_CLONES static double rms_fwd_row(float *y, const float *x, const float *res, 
  * when y is streamed). rms_fwd_rows_bf16 runs them a row apart. */
 SN_CLONES static double rms_rstd_bf16(const uint16_t *x, const uint16_t *res, uint16_t *sum_out,
                                       int64_t d, float eps, const char *next, char *out) {
-  const double ss = sn__row_sumsq_bf16(x, res, sum_out, d, next, out);
+  const double ss = sn__row_sumsq_lowp(sum_out, x, res, d, 1, (sn__row_pf_t){next, NULL, out, 2});
   return 1.0 / sqrt(ss / (double)d + (double)eps);
 }
-/* nt: y streamed. gfin: gamma NULL or all finite. Where the row's sum of squares was finite too
- * (rstd finite and > 0: the row is finite), no y is NaN: |x·rstd| <= √d·(1 + 2^-19) (x² is at
- * most the sum of squares, whose f32 blocks err by < 2^-19.9, sn__row_sumsq_lowp) and gamma
- * finite make y finite or ±inf, so y is narrowed without sn__f32_to_bf16's NaN case (the same
- * bits, sn__map_pairs's finite). */
+/* The map of that row (rms_map_row) from its rstd: xm [d] (x or sum_out), y [d] bf16. */
 SN_CLONES static void rms_map_bf16(uint16_t *y, const uint16_t *xm, const float *gamma,
                                    const float *gs, int64_t d, double rstd, int gfin, int nt) {
-  const sn__pair_map_t m = {gs, gamma, NULL, NULL, 0.0f, 0.0f, (float)rstd};
-  if (gfin && rstd > 0.0 && isfinite(rstd)) {
-    if (gamma != NULL) sn__map_pairs(y, xm, d, &m, 1, 0, 0, nt, 1);
-    else sn__map_pairs(y, xm, d, &m, 0, 0, 0, nt, 1);
-  } else {
-    if (gamma != NULL) sn__map_pairs(y, xm, d, &m, 1, 0, 0, nt, 0);
-    else sn__map_pairs(y, xm, d, &m, 0, 0, 0, nt, 0);
-  }
+  rms_map_row(y, xm, gamma, gs, d, rstd, gfin, 1, nt);
 }
 
 /* Rows [r0, r1) of a bf16 sn_rmsnorm_fwd or (res, sum_out non-NULL) sn_add_rmsnorm_fwd (the
@@ -201,7 +198,7 @@ static sn_status_t rms_fwd(const char *fn, const sn__rn_fwd_t *a) {
 
   /* scratch: [threads, row_stride] f32 rows (d rounded up to whole lines) for f16 (the x row,
    * or the widened sum row; y is computed there); for bf16 one row, gamma in pairs
-   * (sn__map_pairs); f32 works on x and y directly */
+   * (sn__map_row); f32 works on x and y directly */
   const int64_t esize = sn_dtype_size(dtype);
   sn_status_t st = SN_OK;
   const int64_t row_stride = sn__line_stride(d, sizeof(float)); /* per thread */
@@ -218,7 +215,7 @@ static sn_status_t rms_fwd(const char *fn, const sn__rn_fwd_t *a) {
     return st;
   }
 
-  const float *gs = NULL; /* bf16: gamma in pairs (sn__map_pairs), in the scratch */
+  const float *gs = NULL; /* bf16: gamma in pairs (sn__map_row), in the scratch */
   if (dtype == SN_DTYPE_BF16 && gamma != NULL) {
     sn__to_pairs(scratch, gamma, d);
     gs = scratch;

@@ -161,8 +161,9 @@ SN_INLINE int sn__any_sign(const sn__pi *v) {
   return (m & 0x8000000080000000u) != 0;
 }
 
-/* e, o = the two halves of the pair block at q, an f32 array in pair order (each full block of
- * SN_PAIR: its even elements, then its odd ones); sn__pair_store writes them back. */
+/* e, o = q[0..15] and q[16..31]: a block of an f32 row, or of an array in pair order (each full
+ * block of SN_PAIR: its even elements, then its odd ones; sn__to_pairs); sn__pair_store writes
+ * them back. */
 SN_INLINE void sn__pair_load(sn__pf *e, sn__pf *o, const float *q) {
   memcpy(e, q, sizeof *e);
   memcpy(o, q + SN_PAIR / 2, sizeof *o);
@@ -192,61 +193,76 @@ SN_UNUSED static void sn__to_pairs(float *dst, const float *src, int64_t d) {
   for (; i < d; i++) dst[i] = src[i];
 }
 
-/* What sn__map_pairs maps with: gamma and beta in pair order (sn__to_pairs) and as they are
- * (for the tail after the last pair block), NULL where not given; mean = hi + lo; scale s. */
-typedef struct {
-  const float *gs, *gamma, *bs, *beta;
-  float hi, lo, s;
-} sn__pair_map_t;
+/* Element i of a row that is f32, or with widen bf16, as f32. */
+SN_INLINE float sn__load_w(const void *src, int widen, int64_t i) {
+  return widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+}
 
-/* y [d] = t·gamma + beta narrowed to bf16 as it is stored, t = ((x − hi) − lo)·s (centre:
- * LayerNorm) or x·s (RMSNorm), in f32, for a bf16 row xb [d] read in pairs: bitwise the same f32
- * operations on the widened row followed by sn__f32_to_bf16. has_g, has_b, centre: constants
- * after inlining. y may equal xb (each block is loaded before it is stored). nt: y streamed
- * (sn__store64). finite (a constant after inlining): the caller knows no value is NaN, so y is
- * narrowed as sn__f32_to_bf16_finite, which gives the same bits for every non-NaN value. */
-SN_INLINE void sn__map_pairs(uint16_t *y, const uint16_t *xb, int64_t d, const sn__pair_map_t *m,
-                             int has_g, int has_b, int centre, int nt, int finite) {
-  const float hi = m->hi, lo = m->lo, s = m->s;
-  int64_t i = 0;
-  for (; i + SN_PAIR <= d; i += SN_PAIR) {
-    sn__pf e, o, ge = {0}, go = {0}, be = {0}, bo = {0};
-    sn__pair_widen(&e, &o, xb + i);
-    if (has_g) sn__pair_load(&ge, &go, m->gs + i);
-    if (has_b) sn__pair_load(&be, &bo, m->bs + i);
-    e = SN_ROW_Y(SN_ROW_XHAT(e, hi, lo, s, centre), ge, be, has_g, has_b);
-    o = SN_ROW_Y(SN_ROW_XHAT(o, hi, lo, s, centre), go, bo, has_g, has_b);
-    if (finite) sn__pair_narrow_finite(y + i, &e, &o, nt);
-    else sn__pair_narrow(y + i, &e, &o, nt);
-  }
-  for (; i < d; i++) {
-    const float t = SN_ROW_Y(SN_ROW_XHAT(sn__bf16_to_f32(xb[i]), hi, lo, s, centre),
-                             m->gamma[i], m->beta[i], has_g, has_b);
-    y[i] = finite ? sn__f32_to_bf16_finite(t) : sn__f32_to_bf16(t);
+/* The 32 values of a row from element i, a block of the row functions below: e, o = elements
+ * i..i+15 and i+16..i+31 of an f32 row (in order), or with bf16 the even and odd ones of a bf16
+ * row (sn__pair_widen). Every function that reads rows a block at a time works on e and o the
+ * same way for both dtypes; only this load, the store below and the order of the lanes at the
+ * end differ. */
+SN_INLINE void sn__block_load(sn__pf *e, sn__pf *o, const void *x, int64_t i, int bf16) {
+  if (bf16) sn__pair_widen(e, o, (const uint16_t *)x + i);
+  else sn__pair_load(e, o, (const float *)x + i);
+}
+
+/* The block at element i of y = e, o as sn__block_load reads them: f32, or with bf16 narrowed as
+ * sn__f32_to_bf16 (finite: as sn__f32_to_bf16_finite, for values known not to be NaN). nt:
+ * streamed where the 64 bytes at each store start a line (sn__store64). */
+SN_INLINE void sn__block_store(void *y, int64_t i, const sn__pf *e, const sn__pf *o, int bf16,
+                               int nt, int finite) {
+  if (!bf16) {
+    sn__store64((float *)y + i, e, nt);
+    sn__store64((float *)y + i + SN_PAIR / 2, o, nt);
+  } else if (finite) {
+    sn__pair_narrow_finite((uint16_t *)y + i, e, o, nt);
+  } else {
+    sn__pair_narrow((uint16_t *)y + i, e, o, nt);
   }
 }
 
+/* What sn__map_row maps with: gamma and beta as given (NULL where not given) and in the block
+ * order of the row's dtype (gb, bb: as given for f32 rows, in pair order for bf16 ones,
+ * sn__to_pairs); mean = hi + lo; scale s. */
+typedef struct {
+  const float *gb, *gamma, *bb, *beta;
+  float hi, lo, s;
+} sn__row_map_t;
+
 /* y [d] = t·gamma + beta in f32, t = ((x − hi) − lo)·s (centre: LayerNorm, mean = hi + lo) or
- * x·s (RMSNorm), for an f32 row x [d]; has_g, has_b, centre: constants after inlining, each
- * combination its own vector loop. nt: y streamed, an ordinary-store head up to the first 64-byte
- * line (sn__head64), then vectors of 16 through sn__store64 with the same operations, so the same
- * bits. y may equal x. */
-SN_INLINE void sn__map_f32(float *y, const float *x, const float *gamma, const float *beta,
-                           int64_t d, float hi, float lo, float s, int has_g, int has_b,
-                           int centre, int nt) {
-#define SN_MAP_EL(i) \
-  y[i] = SN_ROW_Y(SN_ROW_XHAT(x[i], hi, lo, s, centre), gamma[i], beta[i], has_g, has_b)
+ * x·s (RMSNorm), for a row x [d] that is f32 or (bf16) bf16, y of x's dtype (bf16: narrowed as
+ * sn__f32_to_bf16, or with finite as sn__f32_to_bf16_finite: the caller knows no y is NaN; the
+ * same bits for every non-NaN value). bf16, has_g, has_b, centre, finite: constants after
+ * inlining, each combination its own vector loop. bf16 rows and streamed f32 rows go in blocks of
+ * SN_PAIR (sn__block_load), then element by element; other f32 rows element by element, a loop
+ * GCC vectorizes as well as the blocks. The same operations, the same bits as the widened row
+ * mapped in f32. y may equal x (each block is loaded before it is stored). nt: y streamed; an
+ * f32 row first maps the elements before its first 64-byte line one at a time (sn__head64), a
+ * bf16 row, whose pair blocks are fixed by the element index, streams only where it starts a
+ * line. */
+SN_INLINE void sn__map_row(void *y, const void *x, int64_t d, const sn__row_map_t *m, int bf16,
+                           int has_g, int has_b, int centre, int nt, int finite) {
+  const float hi = m->hi, lo = m->lo, s = m->s;
+#define SN_MAP_EL(i)                                                                          \
+  do {                                                                                        \
+    const float t_ = SN_ROW_Y(SN_ROW_XHAT(sn__load_w(x, bf16, i), hi, lo, s, centre),         \
+                              m->gamma[i], m->beta[i], has_g, has_b);                         \
+    if (!bf16) ((float *)y)[i] = t_;                                                          \
+    else ((uint16_t *)y)[i] = finite ? sn__f32_to_bf16_finite(t_) : sn__f32_to_bf16(t_);     \
+  } while (0)
   int64_t i = 0;
-  if (nt) {
+  if (nt && !bf16)
     for (const int64_t h = sn__head64(y, d); i < h; i++) SN_MAP_EL(i);
-    for (; i + 16 <= d; i += 16) {
-      sn__pf v, g = {0}, b = {0};
-      memcpy(&v, x + i, sizeof v);
-      if (has_g) memcpy(&g, gamma + i, sizeof g);
-      if (has_b) memcpy(&b, beta + i, sizeof b);
-      v = SN_ROW_Y(SN_ROW_XHAT(v, hi, lo, s, centre), g, b, has_g, has_b);
-      sn__store64(y + i, &v, 1);
-    }
+  for (; (bf16 || nt) && i + SN_PAIR <= d; i += SN_PAIR) {
+    sn__pf e, o, ge = {0}, go = {0}, be = {0}, bo = {0};
+    sn__block_load(&e, &o, x, i, bf16);
+    if (has_g) sn__pair_load(&ge, &go, m->gb + i);
+    if (has_b) sn__pair_load(&be, &bo, m->bb + i);
+    e = SN_ROW_Y(SN_ROW_XHAT(e, hi, lo, s, centre), ge, be, has_g, has_b);
+    o = SN_ROW_Y(SN_ROW_XHAT(o, hi, lo, s, centre), go, bo, has_g, has_b);
+    sn__block_store(y, i, &e, &o, bf16, nt, finite);
   }
   SN_IVDEP
   for (; i < d; i++) SN_MAP_EL(i);
@@ -264,11 +280,6 @@ SN_INLINE void sn__pair_lanes(double *acc, const double *e, const double *o) {
   for (int m = 0; m < SN_PAIR / 2; m++) acc[2 * m] = e[m], acc[2 * m + 1] = o[m];
 }
 
-/* Element i of a row that is f32, or with widen bf16, as f32. */
-SN_INLINE float sn__load_w(const void *src, int widen, int64_t i) {
-  return widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
-}
-
 /* Σ x[i] in fp64; element i goes to lane i % SN_ROW_LANES. x is f32 [n] or, with widen, bf16
  * [n] (the same values, the same sum). */
 SN_INLINE double sn__row_sum_w(const void *x, int widen, int64_t n) {
@@ -284,11 +295,10 @@ SN_INLINE double sn__row_sum(const float *x, int64_t n) { return sn__row_sum_w(x
 /* Element i of the row a first pass reads, as f32: src[i] (f32, or with widen bf16), or, with
  * res (the fused kernels' residual row, the dtype of src), the residual sum
  * round_dtype(src[i] + res[i]) with the add in f32 (bitwise sn__residual_sum_row's value), which
- * is also stored into sum_out[i] unless sum_out is NULL. With widen and dst, the value is also
- * stored into dst[i] (the f32 row the later passes read). Element i reads and writes index i
+ * is also stored into sum_out[i] unless sum_out is NULL. Element i reads and writes index i
  * only, so sum_out may equal src or res. */
-SN_INLINE float sn__row_in(float *dst, void *sum_out, const void *src, const void *res,
-                           int widen, int64_t i) {
+SN_INLINE float sn__row_in(void *sum_out, const void *src, const void *res, int widen,
+                           int64_t i) {
   float v = sn__load_w(src, widen, i);
   if (res != NULL) {
     v += sn__load_w(res, widen, i);
@@ -300,21 +310,54 @@ SN_INLINE float sn__row_in(float *dst, void *sum_out, const void *src, const voi
       ((float *)sum_out)[i] = v;
     }
   }
-  if (widen && dst != NULL) dst[i] = v;
   return v;
 }
 
-/* The software prefetch of the row sums, one step of SN_ROW_LANES elements from element i:
- * two lines of `next` (the next input row) for reading and of `out` (this row's output) for
- * writing, each esize bytes per element; NULL for none. Prefetches never fault. */
-SN_INLINE void sn__row_prefetch(const char *next, char *out, int64_t i, int esize) {
-  if (next != NULL) {
-    SN_PF_ROW_READ(next + i * esize);
-    SN_PF_ROW_READ(next + i * esize + 64);
+/* e, o (the block of x at element i, sn__block_load) become the residual sums x + res, the add
+ * in f32 and rounded to the dtype as sn__row_in rounds them, which are stored into sum_out's
+ * block at i (sum_out may equal x or res: the blocks are loaded first). */
+SN_INLINE void sn__block_add_res(sn__pf *e, sn__pf *o, void *sum_out, const void *res, int64_t i,
+                                 int bf16) {
+  sn__pf re, ro;
+  sn__block_load(&re, &ro, res, i, bf16);
+  *e += re;
+  *o += ro;
+  if (!bf16) {
+    sn__pair_store((float *)sum_out + i, e, o);
+    return;
   }
-  if (out != NULL) {
-    __builtin_prefetch(out + i * esize, 1);
-    __builtin_prefetch(out + i * esize + 64, 1);
+  sn__pu qe, qo; /* the sums rounded to bf16 (bits in the high half), widened back below */
+  sn__pair_round(&qe, e);
+  sn__pair_round(&qo, o);
+  sn__pair_join((uint16_t *)sum_out + i, &qe, &qo, 0);
+  *e = (sn__pf)(qe & 0xffff0000u);
+  *o = (sn__pf)(qo & 0xffff0000u);
+}
+
+/* The rows a first pass prefetches, a block at a time, as it sums one row: next, the next input
+ * row, and next_res, the next residual row (the fused kernels), for reading; out, this row's
+ * output, for writing; esize bytes per element; NULL for none. The memory system then fetches
+ * them while this row is in its cache-bound passes instead of stalling the passes that touch
+ * them. Prefetches never fault. */
+typedef struct {
+  const char *next, *next_res;
+  char *out;
+  int esize;
+} sn__row_pf_t;
+#define SN_NO_PF ((sn__row_pf_t){NULL, NULL, NULL, 0})
+
+/* The prefetches of pf for the step of SN_ROW_LANES elements from element i: two lines of next
+ * and of out, one of next_res (as the bf16 rows' blocks, its 64 bytes). */
+SN_INLINE void sn__row_prefetch(sn__row_pf_t pf, int64_t i) {
+  const int64_t o = i * pf.esize;
+  if (pf.next != NULL) {
+    SN_PF_ROW_READ(pf.next + o);
+    SN_PF_ROW_READ(pf.next + o + 64);
+  }
+  if (pf.next_res != NULL) SN_PF_ROW_READ(pf.next_res + o);
+  if (pf.out != NULL) {
+    __builtin_prefetch(pf.out + o, 1);
+    __builtin_prefetch(pf.out + o + 64, 1);
   }
 }
 
@@ -350,40 +393,8 @@ SN_INLINE double sn__row_pivot(const void *x, const void *res, int widen, int64_
   const int64_t m = n < SN_PIVOT_N ? n : SN_PIVOT_N;
   double acc[SN_PIVOT_N] = {0}; /* one value per lane, added pairwise: a few vector steps */
   for (int64_t i = 0; i < m; i++)
-    acc[i] = (double)sn__row_in(NULL, NULL, x, res, widen, i);
+    acc[i] = (double)sn__row_in(NULL, x, res, widen, i);
   return (double)(float)(sn__lanes_total_n(acc, SN_PIVOT_N) / (double)m);
-}
-
-/* s[0] = Σ(x[i] − K), s[1] = Σ(x[i] − K)² in fp64, lanes and order as sn__row_sum (s[1] with
- * K = 0 is bitwise sn__row_sumsq's Σx²; squares of f32, hence bf16/f16, values never overflow
- * in fp64). src is f32 [n] or, with widen, bf16 [n], then also written widened into dst [n] (the
- * same values, hence the same sums as on dst). With res (the fused kernels; NULL for none) x is
- * the residual sum src + res, stored into sum_out [n] as it goes (sn__row_in): the same sums as
- * on sum_out. Prefetches two rows a block at a time as it goes: `next`, the next input row, for
- * reading, and `out`, this row's output, for writing (each `esize` bytes per element, NULL for
- * none). The memory system then fetches them while this row is in its cache-bound passes instead
- * of stalling the passes that touch them. Prefetches never fault. */
-SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, void *sum_out, const void *src,
-                                    const void *res, int widen, int64_t n, double K,
-                                    const char *next, char *out, int esize) {
-  double a[SN_ROW_LANES] = {0}, b[SN_ROW_LANES] = {0};
-  int64_t i = 0;
-  for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES) {
-    sn__row_prefetch(next, out, i, esize);
-    SN_IVDEP
-    for (int k = 0; k < SN_ROW_LANES; k++) {
-      const double t = (double)sn__row_in(dst, sum_out, src, res, widen, i + k) - K;
-      a[k] += t;
-      b[k] += t * t;
-    }
-  }
-  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const double t = (double)sn__row_in(dst, sum_out, src, res, widen, i) - K;
-    a[k] += t;
-    b[k] += t * t;
-  }
-  s[0] = sn__lanes_total(a);
-  s[1] = sn__lanes_total(b);
 }
 
 /* a[k] += t, b[k] += t² with t = (double)v[k] − K for the 32 floats of the vectors e and o
@@ -403,52 +414,46 @@ SN_INLINE void sn__row_shifted_sums(double s[2], float *dst, void *sum_out, cons
     }                                                                                         \
   } while (0)
 
-/* a, b [SN_ROW_LANES] = the lanes ap, bp [SN_PAIR] of SN_SHIFTED32 (e's 16, then o's) put back
- * in element order: lane 2m is ap[m], lane 2m + 1 is ap[SN_PAIR / 2 + m]. Both in one loop: two
- * calls of sn__pair_lanes made GCC 12 compile the LayerNorm bf16 forward's statistics 2x slower
- * (bench_ab, in cache and cold). */
-SN_INLINE void sn__pair_lanes2(double *a, double *b, const double *ap, const double *bp) {
+/* a, b [SN_ROW_LANES] = the lanes ap, bp [SN_PAIR] of SN_SHIFTED32 (e's 16, then o's) in element
+ * order: as they are for f32 blocks; for bf16 pair blocks lane 2m is ap[m], lane 2m + 1 is
+ * ap[SN_PAIR / 2 + m]. Both in one loop: two calls of sn__pair_lanes made GCC 12 compile the
+ * LayerNorm bf16 forward's statistics 2x slower (bench_ab, in cache and cold). */
+SN_INLINE void sn__block_lanes2(double *a, double *b, const double *ap, const double *bp,
+                                int bf16) {
+  if (!bf16) {
+    memcpy(a, ap, SN_ROW_LANES * sizeof *a);
+    memcpy(b, bp, SN_ROW_LANES * sizeof *b);
+    return;
+  }
   for (int m = 0; m < SN_PAIR / 2; m++) {
     a[2 * m] = ap[m], a[2 * m + 1] = ap[SN_PAIR / 2 + m];
     b[2 * m] = bp[m], b[2 * m + 1] = bp[SN_PAIR / 2 + m];
   }
 }
 
-/* sn__row_shifted_sums of a bf16 row x [n] (widen; no dst), bitwise, with the row read in pairs
- * (sn__pair_widen): lanes 2m and 2m + 1 of the 32 are the even and odd halves of word m, put back
- * in order for the totals. With res (NULL: none) the row summed is the residual sum x + res,
- * rounded to bf16 as sn__row_in rounds it and stored into sum_out [n] (which may equal x or
- * res: a block is read before it is stored), also in pairs. next, out: as
- * sn__row_shifted_sums' (x's next row and this row's output), next_res: the residual's next
- * row (NULL: none), bf16. */
-SN_INLINE void sn__row_shifted_sums_bf16(double s[2], uint16_t *sum_out, const uint16_t *x,
-                                         const uint16_t *res, int64_t n, double K,
-                                         const char *next, const char *next_res, char *out) {
-  double ap[SN_PAIR] = {0}, bp[SN_PAIR] = {0}; /* e's 16 lanes, then o's */
+/* s[0] = Σ(x[i] − K), s[1] = Σ(x[i] − K)² in fp64 of a row x [n] that is f32 or (bf16) bf16,
+ * element i into lane i % SN_ROW_LANES, lanes added as sn__row_sum: blocks of SN_PAIR
+ * (sn__block_load; a bf16 block's lanes put back in element order at the end), then element by
+ * element. The same values, hence the same sums, for a bf16 row and its widened f32 copy; s[1]
+ * with K = 0 is bitwise sn__row_sumsq_w's Σx² (squares of f32 values never overflow in fp64).
+ * With res (the fused kernels; NULL for none) x is the residual sum x + res, stored into sum_out
+ * [n] as it goes (sn__block_add_res, sn__row_in): the same sums as on sum_out. pf: the rows to
+ * prefetch. */
+SN_INLINE void sn__row_shifted_sums(double s[2], void *sum_out, const void *x, const void *res,
+                                    int64_t n, double K, int bf16, sn__row_pf_t pf) {
+  double ap[SN_PAIR] = {0}, bp[SN_PAIR] = {0}; /* a block's e lanes, then its o lanes */
   int64_t i = 0;
   for (; i + SN_PAIR <= n; i += SN_PAIR) {
-    sn__row_prefetch(next, out, i, 2);
+    sn__row_prefetch(pf, i);
     sn__pf e, o;
-    sn__pair_widen(&e, &o, x + i);
-    if (res != NULL) {
-      if (next_res != NULL) SN_PF_ROW_READ(next_res + i * 2);
-      sn__pf re, ro;
-      sn__pair_widen(&re, &ro, res + i);
-      e = e + re;
-      o = o + ro;
-      sn__pu qe, qo; /* the sums rounded to bf16 (bits in the high half), widened back below */
-      sn__pair_round(&qe, &e);
-      sn__pair_round(&qo, &o);
-      sn__pair_join(sum_out + i, &qe, &qo, 0);
-      e = (sn__pf)(qe & 0xffff0000u);
-      o = (sn__pf)(qo & 0xffff0000u);
-    }
+    sn__block_load(&e, &o, x, i, bf16);
+    if (res != NULL) sn__block_add_res(&e, &o, sum_out, res, i, bf16);
     SN_SHIFTED32(ap, bp, e, o, K);
   }
   double a[SN_ROW_LANES], b[SN_ROW_LANES];
-  sn__pair_lanes2(a, b, ap, bp);
+  sn__block_lanes2(a, b, ap, bp, bf16);
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const double t = (double)sn__row_in(NULL, sum_out, x, res, 1, i) - K;
+    const double t = (double)sn__row_in(sum_out, x, res, bf16, i) - K;
     a[k] += t;
     b[k] += t * t;
   }
@@ -457,25 +462,22 @@ SN_INLINE void sn__row_shifted_sums_bf16(double s[2], uint16_t *sum_out, const u
 }
 
 /* Σ (x[i] − shift)² in fp64, lanes as sn__row_sum (squares of f32, hence bf16/f16, values
- * never overflow in fp64). src is f32 [n] or, with widen, bf16 [n], then also written widened
- * into dst [n] (the same values, hence bitwise the same sum as on dst: RMSNorm's bf16 rows read
- * memory once); with res, x is the residual sum stored into sum_out as sn__row_shifted_sums'.
- * next, out, esize: rows to prefetch as in sn__row_shifted_sums (NULL: none). */
-SN_INLINE double sn__row_sumsq_w(float *dst, void *sum_out, const void *src, const void *res,
-                                 int widen, int64_t n, double shift, const char *next, char *out,
-                                 int esize) {
+ * never overflow in fp64). src is f32 [n] or, with widen, bf16 [n]; with res, x is the residual
+ * sum stored into sum_out as sn__row_shifted_sums'. pf: the rows to prefetch. */
+SN_INLINE double sn__row_sumsq_w(void *sum_out, const void *src, const void *res, int widen,
+                                 int64_t n, double shift, sn__row_pf_t pf) {
   double acc[SN_ROW_LANES] = {0};
   int64_t i = 0;
   for (; i + SN_ROW_LANES <= n; i += SN_ROW_LANES) {
-    sn__row_prefetch(next, out, i, esize);
+    sn__row_prefetch(pf, i);
     SN_IVDEP
     for (int k = 0; k < SN_ROW_LANES; k++) {
-      const double v = (double)sn__row_in(dst, sum_out, src, res, widen, i + k) - shift;
+      const double v = (double)sn__row_in(sum_out, src, res, widen, i + k) - shift;
       acc[k] += v * v;
     }
   }
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const double v = (double)sn__row_in(dst, sum_out, src, res, widen, i) - shift;
+    const double v = (double)sn__row_in(sum_out, src, res, widen, i) - shift;
     acc[k] += v * v;
   }
   return sn__lanes_total(acc);
@@ -484,93 +486,47 @@ SN_INLINE double sn__row_sumsq_w(float *dst, void *sum_out, const void *src, con
 /* Rows of lanes per f32 block of sn__row_sumsq_lowp: each lane adds 16 squares in f32. */
 #define SN_SUMSQ_F32_ROWS 16
 
-/* Σ x[i]² for bf16/f16 rows (RMSNorm), with src, dst, widen, res, sum_out, next, out, esize as
- * sn__row_sumsq_w: each lane adds SN_SUMSQ_F32_ROWS squares in f32, then those block sums in
- * fp64 lanes (the lanes and order of sn__row_sum). Nonnegative terms: the f32 squares and sums
- * err by < 17·2^-24 < 2^-19.9 of the total, so rstd by < 2^-20.9, far inside the 1-ulp bound of
- * bf16/f16 outputs (2^-9, 2^-12) that RMSNorm's product y = x·rstd·gamma has no cancellation
- * to amplify; half the vector work of fp64 lanes. Squares that overflow f32 (|x| > 2^64) or
- * underflow it (the total below 2^-120 per element, where a square's rounding to a subnormal
- * would be more than 2^-30 of it) send the row to the fp64 sum (sn__row_sumsq_w on the widened
- * row). The same bits from a bf16 row with widen and from its widened f32 copy without. */
-SN_INLINE double sn__row_sumsq_lowp(float *dst, void *sum_out, const void *src, const void *res,
-                                   int widen, int64_t n, const char *next, char *out,
-                                   int esize) {
-  double acc[SN_ROW_LANES] = {0};
-  int64_t i = 0;
-  while (i + SN_ROW_LANES <= n) {
-    const int64_t end = n - i > SN_ROW_LANES * SN_SUMSQ_F32_ROWS
-                            ? i + SN_ROW_LANES * SN_SUMSQ_F32_ROWS : n;
-    float b[SN_ROW_LANES] = {0};
-    for (; i + SN_ROW_LANES <= end; i += SN_ROW_LANES) {
-      sn__row_prefetch(next, out, i, esize);
-      SN_IVDEP
-      for (int k = 0; k < SN_ROW_LANES; k++) {
-        const float x = sn__row_in(dst, sum_out, src, res, widen, i + k);
-        b[k] += x * x;
-      }
-    }
-    for (int k = 0; k < SN_ROW_LANES; k++) acc[k] += (double)b[k];
-  }
-  for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const float x = sn__row_in(dst, sum_out, src, res, widen, i);
-    acc[k] += (double)x * (double)x;
-  }
-  const double total = sn__lanes_total(acc);
-  if (total >= (double)n * 0x1p-120 && total <= 0x1p127) return total; /* NaN: recomputed */
-  const void *row = widen ? (const void *)dst : res != NULL ? (const void *)sum_out : src;
-  return sn__row_sumsq_w(NULL, NULL, row, NULL, 0, n, 0.0, NULL, NULL, 0);
-}
-
-/* sn__row_sumsq_lowp of a bf16 row x [n] with widen and no dst, bitwise: the same f32 blocks
- * and fp64 lanes, with the row read in pairs (sn__pair_widen): lanes 2j and 2j + 1 of the 32
- * are word j's even and odd halves, kept apart in e and o until they are added into the fp64
- * lanes in order. With res (the fused kernel; NULL for none) the row is the residual sum
- * round_bf16(x + res) (the add in f32, as sn__row_in), stored into sum_out [n] as it goes
- * (sum_out may equal x or res: each block is loaded before it is stored). next, out: as
- * sn__row_sumsq_w's, bf16 rows. */
-SN_INLINE double sn__row_sumsq_bf16(const uint16_t *x, const uint16_t *res, uint16_t *sum_out,
-                                   int64_t n, const char *next, char *out) {
+/* Σ x[i]² for the rows of bf16/f16 tensors (RMSNorm): x [n] bf16 (bf16) or f32 (an f16 row
+ * widened), with res and sum_out as sn__row_shifted_sums, pf the rows to prefetch. Each lane adds
+ * SN_SUMSQ_F32_ROWS squares in f32 (blocks of SN_PAIR, sn__block_load), then those block sums in
+ * fp64 lanes (a bf16 block's lanes in element order; the lanes and order of sn__row_sum).
+ * Nonnegative terms: the f32 squares and sums err by < 17·2^-24 < 2^-19.9 of the total, so rstd
+ * by < 2^-20.9, far inside the 1-ulp bound of bf16/f16 outputs (2^-9, 2^-12) that RMSNorm's
+ * product y = x·rstd·gamma has no cancellation to amplify; half the vector work of fp64 lanes.
+ * Squares that overflow f32 (|x| > 2^64) or underflow it (the total below 2^-120 per element,
+ * where a square's rounding to a subnormal would be more than 2^-30 of it) send the row to the
+ * fp64 sum (sn__row_sumsq_w). The same bits from a bf16 row and from its widened f32 copy. */
+SN_INLINE double sn__row_sumsq_lowp(void *sum_out, const void *x, const void *res, int64_t n,
+                                   int bf16, sn__row_pf_t pf) {
   double acc[SN_ROW_LANES] = {0};
   int64_t i = 0;
   while (i + SN_PAIR <= n) {
     const int64_t end = n - i > SN_PAIR * SN_SUMSQ_F32_ROWS ? i + SN_PAIR * SN_SUMSQ_F32_ROWS : n;
     sn__pf be = {0}, bo = {0}, e, o;
     for (; i + SN_PAIR <= end; i += SN_PAIR) {
-      sn__row_prefetch(next, out, i, 2);
-      sn__pair_widen(&e, &o, x + i);
-      if (res != NULL) {
-        sn__pf re, ro;
-        sn__pair_widen(&re, &ro, res + i);
-        e = e + re;
-        o = o + ro;
-        sn__pu ue, uo;
-        sn__pair_round(&ue, &e);
-        sn__pair_round(&uo, &o);
-        sn__pair_join(sum_out + i, &ue, &uo, 0);
-        e = (sn__pf)(ue & 0xffff0000u); /* the rounded sums, as stored */
-        o = (sn__pf)(uo & 0xffff0000u);
-      }
+      sn__row_prefetch(pf, i);
+      sn__block_load(&e, &o, x, i, bf16);
+      if (res != NULL) sn__block_add_res(&e, &o, sum_out, res, i, bf16);
       be += e * e;
       bo += o * o;
     }
-    for (int j = 0; j < SN_PAIR / 2; j++) {
-      acc[2 * j] += (double)be[j];
-      acc[2 * j + 1] += (double)bo[j];
+    for (int j = 0; j < SN_PAIR / 2; j++) { /* lanes in element order */
+      acc[bf16 ? 2 * j : j] += (double)be[j];
+      acc[bf16 ? 2 * j + 1 : SN_PAIR / 2 + j] += (double)bo[j];
     }
   }
   for (int k = 0; k < SN_ROW_LANES && i < n; i++, k++) {
-    const float v = sn__row_in(NULL, sum_out, x, res, 1, i);
+    const float v = sn__row_in(sum_out, x, res, bf16, i);
     acc[k] += (double)v * (double)v;
   }
   const double total = sn__lanes_total(acc);
   if (total >= (double)n * 0x1p-120 && total <= 0x1p127) return total; /* NaN: recomputed */
-  return sn__row_sumsq_w(NULL, NULL, res != NULL ? sum_out : x, NULL, 1, n, 0.0, NULL, NULL, 0);
+  return sn__row_sumsq_w(NULL, res != NULL ? sum_out : x, NULL, bf16, n, 0.0, SN_NO_PF);
 }
 
 /* Σ (x[i] − shift)² of an f32 row (sn__row_sumsq_w without widening or prefetching). */
 SN_INLINE double sn__row_sumsq(const float *x, int64_t n, double shift) {
-  return sn__row_sumsq_w(NULL, NULL, x, NULL, 0, n, shift, NULL, NULL, 0);
+  return sn__row_sumsq_w(NULL, x, NULL, 0, n, shift, SN_NO_PF);
 }
 
 /* mean and M2 = Σ(x − mean)² of the row x [n] (f32, or with widen bf16) from its shifted sums
@@ -584,26 +540,21 @@ SN_INLINE void sn__row_stats_w(double *mean, double *m2, const void *x, int wide
     *m2 = m2s;
   } else {
     *mean = sn__row_sum_w(x, widen, n) / (double)n;
-    *m2 = sn__row_sumsq_w(NULL, NULL, x, NULL, widen, n, *mean, NULL, NULL, 0);
+    *m2 = sn__row_sumsq_w(NULL, x, NULL, widen, n, *mean, SN_NO_PF);
   }
 }
-SN_INLINE void sn__row_stats(double *mean, double *m2, const float *x, int64_t n, double K,
-                             const double s[2]) {
-  sn__row_stats_w(mean, m2, x, 0, n, K, s);
-}
 
-/* mean and M2 = Σ(x − mean)² (fp64) of the bf16 row x [n], or with res of its residual sum stored
- * into sum_out, as sn__row_shifted_sums_bf16 (the same arguments): the pivot of its first values
- * (sn__row_pivot), the shifted sums in pairs, and the two fp64 passes over the bf16 row where
- * those cancel (sn__row_stats_w): bitwise the statistics of the widened row. The statistics
- * step of the LayerNorm bf16 rows and the GroupNorm NCHW bf16 groups. */
-SN_INLINE void sn__row_stats_bf16(double *mean, double *m2, uint16_t *sum_out, const uint16_t *x,
-                                  const uint16_t *res, int64_t n, const char *next,
-                                  const char *next_res, char *out) {
-  const double K = sn__row_pivot(x, res, 1, n);
+/* mean and M2 = Σ(x − mean)² (fp64) of the row x [n], f32 or (bf16) bf16, or with res of its
+ * residual sum stored into sum_out (as sn__row_shifted_sums, the same arguments): the pivot of
+ * its first values (sn__row_pivot), the shifted sums, and the two fp64 passes where those cancel
+ * (sn__row_stats_w). Bitwise the same for a bf16 row and its widened copy. The statistics step
+ * of the LayerNorm rows and the GroupNorm NCHW groups. */
+SN_INLINE void sn__row_stats(double *mean, double *m2, void *sum_out, const void *x,
+                             const void *res, int64_t n, int bf16, sn__row_pf_t pf) {
+  const double K = sn__row_pivot(x, res, bf16, n);
   double sums[2];
-  sn__row_shifted_sums_bf16(sums, sum_out, x, res, n, K, next, next_res, out);
-  sn__row_stats_w(mean, m2, res != NULL ? sum_out : x, 1, n, K, sums);
+  sn__row_shifted_sums(sums, sum_out, x, res, n, K, bf16, pf);
+  sn__row_stats_w(mean, m2, res != NULL ? sum_out : x, bf16, n, K, sums);
 }
 
 /* s[i] = x[i] + r[i] in f32, one rounding; s may equal x or r. Cloned per ISA (each including
