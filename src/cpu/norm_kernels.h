@@ -16,14 +16,13 @@
  * 2^-16·(|x̂·γ| + |β|)); an element whose f32 value is not finite (xc·a beyond FLT_MAX, which β
  * may bring back into range) is recomputed in fp64 (the guarded map, SN_NONFINITE).
  *
- * Loops run over blocks of SN_VB elements held in one GCC vector value (sn__vf): each block is
- * loaded whole, computed, then stored whole with one full-width store. That makes y == x (in
- * place) well defined without restrict and vectorizes at -O2 too; the tail is scalar.
- * f16 activations go through f32 stack tiles (sn__to_f32, sn__from_f32); bf16 ones are read
- * and written in pairs (rownorm.h's sn__pair_widen, sn__pair_narrow) with the same bits: NCHW
- * runs by sn__aff_run_bf16 and sn__affbwd_run_bf16, NHWC rows by sn__aff_rows_bf16 and
- * sn__affbwd_rows_bf16 with the tile's constants in pair order (sn__tile_pairs_t), but tiles
- * with a channel mapped in fp64, which keep the f32 tiles.
+ * Each map (NCHW runs, NHWC rows; forward, backward) is one body for f32 and bf16 activations,
+ * over blocks of SN_PAIR values held in two GCC vector values: each block is loaded whole,
+ * computed, then stored whole. That makes y == x (in place) well defined without restrict and
+ * vectorizes at -O2 too; the tail is scalar. bf16 blocks are read and written in pairs
+ * (rownorm.h's sn__block_load, sn__block_store), with the NHWC tile's constants in pair order
+ * (sn__tile_pairs_t), and give the bits of the f32 tiles; f16 activations, and bf16 tiles with a
+ * channel mapped in fp64, go through f32 stack tiles (sn__to_f32, sn__from_f32).
  */
 #ifndef SN_NORM_KERNELS_H
 #define SN_NORM_KERNELS_H
@@ -65,7 +64,7 @@ static inline void sn__split_f64(double m, float *hi, float *lo) {
 
 static inline int64_t sn__min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* ---- f32 kernels ------------------------------------------------------------------------------ */
+/* ---- streaming and prefetching of the f32 maps -------------------------------------------------- */
 
 /* The nt argument of the f32 maps below: 0 for ordinary stores; SN_NT_STREAM for streaming
  * stores (sn__stream_out); with SN_NT_PREFETCH too, the maps also prefetch their inputs
@@ -91,104 +90,6 @@ static inline uintptr_t sn__map_pf_bytes(int64_t ld, int nt) {
  * integer: a pointer past its array would be undefined; prefetches never fault). */
 static inline __attribute__((always_inline)) void sn__map_pf(const float *p, uintptr_t bytes) {
   if (bytes) __builtin_prefetch((const void *)((uintptr_t)p + bytes), 0, 3);
-}
-
-/* y[i] = ((x[i] − hi) − lo)·a + b.  y, x: [n]; y may equal x. */
-SN_CLONES static inline void sn__aff_run(float *y, const float *x, int64_t n, float hi, float lo,
-                                         float a, float b, int nt) {
-  int64_t i = 0;
-  const uintptr_t pf = sn__map_pf_bytes(1, nt);
-  for (const int64_t h = nt ? sn__head64(y, n) : 0; i < h; i++)
-    y[i] = SN_CHAN_Y(x[i], hi, lo, a, b);
-  for (; i + SN_VB <= n; i += SN_VB) {
-    sn__vf v;
-    sn__map_pf(x + i, pf);
-    SN_VLOAD(v, x + i);
-    v = SN_CHAN_Y(v, hi, lo, a, b);
-    sn__store64(y + i, &v, nt);
-  }
-  for (; i < n; i++) y[i] = SN_CHAN_Y(x[i], hi, lo, a, b);
-}
-
-/* Rows of a channel slice: y[r·ld + c] = ((x[r·ld + c] − hi[c]) − lo[c])·a[c] + b[c].
- * y, x: [nr, ld] (first ct <= SN_TILE_C channels of each row used); p: constants, of channel c
- * at index j0 + c. y may equal x. */
-SN_CLONES static inline void sn__aff_rows(float *y, const float *x, int64_t nr, int64_t ld,
-                                          int64_t ct, const sn__chan_tile_t *p, int64_t j0,
-                                          int nt) {
-  const float *hi = p->hi + j0, *lo = p->lo + j0, *a = p->a + j0, *b = p->b + j0;
-  const uintptr_t pf = sn__map_pf_bytes(ld, nt);
-  for (int64_t r = 0; r < nr; r++) {
-    float *yr = y + r * ld;
-    const float *xr = x + r * ld;
-    int64_t c = 0;
-    for (const int64_t hd = nt ? sn__head64(yr, ct) : 0; c < hd; c++)
-      yr[c] = SN_CHAN_Y(xr[c], hi[c], lo[c], a[c], b[c]);
-    for (; c + SN_VB <= ct; c += SN_VB) {
-      sn__vf v, h, l, va, vb;
-      sn__map_pf(xr + c, pf);
-      SN_VLOAD(v, xr + c);
-      SN_VLOAD(h, hi + c);
-      SN_VLOAD(l, lo + c);
-      SN_VLOAD(va, a + c);
-      SN_VLOAD(vb, b + c);
-      v = SN_CHAN_Y(v, h, l, va, vb);
-      sn__store64(yr + c, &v, nt);
-    }
-    for (; c < ct; c++) yr[c] = SN_CHAN_Y(xr[c], hi[c], lo[c], a[c], b[c]);
-  }
-}
-
-/* dx[i] = (dy[i]·a − b) − ((x[i] − hi) − lo)·e.  dx, dy, x: [n]; dx may equal dy. */
-SN_CLONES static inline void sn__affbwd_run(float *dx, const float *dy, const float *x, int64_t n,
-                                            float hi, float lo, float a, float b, float e,
-                                            int nt) {
-  int64_t i = 0;
-  const uintptr_t pf = sn__map_pf_bytes(1, nt);
-  for (const int64_t h = nt ? sn__head64(dx, n) : 0; i < h; i++)
-    dx[i] = SN_CHAN_DX(dy[i], x[i], hi, lo, a, b, e);
-  for (; i + SN_VB <= n; i += SN_VB) {
-    sn__vf g, v;
-    sn__map_pf(dy + i, pf);
-    sn__map_pf(x + i, pf);
-    SN_VLOAD(g, dy + i);
-    SN_VLOAD(v, x + i);
-    g = SN_CHAN_DX(g, v, hi, lo, a, b, e);
-    sn__store64(dx + i, &g, nt);
-  }
-  for (; i < n; i++) dx[i] = SN_CHAN_DX(dy[i], x[i], hi, lo, a, b, e);
-}
-
-/* Rows of a channel slice of the backward map with constants p (hi, lo, a, b, e; channel c at
- * index j0 + c). dx, dy, x: [nr, ld]; dx may equal dy. */
-SN_CLONES static inline void sn__affbwd_rows(float *dx, const float *dy, const float *x,
-                                             int64_t nr, int64_t ld, int64_t ct,
-                                             const sn__chan_tile_t *p, int64_t j0, int nt) {
-  const float *hi = p->hi + j0, *lo = p->lo + j0, *a = p->a + j0, *b = p->b + j0;
-  const float *e = p->e + j0;
-  const uintptr_t pf = sn__map_pf_bytes(ld, nt);
-  for (int64_t r = 0; r < nr; r++) {
-    float *dxr = dx + r * ld;
-    const float *dyr = dy + r * ld, *xr = x + r * ld;
-    int64_t c = 0;
-    for (const int64_t hd = nt ? sn__head64(dxr, ct) : 0; c < hd; c++)
-      dxr[c] = SN_CHAN_DX(dyr[c], xr[c], hi[c], lo[c], a[c], b[c], e[c]);
-    for (; c + SN_VB <= ct; c += SN_VB) {
-      sn__vf g, v, h, l, va, vb, ve;
-      sn__map_pf(dyr + c, pf);
-      sn__map_pf(xr + c, pf);
-      SN_VLOAD(g, dyr + c);
-      SN_VLOAD(v, xr + c);
-      SN_VLOAD(h, hi + c);
-      SN_VLOAD(l, lo + c);
-      SN_VLOAD(va, a + c);
-      SN_VLOAD(vb, b + c);
-      SN_VLOAD(ve, e + c);
-      g = SN_CHAN_DX(g, v, h, l, va, vb, ve);
-      sn__store64(dxr + c, &g, nt);
-    }
-    for (; c < ct; c++) dxr[c] = SN_CHAN_DX(dyr[c], xr[c], hi[c], lo[c], a[c], b[c], e[c]);
-  }
 }
 
 /* ---- the constants, and fp64 maps for channels the f32 ones cannot serve ---------------------- */
@@ -358,47 +259,95 @@ SN_INLINE int sn__pair_nonfinite(const sn__pf *e, const sn__pf *o) {
   return sn__any_sign(&neg);
 }
 
-/* ---- bf16 runs in pairs (NCHW) --------------------------------------------------------------- */
+/* ---- NCHW runs: the maps of f32 and bf16 activations, one body each ------------------------ */
 
-/* The backward map of one channel's bf16 run (dx may equal dy): sn__affbwd_span's f32 values
- * narrowed as sn__from_f32, with dy and x read in pairs (sn__pair_widen) and dx narrowed the
- * same way instead of through f32 tiles: the same bits. */
-SN_CLONES SN_UNUSED static void sn__affbwd_run_bf16(uint16_t *dx, const uint16_t *dy,
-                                                    const uint16_t *x, int64_t n, float hi,
-                                                    float lo, float a, float b, float e) {
-  int64_t i = 0;
-  for (; i + SN_PAIR <= n; i += SN_PAIR) {
-    sn__pf ge, go, ve, vo;
-    sn__pair_widen(&ge, &go, dy + i);
-    sn__pair_widen(&ve, &vo, x + i);
-    ge = SN_CHAN_DX(ge, ve, hi, lo, a, b, e);
-    go = SN_CHAN_DX(go, vo, hi, lo, a, b, e);
-    sn__pair_narrow(dx + i, &ge, &go, 0);
-  }
-  for (; i < n; i++)
-    dx[i] = sn__f32_to_bf16(
-        SN_CHAN_DX(sn__bf16_to_f32(dy[i]), sn__bf16_to_f32(x[i]), hi, lo, a, b, e));
-}
+/* Each map below is one always-inline body over blocks of SN_PAIR values (rownorm.h's
+ * sn__block_load, sn__block_store: f32 in order, bf16 read and written in pairs as the even and
+ * odd halves of 16 words, which keeps the lanes permuted but a map is element by element), then
+ * element by element; bf16 and nt are constants in each SN_CLONES wrapper. The f32 outputs are
+ * the plain map; the bf16 ones the guarded map narrowed as sn__from_f32 (forward: a block with a
+ * non-finite f32 value is gone over element by element, sn__aff_val_bf16), bitwise the f16 path
+ * through f32 tiles. nt (f32 only): streamed stores, the elements before the first 64-byte line
+ * one at a time (sn__head64); with SN_NT_PREFETCH also the inputs prefetched (sn__map_pf). */
 
-/* The guarded forward map of one channel's bf16 run x [n] into y [n] (y may equal x): bitwise
- * sn__aff_run_guarded through f32 tiles narrowed as sn__from_f32, read 32 values at a time in
- * pairs (sn__pair_widen) and narrowed the same way. */
-SN_CLONES SN_UNUSED static void sn__aff_run_bf16(uint16_t *y, const uint16_t *x, int64_t n,
-                                                 const sn__chan_k_t *k) {
+/* Element i of an f32 (bf16: 0) or bf16 (1) array, as f32. */
+#define SN_EL(p, i, bf16) sn__load_w((p), (bf16), (i))
+
+/* y [n] = ((x − hi) − lo)·a + b with one channel's constants k, x and y f32 or (bf16) bf16; y
+ * may equal x. */
+SN_INLINE void sn__aff_run_impl(void *y, const void *x, int64_t n, const sn__chan_k_t *k,
+                                int bf16, int nt) {
   const float hi = k->hi, lo = k->lo, a = k->a, b = k->b;
+  const uintptr_t pf = sn__map_pf_bytes(1, nt);
+#define SN_AFF_EL(i)                                                                          \
+  do {                                                                                        \
+    if (bf16)                                                                                 \
+      ((uint16_t *)y)[i] =                                                                    \
+          sn__aff_val_bf16(((const uint16_t *)x)[i], hi, lo, a, b, k->m, k->ad, k->bd);      \
+    else                                                                                      \
+      ((float *)y)[i] = SN_CHAN_Y(((const float *)x)[i], hi, lo, a, b);                       \
+  } while (0)
   int64_t i = 0;
+  for (const int64_t h = nt && !bf16 ? sn__head64(y, n) : 0; i < h; i++) SN_AFF_EL(i);
   for (; i + SN_PAIR <= n; i += SN_PAIR) {
+    if (!bf16) sn__map_pf((const float *)x + i, pf), sn__map_pf((const float *)x + i + 16, pf);
     sn__pf e, o;
-    sn__pair_widen(&e, &o, x + i);
+    sn__block_load(&e, &o, x, i, bf16);
     e = SN_CHAN_Y(e, hi, lo, a, b);
     o = SN_CHAN_Y(o, hi, lo, a, b);
-    if (!sn__pair_nonfinite(&e, &o))
-      sn__pair_narrow_finite(y + i, &e, &o, 0);
+    if (bf16 && sn__pair_nonfinite(&e, &o))
+      for (int64_t j = i; j < i + SN_PAIR; j++) SN_AFF_EL(j);
     else
-      for (int64_t j = i; j < i + SN_PAIR; j++)
-        y[j] = sn__aff_val_bf16(x[j], hi, lo, a, b, k->m, k->ad, k->bd);
+      sn__block_store(y, i, &e, &o, bf16, nt, 1);
   }
-  for (; i < n; i++) y[i] = sn__aff_val_bf16(x[i], hi, lo, a, b, k->m, k->ad, k->bd);
+  for (; i < n; i++) SN_AFF_EL(i);
+#undef SN_AFF_EL
+}
+SN_CLONES SN_UNUSED static void sn__aff_run(float *y, const float *x, int64_t n,
+                                            const sn__chan_k_t *k, int nt) {
+  sn__aff_run_impl(y, x, n, k, 0, nt);
+}
+SN_CLONES SN_UNUSED static void sn__aff_run_bf16(uint16_t *y, const uint16_t *x, int64_t n,
+                                                 const sn__chan_k_t *k) {
+  sn__aff_run_impl(y, x, n, k, 1, 0);
+}
+
+/* dx [n] = (dy·a − b) − ((x − hi) − lo)·e with one channel's constants k, all f32 or (bf16)
+ * bf16; dx may equal dy. */
+SN_INLINE void sn__affbwd_run_impl(void *dx, const void *dy, const void *x, int64_t n,
+                                   const sn__chan_k_t *k, int bf16, int nt) {
+  const float hi = k->hi, lo = k->lo, a = k->a, b = k->b, e = k->e;
+  const uintptr_t pf = sn__map_pf_bytes(1, nt);
+#define SN_AFFBWD_EL(i)                                                                       \
+  do {                                                                                        \
+    const float v_ = SN_CHAN_DX(SN_EL(dy, i, bf16), SN_EL(x, i, bf16), hi, lo, a, b, e);      \
+    if (bf16) ((uint16_t *)dx)[i] = sn__f32_to_bf16(v_);                                      \
+    else ((float *)dx)[i] = v_;                                                               \
+  } while (0)
+  int64_t i = 0;
+  for (const int64_t h = nt && !bf16 ? sn__head64(dx, n) : 0; i < h; i++) SN_AFFBWD_EL(i);
+  for (; i + SN_PAIR <= n; i += SN_PAIR) {
+    if (!bf16)
+      for (int h = 0; h < SN_PAIR; h += 16)
+        sn__map_pf((const float *)dy + i + h, pf), sn__map_pf((const float *)x + i + h, pf);
+    sn__pf ge, go, ve, vo;
+    sn__block_load(&ge, &go, dy, i, bf16);
+    sn__block_load(&ve, &vo, x, i, bf16);
+    ge = SN_CHAN_DX(ge, ve, hi, lo, a, b, e);
+    go = SN_CHAN_DX(go, vo, hi, lo, a, b, e);
+    sn__block_store(dx, i, &ge, &go, bf16, nt, 0);
+  }
+  for (; i < n; i++) SN_AFFBWD_EL(i);
+#undef SN_AFFBWD_EL
+}
+SN_CLONES SN_UNUSED static void sn__affbwd_run(float *dx, const float *dy, const float *x,
+                                               int64_t n, const sn__chan_k_t *k, int nt) {
+  sn__affbwd_run_impl(dx, dy, x, n, k, 0, nt);
+}
+SN_CLONES SN_UNUSED static void sn__affbwd_run_bf16(uint16_t *dx, const uint16_t *dy,
+                                                    const uint16_t *x, int64_t n,
+                                                    const sn__chan_k_t *k) {
+  sn__affbwd_run_impl(dx, dy, x, n, k, 1, 0);
 }
 
 /* ---- any activation dtype: f32 in place, bf16 in pairs, f16 through stack tiles ------------- */
@@ -423,7 +372,7 @@ static inline void sn__aff_span(void *y, const void *x, int64_t off, int64_t n,
                                 const sn__chan_k_t *k, sn_dtype_t dtype, int nt) {
   if (dtype == SN_DTYPE_F32) {
     if (k->f64) sn__aff_run_f64((float *)y + off, (const float *)x + off, n, k->m, k->ad, k->bd);
-    else sn__aff_run((float *)y + off, (const float *)x + off, n, k->hi, k->lo, k->a, k->b, nt);
+    else sn__aff_run((float *)y + off, (const float *)x + off, n, k, nt);
     return;
   }
   if (dtype == SN_DTYPE_BF16 && !k->f64) { /* in pairs, no tile: bitwise the same */
@@ -445,12 +394,12 @@ static inline void sn__affbwd_span(void *dx, const void *dy, const void *x, int6
     float *o = (float *)dx + off;
     const float *g = (const float *)dy + off, *v = (const float *)x + off;
     if (k->f64) sn__affbwd_run_f64(o, g, v, n, k->m, k->ad, k->bd, k->ed);
-    else sn__affbwd_run(o, g, v, n, k->hi, k->lo, k->a, k->b, k->e, nt);
+    else sn__affbwd_run(o, g, v, n, k, nt);
     return;
   }
   if (dtype == SN_DTYPE_BF16 && !k->f64) { /* in pairs, no tiles: bitwise the same */
     sn__affbwd_run_bf16((uint16_t *)dx + off, (const uint16_t *)dy + off,
-                        (const uint16_t *)x + off, n, k->hi, k->lo, k->a, k->b, k->e);
+                        (const uint16_t *)x + off, n, k);
     return;
   }
   float tg[SN_TILE], tx[SN_TILE];
@@ -459,7 +408,7 @@ static inline void sn__affbwd_span(void *dx, const void *dy, const void *x, int6
     sn__to_f32(tg, dy, off + i, m, dtype);
     sn__to_f32(tx, x, off + i, m, dtype);
     if (k->f64) sn__affbwd_run_f64(tg, tg, tx, m, k->m, k->ad, k->bd, k->ed);
-    else sn__affbwd_run(tg, tg, tx, m, k->hi, k->lo, k->a, k->b, k->e, 0);
+    else sn__affbwd_run(tg, tg, tx, m, k, 0);
     sn__from_f32(dx, off + i, tg, m, dtype);
   }
 }
@@ -474,7 +423,7 @@ static inline int64_t sn__rows_per_block(int64_t rows, int64_t ld, int64_t ct, s
 }
 
 
-/* ---- bf16 NHWC rows in pairs ------------------------------------------------------------- */
+/* ---- NHWC rows: the tile constants in pair order, the maps of f32 and bf16 rows ---------- */
 
 /* A tile's f32 constants in pair order over its ct channels (sn__to_pairs: each full block of 32
  * channels its even ones, then its odd ones; the tail as is): what bf16 rows read in pairs take
@@ -497,68 +446,123 @@ static inline void sn__tile_pairs_set(sn__tile_pairs_t *q, const sn__chan_tile_t
   if (bwd) sn__to_pairs(q->e, p->e, ct);
 }
 
-/* Channel k of a bf16 row element xb, the guarded forward map as sn__aff_rows_guarded computes
- * it, narrowed as sn__from_f32. */
-static inline uint16_t sn__aff_elem_bf16(uint16_t xb, const sn__chan_tile_t *p, int64_t k) {
-  return sn__aff_val_bf16(xb, p->hi[k], p->lo[k], p->a[k], p->b[k], p->m[k], p->ad[k], p->bd[k]);
-}
+/* A tile's f32 constants as the block loops read them: from the slice's first channel on, in
+ * element order (f32 rows: sn__chan_tile_t's arrays from j0) or in pair order (bf16 rows:
+ * sn__tile_pairs_t's). */
+typedef struct {
+  const float *hi, *lo, *a, *b, *e;
+} sn__tile_blk_t;
 
-/* The guarded forward map of bf16 rows y, x [nr, ld] (first ct channels of each row; y may
- * equal x) with the tile's constants p (q: in pair order), bitwise sn__aff_rowspan through f32
- * tiles, each row read and written in pairs. */
+/* Rows of a channel slice: y[r·ld + c] = ((x[r·ld + c] − hi) − lo)·a + b with channel c's
+ * constants (p's, at index j0 + c; q: the same in block order), y and x [nr, ld] f32 or (bf16)
+ * bf16, the first ct <= SN_TILE_C channels of each row; y may equal x. */
+SN_INLINE void sn__aff_rows_impl(void *y, const void *x, int64_t nr, int64_t ld, int64_t ct,
+                                 const sn__chan_tile_t *p, int64_t j0, const sn__tile_blk_t *q,
+                                 int bf16, int nt) {
+  const uintptr_t pf = sn__map_pf_bytes(ld, nt);
+  const int64_t es = bf16 ? 2 : 4;
+#define SN_AFF_EL(c)                                                                          \
+  do {                                                                                        \
+    const int64_t k_ = j0 + (c);                                                              \
+    if (bf16)                                                                                 \
+      ((uint16_t *)yr)[c] = sn__aff_val_bf16(((const uint16_t *)xr)[c], p->hi[k_], p->lo[k_], \
+                                             p->a[k_], p->b[k_], p->m[k_], p->ad[k_],         \
+                                             p->bd[k_]);                                      \
+    else                                                                                      \
+      ((float *)yr)[c] = SN_CHAN_Y(((const float *)xr)[c], p->hi[k_], p->lo[k_], p->a[k_],   \
+                                   p->b[k_]);                                                 \
+  } while (0)
+  for (int64_t r = 0; r < nr; r++) {
+    void *yr = (char *)y + r * ld * es;
+    const void *xr = (const char *)x + r * ld * es;
+    int64_t c = 0;
+    for (const int64_t hd = nt && !bf16 ? sn__head64(yr, ct) : 0; c < hd; c++) SN_AFF_EL(c);
+    for (; c + SN_PAIR <= ct; c += SN_PAIR) {
+      if (!bf16)
+        sn__map_pf((const float *)xr + c, pf), sn__map_pf((const float *)xr + c + 16, pf);
+      sn__pf e, o, he, ho, le, lo, ae, ao, be, bo;
+      sn__block_load(&e, &o, xr, c, bf16);
+      sn__pair_load(&he, &ho, q->hi + c);
+      sn__pair_load(&le, &lo, q->lo + c);
+      sn__pair_load(&ae, &ao, q->a + c);
+      sn__pair_load(&be, &bo, q->b + c);
+      e = SN_CHAN_Y(e, he, le, ae, be);
+      o = SN_CHAN_Y(o, ho, lo, ao, bo);
+      if (bf16 && sn__pair_nonfinite(&e, &o))
+        for (int64_t k = c; k < c + SN_PAIR; k++) SN_AFF_EL(k);
+      else
+        sn__block_store(yr, c, &e, &o, bf16, nt, 1);
+    }
+    for (; c < ct; c++) SN_AFF_EL(c);
+  }
+#undef SN_AFF_EL
+}
+SN_CLONES SN_UNUSED static void sn__aff_rows(float *y, const float *x, int64_t nr, int64_t ld,
+                                             int64_t ct, const sn__chan_tile_t *p, int64_t j0,
+                                             int nt) {
+  const sn__tile_blk_t q = {p->hi + j0, p->lo + j0, p->a + j0, p->b + j0, p->e + j0};
+  sn__aff_rows_impl(y, x, nr, ld, ct, p, j0, &q, 0, nt);
+}
 SN_CLONES SN_UNUSED static void sn__aff_rows_bf16(uint16_t *y, const uint16_t *x, int64_t nr,
                                                   int64_t ld, int64_t ct,
                                                   const sn__chan_tile_t *p,
-                                                  const sn__tile_pairs_t *q) {
-  for (int64_t r = 0; r < nr; r++) {
-    uint16_t *yr = y + r * ld;
-    const uint16_t *xr = x + r * ld;
-    int64_t j = 0;
-    for (; j + SN_PAIR <= ct; j += SN_PAIR) {
-      sn__pf e, o, he, ho, le, lo, ae, ao, be, bo;
-      sn__pair_widen(&e, &o, xr + j);
-      sn__pair_load(&he, &ho, q->hi + j);
-      sn__pair_load(&le, &lo, q->lo + j);
-      sn__pair_load(&ae, &ao, q->a + j);
-      sn__pair_load(&be, &bo, q->b + j);
-      e = SN_CHAN_Y(e, he, le, ae, be);
-      o = SN_CHAN_Y(o, ho, lo, ao, bo);
-      if (!sn__pair_nonfinite(&e, &o))
-        sn__pair_narrow_finite(yr + j, &e, &o, 0);
-      else
-        for (int64_t k = j; k < j + SN_PAIR; k++) yr[k] = sn__aff_elem_bf16(xr[k], p, k);
-    }
-    for (; j < ct; j++) yr[j] = sn__aff_elem_bf16(xr[j], p, j);
-  }
+                                                  const sn__tile_pairs_t *qp) {
+  const sn__tile_blk_t q = {qp->hi, qp->lo, qp->a, qp->b, qp->e};
+  sn__aff_rows_impl(y, x, nr, ld, ct, p, 0, &q, 1, 0);
 }
 
-/* The backward map of bf16 rows dx, dy, x [nr, ld] (dx may equal dy) likewise, bitwise
- * sn__affbwd_rowspan through f32 tiles. */
+/* The backward map of rows of a channel slice likewise: dx[r·ld + c] = (dy·a − b) − ((x − hi)
+ * − lo)·e with channel c's constants, dx, dy, x [nr, ld] f32 or (bf16) bf16; dx may equal dy. */
+SN_INLINE void sn__affbwd_rows_impl(void *dx, const void *dy, const void *x, int64_t nr,
+                                    int64_t ld, int64_t ct, const sn__chan_tile_t *p, int64_t j0,
+                                    const sn__tile_blk_t *q, int bf16, int nt) {
+  const uintptr_t pf = sn__map_pf_bytes(ld, nt);
+  const int64_t es = bf16 ? 2 : 4;
+#define SN_AFFBWD_EL(c)                                                                       \
+  do {                                                                                        \
+    const int64_t k_ = j0 + (c);                                                              \
+    const float v_ = SN_CHAN_DX(SN_EL(dyr, c, bf16), SN_EL(xr, c, bf16), p->hi[k_],           \
+                                p->lo[k_], p->a[k_], p->b[k_], p->e[k_]);                     \
+    if (bf16) ((uint16_t *)dxr)[c] = sn__f32_to_bf16(v_);                                     \
+    else ((float *)dxr)[c] = v_;                                                              \
+  } while (0)
+  for (int64_t r = 0; r < nr; r++) {
+    void *dxr = (char *)dx + r * ld * es;
+    const void *dyr = (const char *)dy + r * ld * es, *xr = (const char *)x + r * ld * es;
+    int64_t c = 0;
+    for (const int64_t hd = nt && !bf16 ? sn__head64(dxr, ct) : 0; c < hd; c++) SN_AFFBWD_EL(c);
+    for (; c + SN_PAIR <= ct; c += SN_PAIR) {
+      if (!bf16)
+        for (int h = 0; h < SN_PAIR; h += 16)
+          sn__map_pf((const float *)dyr + c + h, pf), sn__map_pf((const float *)xr + c + h, pf);
+      sn__pf ge, go, ve, vo, he, ho, le, lo, ae, ao, be, bo, ee, eo;
+      sn__block_load(&ge, &go, dyr, c, bf16);
+      sn__block_load(&ve, &vo, xr, c, bf16);
+      sn__pair_load(&he, &ho, q->hi + c);
+      sn__pair_load(&le, &lo, q->lo + c);
+      sn__pair_load(&ae, &ao, q->a + c);
+      sn__pair_load(&be, &bo, q->b + c);
+      sn__pair_load(&ee, &eo, q->e + c);
+      ge = SN_CHAN_DX(ge, ve, he, le, ae, be, ee);
+      go = SN_CHAN_DX(go, vo, ho, lo, ao, bo, eo);
+      sn__block_store(dxr, c, &ge, &go, bf16, nt, 0);
+    }
+    for (; c < ct; c++) SN_AFFBWD_EL(c);
+  }
+#undef SN_AFFBWD_EL
+}
+SN_CLONES SN_UNUSED static void sn__affbwd_rows(float *dx, const float *dy, const float *x,
+                                                int64_t nr, int64_t ld, int64_t ct,
+                                                const sn__chan_tile_t *p, int64_t j0, int nt) {
+  const sn__tile_blk_t q = {p->hi + j0, p->lo + j0, p->a + j0, p->b + j0, p->e + j0};
+  sn__affbwd_rows_impl(dx, dy, x, nr, ld, ct, p, j0, &q, 0, nt);
+}
 SN_CLONES SN_UNUSED static void sn__affbwd_rows_bf16(uint16_t *dx, const uint16_t *dy,
                                                      const uint16_t *x, int64_t nr, int64_t ld,
                                                      int64_t ct, const sn__chan_tile_t *p,
-                                                     const sn__tile_pairs_t *q) {
-  for (int64_t r = 0; r < nr; r++) {
-    uint16_t *dxr = dx + r * ld;
-    const uint16_t *dyr = dy + r * ld, *xr = x + r * ld;
-    int64_t j = 0;
-    for (; j + SN_PAIR <= ct; j += SN_PAIR) {
-      sn__pf ge, go, ve, vo, he, ho, le, lo, ae, ao, be, bo, ee, eo;
-      sn__pair_widen(&ge, &go, dyr + j);
-      sn__pair_widen(&ve, &vo, xr + j);
-      sn__pair_load(&he, &ho, q->hi + j);
-      sn__pair_load(&le, &lo, q->lo + j);
-      sn__pair_load(&ae, &ao, q->a + j);
-      sn__pair_load(&be, &bo, q->b + j);
-      sn__pair_load(&ee, &eo, q->e + j);
-      ge = SN_CHAN_DX(ge, ve, he, le, ae, be, ee);
-      go = SN_CHAN_DX(go, vo, ho, lo, ao, bo, eo);
-      sn__pair_narrow(dxr + j, &ge, &go, 0);
-    }
-    for (; j < ct; j++)
-      dxr[j] = sn__f32_to_bf16(SN_CHAN_DX(sn__bf16_to_f32(dyr[j]), sn__bf16_to_f32(xr[j]),
-                                          p->hi[j], p->lo[j], p->a[j], p->b[j], p->e[j]));
-  }
+                                                     const sn__tile_pairs_t *qp) {
+  const sn__tile_blk_t q = {qp->hi, qp->lo, qp->a, qp->b, qp->e};
+  sn__affbwd_rows_impl(dx, dy, x, nr, ld, ct, p, 0, &q, 1, 0);
 }
 
 /* ---- rows of any dtype (NHWC): f32 in place, bf16 in pairs, f16 through stack tiles ------- */
