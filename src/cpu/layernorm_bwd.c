@@ -8,10 +8,10 @@
  * dgamma = Σ_rows dy·x̂', dbeta = Σ_rows dy, summed per fixed chunk of rows in a fixed order by
  * the driver both row-norm backwards share (rownorm_bwd.c): bitwise the same for any thread
  * count. This file holds the rows (ln_bwd_store).
- * bf16 rows read x and dy in pairs in both passes (ln_bwd_pairs: no f32 rows, dx narrowed as it
- * is stored, pass A's lanes and the f32 partials in pair order); rows whose sums are not finite
- * or whose terms could overflow the f32 partials are computed in fp64 (ln_bwd_row_f64). f16
- * rows are widened into per-thread f32 rows.
+ * f32 and bf16 rows run one body (ln_bwd_row_impl); bf16 rows read x and dy in pairs in both
+ * passes (no f32 rows, dx narrowed as it is stored, the f32 partials in pair order), and rows
+ * whose sums are not finite are computed in fp64 on the widened rows (ln_bwd_row_f64). f16 rows
+ * are widened into per-thread f32 rows.
  *
  * Threads: OpenMP over rows (or chunks of rows); the row functions below carry SN_CLONES and no
  * OpenMP pragmas.
@@ -38,43 +38,55 @@ SN_INLINE void ln_bwd_acc(double *a_xh, double *a_g, double *a_gxh, float x, flo
  * only through Σ_rows dy·c, whose terms have random signs. */
 #define LN_BWD_BLOCK 256
 
-/* Pass A of one row: sum[0..2] = Σx̂, Σg, Σg·x̂ in fp64 lanes (lowp: in f32 lanes over blocks
- * of LN_BWD_BLOCK elements, each block then added into the fp64 lanes); big[0] = max|dy|,
- * big[1] = max|dy|·max|x̂|, big[2] = max|x̂| (fp64; NaN inputs are skipped: they make the
- * partials NaN in f32 as in fp64). One line of each prefetched stream per L elements. */
-SN_INLINE void ln_bwd_sums(double sum[3], double big[3], const float *dy, const float *x,
+/* Lanes of pass A's sums: a pair block's two halves go through them in turn. */
+#define LN_LANES SN_ROW_LANES3
+_Static_assert(2 * LN_LANES == SN_PAIR, "a block of SN_PAIR is two steps of the lanes");
+
+/* Pass A of one row, dy and x [d] f32 or (bf16) bf16: sum[0..2] = Σx̂, Σg, Σg·x̂ in fp64 lanes
+ * (lowp: in f32 lanes over blocks of LN_BWD_BLOCK elements, each block then added into the fp64
+ * lanes); big[0] = max|dy|, big[1] = max|dy|·max|x̂|, big[2] = max|x̂| (fp64; NaN inputs are
+ * skipped: they make the sums NaN). Blocks of SN_PAIR (sn__block_load_arr: an f32 block in order,
+ * a bf16 one its even elements, then its odd ones), each half of 16 into the LN_LANES lanes in
+ * turn, then the tail element by element, lane i % LN_LANES; gamma in the block order of the
+ * dtype (row->gs for bf16). pf: the streams to prefetch, a block at a time (NULL: none). */
+SN_INLINE void ln_bwd_sums(double sum[3], double big[3], const void *dy, const void *x,
                            const sn__bwd_row_t *row, const sn__bwd_prefetch_t *pf, int has_g,
-                           int lowp) {
-  enum { L = SN_ROW_LANES3 };
-  const float *gamma = row->gamma;
+                           int lowp, int bf16) {
+  enum { L = LN_LANES };
+  const float *gamma = row->gamma, *gb = bf16 ? row->gs : row->gamma;
   const int64_t d = row->d;
   const float m = row->m, s = row->s;
   double a_xh[L] = {0}, a_g[L] = {0}, a_gxh[L] = {0};
   float mdy[L] = {0}, mxh[L] = {0};
   int64_t i = 0;
-  while (i + L <= d) {
+  while (i + SN_PAIR <= d) {
     const int64_t end = lowp && d - i > LN_BWD_BLOCK ? i + LN_BWD_BLOCK : d;
     float b_xh[L] = {0}, b_g[L] = {0}, b_gxh[L] = {0};
-    for (; i + L <= end; i += L) {
-      if (pf != NULL && pf->x != NULL) SN_PF_ROW_READ(pf->x + i * pf->esize);
-      if (pf != NULL && pf->dy != NULL) SN_PF_ROW_READ(pf->dy + i * pf->esize);
-      if (pf != NULL && pf->dx != NULL) __builtin_prefetch(pf->dx + i * pf->esize, 1);
-      if (lowp)
+    for (; i + SN_PAIR <= end; i += SN_PAIR) {
+      if (pf != NULL) sn__bwd_prefetch_block(pf, i);
+      /* the block's values: f32 read in place, bf16 widened into xw, dw */
+      float xw[SN_PAIR], dw[SN_PAIR];
+      const float *xv = (const float *)x + i, *dv = (const float *)dy + i, *gv = gb + i;
+      if (bf16) {
+        sn__block_load_arr(xw, x, i, 1);
+        sn__block_load_arr(dw, dy, i, 1);
+        xv = xw, dv = dw;
+      }
+      for (int h = 0; h < SN_PAIR; h += L)
         for (int k = 0; k < L; k++) {
-          const float xh = SN_LN_XHAT(x[i + k], m, s);
-          const float g = has_g ? dy[i + k] * gamma[i + k] : dy[i + k];
-          b_xh[k] += xh;
-          b_g[k] += g;
-          b_gxh[k] += g * xh;
-          mdy[k] = sn__max_abs(mdy[k], dy[i + k]);
+          const float xh = SN_LN_XHAT(xv[h + k], m, s);
+          const float g = has_g ? dv[h + k] * gv[h + k] : dv[h + k];
+          if (lowp) {
+            b_xh[k] += xh;
+            b_g[k] += g;
+            b_gxh[k] += g * xh;
+          } else {
+            a_xh[k] += (double)xh;
+            a_g[k] += (double)g;
+            a_gxh[k] += (double)g * (double)xh;
+          }
+          mdy[k] = sn__max_abs(mdy[k], dv[h + k]);
           mxh[k] = sn__max_abs(mxh[k], xh);
-        }
-      else
-        for (int k = 0; k < L; k++) {
-          ln_bwd_acc(&a_xh[k], &a_g[k], &a_gxh[k], x[i + k], dy[i + k], gamma, i + k, m, s,
-                     has_g);
-          mdy[k] = sn__max_abs(mdy[k], dy[i + k]);
-          mxh[k] = sn__max_abs(mxh[k], SN_LN_XHAT(x[i + k], m, s));
         }
     }
     if (lowp)
@@ -84,10 +96,11 @@ SN_INLINE void ln_bwd_sums(double sum[3], double big[3], const float *dy, const 
         a_gxh[k] += (double)b_gxh[k];
       }
   }
-  for (int k = 0; k < L && i < d; i++, k++) {
-    mdy[k] = sn__max_abs(mdy[k], dy[i]);
-    mxh[k] = sn__max_abs(mxh[k], SN_LN_XHAT(x[i], m, s));
-    ln_bwd_acc(&a_xh[k], &a_g[k], &a_gxh[k], x[i], dy[i], gamma, i, m, s, has_g);
+  for (int k = 0; i < d; i++, k = (k + 1) % L) {
+    const float xi = sn__load_w(x, bf16, i), dyi = sn__load_w(dy, bf16, i);
+    mdy[k] = sn__max_abs(mdy[k], dyi);
+    mxh[k] = sn__max_abs(mxh[k], SN_LN_XHAT(xi, m, s));
+    ln_bwd_acc(&a_xh[k], &a_g[k], &a_gxh[k], xi, dyi, gamma, i, m, s, has_g);
   }
   sum[0] = sn__lanes_total_n(a_xh, L);
   sum[1] = sn__lanes_total_n(a_g, L);
@@ -113,27 +126,34 @@ static inline int ln_dx_f32_ok(double gmax, double max_dy, double max_xh) {
          max_xh <= LN_DX_F32_MAX;
 }
 
-/* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x, the saved mean m and
- * rstd s. Returns 1, having written nothing, for a row whose dx intermediates could leave the
- * f32 range (ln_dx_f32_ok; gmax = max|gamma|, 1 without gamma): the caller computes it in
- * fp64. With has_part, dgp[i] += dy·x̂' and dbp[i] += dy into the f32 partials (SN_PART_ROWS),
- * or, for a row whose terms could overflow them (max|dy| or 2·max|dy|·max|x̂| beyond
- * SN_PART_F32_MAX, infinities included), into the chunk's fp64 partials dgp64/dbp64 directly,
- * as the f32 sums would lose them. lowp (bf16/f16 rows): pass A's sums in f32 blocks
- * (LN_BWD_BLOCK), in fp64 again where those came out non-finite. */
-SN_INLINE int ln_bwd_row_impl(float *dx, const sn__bwd_part_t *part, const float *dy,
-                              const float *x, const sn__bwd_row_t *row, int has_g, int has_part,
-                              int lowp) {
+/* One row of the backward: dx (may equal dy: each element or block is read before it is
+ * written) from dy, x [d], all f32 or (bf16) bf16, the saved mean m and rstd s. Returns 1,
+ * having written nothing, for a row whose dx intermediates could leave the f32 range
+ * (ln_dx_f32_ok; gmax = max|gamma|, 1 without gamma), and for a bf16 row whose sums are not
+ * finite: the caller computes it in fp64 (ln_bwd_row_f64, on the widened rows). With has_part,
+ * dgp[i] += dy·x̂' and dbp[i] += dy into the f32 partials (SN_PART_ROWS; for bf16 rows in pair
+ * order, sn__flush_pairs), or, for a row whose terms could overflow them (max|dy| or
+ * 2·max|dy|·max|x̂| beyond SN_PART_F32_MAX, infinities included), into the chunk's fp64 partials
+ * dgp64/dbp64 directly, as the f32 sums would lose them. lowp (bf16/f16 rows): pass A's sums in
+ * f32 blocks (LN_BWD_BLOCK), in fp64 again where those came out non-finite (f16 rows widened).
+ * Pass B in blocks of SN_PAIR where the rows are bf16 or dx streams (sn__block_load, gamma and
+ * the partials in block order), else element by element, a loop GCC vectorizes; a bf16 dx is
+ * narrowed as sn__f32_to_bf16. */
+SN_INLINE int ln_bwd_row_impl(void *dx, const sn__bwd_part_t *part, const void *dy,
+                              const void *x, const sn__bwd_row_t *row, int has_g, int has_part,
+                              int lowp, int bf16) {
   float *dgp = part->g32, *dbp = part->b32;
   double *dgp64 = part->g64, *dbp64 = part->b64;
-  const float *gamma = row->gamma;
+  const float *gamma = row->gamma, *gb = bf16 ? row->gs : row->gamma;
   const int64_t d = row->d;
   const float m = row->m, s = row->s;
   const sn__bwd_prefetch_t *pf = row->pf;
   double sum[3], big[3];
-  ln_bwd_sums(sum, big, dy, x, row, pf, has_g, lowp);
-  if (lowp && !(isfinite(sum[0]) && isfinite(sum[1]) && isfinite(sum[2])))
-    ln_bwd_sums(sum, big, dy, x, row, NULL, has_g, 0);
+  ln_bwd_sums(sum, big, dy, x, row, pf, has_g, lowp, bf16);
+  if (lowp && !(isfinite(sum[0]) && isfinite(sum[1]) && isfinite(sum[2]))) {
+    if (bf16) return 1;
+    ln_bwd_sums(sum, big, dy, x, row, NULL, has_g, 0, 0);
+  }
   if (!ln_dx_f32_ok((double)row->gmax, big[0], big[2])) return 1;
   const double sum_xh = sum[0], sum_g = sum[1], sum_gxh = sum[2];
 
@@ -143,59 +163,84 @@ SN_INLINE int ln_bwd_row_impl(float *dx, const sn__bwd_part_t *part, const float
   const float cf = (float)c, mg = (float)(sum_g / (double)d);
   const float mgx = (float)((sum_gxh - c * sum_g) / (double)d);
 
-  /* pass B: dx = s·((g − mean(g)) − x̂'·mean(g·x̂')); dy[i] is read before dx[i] is written.
-   * |x̂'| ≤ |x̂| + |c| ≤ 2·max|x̂|, so the terms are at most max|dy| and 2·max|dy|·max|x̂|. */
+  /* pass B: dx = s·((g − mean(g)) − x̂'·mean(g·x̂')). |x̂'| ≤ |x̂| + |c| ≤ 2·max|x̂|, so the terms
+   * are at most max|dy| and 2·max|dy|·max|x̂|. */
+#define LN_DX_STORE(j, v)                                                                     \
+  do {                                                                                        \
+    if (bf16) ((uint16_t *)dx)[j] = sn__f32_to_bf16(v);                                       \
+    else ((float *)dx)[j] = (v);                                                              \
+  } while (0)
   const int part64 = has_part && !(big[0] <= SN_PART_F32_MAX && 2.0 * big[1] <= SN_PART_F32_MAX);
   if (part64) {
     SN_IVDEP
     for (int64_t j = 0; j < d; j++) {
-      const float dyj = dy[j];
-      const float xh = SN_LN_XHAT_C(x[j], m, s, cf);
+      const float dyj = sn__load_w(dy, bf16, j);
+      const float xh = SN_LN_XHAT_C(sn__load_w(x, bf16, j), m, s, cf);
       const float g = has_g ? dyj * gamma[j] : dyj;
       dgp64[j] += (double)dyj * (double)xh;
       dbp64[j] += (double)dyj;
-      dx[j] = SN_LN_DX(g, xh, s, mg, mgx);
+      LN_DX_STORE(j, SN_LN_DX(g, xh, s, mg, mgx));
     }
     return 0;
   }
 #define LN_DX_EL(j)                                                                           \
   do {                                                                                        \
-    const float dyj_ = dy[j], xh_ = SN_LN_XHAT_C(x[j], m, s, cf);                             \
+    const float dyj_ = sn__load_w(dy, bf16, j);                                               \
+    const float xh_ = SN_LN_XHAT_C(sn__load_w(x, bf16, j), m, s, cf);                         \
     const float g_ = has_g ? dyj_ * gamma[j] : dyj_;                                          \
     if (has_part) {                                                                           \
       dgp[j] += dyj_ * xh_;                                                                   \
       dbp[j] += dyj_;                                                                         \
     }                                                                                         \
-    dx[j] = SN_LN_DX(g_, xh_, s, mg, mgx);                                                    \
+    LN_DX_STORE(j, SN_LN_DX(g_, xh_, s, mg, mgx));                                            \
   } while (0)
+  const int nt = pf->nt;
   int64_t j = 0;
-  if (pf->nt) { /* ordinary stores up to a 64-byte line, then vectors of 16 through sn__store64 */
+  if (nt && !bf16) /* ordinary stores up to a 64-byte line, then streamed blocks */
     for (const int64_t h = sn__head64(dx, d); j < h; j++) LN_DX_EL(j);
-    for (; j + 16 <= d; j += 16) {
-      sn__pf vdy, xh, g, w;
-      memcpy(&vdy, dy + j, sizeof vdy);
-      memcpy(&xh, x + j, sizeof xh);
-      xh = SN_LN_XHAT_C(xh, m, s, cf);
-      g = vdy;
-      if (has_g) memcpy(&w, gamma + j, sizeof w), g = vdy * w;
-      if (has_part) {
-        memcpy(&w, dgp + j, sizeof w), w = w + vdy * xh, memcpy(dgp + j, &w, sizeof w);
-        memcpy(&w, dbp + j, sizeof w), w = w + vdy, memcpy(dbp + j, &w, sizeof w);
-      }
-      w = SN_LN_DX(g, xh, s, mg, mgx);
-      sn__store64(dx + j, &w, 1);
+  for (; (bf16 || nt) && j + SN_PAIR <= d; j += SN_PAIR) {
+    sn__pf xe, xo, ye, yo, pe, po;
+    sn__block_load(&xe, &xo, x, j, bf16);
+    sn__block_load(&ye, &yo, dy, j, bf16);
+    xe = SN_LN_XHAT_C(xe, m, s, cf);
+    xo = SN_LN_XHAT_C(xo, m, s, cf);
+    if (has_part) {
+      sn__pair_load(&pe, &po, dgp + j);
+      pe += ye * xe;
+      po += yo * xo;
+      sn__pair_store(dgp + j, &pe, &po);
+      sn__pair_load(&pe, &po, dbp + j);
+      pe += ye;
+      po += yo;
+      sn__pair_store(dbp + j, &pe, &po);
     }
+    if (has_g) {
+      sn__pair_load(&pe, &po, gb + j);
+      ye = ye * pe;
+      yo = yo * po;
+    }
+    ye = SN_LN_DX(ye, xe, s, mg, mgx);
+    yo = SN_LN_DX(yo, xo, s, mg, mgx);
+    /* No dx of a bf16 row here is NaN, so it is narrowed without sn__f32_to_bf16's NaN case
+     * (the same bits): a NaN or infinite dy, x, gamma, m or s, or an x − m beyond the f32
+     * range, made pass A's sums (which compute the same (x − m)·s) non-finite and sent the row
+     * to fp64; ln_dx_f32_ok keeps (g − mean(g)) − x̂'·mean(g·x̂') finite, and s times it is
+     * finite or ±inf. */
+    sn__block_store(dx, j, &ye, &yo, bf16, nt, 1);
   }
   SN_IVDEP
   for (; j < d; j++) LN_DX_EL(j);
 #undef LN_DX_EL
+#undef LN_DX_STORE
   return 0;
 }
 
+/* ln_bwd_row_impl of f32 rows (lowp: an f16 row widened) and of bf16 rows, each with its
+ * has_g, has_part and lowp constants. */
 SN_CLONES static int ln_bwd_row(float *dx, const sn__bwd_part_t *part, const float *dy,
                                 const float *x, const sn__bwd_row_t *row, int lowp) {
   const int g = row->gamma != NULL, p = part->g32 != NULL;
-#define LN_BWD_ROW(G, P, LOWP) ln_bwd_row_impl(dx, part, dy, x, row, G, P, LOWP)
+#define LN_BWD_ROW(G, P, LOWP) ln_bwd_row_impl(dx, part, dy, x, row, G, P, LOWP, 0)
   if (lowp) {
     if (g && p) return LN_BWD_ROW(1, 1, 1);
     if (g) return LN_BWD_ROW(1, 0, 1);
@@ -207,6 +252,16 @@ SN_CLONES static int ln_bwd_row(float *dx, const sn__bwd_part_t *part, const flo
   if (p) return LN_BWD_ROW(0, 1, 0);
   return LN_BWD_ROW(0, 0, 0);
 #undef LN_BWD_ROW
+}
+SN_CLONES static int ln_bwd_pairs(uint16_t *dx, const sn__bwd_part_t *part, const uint16_t *dy,
+                                  const uint16_t *x, const sn__bwd_row_t *row) {
+  const int g = row->gamma != NULL, p = part->g32 != NULL;
+#define LN_BWD_PAIRS(G, P) ln_bwd_row_impl(dx, part, dy, x, row, G, P, 1, 1)
+  if (g && p) return LN_BWD_PAIRS(1, 1);
+  if (g) return LN_BWD_PAIRS(1, 0);
+  if (p) return LN_BWD_PAIRS(0, 1);
+  return LN_BWD_PAIRS(0, 0);
+#undef LN_BWD_PAIRS
 }
 
 /* One row of the backward in fp64 throughout, for a saved mean beyond SN_CENTRE_F32_MAX, where
@@ -234,151 +289,6 @@ static void ln_bwd_row_f64(float *dx, double *dgp64, double *dbp64, const float 
     }
     dx[i] = (float)SN_LN_DX(g, xh, s, mg, mgx);
   }
-}
-
-/* ---- bf16 rows in pairs (sn_layernorm_bwd) ------------------------------------------------ */
-
-/* One bf16 row of the backward with no f32 copies of its rows: both passes read x and dy in
- * pairs (sn__pair_widen), the second narrows dx the same way (dx may equal dy: each block is
- * loaded before it is stored). The arithmetic of ln_bwd_row_impl with lowp, in lanes of their
- * own: element i of a block of SN_PAIR goes to lane i (evens first), the f32 lane sums over
- * blocks of LN_BWD_BLOCK added into fp64 lanes, then in a fixed order (the thread count never
- * matters; the lanes differ from the widened rows', so the low bits of a row's sums can). gs:
- * gamma in pairs (sn__to_pairs), gamma as is for the tail. With has_part, dgq, dbq [d]: the
- * f32 partials of dgamma and dbeta in pair order (sn__flush_pairs puts them back in order).
- * Returns 0 when done; 1, having written nothing, for a row whose sums are not finite, whose
- * terms could overflow the f32 partials (ln_bwd_row_impl's part64) or whose dx intermediates
- * could leave the f32 range (ln_dx_f32_ok, gmax = max|gamma|): the caller computes it in fp64
- * (ln_bwd_row_f64 on the widened rows, with the fp64 partials). */
-SN_INLINE int ln_bwd_pairs_impl(uint16_t *dx, const sn__bwd_part_t *part, const uint16_t *dy,
-                                const uint16_t *x, const sn__bwd_row_t *row, int has_g,
-                                int has_part) {
-  enum { H = SN_PAIR / 2 };
-  float *dgq = part->g32, *dbq = part->b32;
-  const float *gs = row->gs, *gamma = row->gamma;
-  const int64_t d = row->d;
-  const float m = row->m, s = row->s;
-  const double gmax = (double)row->gmax;
-  const sn__bwd_prefetch_t *pf = row->pf;
-  /* pass A: Σx̂, Σg, Σg·x̂ (e: lanes of the even elements, o: of the odd ones), and max|dy|,
-   * max|x| on the bf16 bits (nonnegative values order as their bits) */
-  double a_xh[2][H] = {{0}}, a_g[2][H] = {{0}}, a_gxh[2][H] = {{0}};
-  uint16_t mdy[SN_PAIR] = {0}, mx[SN_PAIR] = {0};
-  int64_t i = 0;
-  while (i + SN_PAIR <= d) {
-    const int64_t end = d - i > LN_BWD_BLOCK ? i + LN_BWD_BLOCK : d;
-    sn__pf bxe = {0}, bxo = {0}, bge = {0}, bgo = {0}, bpe = {0}, bpo = {0};
-    for (; i + SN_PAIR <= end; i += SN_PAIR) {
-      sn__pair_prefetch(pf, i);
-      sn__pf xe, xo, ge, go;
-      sn__pair_widen(&xe, &xo, x + i);
-      sn__pair_widen(&ge, &go, dy + i);
-      xe = SN_LN_XHAT(xe, m, s);
-      xo = SN_LN_XHAT(xo, m, s);
-      sn__pair_absmax(mdy, dy + i);
-      sn__pair_absmax(mx, x + i);
-      if (has_g) {
-        sn__pf pe, po;
-        sn__pair_load(&pe, &po, gs + i);
-        ge = ge * pe;
-        go = go * po;
-      }
-      bxe += xe;
-      bxo += xo;
-      bge += ge;
-      bgo += go;
-      bpe += ge * xe;
-      bpo += go * xo;
-    }
-    SN_ADD16_F64(a_xh[0], bxe);
-    SN_ADD16_F64(a_xh[1], bxo);
-    SN_ADD16_F64(a_g[0], bge);
-    SN_ADD16_F64(a_g[1], bgo);
-    SN_ADD16_F64(a_gxh[0], bpe);
-    SN_ADD16_F64(a_gxh[1], bpo);
-  }
-  for (int k = 0; i < d; i++, k++) { /* the tail, < SN_PAIR elements: lane k as a pair block's */
-    const float dyi = sn__bf16_to_f32(dy[i]), xi = sn__bf16_to_f32(x[i]);
-    const uint16_t ay = dy[i] & 0x7fffu, ax = x[i] & 0x7fffu;
-    mdy[k] = ay > mdy[k] ? ay : mdy[k];
-    mx[k] = ax > mx[k] ? ax : mx[k];
-    ln_bwd_acc(&a_xh[k & 1][k / 2], &a_g[k & 1][k / 2], &a_gxh[k & 1][k / 2], xi, dyi, gamma, i,
-               m, s, has_g);
-  }
-  double sum[3], acc[3][SN_ROW_LANES];
-  sn__pair_lanes(acc[0], a_xh[0], a_xh[1]);
-  sn__pair_lanes(acc[1], a_g[0], a_g[1]);
-  sn__pair_lanes(acc[2], a_gxh[0], a_gxh[1]);
-  for (int j = 0; j < 3; j++) sum[j] = sn__lanes_total(acc[j]);
-  if (!(isfinite(sum[0]) && isfinite(sum[1]) && isfinite(sum[2]))) return 1;
-  /* The bound of ln_bwd_row_impl's part64 with max|x̂| ≤ (max|x| + |m|)·|s| (raised by 2^-20
-   * for the f32 roundings of x̂): a row it declines that ln_bwd_row_impl would have mapped in
-   * f32 (|m| ≫ σ near 2^60 and beyond) costs only time. */
-  const double big0 = (double)sn__pair_absmax_total(mdy);
-  const double xmax = ((double)sn__pair_absmax_total(mx) + fabs((double)m)) * fabs((double)s) *
-                      (1.0 + 0x1p-20); /* ≥ max|x̂| */
-  if (has_part && !(big0 <= SN_PART_F32_MAX && 2.0 * big0 * xmax <= SN_PART_F32_MAX)) return 1;
-  if (!ln_dx_f32_ok(gmax, big0, xmax)) return 1;
-  const double c = sum[0] / (double)d; /* as ln_bwd_row_impl */
-  const float cf = (float)c, mg = (float)(sum[1] / (double)d);
-  const float mgx = (float)((sum[2] - c * sum[1]) / (double)d);
-
-  /* pass B */
-  for (i = 0; i + SN_PAIR <= d; i += SN_PAIR) {
-    sn__pf xe, xo, ye, yo;
-    sn__pair_widen(&xe, &xo, x + i);
-    sn__pair_widen(&ye, &yo, dy + i);
-    xe = SN_LN_XHAT_C(xe, m, s, cf);
-    xo = SN_LN_XHAT_C(xo, m, s, cf);
-    if (has_part) {
-      sn__pf pe, po;
-      sn__pair_load(&pe, &po, dgq + i);
-      pe += ye * xe;
-      po += yo * xo;
-      sn__pair_store(dgq + i, &pe, &po);
-      sn__pair_load(&pe, &po, dbq + i);
-      pe += ye;
-      po += yo;
-      sn__pair_store(dbq + i, &pe, &po);
-    }
-    if (has_g) {
-      sn__pf pe, po;
-      sn__pair_load(&pe, &po, gs + i);
-      ye = ye * pe;
-      yo = yo * po;
-    }
-    ye = SN_LN_DX(ye, xe, s, mg, mgx);
-    yo = SN_LN_DX(yo, xo, s, mg, mgx);
-    /* No dx here is NaN, so it is narrowed without sn__f32_to_bf16's NaN case (the same bits):
-     * a NaN or infinite dy, x, gamma, m or s, or an x − m beyond the f32 range, made pass A's
-     * sums (which compute the same (x − m)·s) or bounds non-finite and sent the row to fp64;
-     * ln_dx_f32_ok keeps (g − mean(g)) − x̂'·mean(g·x̂') finite, and s times it is finite or
-     * ±inf. Without the NaN case the kernel takes 0.89-0.94x the time (bench_ab, in L2 and
-     * cold). */
-    sn__pair_narrow_finite(dx + i, &ye, &yo, pf->nt);
-  }
-  for (; i < d; i++) {
-    const float dyi = sn__bf16_to_f32(dy[i]);
-    const float xh = SN_LN_XHAT_C(sn__bf16_to_f32(x[i]), m, s, cf);
-    const float g = has_g ? dyi * gamma[i] : dyi;
-    if (has_part) {
-      dgq[i] += dyi * xh;
-      dbq[i] += dyi;
-    }
-    dx[i] = sn__f32_to_bf16(SN_LN_DX(g, xh, s, mg, mgx));
-  }
-  return 0;
-}
-
-SN_CLONES static int ln_bwd_pairs(uint16_t *dx, const sn__bwd_part_t *part, const uint16_t *dy,
-                                  const uint16_t *x, const sn__bwd_row_t *row) {
-  const int g = row->gamma != NULL, p = part->g32 != NULL;
-#define LN_BWD_PAIRS(G, P) ln_bwd_pairs_impl(dx, part, dy, x, row, G, P)
-  if (g && p) return LN_BWD_PAIRS(1, 1);
-  if (g) return LN_BWD_PAIRS(1, 0);
-  if (p) return LN_BWD_PAIRS(0, 1);
-  return LN_BWD_PAIRS(0, 0);
-#undef LN_BWD_PAIRS
 }
 
 /* Row r of the call c. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into

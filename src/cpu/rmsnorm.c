@@ -312,211 +312,145 @@ static inline int rms_terms_f32(double sd, float mdy, float mx, float gmax, doub
          xh <= RMS_TERM_F32_MAX;
 }
 
-/* One row of the backward, all f32 [d]: dx (may equal dy) from dy, x and the saved rstd s.
- * With has_part, dgp[i] += dy·x̂ into the f32 partial of dgamma, or into the chunk's fp64
- * partial dgp64 for a row outside the f32 partials' range (RMS_PART_F32_MIN, SN_PART_F32_MAX).
- * Rows whose Σg·x is not finite, whose e is not held by an f32, or whose terms may leave the f32
- * range (rms_terms_f32) go to rms_bwd_row_f64. gmax: max|gamma| over the call (1 without). */
-SN_INLINE void rms_bwd_row_impl(float *dx, const sn__bwd_part_t *part, const float *dy,
-                                const float *x, const sn__bwd_row_t *row, int has_g,
-                                int has_part) {
+/* One row of the backward: dx (may equal dy: each element or block is read before it is
+ * written) from dy, x [d], all f32 or (bf16) bf16, and the saved rstd s. With has_part, dgp[i]
+ * += dy·x̂ into the f32 partial of dgamma (for bf16 rows in pair order, sn__flush_pairs), or into
+ * the chunk's fp64 partial dgp64 for a row outside the f32 partials' range (RMS_PART_F32_MIN,
+ * SN_PART_F32_MAX). Returns 1, having written nothing, for a row whose Σg·x is not finite, whose
+ * e is not held by an f32, or whose terms may leave the f32 range (rms_terms_f32; gmax =
+ * max|gamma| over the call, 1 without): the caller computes it with rms_bwd_row_f64 (on the
+ * widened rows). Pass A: blocks of SN_PAIR (sn__block_load_arr), element i in fp64 lane
+ * i % SN_ROW_LANES (a bf16 block's lanes, its even elements first, put back in element order),
+ * so a bf16 row gives the bits of its widened f32 copy; pass B in blocks where the rows are bf16
+ * or dx streams (gamma and the partial in block order), else element by element, a loop GCC
+ * vectorizes. */
+SN_INLINE int rms_bwd_row_impl(void *dx, const sn__bwd_part_t *part, const void *dy,
+                               const void *x, const sn__bwd_row_t *row, int has_g, int has_part,
+                               int bf16) {
   float *dgp = part->g32;
   double *dgp64 = part->g64;
-  const float *gamma = row->gamma;
+  const float *gamma = row->gamma, *gb = bf16 ? row->gs : row->gamma;
   const float gmax = row->gmax, s = row->s;
   const int64_t d = row->d;
   const sn__bwd_prefetch_t *pf = row->pf;
   /* pass A: Σ g·x in fp64 lanes (the product of two floats is exact in fp64), and max|dy|,
-   * max|x|; each prefetched stream advances by this block's bytes */
-  double acc[SN_ROW_LANES] = {0};
-  float mdy[SN_ROW_LANES] = {0}, mx[SN_ROW_LANES] = {0};
-  int64_t i = 0;
-  for (; i + SN_ROW_LANES <= d; i += SN_ROW_LANES) {
-    for (int64_t o = i * pf->esize; o < (i + SN_ROW_LANES) * pf->esize; o += 64) {
-      if (pf->x != NULL) SN_PF_ROW_READ(pf->x + o);
-      if (pf->dy != NULL) SN_PF_ROW_READ(pf->dy + o);
-      if (pf->dx != NULL) __builtin_prefetch(pf->dx + o, 1);
-    }
-    for (int k = 0; k < SN_ROW_LANES; k++) {
-      acc[k] += (double)rms_g(dy[i + k], gamma, i + k, has_g) * (double)x[i + k];
-      mdy[k] = sn__max_abs(mdy[k], dy[i + k]), mx[k] = sn__max_abs(mx[k], x[i + k]);
-    }
-  }
-  for (int k = 0; k < SN_ROW_LANES && i < d; i++, k++) {
-    acc[k] += (double)rms_g(dy[i], gamma, i, has_g) * (double)x[i];
-    mdy[k] = sn__max_abs(mdy[k], dy[i]), mx[k] = sn__max_abs(mx[k], x[i]);
-  }
-  const double sum = sn__lanes_total(acc), sd = (double)s, ed = sd * sd * (sum / (double)d);
-  float a = 0.0f, bx = 0.0f; /* max|dy|, max|x| */
-  for (int k = 0; k < SN_ROW_LANES; k++) a = sn__max_abs(a, mdy[k]), bx = sn__max_abs(bx, mx[k]);
-  /* f32 g beyond FLT_MAX, inf/NaN in the row, e or a term beyond the f32 range */
-  if (!isfinite(sum) || !sn__f32_holds(ed) || !rms_terms_f32(sd, a, bx, gmax, ed)) {
-    rms_bwd_row_f64(dx, has_part ? dgp64 : NULL, dy, x, has_g ? gamma : NULL, d, s);
-    return;
-  }
-  /* max|dy|·max|x|·s, bounding the dgamma terms */
-  const double term = has_part ? (double)a * (double)bx * fabs(sd) : 0.0;
-  const float e = (float)ed;
-
-  /* pass B: dy[j] is read before dx[j] is written */
-  if (has_part && !(term >= RMS_PART_F32_MIN && term <= SN_PART_F32_MAX) && term != 0.0) {
-    SN_IVDEP
-    for (int64_t j = 0; j < d; j++) {
-      const float dyj = dy[j], xh = SN_RMS_XHAT(x[j], s);
-      dgp64[j] += (double)dyj * SN_RMS_XHAT((double)x[j], sd);
-      dx[j] = SN_RMS_DX(rms_g(dyj, gamma, j, has_g), xh, s, e);
-    }
-    return;
-  }
-#define RMS_DX_EL(j)                                                                          \
-  do {                                                                                        \
-    const float dyj_ = dy[j], xh_ = SN_RMS_XHAT(x[j], s);                                     \
-    if (has_part) dgp[j] += dyj_ * xh_;                                                       \
-    dx[j] = SN_RMS_DX(rms_g(dyj_, gamma, j, has_g), xh_, s, e);                               \
-  } while (0)
-  int64_t j = 0;
-  if (pf->nt) { /* ordinary stores up to a 64-byte line, then vectors of 16 through sn__store64 */
-    for (const int64_t h = sn__head64(dx, d); j < h; j++) RMS_DX_EL(j);
-    for (; j + 16 <= d; j += 16) {
-      sn__pf vdy, xh, w;
-      memcpy(&vdy, dy + j, sizeof vdy);
-      memcpy(&xh, x + j, sizeof xh);
-      xh = SN_RMS_XHAT(xh, s);
-      if (has_part) memcpy(&w, dgp + j, sizeof w), w = w + vdy * xh, memcpy(dgp + j, &w, sizeof w);
-      if (has_g) memcpy(&w, gamma + j, sizeof w), vdy = vdy * w;
-      w = SN_RMS_DX(vdy, xh, s, e);
-      sn__store64(dx + j, &w, 1);
-    }
-  }
-  SN_IVDEP
-  for (; j < d; j++) RMS_DX_EL(j);
-#undef RMS_DX_EL
-}
-
-SN_CLONES static void rms_bwd_row(float *dx, const sn__bwd_part_t *part, const float *dy,
-                                  const float *x, const sn__bwd_row_t *row) {
-  const int g = row->gamma != NULL, p = part->g32 != NULL;
-  if (g && p) rms_bwd_row_impl(dx, part, dy, x, row, 1, 1);
-  else if (g) rms_bwd_row_impl(dx, part, dy, x, row, 1, 0);
-  else if (p) rms_bwd_row_impl(dx, part, dy, x, row, 0, 1);
-  else rms_bwd_row_impl(dx, part, dy, x, row, 0, 0);
-}
-
-/* ---- bf16 rows in pairs ------------------------------------------------------------------ */
-
-/* acc[k] += (double)g[k] · (double)x[k] for the 16 floats of the vectors g and x: through
- * arrays, in the loop form GCC 12 vectorizes to one vcvtps2pd per 8 (its
- * __builtin_convertvector takes two and a shuffle; a 16-double vector is kept in memory). */
-#define RMS_DOT16(acc, g, x)                                                                  \
-  do {                                                                                        \
-    float gb_[16], xb_[16];                                                                   \
-    memcpy(gb_, &(g), sizeof gb_);                                                            \
-    memcpy(xb_, &(x), sizeof xb_);                                                            \
-    for (int k_ = 0; k_ < 16; k_++) (acc)[k_] += (double)gb_[k_] * (double)xb_[k_];           \
-  } while (0)
-
-/* One bf16 row of the backward with no f32 copies of its rows, bitwise rms_bwd_row_impl on the
- * widened rows followed by sn__from_f32: both passes read x and dy in pairs (sn__pair_widen),
- * the second narrows dx the same way (dx may equal dy: each block is loaded before it is
- * stored). gs: gamma in pairs (sn__to_pairs), gamma as is for the tail. With has_part, the
- * dgamma terms dy·x̂ go into dgq [d], the f32 partial kept in pair order (each full block of
- * SN_PAIR: its even elements, then its odd ones; sn__flush_pairs puts it back in order).
- * Returns 0 when done; 1, having written nothing, for a row rms_bwd_row_impl would compute in
- * fp64 or with fp64 dgamma terms (Σg·x not finite, e not held by an f32, dx terms beyond the f32
- * range, dgamma terms outside the f32 partials' range): the caller then runs the generic path on
- * the widened rows, whose decisions are the same (the same sums), so it writes dgp64 and never
- * dgq. */
-SN_INLINE int rms_bwd_pairs_impl(uint16_t *dx, const sn__bwd_part_t *part, const uint16_t *dy,
-                                 const uint16_t *x, const sn__bwd_row_t *row, int has_g,
-                                 int has_part) {
-  float *dgq = part->g32;
-  const float *gs = row->gs, *gamma = row->gamma;
-  const float gmax = row->gmax, s = row->s;
-  const int64_t d = row->d;
-  const sn__bwd_prefetch_t *pf = row->pf;
-  /* pass A: Σ g·x in fp64 (lanes 2m and 2m + 1 of the 32 in the even and odd halves), and
-   * max|dy|, max|x| on the bf16 bits (sn__pair_absmax) */
-  double ae[SN_PAIR / 2] = {0}, ao[SN_PAIR / 2] = {0};
-  uint16_t mdy[SN_PAIR] = {0}, mx[SN_PAIR] = {0};
+   * max|x| */
+  double ab[SN_PAIR] = {0}; /* a block's lanes: e's 16, then o's */
+  float mdy[SN_PAIR] = {0}, mx[SN_PAIR] = {0};
   int64_t i = 0;
   for (; i + SN_PAIR <= d; i += SN_PAIR) {
-    sn__pair_prefetch(pf, i);
-    sn__pf xe, xo, ge, go;
-    sn__pair_widen(&xe, &xo, x + i);
-    sn__pair_widen(&ge, &go, dy + i);
-    sn__pair_absmax(mdy, dy + i);
-    sn__pair_absmax(mx, x + i);
-    if (has_g) {
-      sn__pf pe, po;
-      sn__pair_load(&pe, &po, gs + i);
-      ge = ge * pe;
-      go = go * po;
+    sn__bwd_prefetch_block(pf, i);
+    /* the block's values: f32 read in place, bf16 widened into xw, dw */
+    float xw[SN_PAIR], dw[SN_PAIR];
+    const float *xv = (const float *)x + i, *dv = (const float *)dy + i, *gv = gb + i;
+    if (bf16) {
+      sn__block_load_arr(xw, x, i, 1);
+      sn__block_load_arr(dw, dy, i, 1);
+      xv = xw, dv = dw;
     }
-    RMS_DOT16(ae, ge, xe);
-    RMS_DOT16(ao, go, xo);
+    for (int k = 0; k < SN_PAIR; k++) {
+      ab[k] += (double)(has_g ? dv[k] * gv[k] : dv[k]) * (double)xv[k];
+      mdy[k] = sn__max_abs(mdy[k], dv[k]), mx[k] = sn__max_abs(mx[k], xv[k]);
+    }
   }
   double acc[SN_ROW_LANES];
-  sn__pair_lanes(acc, ae, ao);
-  float a = sn__pair_absmax_total(mdy), bx = sn__pair_absmax_total(mx);
+  if (bf16) sn__pair_lanes(acc, ab, ab + SN_PAIR / 2);
+  else memcpy(acc, ab, sizeof acc);
+  float a = 0.0f, bx = 0.0f; /* max|dy|, max|x| */
+  for (int k = 0; k < SN_PAIR; k++) a = sn__max_abs(a, mdy[k]), bx = sn__max_abs(bx, mx[k]);
   for (int k = 0; k < SN_ROW_LANES && i < d; i++, k++) {
-    const float dyi = sn__bf16_to_f32(dy[i]), xi = sn__bf16_to_f32(x[i]);
+    const float dyi = sn__load_w(dy, bf16, i), xi = sn__load_w(x, bf16, i);
     acc[k] += (double)rms_g(dyi, gamma, i, has_g) * (double)xi;
     a = sn__max_abs(a, dyi), bx = sn__max_abs(bx, xi);
   }
   const double sum = sn__lanes_total(acc), sd = (double)s, ed = sd * sd * (sum / (double)d);
+  /* f32 g beyond FLT_MAX, inf/NaN in the row, e or a term beyond the f32 range */
   if (!isfinite(sum) || !sn__f32_holds(ed) || !rms_terms_f32(sd, a, bx, gmax, ed)) return 1;
+  /* max|dy|·max|x|·s, bounding the dgamma terms */
   const double term = has_part ? (double)a * (double)bx * fabs(sd) : 0.0;
-  if (has_part && !(term >= RMS_PART_F32_MIN && term <= SN_PART_F32_MAX) && term != 0.0) return 1;
   const float e = (float)ed;
 
   /* pass B */
-  for (i = 0; i + SN_PAIR <= d; i += SN_PAIR) {
-    sn__pf xe, xo, ye, yo;
-    sn__pair_widen(&xe, &xo, x + i);
-    sn__pair_widen(&ye, &yo, dy + i);
+#define RMS_DX_STORE(j, v)                                                                    \
+  do {                                                                                        \
+    if (bf16) ((uint16_t *)dx)[j] = sn__f32_to_bf16(v);                                       \
+    else ((float *)dx)[j] = (v);                                                              \
+  } while (0)
+  if (has_part && !(term >= RMS_PART_F32_MIN && term <= SN_PART_F32_MAX) && term != 0.0) {
+    SN_IVDEP
+    for (int64_t j = 0; j < d; j++) {
+      const float dyj = sn__load_w(dy, bf16, j), xj = sn__load_w(x, bf16, j);
+      dgp64[j] += (double)dyj * SN_RMS_XHAT((double)xj, sd);
+      RMS_DX_STORE(j, SN_RMS_DX(rms_g(dyj, gamma, j, has_g), SN_RMS_XHAT(xj, s), s, e));
+    }
+    return 0;
+  }
+#define RMS_DX_EL(j)                                                                          \
+  do {                                                                                        \
+    const float dyj_ = sn__load_w(dy, bf16, j), xh_ = SN_RMS_XHAT(sn__load_w(x, bf16, j), s); \
+    if (has_part) dgp[j] += dyj_ * xh_;                                                       \
+    RMS_DX_STORE(j, SN_RMS_DX(rms_g(dyj_, gamma, j, has_g), xh_, s, e));                      \
+  } while (0)
+  const int nt = pf->nt;
+  int64_t j = 0;
+  if (nt && !bf16) /* ordinary stores up to a 64-byte line, then streamed blocks */
+    for (const int64_t h = sn__head64(dx, d); j < h; j++) RMS_DX_EL(j);
+  for (; (bf16 || nt) && j + SN_PAIR <= d; j += SN_PAIR) {
+    sn__pf xe, xo, ye, yo, pe, po;
+    sn__block_load(&xe, &xo, x, j, bf16);
+    sn__block_load(&ye, &yo, dy, j, bf16);
     xe = SN_RMS_XHAT(xe, s);
     xo = SN_RMS_XHAT(xo, s);
     if (has_part) {
-      sn__pf pe, po;
-      sn__pair_load(&pe, &po, dgq + i);
+      sn__pair_load(&pe, &po, dgp + j);
       pe += ye * xe;
       po += yo * xo;
-      sn__pair_store(dgq + i, &pe, &po);
+      sn__pair_store(dgp + j, &pe, &po);
     }
     if (has_g) {
-      sn__pf pe, po;
-      sn__pair_load(&pe, &po, gs + i);
+      sn__pair_load(&pe, &po, gb + j);
       ye = ye * pe;
       yo = yo * po;
     }
     ye = SN_RMS_DX(ye, xe, s, e);
     yo = SN_RMS_DX(yo, xo, s, e);
     /* No dx here is NaN (a row with a NaN or infinite input, or terms beyond the f32 range,
-     * left after pass A: rms_terms_f32), so it is narrowed without sn__f32_to_bf16's NaN case,
-     * with the same bits, in 0.86-0.93x the time (bench_ab, in L2 and cold). */
-    sn__pair_narrow_finite(dx + i, &ye, &yo, pf->nt);
+     * left after pass A: rms_terms_f32), so a bf16 dx is narrowed without sn__f32_to_bf16's
+     * NaN case, with the same bits. */
+    sn__block_store(dx, j, &ye, &yo, bf16, nt, 1);
   }
-  for (; i < d; i++) {
-    const float dyi = sn__bf16_to_f32(dy[i]), xh = SN_RMS_XHAT(sn__bf16_to_f32(x[i]), s);
-    if (has_part) dgq[i] += dyi * xh;
-    dx[i] = sn__f32_to_bf16(SN_RMS_DX(rms_g(dyi, gamma, i, has_g), xh, s, e));
-  }
+  SN_IVDEP
+  for (; j < d; j++) RMS_DX_EL(j);
+#undef RMS_DX_EL
+#undef RMS_DX_STORE
   return 0;
 }
 
+/* rms_bwd_row_impl of f32 rows (bf16: 0; an f16 row widened) and of bf16 rows (1), each with
+ * its has_g and has_part constants. */
+#define RMS_BWD_DISPATCH(BF16)                                                                \
+  do {                                                                                        \
+    const int g_ = row->gamma != NULL, p_ = part->g32 != NULL;                                \
+    if (g_ && p_) return rms_bwd_row_impl(dx, part, dy, x, row, 1, 1, BF16);                  \
+    if (g_) return rms_bwd_row_impl(dx, part, dy, x, row, 1, 0, BF16);                        \
+    if (p_) return rms_bwd_row_impl(dx, part, dy, x, row, 0, 1, BF16);                        \
+    return rms_bwd_row_impl(dx, part, dy, x, row, 0, 0, BF16);                                \
+  } while (0)
+SN_CLONES static int rms_bwd_row(float *dx, const sn__bwd_part_t *part, const float *dy,
+                                 const float *x, const sn__bwd_row_t *row) {
+  RMS_BWD_DISPATCH(0);
+}
 SN_CLONES static int rms_bwd_pairs(uint16_t *dx, const sn__bwd_part_t *part, const uint16_t *dy,
                                    const uint16_t *x, const sn__bwd_row_t *row) {
-  const int g = row->gamma != NULL, p = part->g32 != NULL;
-  if (g && p) return rms_bwd_pairs_impl(dx, part, dy, x, row, 1, 1);
-  if (g) return rms_bwd_pairs_impl(dx, part, dy, x, row, 1, 0);
-  if (p) return rms_bwd_pairs_impl(dx, part, dy, x, row, 0, 1);
-  return rms_bwd_pairs_impl(dx, part, dy, x, row, 0, 0);
+  RMS_BWD_DISPATCH(1);
 }
+#undef RMS_BWD_DISPATCH
 
 /* Row r of the call c. tmp: this thread's [2, d] f32 scratch for bf16/f16 (x widened into
  * tmp[0, d), dy into tmp[d, 2d) where dx is then computed and narrowed from), NULL for f32.
  * part: where the row adds its dgamma terms. bf16 rows take rms_bwd_pairs (c->gs: gamma in
- * pairs; part's f32 partial then in pair order), and the widened rows only where it declines. */
+ * pairs; part's f32 partial then in pair order), other rows rms_bwd_row; a row they decline is
+ * computed in fp64 (rms_bwd_row_f64, on the widened rows). */
 static void rms_bwd_store(const sn__bwd_call_t *c, const sn__bwd_part_t *part, int64_t r,
                           float *tmp) {
   const sn__rn_bwd_t *a = c->a;
@@ -533,7 +467,8 @@ static void rms_bwd_store(const sn__bwd_call_t *c, const sn__bwd_part_t *part, i
   float *dxr;
   sn__bwd_views(a, r, tmp, &xr, &dyr, &dxr);
   pf.nt = nt && dtype == SN_DTYPE_F32; /* a bf16 row declined by the pairs is computed in tmp */
-  rms_bwd_row(dxr, part, dyr, xr, &row);
+  if (dtype == SN_DTYPE_BF16 || rms_bwd_row(dxr, part, dyr, xr, &row) != 0)
+    rms_bwd_row_f64(dxr, part->g32 != NULL ? part->g64 : NULL, dyr, xr, a->gamma, d, row.s);
   sn__bwd_views_done(a, r, tmp);
 }
 

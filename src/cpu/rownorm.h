@@ -208,6 +208,19 @@ SN_INLINE void sn__block_load(sn__pf *e, sn__pf *o, const void *x, int64_t i, in
   else sn__pair_load(e, o, (const float *)x + i);
 }
 
+/* v [SN_PAIR] = the block of x at element i as sn__block_load gives it (e's 16, then o's): for
+ * loops that go over a block's values one by one, in the form GCC vectorizes. */
+SN_INLINE void sn__block_load_arr(float *v, const void *x, int64_t i, int bf16) {
+  if (!bf16) {
+    memcpy(v, (const float *)x + i, SN_PAIR * sizeof *v);
+    return;
+  }
+  sn__pf e, o;
+  sn__pair_widen(&e, &o, (const uint16_t *)x + i);
+  memcpy(v, &e, sizeof e);
+  memcpy(v + SN_PAIR / 2, &o, sizeof o);
+}
+
 /* The block at element i of y = e, o as sn__block_load reads them: f32, or with bf16 narrowed as
  * sn__f32_to_bf16 (finite: as sn__f32_to_bf16_finite, for values known not to be NaN). nt:
  * streamed where the 64 bytes at each store start a line (sn__store64). */

@@ -65,28 +65,14 @@ typedef struct {
   float *scratch, *gs;
 } sn__bwd_bufs_t;
 
-/* The prefetches of the bf16 pair block at element i: one line of each stream. */
-SN_INLINE void sn__pair_prefetch(const sn__bwd_prefetch_t *pf, int64_t i) {
-  if (pf->x != NULL) SN_PF_ROW_READ(pf->x + i * 2);
-  if (pf->dy != NULL) SN_PF_ROW_READ(pf->dy + i * 2);
-  if (pf->dx != NULL) __builtin_prefetch(pf->dx + i * 2, 1);
-}
-
-/* m[k] = max(m[k], |p[k]|) on the bits, for the 32 bf16 values at p: nonnegative values order
- * as their bits, so the largest is max|p| (NaN bits lie above inf's). In the loop form GCC 12
- * vectorizes (vpmaxuw). */
-SN_INLINE void sn__pair_absmax(uint16_t m[SN_PAIR], const uint16_t *p) {
-  for (int k = 0; k < SN_PAIR; k++) {
-    const uint16_t a = p[k] & 0x7fffu;
-    m[k] = a > m[k] ? a : m[k];
+/* The prefetches of the block of SN_PAIR elements at element i: each line of each stream it
+ * covers (one of a bf16 row, two of an f32 one). */
+SN_INLINE void sn__bwd_prefetch_block(const sn__bwd_prefetch_t *pf, int64_t i) {
+  for (int64_t o = i * pf->esize; o < (i + SN_PAIR) * pf->esize; o += 64) {
+    if (pf->x != NULL) SN_PF_ROW_READ(pf->x + o);
+    if (pf->dy != NULL) SN_PF_ROW_READ(pf->dy + o);
+    if (pf->dx != NULL) __builtin_prefetch(pf->dx + o, 1);
   }
-}
-
-/* The largest of the 32 maxima m of sn__pair_absmax, as f32 (a bf16 value). */
-SN_INLINE float sn__pair_absmax_total(const uint16_t m[SN_PAIR]) {
-  uint16_t h = 0;
-  for (int k = 0; k < SN_PAIR; k++) h = m[k] > h ? m[k] : h;
-  return sn__bf16_to_f32(h);
 }
 
 /* The buffers of the row-backward call a, all taken before anything is written: b->work
@@ -192,15 +178,6 @@ SN_CLONES SN_UNUSED static void sn__flush_pairs(double *p, float *q, int64_t d) 
   for (; i < d; i++) p[i] += (double)q[i];
   memset(q, 0, (size_t)d * sizeof *q);
 }
-
-/* acc[k] += (double)v[k] for the 16 floats of the vector v (double acc[16]), in the loop form
- * GCC 12 vectorizes to one vcvtps2pd per 8. */
-#define SN_ADD16_F64(acc, v)                                                                  \
-  do {                                                                                        \
-    float vb_[16];                                                                            \
-    memcpy(vb_, &(v), sizeof vb_);                                                            \
-    for (int k_ = 0; k_ < 16; k_++) (acc)[k_] += (double)vb_[k_];                             \
-  } while (0)
 
 /* total[j] += part[j] for j < n (fp64): one chunk's partials added to the running total. */
 SN_INLINE void sn__add_partial(double *total, const double *part, int64_t n) {
