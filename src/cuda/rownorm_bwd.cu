@@ -78,15 +78,34 @@ __device__ __forceinline__ double3 rn_block_sum3(double a, double b, double c, d
   return make_double3(sn__warp_sum(a), sn__warp_sum(b), sn__warp_sum(c));
 }
 
-/* dx [rows, d] from dy, x [rows, d], mean (LayerNorm; NULL for RMSNorm), rstd [rows] f32, gamma
- * [d] f32 or NULL; part_g, part_b [P, d] fp64 (P = gridDim.x) or NULL: the chunk's Σ dy·x̂' and
- * Σ dy per column (part_b NULL for RMSNorm). dx may equal dy (a thread reads its elements of dy
- * before it stores them; no __restrict__). */
+/* One backward call as the kernels take it (by value): the tensors, the chunks' fp64 partials
+ * of dgamma/dbeta (part_g, part_b: [chunks, d], NULL where not wanted), the sizes. */
+struct rn_bwd_args {
+  void *dx;
+  double *part_g, *part_b;
+  const void *dy, *x;
+  const float *mean, *rstd, *gamma;
+  int64_t rows, d;
+  bool rms;
+};
+
+/* Its fields as the kernels below name them (T: the element type). */
+#define RN_BWD_UNPACK(a)                                                                      \
+  T *dx = (T *)(a).dx;                                                                        \
+  double *part_g = (a).part_g, *part_b = (a).part_b;                                          \
+  const T *dy = (const T *)(a).dy, *x = (const T *)(a).x;                                     \
+  const float *mean = (a).mean, *rstd = (a).rstd, *gamma = (a).gamma;                         \
+  const int64_t rows = (a).rows, d = (a).d;                                                   \
+  const bool rms = (a).rms
+
+/* The call a: dx [rows, d] from dy, x [rows, d], mean (LayerNorm; NULL for RMSNorm), rstd
+ * [rows] f32, gamma [d] f32 or NULL; part_g, part_b [P, d] fp64 (P = gridDim.x) or NULL: the
+ * chunk's Σ dy·x̂' and Σ dy per column (part_b NULL for RMSNorm). dx may equal dy (a thread reads
+ * its elements of dy before it stores them; no __restrict__). */
 template <typename T, int VPT, bool VEC>
 __global__ void __launch_bounds__(kBwdMaxThreads, 1)
-    rn_bwd_kernel(T *dx, double *part_g, double *part_b, const T *dy, const T *x,
-                  const float *mean, const float *rstd, const float *gamma, int64_t rows,
-                  int64_t d, bool rms, bool gvec) {
+    rn_bwd_kernel(const rn_bwd_args a, bool gvec) {
+  RN_BWD_UNPACK(a);
   typedef rn_row<T, VPT, VEC> R;
   __shared__ double scratch[96];
   const double dd = (double)d;
@@ -259,9 +278,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
  * each column by the same thread in row order. */
 template <typename T>
 __global__ void __launch_bounds__(kBwdMaxThreads)
-    rn_bwd_big(T *dx, double *part_g, double *part_b, const T *dy, const T *x,
-               const float *mean, const float *rstd, const float *gamma, int64_t rows, int64_t d,
-               bool rms) {
+    rn_bwd_big(const rn_bwd_args a) {
+  RN_BWD_UNPACK(a);
   __shared__ double scratch[32];
   const double dd = (double)d;
   const int64_t p = gridDim.x, b = blockIdx.x;
@@ -333,24 +351,13 @@ __global__ void rn_bwd_finalize(float *dgamma, float *dbeta, const double *part_
   }
 }
 
-struct rn_bwd_args {
-  void *dx;
-  double *part_g, *part_b;
-  const void *dy, *x;
-  const float *mean, *rstd, *gamma;
-  int64_t rows, d;
-  bool rms;
-};
-
 template <typename T> struct rn_bwd_launch {
   static constexpr int W = (int)(16 / sizeof(T));
 
   template <int VPT, bool VEC> static void go(const rn_bwd_args &a, int threads, unsigned grid,
                                                cudaStream_t st) {
     if constexpr (VPT % (VEC ? W : 1) == 0)
-      rn_bwd_kernel<T, VPT, VEC><<<grid, threads, 0, st>>>(
-          (T *)a.dx, a.part_g, a.part_b, (const T *)a.dy, (const T *)a.x, a.mean, a.rstd,
-          a.gamma, a.rows, a.d, a.rms, rn_aligned16(a.gamma));
+      rn_bwd_kernel<T, VPT, VEC><<<grid, threads, 0, st>>>(a, rn_aligned16(a.gamma));
   }
   static void run(const rn_bwd_args &a, cudaStream_t st) {
     const unsigned grid = (unsigned)rn_chunks(a.rows);
@@ -359,9 +366,7 @@ template <typename T> struct rn_bwd_launch {
     /* scalar rows hold at most 8 per thread, vector rows 16 (registers: ptxas -v) */
     const int max_vpt = vec ? 16 : 8;
     if (a.d > (int64_t)max_vpt * kBwdMaxThreads) {
-      rn_bwd_big<T><<<grid, kBwdMaxThreads, 0, st>>>(
-          (T *)a.dx, a.part_g, a.part_b, (const T *)a.dy, (const T *)a.x, a.mean, a.rstd,
-          a.gamma, a.rows, a.d, a.rms);
+      rn_bwd_big<T><<<grid, kBwdMaxThreads, 0, st>>>(a);
       return;
     }
     int threads = 0;

@@ -104,16 +104,27 @@ __device__ __forceinline__ double rn_map_d(float x, double mu, double rs, float 
   return t;
 }
 
-/* y [rows, d] = norm(x) (res == NULL) or norm(sum_out = round(x + res)); mean (LayerNorm only),
- * rstd [rows] f32 or NULL; gamma, beta [d] f32 or NULL (beta NULL for RMSNorm). rms: RMSNorm.
+/* The call's tensors and sizes as the kernels below name them (a: the sn__rn_fwd_t, passed by
+ * value; T: the element type). */
+#define RN_FWD_UNPACK(a)                                                                      \
+  T *y = (T *)(a).y, *sum_out = (T *)(a).sum_out;                                             \
+  float *mean_out = (a).mean, *rstd_out = (a).rstd;                                           \
+  const T *x = (const T *)(a).x, *res = (const T *)(a).res;                                   \
+  const float *gamma = (a).gamma, *beta = (a).beta;                                           \
+  const int64_t rows = (a).rows, d = (a).d;                                                   \
+  const float eps = (a).eps;                                                                  \
+  const bool rms = (a).rms != 0
+
+/* The call a: y [rows, d] = norm(x) (res == NULL) or norm(sum_out = round(x + res)); mean
+ * (LayerNorm only), rstd [rows] f32 or NULL; gamma, beta [d] f32 or NULL (beta NULL for
+ * RMSNorm). rms: RMSNorm.
  * pvec: gamma and beta (where given) 16-byte aligned (used by the vector path only).
  * y may equal x (plain); sum_out may equal x or res (each thread reads its elements of both
  * before it stores them). No __restrict__: those pointers may alias. */
 template <typename T, int VPT, bool VEC>
 __global__ void __launch_bounds__(kFwdMaxThreads)
-    rn_fwd_kernel(T *y, T *sum_out, float *mean_out, float *rstd_out, const T *x, const T *res,
-                  const float *gamma, const float *beta, int64_t rows, int64_t d, float eps,
-                  bool rms, bool pvec) {
+    rn_fwd_kernel(const sn__rn_fwd_t a, bool pvec) {
+  RN_FWD_UNPACK(a);
   typedef rn_row<T, VPT, VEC> R;
   constexpr int W = R::W, C = R::C, Q = VPT < 4 ? VPT : 4; /* Q: RMSNorm's f32 squares per run */
   __shared__ double scratch[32];
@@ -245,9 +256,8 @@ __global__ void __launch_bounds__(kFwdMaxThreads)
  * rn_fwd_kernel. */
 template <typename T>
 __global__ void __launch_bounds__(kFwdMaxThreads)
-    rn_fwd_big(T *y, T *sum_out, float *mean_out, float *rstd_out, const T *x, const T *res,
-               const float *gamma, const float *beta, int64_t rows, int64_t d, float eps,
-               bool rms) {
+    rn_fwd_big(const sn__rn_fwd_t a) {
+  RN_FWD_UNPACK(a);
   __shared__ double scratch[32];
   const double dd = (double)d;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -296,8 +306,7 @@ template <typename T> struct rn_fwd_launch {
   static void go(const sn__rn_fwd_t &a, int threads, unsigned grid, cudaStream_t st) {
     if constexpr (VPT % (VEC ? W : 1) == 0)
       rn_fwd_kernel<T, VPT, VEC><<<grid, threads, 0, st>>>(
-          (T *)a.y, (T *)a.sum_out, a.mean, a.rstd, (const T *)a.x, (const T *)a.res, a.gamma,
-          a.beta, a.rows, a.d, a.eps, a.rms, rn_aligned16(a.gamma) && rn_aligned16(a.beta));
+          a, rn_aligned16(a.gamma) && rn_aligned16(a.beta));
   }
   static void run(const sn__rn_fwd_t &a, cudaStream_t st) {
     const unsigned grid = (unsigned)(a.rows < kMaxGrid ? a.rows : kMaxGrid);
@@ -306,9 +315,7 @@ template <typename T> struct rn_fwd_launch {
     /* scalar rows hold at most 8 per thread: 16 spilled registers at 1024 threads (ptxas -v) */
     const int max_vpt = vec ? 16 : 8;
     if (a.d > (int64_t)max_vpt * kFwdMaxThreads) {
-      rn_fwd_big<T><<<grid, kFwdMaxThreads, 0, st>>>(
-          (T *)a.y, (T *)a.sum_out, a.mean, a.rstd, (const T *)a.x, (const T *)a.res, a.gamma,
-          a.beta, a.rows, a.d, a.eps, a.rms);
+      rn_fwd_big<T><<<grid, kFwdMaxThreads, 0, st>>>(a);
       return;
     }
     /* at most max_vpt·kFwdMaxThreads elements here, so at most 1024 threads */
