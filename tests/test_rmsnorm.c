@@ -530,14 +530,14 @@ START_TEST(test_bwd_shapes) {
 END_TEST
 
 /* The bf16 backward is the f32 backward on the widened rows, dx rounded to bf16 (rmsnorm.c:
- * the generic path runs the f32 row code on them): dx and dgamma bitwise those of
- * sn_rmsnorm_bwd in f32 on the same values (a NaN expected must be a NaN), for d around the
- * 32-value pair blocks, with and without gamma and dgamma, in place, on rows of every kind the
- * bf16 kernel sends back to the widened rows, between ordinary rows of the same run of
- * SN_PART_ROWS partials: dy near FLT_MAX (g·x beyond it: fp64 row), dgamma terms below the f32
- * partials' range (x subnormal, rstd large), beyond it (dy and x 2^62), a NaN, an inf; and
- * with a gamma holding a NaN whose payload bits are all set, which every row must keep as NaN
- * (the pair path narrows dx without the NaN case, as such rows never reach it). */
+ * one row body for both): dx and dgamma bitwise those of sn_rmsnorm_bwd in f32 on the same
+ * values (a NaN expected must be a NaN), for d around the 32-value pair blocks, with and
+ * without gamma and dgamma, in place, on rows of every kind that leave the f32 blocks or the
+ * f32 partials, between ordinary rows of the same run of SN_PART_ROWS partials: dy near FLT_MAX
+ * (g·x beyond it: fp64 row), dgamma terms below the f32 partials' range (x subnormal, rstd
+ * large), beyond it (dy and x 2^62), a NaN, an inf; and with a gamma holding a NaN whose
+ * payload bits are all set, which every row must keep as NaN (the bf16 blocks narrow dx without
+ * the NaN case, as such rows never reach them). */
 START_TEST(test_bwd_bf16_is_f32) {
   static const int64_t D[] = {1, 31, 32, 33, 64, 100, 1057};
   const int64_t rows = 24;

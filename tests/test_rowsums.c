@@ -6,8 +6,9 @@
  * widened to f32: bitwise equal in fp64, the stored sums too, for every x86-64 level this CPU
  * runs (each compiled here with that level's target attribute, as the library's target_clones
  * variants are). A wrong lane mapping changes the order of the additions, and so the last bits
- * of the sums, which the public kernels' f32 outputs almost never show (their tests compare mean and rstd in f32). The rows mix magnitudes
- * from 2^-20 to 2^20 and both signs, so that the order of the additions shows in the sums.
+ * of the sums, which the public kernels' f32 outputs almost never show (their tests compare
+ * mean and rstd in f32). The rows mix magnitudes from 2^-20 to 2^20 and both signs, so that the
+ * order of the additions shows in the sums.
  * Links the static library (the internal functions the inline functions call).
  */
 #include <check.h>

@@ -43,7 +43,7 @@
  *    of those defaults. Only
  *    whole 64-byte lines are streamed, with the values an ordinary store writes, so the bits
  *    are the same either way: the f32 loops store a head up to the first line boundary
- *    ordinarily (sn__head64), the bf16 pair loops stream the rows that start on a line
+ *    ordinarily (sn__head64), bf16 rows, read in pair blocks, stream where they start on a line
  *    (sn__aligned64).
  *  - The row kernels' prefetches of the next row, and the fused BatchNorm backward's of its
  *    sums' inputs, go into L2 only (SN_PF_READ, prefetcht1): faster there than prefetcht0.
@@ -86,8 +86,8 @@ static inline int64_t sn__head64(const void *p, int64_t n) {
   return h < n ? h : n;
 }
 
-/* Whether p starts a 64-byte line: the bf16 pair loops, whose 64-byte blocks are fixed by the
- * element index, stream only rows that start on one. */
+/* Whether p starts a 64-byte line: bf16 rows, whose 64-byte pair blocks are fixed by the
+ * element index, stream only where they start on one. */
 static inline int sn__aligned64(const void *p) { return ((uintptr_t)p & 63) == 0; }
 
 /* 64 bytes from v to p, streamed (four 16-byte movntps, SSE: every clone has them) when nt and p

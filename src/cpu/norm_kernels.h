@@ -64,7 +64,7 @@ static inline void sn__split_f64(double m, float *hi, float *lo) {
 
 static inline int64_t sn__min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* ---- streaming and prefetching of the f32 maps -------------------------------------------------- */
+/* ---- streaming and prefetching of the f32 maps ------------------------------------------- */
 
 /* The nt argument of the f32 maps below: 0 for ordinary stores; SN_NT_STREAM for streaming
  * stores (sn__stream_out); with SN_NT_PREFETCH too, the maps also prefetch their inputs
@@ -512,17 +512,17 @@ SN_CLONES SN_UNUSED static void sn__aff_rows_bf16(uint16_t *y, const uint16_t *x
 }
 
 /* The backward map of rows of a channel slice likewise: dx[r·ld + c] = (dy·a − b) − ((x − hi)
- * − lo)·e with channel c's constants, dx, dy, x [nr, ld] f32 or (bf16) bf16; dx may equal dy. */
+ * − lo)·e with channel c's constants (el: in element order, q: in block order), dx, dy, x
+ * [nr, ld] f32 or (bf16) bf16; dx may equal dy. */
 SN_INLINE void sn__affbwd_rows_impl(void *dx, const void *dy, const void *x, int64_t nr,
-                                    int64_t ld, int64_t ct, const sn__chan_tile_t *p, int64_t j0,
+                                    int64_t ld, int64_t ct, const sn__tile_blk_t *el,
                                     const sn__tile_blk_t *q, int bf16, int nt) {
   const uintptr_t pf = sn__map_pf_bytes(ld, nt);
   const int64_t es = bf16 ? 2 : 4;
 #define SN_AFFBWD_EL(c)                                                                       \
   do {                                                                                        \
-    const int64_t k_ = j0 + (c);                                                              \
-    const float v_ = SN_CHAN_DX(SN_EL(dyr, c, bf16), SN_EL(xr, c, bf16), p->hi[k_],           \
-                                p->lo[k_], p->a[k_], p->b[k_], p->e[k_]);                     \
+    const float v_ = SN_CHAN_DX(SN_EL(dyr, c, bf16), SN_EL(xr, c, bf16), el->hi[c],           \
+                                el->lo[c], el->a[c], el->b[c], el->e[c]);                     \
     if (bf16) ((uint16_t *)dxr)[c] = sn__f32_to_bf16(v_);                                     \
     else ((float *)dxr)[c] = v_;                                                              \
   } while (0)
@@ -555,14 +555,15 @@ SN_CLONES SN_UNUSED static void sn__affbwd_rows(float *dx, const float *dy, cons
                                                 int64_t nr, int64_t ld, int64_t ct,
                                                 const sn__chan_tile_t *p, int64_t j0, int nt) {
   const sn__tile_blk_t q = {p->hi + j0, p->lo + j0, p->a + j0, p->b + j0, p->e + j0};
-  sn__affbwd_rows_impl(dx, dy, x, nr, ld, ct, p, j0, &q, 0, nt);
+  sn__affbwd_rows_impl(dx, dy, x, nr, ld, ct, &q, &q, 0, nt);
 }
 SN_CLONES SN_UNUSED static void sn__affbwd_rows_bf16(uint16_t *dx, const uint16_t *dy,
                                                      const uint16_t *x, int64_t nr, int64_t ld,
                                                      int64_t ct, const sn__chan_tile_t *p,
                                                      const sn__tile_pairs_t *qp) {
+  const sn__tile_blk_t el = {p->hi, p->lo, p->a, p->b, p->e};
   const sn__tile_blk_t q = {qp->hi, qp->lo, qp->a, qp->b, qp->e};
-  sn__affbwd_rows_impl(dx, dy, x, nr, ld, ct, p, 0, &q, 1, 0);
+  sn__affbwd_rows_impl(dx, dy, x, nr, ld, ct, &el, &q, 1, 0);
 }
 
 /* ---- rows of any dtype (NHWC): f32 in place, bf16 in pairs, f16 through stack tiles ------- */

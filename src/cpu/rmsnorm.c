@@ -304,7 +304,7 @@ static void rms_bwd_row_f64(float *dx, double *dgp64, const float *dy, const flo
  * difference of the map overflows. Otherwise a term beyond FLT_MAX would make dx ±inf where
  * the difference is finite (x ≈ 0.5, g ≈ 3e38 on half of the row: s·g ≈ 6e38, dx ≈ ±3e38;
  * test_bwd_term_overflow), so such rows go to rms_bwd_row_f64. False for NaN bounds. The
- * decision depends on the row's data and gamma only, and is the same in the pairs path. */
+ * decision depends on the row's data and gamma only, and is the same for bf16 rows. */
 #define RMS_TERM_F32_MAX 0x1p127
 static inline int rms_terms_f32(double sd, float mdy, float mx, float gmax, double ed) {
   const double s = fabs(sd), xh = s * (double)mx;

@@ -15,7 +15,7 @@ typedef struct {
   const char *x, *dy;
   char *dx;
   int esize;
-  int nt; /* dx streamed (sn__store64) where the f32 or bf16 pair loops write it; dx NULL then */
+  int nt; /* dx streamed (sn__store64) where the block loops write it; dx NULL then */
 } sn__bwd_prefetch_t;
 
 /* One row of a row-norm backward as the row kernels see it: the call's gamma and the row's saved
