@@ -541,33 +541,6 @@ static void usage(FILE *f) {
       f);
 }
 
-static void cpu_model(char *buf, size_t len) {
-  snprintf(buf, len, "unknown CPU");
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  if (!f) return;
-  char line[256];
-  while (fgets(line, sizeof line, f)) {
-    if (strncmp(line, "model name", 10) == 0) {
-      char *v = strchr(line, ':');
-      if (v) {
-        v += 1 + strspn(v + 1, " \t");
-        v[strcspn(v, "\n")] = '\0';
-        snprintf(buf, len, "%s", v);
-      }
-      break;
-    }
-  }
-  fclose(f);
-}
-
-static void loadavg(char *buf, size_t len) {
-  snprintf(buf, len, "?");
-  FILE *f = fopen("/proc/loadavg", "r");
-  if (!f) return;
-  if (fgets(buf, (int)len, f)) buf[strcspn(buf, "\n")] = '\0';
-  fclose(f);
-}
-
 int main(int argc, char **argv) {
   opts_t o = {
       .threads = omp_get_num_procs(), .reps = -1, .warmup = 3, .copy_reps = 20, .retries = 3};
@@ -642,8 +615,8 @@ int main(int argc, char **argv) {
     bu_mem_init(&o.mem, (size_t)copy_mib << 20, sweep);
 
     char cpu[128], load[64], date[64];
-    cpu_model(cpu, sizeof cpu);
-    loadavg(load, sizeof load);
+    bu_cpu_model(cpu, sizeof cpu);
+    bu_loadavg(load, sizeof load);
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", localtime(&now));
     printf("# syncnorm %s CPU benchmark, %s\n", sn_version(), date);
@@ -691,7 +664,7 @@ int main(int argc, char **argv) {
 
   bu_copy_t end = bu_copy_bandwidth(&o.mem, o.copy_reps);
   char load[64];
-  loadavg(load, sizeof load);
+  bu_loadavg(load, sizeof load);
   printf("# copy at the end: memcpy %.1f GB/s, store loop %.1f GB/s, read only %.1f GB/s; load "
          "average %s\n",
          end.memcpy_gbs, end.loop_gbs, end.read_gbs, load);

@@ -325,3 +325,30 @@ double bu_wait_idle(double threshold, double max_s) {
     if (bu_others_cpus(&a, &b) < threshold || waited >= max_s) return waited;
   }
 }
+
+void bu_cpu_model(char *buf, size_t len) {
+  snprintf(buf, len, "unknown CPU");
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return;
+  char line[256];
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, "model name", 10) == 0) {
+      char *v = strchr(line, ':');
+      if (v) {
+        v += 1 + strspn(v + 1, " \t");
+        v[strcspn(v, "\n")] = '\0';
+        snprintf(buf, len, "%s", v);
+      }
+      break;
+    }
+  }
+  fclose(f);
+}
+
+void bu_loadavg(char *buf, size_t len) {
+  snprintf(buf, len, "?");
+  FILE *f = fopen("/proc/loadavg", "r");
+  if (!f) return;
+  if (fgets(buf, (int)len, f)) buf[strcspn(buf, "\n")] = '\0';
+  fclose(f);
+}

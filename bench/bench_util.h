@@ -100,4 +100,9 @@ double bu_others_cpus(const bu_cpu_snap_t *a, const bu_cpu_snap_t *b);
  * seconds; returns the seconds waited. */
 double bu_wait_idle(double threshold, double max_s);
 
+/* The CPU's model name from /proc/cpuinfo ("unknown CPU" where not found), and /proc/loadavg's
+ * line ("?" where unreadable), into buf [len]. */
+void bu_cpu_model(char *buf, size_t len);
+void bu_loadavg(char *buf, size_t len);
+
 #endif /* SN_BENCH_UTIL_H */
