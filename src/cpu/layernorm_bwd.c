@@ -64,13 +64,14 @@ SN_INLINE void ln_bwd_sums(double sum[3], double big[3], const void *dy, const v
     float b_xh[L] = {0}, b_g[L] = {0}, b_gxh[L] = {0};
     for (; i + SN_PAIR <= end; i += SN_PAIR) {
       if (pf != NULL) sn__bwd_prefetch_block(pf, i);
-      /* the block's values: f32 read in place, bf16 widened into xw, dw */
+      /* the block's values: f32 read in place, bf16 widened into xw, dw; gamma's block */
       float xw[SN_PAIR], dw[SN_PAIR];
-      const float *xv = (const float *)x + i, *dv = (const float *)dy + i, *gv = gb + i;
+      const float *xv = xw, *dv = dw, *gv = has_g ? gb + i : NULL;
       if (bf16) {
         sn__block_load_arr(xw, x, i, 1);
         sn__block_load_arr(dw, dy, i, 1);
-        xv = xw, dv = dw;
+      } else {
+        xv = (const float *)x + i, dv = (const float *)dy + i;
       }
       for (int h = 0; h < SN_PAIR; h += L)
         for (int k = 0; k < L; k++) {

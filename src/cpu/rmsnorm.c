@@ -340,13 +340,14 @@ SN_INLINE int rms_bwd_row_impl(void *dx, const sn__bwd_part_t *part, const void 
   int64_t i = 0;
   for (; i + SN_PAIR <= d; i += SN_PAIR) {
     sn__bwd_prefetch_block(pf, i);
-    /* the block's values: f32 read in place, bf16 widened into xw, dw */
+    /* the block's values: f32 read in place, bf16 widened into xw, dw; gamma's block */
     float xw[SN_PAIR], dw[SN_PAIR];
-    const float *xv = (const float *)x + i, *dv = (const float *)dy + i, *gv = gb + i;
+    const float *xv = xw, *dv = dw, *gv = has_g ? gb + i : NULL;
     if (bf16) {
       sn__block_load_arr(xw, x, i, 1);
       sn__block_load_arr(dw, dy, i, 1);
-      xv = xw, dv = dw;
+    } else {
+      xv = (const float *)x + i, dv = (const float *)dy + i;
     }
     for (int k = 0; k < SN_PAIR; k++) {
       ab[k] += (double)(has_g ? dv[k] * gv[k] : dv[k]) * (double)xv[k];
