@@ -64,15 +64,9 @@ SN_INLINE void ln_bwd_sums(double sum[3], double big[3], const void *dy, const v
     float b_xh[L] = {0}, b_g[L] = {0}, b_gxh[L] = {0};
     for (; i + SN_PAIR <= end; i += SN_PAIR) {
       if (pf != NULL) sn__bwd_prefetch_block(pf, i);
-      /* the block's values: f32 read in place, bf16 widened into xw, dw; gamma's block */
       float xw[SN_PAIR], dw[SN_PAIR];
-      const float *xv = xw, *dv = dw, *gv = has_g ? gb + i : NULL;
-      if (bf16) {
-        sn__block_load_arr(xw, x, i, 1);
-        sn__block_load_arr(dw, dy, i, 1);
-      } else {
-        xv = (const float *)x + i, dv = (const float *)dy + i;
-      }
+      const float *xv, *dv, *gv = has_g ? gb + i : NULL; /* gv: gamma's block */
+      sn__bwd_block_vals(&xv, &dv, xw, dw, x, dy, i, bf16);
       for (int h = 0; h < SN_PAIR; h += L)
         for (int k = 0; k < L; k++) {
           const float xh = SN_LN_XHAT(xv[h + k], m, s);
@@ -166,11 +160,6 @@ SN_INLINE int ln_bwd_row_impl(void *dx, const sn__bwd_part_t *part, const void *
 
   /* pass B: dx = s·((g − mean(g)) − x̂'·mean(g·x̂')). |x̂'| ≤ |x̂| + |c| ≤ 2·max|x̂|, so the terms
    * are at most max|dy| and 2·max|dy|·max|x̂|. */
-#define LN_DX_STORE(j, v)                                                                     \
-  do {                                                                                        \
-    if (bf16) ((uint16_t *)dx)[j] = sn__f32_to_bf16(v);                                       \
-    else ((float *)dx)[j] = (v);                                                              \
-  } while (0)
   const int part64 = has_part && !(big[0] <= SN_PART_F32_MAX && 2.0 * big[1] <= SN_PART_F32_MAX);
   if (part64) {
     SN_IVDEP
@@ -180,7 +169,7 @@ SN_INLINE int ln_bwd_row_impl(void *dx, const sn__bwd_part_t *part, const void *
       const float g = has_g ? dyj * gamma[j] : dyj;
       dgp64[j] += (double)dyj * (double)xh;
       dbp64[j] += (double)dyj;
-      LN_DX_STORE(j, SN_LN_DX(g, xh, s, mg, mgx));
+      sn__store_w(dx, bf16, j, SN_LN_DX(g, xh, s, mg, mgx));
     }
     return 0;
   }
@@ -193,7 +182,7 @@ SN_INLINE int ln_bwd_row_impl(void *dx, const sn__bwd_part_t *part, const void *
       dgp[j] += dyj_ * xh_;                                                                   \
       dbp[j] += dyj_;                                                                         \
     }                                                                                         \
-    LN_DX_STORE(j, SN_LN_DX(g_, xh_, s, mg, mgx));                                            \
+    sn__store_w(dx, bf16, j, SN_LN_DX(g_, xh_, s, mg, mgx));                                  \
   } while (0)
   const int nt = pf->nt;
   int64_t j = 0;
@@ -232,7 +221,6 @@ SN_INLINE int ln_bwd_row_impl(void *dx, const sn__bwd_part_t *part, const void *
   SN_IVDEP
   for (; j < d; j++) LN_DX_EL(j);
 #undef LN_DX_EL
-#undef LN_DX_STORE
   return 0;
 }
 

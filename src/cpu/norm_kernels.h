@@ -270,9 +270,6 @@ SN_INLINE int sn__pair_nonfinite(const sn__pf *e, const sn__pf *o) {
  * through f32 tiles. nt (f32 only): streamed stores, the elements before the first 64-byte line
  * one at a time (sn__head64); with SN_NT_PREFETCH also the inputs prefetched (sn__map_pf). */
 
-/* Element i of an f32 (bf16: 0) or bf16 (1) array, as f32. */
-#define SN_EL(p, i, bf16) sn__load_w((p), (bf16), (i))
-
 /* y [n] = ((x − hi) − lo)·a + b with one channel's constants k, x and y f32 or (bf16) bf16; y
  * may equal x. */
 SN_INLINE void sn__aff_run_impl(void *y, const void *x, int64_t n, const sn__chan_k_t *k,
@@ -319,11 +316,8 @@ SN_INLINE void sn__affbwd_run_impl(void *dx, const void *dy, const void *x, int6
   const float hi = k->hi, lo = k->lo, a = k->a, b = k->b, e = k->e;
   const uintptr_t pf = sn__map_pf_bytes(1, nt);
 #define SN_AFFBWD_EL(i)                                                                       \
-  do {                                                                                        \
-    const float v_ = SN_CHAN_DX(SN_EL(dy, i, bf16), SN_EL(x, i, bf16), hi, lo, a, b, e);      \
-    if (bf16) ((uint16_t *)dx)[i] = sn__f32_to_bf16(v_);                                      \
-    else ((float *)dx)[i] = v_;                                                               \
-  } while (0)
+  sn__store_w(dx, bf16, i,                                                                    \
+              SN_CHAN_DX(sn__load_w(dy, bf16, i), sn__load_w(x, bf16, i), hi, lo, a, b, e))
   int64_t i = 0;
   for (const int64_t h = nt && !bf16 ? sn__head64(dx, n) : 0; i < h; i++) SN_AFFBWD_EL(i);
   for (; i + SN_PAIR <= n; i += SN_PAIR) {
@@ -520,12 +514,9 @@ SN_INLINE void sn__affbwd_rows_impl(void *dx, const void *dy, const void *x, int
   const uintptr_t pf = sn__map_pf_bytes(ld, nt);
   const int64_t es = bf16 ? 2 : 4;
 #define SN_AFFBWD_EL(c)                                                                       \
-  do {                                                                                        \
-    const float v_ = SN_CHAN_DX(SN_EL(dyr, c, bf16), SN_EL(xr, c, bf16), el->hi[c],           \
-                                el->lo[c], el->a[c], el->b[c], el->e[c]);                     \
-    if (bf16) ((uint16_t *)dxr)[c] = sn__f32_to_bf16(v_);                                     \
-    else ((float *)dxr)[c] = v_;                                                              \
-  } while (0)
+  sn__store_w(dxr, bf16, c,                                                                   \
+              SN_CHAN_DX(sn__load_w(dyr, bf16, c), sn__load_w(xr, bf16, c), el->hi[c],        \
+                         el->lo[c], el->a[c], el->b[c], el->e[c]))
   for (int64_t r = 0; r < nr; r++) {
     void *dxr = (char *)dx + r * ld * es;
     const void *dyr = (const char *)dy + r * ld * es, *xr = (const char *)x + r * ld * es;

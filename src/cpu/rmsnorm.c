@@ -340,15 +340,9 @@ SN_INLINE int rms_bwd_row_impl(void *dx, const sn__bwd_part_t *part, const void 
   int64_t i = 0;
   for (; i + SN_PAIR <= d; i += SN_PAIR) {
     sn__bwd_prefetch_block(pf, i);
-    /* the block's values: f32 read in place, bf16 widened into xw, dw; gamma's block */
     float xw[SN_PAIR], dw[SN_PAIR];
-    const float *xv = xw, *dv = dw, *gv = has_g ? gb + i : NULL;
-    if (bf16) {
-      sn__block_load_arr(xw, x, i, 1);
-      sn__block_load_arr(dw, dy, i, 1);
-    } else {
-      xv = (const float *)x + i, dv = (const float *)dy + i;
-    }
+    const float *xv, *dv, *gv = has_g ? gb + i : NULL; /* gv: gamma's block */
+    sn__bwd_block_vals(&xv, &dv, xw, dw, x, dy, i, bf16);
     for (int k = 0; k < SN_PAIR; k++) {
       ab[k] += (double)(has_g ? dv[k] * gv[k] : dv[k]) * (double)xv[k];
       mdy[k] = sn__max_abs(mdy[k], dv[k]), mx[k] = sn__max_abs(mx[k], xv[k]);
@@ -372,17 +366,12 @@ SN_INLINE int rms_bwd_row_impl(void *dx, const sn__bwd_part_t *part, const void 
   const float e = (float)ed;
 
   /* pass B */
-#define RMS_DX_STORE(j, v)                                                                    \
-  do {                                                                                        \
-    if (bf16) ((uint16_t *)dx)[j] = sn__f32_to_bf16(v);                                       \
-    else ((float *)dx)[j] = (v);                                                              \
-  } while (0)
   if (has_part && !(term >= RMS_PART_F32_MIN && term <= SN_PART_F32_MAX) && term != 0.0) {
     SN_IVDEP
     for (int64_t j = 0; j < d; j++) {
       const float dyj = sn__load_w(dy, bf16, j), xj = sn__load_w(x, bf16, j);
       dgp64[j] += (double)dyj * SN_RMS_XHAT((double)xj, sd);
-      RMS_DX_STORE(j, SN_RMS_DX(rms_g(dyj, gamma, j, has_g), SN_RMS_XHAT(xj, s), s, e));
+      sn__store_w(dx, bf16, j, SN_RMS_DX(rms_g(dyj, gamma, j, has_g), SN_RMS_XHAT(xj, s), s, e));
     }
     return 0;
   }
@@ -390,7 +379,7 @@ SN_INLINE int rms_bwd_row_impl(void *dx, const sn__bwd_part_t *part, const void 
   do {                                                                                        \
     const float dyj_ = sn__load_w(dy, bf16, j), xh_ = SN_RMS_XHAT(sn__load_w(x, bf16, j), s); \
     if (has_part) dgp[j] += dyj_ * xh_;                                                       \
-    RMS_DX_STORE(j, SN_RMS_DX(rms_g(dyj_, gamma, j, has_g), xh_, s, e));                      \
+    sn__store_w(dx, bf16, j, SN_RMS_DX(rms_g(dyj_, gamma, j, has_g), xh_, s, e));             \
   } while (0)
   const int nt = pf->nt;
   int64_t j = 0;
@@ -423,7 +412,6 @@ SN_INLINE int rms_bwd_row_impl(void *dx, const sn__bwd_part_t *part, const void 
   SN_IVDEP
   for (; j < d; j++) RMS_DX_EL(j);
 #undef RMS_DX_EL
-#undef RMS_DX_STORE
   return 0;
 }
 

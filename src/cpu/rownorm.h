@@ -197,6 +197,11 @@ SN_UNUSED static void sn__to_pairs(float *dst, const float *src, int64_t d) {
 SN_INLINE float sn__load_w(const void *src, int widen, int64_t i) {
   return widen ? sn__bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
 }
+/* Element i of a row that is f32, or with narrow bf16, = v (bf16: rounded as sn__f32_to_bf16). */
+SN_INLINE void sn__store_w(void *dst, int narrow, int64_t i, float v) {
+  if (narrow) ((uint16_t *)dst)[i] = sn__f32_to_bf16(v);
+  else ((float *)dst)[i] = v;
+}
 
 /* The 32 values of a row from element i, a block of the row functions below: e, o = elements
  * i..i+15 and i+16..i+31 of an f32 row (in order), or with bf16 the even and odd ones of a bf16

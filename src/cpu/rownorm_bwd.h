@@ -75,6 +75,19 @@ SN_INLINE void sn__bwd_prefetch_block(const sn__bwd_prefetch_t *pf, int64_t i) {
   }
 }
 
+/* *xv, *dv = the block of SN_PAIR values of x and dy at element i as f32 arrays in block order
+ * (sn__block_load_arr): f32 rows read in place, bf16 rows widened into xw, dw [SN_PAIR]. */
+SN_INLINE void sn__bwd_block_vals(const float **xv, const float **dv, float *xw, float *dw,
+                                  const void *x, const void *dy, int64_t i, int bf16) {
+  if (bf16) {
+    sn__block_load_arr(xw, x, i, 1);
+    sn__block_load_arr(dw, dy, i, 1);
+    *xv = xw, *dv = dw;
+  } else {
+    *xv = (const float *)x + i, *dv = (const float *)dy + i;
+  }
+}
+
 /* The buffers of the row-backward call a, all taken before anything is written: b->work
  * [threads + 1, work_cols] fp64 when work_cols > 0 (the chunk partials of dgamma/dbeta and their
  * total), b->scratch [threads, per_thread] f32 when per_thread > 0, and, for bf16 rows with
